@@ -1,0 +1,27 @@
+// Shared output for `strata bench ...`: rates and a plain-text table a person reads at a glance.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace strata::bench {
+
+// Decimal gigabytes per second, as fio and drive datasheets report them.
+double gbps(uint64_t bytes, double seconds);
+
+// Left column left-aligned, the rest right-aligned; widths fit the widest cell.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) : rows_{std::move(header)} {}
+  void add_row(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  std::string render() const;
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+};
+
+// "%.2f" without iostream ceremony.
+std::string fixed(double value, int decimals = 2);
+
+}  // namespace strata::bench

@@ -1,0 +1,27 @@
+// `strata`: one program, one subcommand per job. Each subcommand's callback sets the exit code.
+#include <strata/strata.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "bench_commands.h"
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Strata: fine-tune models larger than GPU memory and host RAM"};
+  app.set_version_flag("--version", std::string("strata ") + strata_version());
+  app.require_subcommand(1);
+
+  strata::cli::add_doctor_command(app);
+
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks that run their competitor side by side");
+  bench->require_subcommand(1);
+  strata::bench::add_io_command(*bench);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return 0;
+}

@@ -1,0 +1,84 @@
+// Status and Result: how failures travel inside Strata. Codes are the public STRATA_E_* values,
+// so the C API returns them unchanged; the message carries the context a user needs.
+#pragma once
+
+#include <strata/strata.h>
+
+#include <cassert>
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace strata {
+
+class [[nodiscard]] Status {
+ public:
+  Status() = default;
+  static Status ok() { return {}; }
+  static Status error(int code, std::string message) {
+    assert(code < 0);
+    return Status(code, std::move(message));
+  }
+
+  bool is_ok() const { return code_ == STRATA_OK; }
+  explicit operator bool() const { return is_ok(); }
+  int code() const { return code_; }
+  const std::string& message() const { return message_; }
+
+  // Prefixes the message with what the caller was doing, e.g. "reading tensor 'wq.3'".
+  Status with_context(const std::string& context) && {
+    if (!is_ok()) message_ = context + ": " + message_;
+    return std::move(*this);
+  }
+
+ private:
+  Status(int code, std::string message) : code_(code), message_(std::move(message)) {}
+  int code_ = STRATA_OK;
+  std::string message_;
+};
+
+// Shorthands for the common codes.
+inline Status invalid_argument(std::string m) { return Status::error(STRATA_E_INVALID, std::move(m)); }
+inline Status io_error(std::string m) { return Status::error(STRATA_E_IO, std::move(m)); }
+inline Status unsupported(std::string m) { return Status::error(STRATA_E_UNSUPPORTED, std::move(m)); }
+
+// Builds "what: strerror(errno_value) (errno N)".
+Status errno_status(int code, const std::string& what, int errno_value);
+
+template <typename T>
+class [[nodiscard]] Result {
+ public:
+  Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(Status status) : status_(std::move(status)) {  // NOLINT(google-explicit-constructor)
+    assert(!status_.is_ok());
+  }
+
+  bool is_ok() const { return value_.has_value(); }
+  explicit operator bool() const { return is_ok(); }
+  const Status& status() const { return status_; }
+  Status take_status() && { return std::move(status_); }
+
+  T& value() & {
+    assert(is_ok());
+    return *value_;
+  }
+  T&& value() && {
+    assert(is_ok());
+    return std::move(*value_);
+  }
+  T* operator->() { return &value(); }
+  T& operator*() { return value(); }
+
+ private:
+  std::optional<T> value_;
+  Status status_;
+};
+
+}  // namespace strata
+
+// Returns early with the status when an expression fails.
+#define STRATA_TRY(expr)                                  \
+  do {                                                    \
+    ::strata::Status strata_try_status_ = (expr);         \
+    if (!strata_try_status_.is_ok()) return strata_try_status_; \
+  } while (0)

@@ -1,0 +1,56 @@
+#include "common/units.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+namespace strata {
+
+std::optional<uint64_t> parse_bytes(std::string_view text) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  if (i == 0) return std::nullopt;
+  const std::string number(text.substr(0, i));
+  if (number.find('.') != number.rfind('.')) return std::nullopt;
+  std::string_view suffix = text.substr(i);
+  uint64_t multiplier = 1;
+  if (!suffix.empty()) {
+    switch (std::toupper(static_cast<unsigned char>(suffix[0]))) {
+      case 'K': multiplier = 1ULL << 10; break;
+      case 'M': multiplier = 1ULL << 20; break;
+      case 'G': multiplier = 1ULL << 30; break;
+      case 'T': multiplier = 1ULL << 40; break;
+      case 'B': multiplier = 1; break;
+      default: return std::nullopt;
+    }
+    std::string_view rest = suffix.substr(1);
+    if (multiplier == 1) {
+      if (!rest.empty()) return std::nullopt;
+    } else if (!(rest.empty() || rest == "B" || rest == "b" || rest == "iB" || rest == "ib")) {
+      return std::nullopt;
+    }
+  }
+  char* end = nullptr;
+  const long double value = std::strtold(number.c_str(), &end);
+  if (end != number.c_str() + number.size() || !std::isfinite(value)) return std::nullopt;
+  const long double bytes = value * static_cast<long double>(multiplier);
+  if (bytes > static_cast<long double>(std::numeric_limits<uint64_t>::max())) return std::nullopt;
+  return static_cast<uint64_t>(std::llround(bytes));
+}
+
+std::string format_bytes(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 5) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.2f %s", value, kUnits[unit]);
+  return buffer;
+}
+
+}  // namespace strata

@@ -1,0 +1,34 @@
+#include "common/units.h"
+
+#include <gtest/gtest.h>
+
+namespace strata {
+namespace {
+
+TEST(ParseBytes, AcceptsSuffixesAsPowersOf1024) {
+  EXPECT_EQ(parse_bytes("4096"), 4096u);
+  EXPECT_EQ(parse_bytes("4K"), 4096u);
+  EXPECT_EQ(parse_bytes("1M"), 1u << 20);
+  EXPECT_EQ(parse_bytes("1MiB"), 1u << 20);
+  EXPECT_EQ(parse_bytes("2g"), 2ull << 30);
+  EXPECT_EQ(parse_bytes("1.5G"), 3ull << 29);
+  EXPECT_EQ(parse_bytes("1T"), 1ull << 40);
+}
+
+TEST(ParseBytes, RejectsGarbageAndOverflow) {
+  EXPECT_FALSE(parse_bytes(""));
+  EXPECT_FALSE(parse_bytes("M"));
+  EXPECT_FALSE(parse_bytes("-1"));
+  EXPECT_FALSE(parse_bytes("1X"));
+  EXPECT_FALSE(parse_bytes("1.2.3"));
+  EXPECT_FALSE(parse_bytes("99999999999T"));
+}
+
+TEST(FormatBytes, PicksTheLargestWholeUnit) {
+  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(1536), "1.50 KiB");
+  EXPECT_EQ(format_bytes(3ull << 30), "3.00 GiB");
+}
+
+}  // namespace
+}  // namespace strata
