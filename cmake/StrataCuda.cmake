@@ -11,6 +11,9 @@ if(NOT STRATA_CUDA STREQUAL "OFF")
       # Ampere and Hopper: the GPUs people fine-tune on (A100, H100, H200).
       set(CMAKE_CUDA_ARCHITECTURES 80 90)
     endif()
+    # CMake 3.25 cannot pass C++20 to nvcc; CUDA sources are written against C++17.
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
     set(STRATA_HAVE_CUDA ON)

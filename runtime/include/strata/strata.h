@@ -23,6 +23,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h> /* ssize_t */
 
 #if defined(STRATA_BUILDING_LIBRARY)
 #define STRATA_API __attribute__((visibility("default")))
@@ -144,6 +145,214 @@ STRATA_API int strata_runtime_destroy(strata_runtime* rt);
  * With rt == NULL: the last failed strata_runtime_create on this thread. The pointer stays
  * valid until the next call on rt from the same thread. Any thread. Never NULL. */
 STRATA_API const char* strata_last_error(const strata_runtime* rt);
+
+/* ---------------------------------------------------------------------------------------------
+ * Tensors
+ *
+ * A tensor is a named, fixed-size byte range that Strata places on a tier and moves between
+ * tiers. Its handle is a 64-bit value (0 is never valid) that stays unique for the runtime's
+ * lifetime: a handle used after unregister returns STRATA_E_BAD_HANDLE, never touches memory.
+ * ------------------------------------------------------------------------------------------- */
+typedef uint64_t strata_tensor;
+#define STRATA_TENSOR_NONE ((strata_tensor)0)
+
+typedef enum strata_dtype {
+  STRATA_DTYPE_F32 = 0,
+  STRATA_DTYPE_BF16 = 1,
+  STRATA_DTYPE_F16 = 2,
+  STRATA_DTYPE_I8 = 3,
+  STRATA_DTYPE_U8 = 4
+} strata_dtype;
+
+typedef enum strata_tensor_kind {
+  STRATA_KIND_PARAMETER = 0,
+  STRATA_KIND_GRADIENT = 1,
+  STRATA_KIND_MASTER_WEIGHT = 2, /* fp32 master copy */
+  STRATA_KIND_ADAM_M = 3,
+  STRATA_KIND_ADAM_V = 4,
+  STRATA_KIND_ACTIVATION_CHECKPOINT = 5,
+  STRATA_KIND_OTHER = 6
+} strata_tensor_kind;
+
+typedef enum strata_tier {
+  STRATA_TIER_HOST = 0,   /* pageable host memory (accounting only: Strata stages in pinned) */
+  STRATA_TIER_PINNED = 1, /* pinned host memory */
+  STRATA_TIER_DEVICE = 2, /* GPU memory (or the host-emulated device) */
+  STRATA_TIER_NVME = 3    /* the extent store */
+} strata_tier;
+
+typedef struct strata_tensor_desc {
+  size_t struct_size;      /* sizeof(strata_tensor_desc) */
+  const char* name;        /* copied; need not be unique, but traces read better if it is */
+  uint64_t bytes;          /* > 0 */
+  strata_dtype dtype;
+  strata_tensor_kind kind;
+  int32_t layer;           /* transformer layer, or -1 for none (embedding, head, ...) */
+  strata_tier home_tier;   /* where the tensor lives when not in use (usually NVME) */
+} strata_tensor_desc;
+
+/* Registers a tensor. Its contents are undefined until written (strata_tensor_write or an
+ * acquire / release(DIRTY)). Any thread. */
+STRATA_API int strata_tensor_register(strata_runtime* rt, const strata_tensor_desc* desc,
+                                      strata_tensor* out);
+/* Copies bytes [offset, offset + bytes) of the tensor from / to caller memory, wherever the
+ * tensor lives. Fails with STRATA_E_STATE while the tensor is acquired. Any thread. */
+STRATA_API int strata_tensor_write(strata_runtime* rt, strata_tensor tensor, const void* src,
+                                   uint64_t offset, uint64_t bytes);
+STRATA_API int strata_tensor_read(strata_runtime* rt, strata_tensor tensor, void* dst,
+                                  uint64_t offset, uint64_t bytes);
+/* Forgets a tensor and frees its space on every tier. Fails with STRATA_E_STATE while it is
+ * acquired. Any thread. */
+STRATA_API int strata_tensor_unregister(strata_runtime* rt, strata_tensor tensor);
+
+/* ---------------------------------------------------------------------------------------------
+ * Allocator face: memory a framework asks Strata to place. An allocation is an anonymous tensor
+ * (kind OTHER): strata_acquire gives its address. Without STRATA_MALLOC_OFFLOADABLE it stays
+ * resident on its tier until strata_free; with it, a released allocation may be spilled to NVMe
+ * under pressure and is brought back by the next acquire.
+ * ------------------------------------------------------------------------------------------- */
+#define STRATA_MALLOC_OFFLOADABLE 1u
+
+/* Any thread. tier is DEVICE or PINNED. */
+STRATA_API int strata_malloc(strata_runtime* rt, uint64_t bytes, strata_tier tier, uint32_t flags,
+                             strata_tensor* out);
+/* Any thread. Fails with STRATA_E_STATE while acquired. */
+STRATA_API int strata_free(strata_runtime* rt, strata_tensor allocation);
+
+/* ---------------------------------------------------------------------------------------------
+ * The training loop, once per layer
+ *
+ * A step is: strata_step_begin; for each layer in forward order strata_layer_begin(FORWARD, l)
+ * ... acquire / release ... strata_layer_end; the same in reverse with BACKWARD; the optimizer
+ * (phase OPTIMIZER); strata_step_end. The first step records which tensors each layer touches;
+ * later steps prefetch along that order (or along strata_declare_schedule). The loop calls are
+ * made from one thread at a time (the training thread); acquire / release may come from any.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum strata_phase {
+  STRATA_PHASE_FORWARD = 0,
+  STRATA_PHASE_BACKWARD = 1,
+  STRATA_PHASE_OPTIMIZER = 2
+} strata_phase;
+
+STRATA_API int strata_step_begin(strata_runtime* rt);
+STRATA_API int strata_step_end(strata_runtime* rt);
+STRATA_API int strata_layer_begin(strata_runtime* rt, strata_phase phase, int32_t layer);
+STRATA_API int strata_layer_end(strata_runtime* rt, strata_phase phase, int32_t layer);
+
+/* Declares in advance which tensors each (phase, layer) touches, in order; replaces what the
+ * first step would record. Training thread. */
+typedef struct strata_schedule_entry {
+  strata_phase phase;
+  int32_t layer;
+  strata_tensor tensor;
+  strata_tier tier; /* where it will be acquired */
+} strata_schedule_entry;
+STRATA_API int strata_declare_schedule(strata_runtime* rt, const strata_schedule_entry* entries,
+                                       size_t count);
+
+#define STRATA_ACQUIRE_DISCARD 1u /* contents will be overwritten: skip reading them */
+
+typedef struct strata_acquired {
+  size_t struct_size; /* sizeof(strata_acquired) */
+  void* data;         /* valid until strata_release */
+  uint64_t bytes;
+  /* DEVICE tier on CUDA: the cudaEvent_t (as void*) the caller's stream must wait on before
+   * touching data (cudaStreamWaitEvent). NULL when data is ready on return (host tiers, the
+   * emulated device). */
+  void* ready_event;
+} strata_acquired;
+
+/* Makes the tensor resident on tier (DEVICE or PINNED) and pins it there until released: waits
+ * for any read in flight, never evicts it meanwhile. Acquires nest (a count). Any thread. */
+STRATA_API int strata_acquire(strata_runtime* rt, strata_tensor tensor, strata_tier tier,
+                              uint32_t flags, strata_acquired* out);
+
+#define STRATA_RELEASE_DIRTY 1u /* the caller modified the data: it must reach NVMe again */
+
+/* Ends one acquire. With DIRTY, the new contents are written back before the buffer is reused;
+ * the previous copy on NVMe stays valid until that write has succeeded. device_stream: for a
+ * DEVICE tensor on CUDA, the cudaStream_t whose work writes the data (Strata waits for it before
+ * copying out); NULL otherwise. Any thread. */
+STRATA_API int strata_release(strata_runtime* rt, strata_tensor tensor, uint32_t flags,
+                              void* device_stream);
+
+/* Asks for the tensor to be brought toward tier ahead of time. Never blocks. Any thread. */
+STRATA_API int strata_prefetch(strata_runtime* rt, strata_tensor tensor, strata_tier tier);
+
+/* Blocks until every write-back in flight has finished; returns the first error among them.
+ * Any thread. */
+STRATA_API int strata_sync(strata_runtime* rt);
+
+/* Writes a Chrome trace-event JSON file (Perfetto, chrome://tracing) of what the runtime did
+ * since it was created: reads, writes, copies, waits. No tensor data. Any thread. */
+STRATA_API int strata_export_trace(strata_runtime* rt, const char* path);
+
+/* ---------------------------------------------------------------------------------------------
+ * Memory statistics
+ *
+ * Exact counters Strata keeps per tier and per tensor kind, beside the host memory the OS charges
+ * the process. "reserved" is memory held from the OS / GPU / NVMe space (others cannot use it);
+ * "in use" is the part currently holding tensor data; peaks are since creation (or the last peak
+ * reset). Host memory as the OS sees it: os_peak_rss_bytes is VmHWM; the "excluding emulated
+ * device" figures leave out the memory that stands in for a GPU on the host-emulated device, so a
+ * CPU-only run reports what a GPU run would. Filled by strata_get_stats (struct_size first: older,
+ * smaller structs get the fields they have).
+ * ------------------------------------------------------------------------------------------- */
+#define STRATA_STATS_KIND_SLOTS 8 /* indexed by strata_tensor_kind; spare slots read 0 */
+
+typedef struct strata_kind_stats {
+  uint64_t in_use_bytes;
+  uint64_t peak_in_use_bytes;
+} strata_kind_stats;
+
+typedef struct strata_tier_stats {
+  uint64_t reserved_bytes;
+  uint64_t in_use_bytes;
+  uint64_t peak_reserved_bytes;
+  uint64_t peak_in_use_bytes;
+  strata_kind_stats kinds[STRATA_STATS_KIND_SLOTS];
+} strata_tier_stats;
+
+typedef struct strata_stats {
+  size_t struct_size; /* sizeof(strata_stats) */
+  strata_tier_stats host;   /* unpinned host buffers Strata allocates (optimizer scratch, ...) */
+  strata_tier_stats pinned; /* pinned host arena: staging buffers and pinned tensors */
+  strata_tier_stats device; /* GPU memory (or the emulated device's) */
+  strata_tier_stats nvme;   /* extent store space: reserved = capacity, in use = live extents */
+  uint64_t nvme_bytes_read;
+  uint64_t nvme_bytes_written;
+  uint64_t os_rss_bytes;      /* VmRSS now */
+  uint64_t os_peak_rss_bytes; /* VmHWM: the kernel's peak of VmRSS */
+  /* RssAnon + RssFile + (RssShmem - the emulated device's resident memory): now, and the peak
+   * seen by the runtime's sampler (sampled every few milliseconds). */
+  uint64_t os_host_bytes_excluding_emulated_device;
+  uint64_t os_peak_host_bytes_excluding_emulated_device;
+  uint64_t emulated_device_resident_bytes; /* host memory backing the emulated device; 0 on CUDA */
+} strata_stats;
+
+/* ---------------------------------------------------------------------------------------------
+ * PyTorch pluggable allocator
+ *
+ * Entry points for torch.cuda.memory.CUDAPluggableAllocator, so that PyTorch's own GPU tensors
+ * (activations, workspaces) come out of Strata's device arena and share its budget:
+ *
+ *   alloc = torch.cuda.memory.CUDAPluggableAllocator("libstrata.so", "strata_torch_alloc",
+ *                                                    "strata_torch_free")
+ *   torch.cuda.memory.change_current_allocator(alloc)   # before any CUDA tensor exists
+ *
+ * The stream is a cudaStream_t (declared as void* so that this header needs no CUDA headers; the
+ * two have the same ABI). Torch's interface has no context pointer, so these functions serve the
+ * device of the runtime that was created most recently and is still alive (the one exception to
+ * "no global state"). Without such a runtime, memory comes from cudaMalloc / cudaFree when the
+ * library was built with CUDA and a GPU is usable, and strata_torch_alloc returns NULL otherwise
+ * (torch reports an out-of-memory error). A memory block freed on a stream is reused only after
+ * the work queued on that stream so far has finished. Freeing NULL is a no-op; freeing a pointer
+ * that Strata did not hand out is a no-op with a warning on stderr. Any thread.
+ * ------------------------------------------------------------------------------------------- */
+typedef void* strata_cuda_stream; /* cudaStream_t */
+
+STRATA_API void* strata_torch_alloc(ssize_t size, int device, strata_cuda_stream stream);
+STRATA_API void strata_torch_free(void* ptr, ssize_t size, int device, strata_cuda_stream stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

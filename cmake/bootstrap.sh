@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what is missing (Debian bookworm, as root), then configures and builds Strata.
+# Used by both README commands; safe to run again (it installs and rebuilds only what changed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BUILD_DIR=${STRATA_BUILD_DIR:-build}
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  liburing-dev libhwloc-dev hwloc libboost-dev libxxhash-dev
+  nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
+  fio clang libclang-rt-14-dev
+  python3 python3-numpy python3-torch python3-pytest python3-matplotlib
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "strata: installing ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "strata: run as root (or install these packages yourself): ${missing[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${STRATA_CMAKE_ARGS:-} >/dev/null
+cmake --build "$BUILD_DIR" -j "$(nproc)"

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The README's test command: set up, build, and run every test (C++ under ctest, Python under
+# pytest with Debian's interpreter, which has python3-torch).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash cmake/bootstrap.sh
+ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 600
