@@ -1,0 +1,705 @@
+#include "model/plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <map>
+
+#include "common/units.h"
+#include "model/inventory.h"
+
+namespace strata {
+namespace {
+
+constexpr double kGB = 1e9;
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& ch : out) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return out;
+}
+
+// Strict decimal parsing: the whole text must be the number.
+std::optional<double> parse_double(std::string_view text) {
+  const std::string s(text);
+  if (s.empty()) return std::nullopt;
+  char* end = nullptr;
+  const double value = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || !std::isfinite(value)) return std::nullopt;
+  return value;
+}
+
+std::optional<uint32_t> parse_count(std::string_view text) {
+  if (text.empty() || text.size() > 6) return std::nullopt;
+  uint32_t value = 0;
+  for (char ch : text) {
+    if (!std::isdigit(static_cast<unsigned char>(ch))) return std::nullopt;
+    value = value * 10 + static_cast<uint32_t>(ch - '0');
+  }
+  return value;
+}
+
+uint32_t bytes_of(DType dtype) {
+  return dtype_size(dtype);
+}
+
+// fp32 master (unless the weights are fp32), Adam m and v.
+uint64_t optimizer_bytes_per_param(DType precision) {
+  return (precision == DType::kFloat32 ? 0 : 4) + 8;
+}
+
+// Module name of a parameter: "layers.3.self_attn.q_proj.weight" -> "q_proj".
+std::string_view module_of(std::string_view name) {
+  const size_t last = name.rfind('.');
+  if (last == std::string_view::npos) return name;
+  const size_t prev = name.rfind('.', last - 1);
+  return name.substr(prev == std::string_view::npos ? 0 : prev + 1,
+                     last - (prev == std::string_view::npos ? 0 : prev + 1));
+}
+
+bool is_lora_target(std::string_view module, const LoraTargets& t) {
+  if (module == "q_proj") return t.q;
+  if (module == "k_proj") return t.k;
+  if (module == "v_proj") return t.v;
+  if (module == "o_proj") return t.o;
+  if (module == "gate_proj" || module == "w1") return t.gate;
+  if (module == "up_proj" || module == "w3") return t.up;
+  if (module == "down_proj" || module == "w2") return t.down;
+  return false;  // norms, the MoE router, embedding, LM head
+}
+
+bool is_layer_linear_weight(const TensorSpec& spec) {
+  return spec.layer >= 0 && spec.shape.size() == 2 &&
+         std::string_view(spec.name).ends_with(".weight");
+}
+
+std::vector<TensorSpec> parameters_of(const ModelConfig& model) {
+  InventoryOptions options;
+  options.include_gradients = false;
+  options.include_optimizer = false;
+  return build_inventory(model, options);
+}
+
+// NF4 storage of one weight matrix with bitsandbytes' double quantization (QLoRA, Dettmers et
+// al. 2023, section 3): 4 bits per weight; per 64 weights an absmax quantized to 8 bits; per 256
+// absmax values one fp32 scale; one fp32 mean offset per tensor.
+uint64_t nf4_bytes(uint64_t elements) {
+  const uint64_t blocks = (elements + 63) / 64;
+  const uint64_t second_level = (blocks + 255) / 256;
+  return (elements + 1) / 2 + blocks + 4 * second_level + 4;
+}
+
+uint64_t stored_bytes(const TensorSpec& spec, FinetuneMethod method, DType precision) {
+  if (method == FinetuneMethod::kQLora && is_layer_linear_weight(spec)) {
+    return nf4_bytes(spec.elements());
+  }
+  return spec.elements() * bytes_of(precision);
+}
+
+std::string format_gib(uint64_t bytes) {
+  return format_bytes(bytes);
+}
+
+}  // namespace
+
+// ---- Parsing -------------------------------------------------------------------------------
+
+const char* to_string(FinetuneMethod method) {
+  switch (method) {
+    case FinetuneMethod::kFull:
+      return "full";
+    case FinetuneMethod::kLora:
+      return "lora";
+    case FinetuneMethod::kQLora:
+      return "qlora";
+  }
+  return "?";
+}
+const char* to_string(Checkpointing checkpointing) {
+  switch (checkpointing) {
+    case Checkpointing::kNone:
+      return "none";
+    case Checkpointing::kSelective:
+      return "selective";
+    case Checkpointing::kFull:
+      return "full";
+  }
+  return "?";
+}
+const char* to_string(Offload offload) {
+  switch (offload) {
+    case Offload::kNone:
+      return "none";
+    case Offload::kCpu:
+      return "cpu";
+    case Offload::kNvme:
+      return "nvme";
+  }
+  return "?";
+}
+
+Result<FinetuneMethod> parse_method(std::string_view text) {
+  const std::string s = lower(text);
+  if (s == "full") return FinetuneMethod::kFull;
+  if (s == "lora") return FinetuneMethod::kLora;
+  if (s == "qlora") return FinetuneMethod::kQLora;
+  return invalid_argument("unknown method \"" + std::string(text) + "\"; use full, lora or qlora");
+}
+Result<Checkpointing> parse_checkpointing(std::string_view text) {
+  const std::string s = lower(text);
+  if (s == "none") return Checkpointing::kNone;
+  if (s == "selective") return Checkpointing::kSelective;
+  if (s == "full") return Checkpointing::kFull;
+  return invalid_argument("unknown checkpointing \"" + std::string(text) +
+                          "\"; use none, selective or full");
+}
+Result<Offload> parse_offload(std::string_view text) {
+  const std::string s = lower(text);
+  if (s == "none") return Offload::kNone;
+  if (s == "cpu") return Offload::kCpu;
+  if (s == "nvme") return Offload::kNvme;
+  return invalid_argument("unknown offload \"" + std::string(text) + "\"; use none, cpu or nvme");
+}
+Result<DType> parse_precision(std::string_view text) {
+  const std::string s = lower(text);
+  if (s == "bf16") return DType::kBFloat16;
+  if (s == "fp16") return DType::kFloat16;
+  if (s == "fp32") return DType::kFloat32;
+  return invalid_argument("unknown precision \"" + std::string(text) +
+                          "\"; use bf16, fp16 or fp32");
+}
+
+Result<LoraTargets> parse_lora_targets(std::string_view text) {
+  const std::string s = lower(text);
+  if (s == "all-linear" || s == "all") return LoraTargets{};
+  LoraTargets t{false, false, false, false, false, false, false};
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t comma = s.find(',', start);
+    if (comma == std::string::npos) comma = s.size();
+    std::string item = s.substr(start, comma - start);
+    if (item.size() > 5 && item.ends_with("_proj")) item.resize(item.size() - 5);
+    if (item == "q")
+      t.q = true;
+    else if (item == "k")
+      t.k = true;
+    else if (item == "v")
+      t.v = true;
+    else if (item == "o")
+      t.o = true;
+    else if (item == "gate")
+      t.gate = true;
+    else if (item == "up")
+      t.up = true;
+    else if (item == "down")
+      t.down = true;
+    else {
+      return invalid_argument("unknown LoRA target \"" + item +
+                              "\"; use all-linear or a list of q,k,v,o,gate,up,down");
+    }
+    start = comma + 1;
+  }
+  return t;
+}
+
+std::string to_string(const LoraTargets& t) {
+  if (t.q && t.k && t.v && t.o && t.gate && t.up && t.down) return "all-linear";
+  std::string out;
+  auto add = [&](bool on, const char* name) {
+    if (on) out += (out.empty() ? "" : ",") + std::string(name);
+  };
+  add(t.q, "q");
+  add(t.k, "k");
+  add(t.v, "v");
+  add(t.o, "o");
+  add(t.gate, "gate");
+  add(t.up, "up");
+  add(t.down, "down");
+  return out;
+}
+
+Result<NvmeArray> parse_nvme(std::string_view text) {
+  const std::string s = lower(text);
+  if (size_t colon = s.find(':'); colon != std::string::npos) {
+    const auto drives = parse_count(std::string_view(s).substr(0, colon));
+    if (!drives || *drives == 0 || *drives > 64) {
+      return invalid_argument("NVMe drive count in \"" + std::string(text) + "\" must be 1..64");
+    }
+    Result<NvmePreset> preset = find_nvme(std::string_view(s).substr(colon + 1));
+    if (!preset) return std::move(preset).take_status();
+    NvmeArray a;
+    a.drives = *drives;
+    // RAID-0 across drives: rates add (DeepNVMe reports near-linear scaling to 8 drives).
+    a.read_gbps = preset->read_gbps * *drives;
+    a.write_gbps = preset->write_gbps * *drives;
+    a.label = std::to_string(*drives) + " x " + preset->name;
+    return a;
+  }
+  if (size_t slash = s.find('/'); slash != std::string::npos) {
+    const auto read = parse_double(std::string_view(s).substr(0, slash));
+    const auto write = parse_double(std::string_view(s).substr(slash + 1));
+    if (!read || !write || *read <= 0 || *write <= 0 || *read > 10000 || *write > 10000) {
+      return invalid_argument("NVMe rates \"" + std::string(text) +
+                              "\" must be READ_GBPS/WRITE_GBPS, both positive");
+    }
+    NvmeArray a;
+    a.drives = 0;
+    a.read_gbps = *read;
+    a.write_gbps = *write;
+    a.label = std::string(text) + " GB/s";
+    return a;
+  }
+  return invalid_argument("NVMe \"" + std::string(text) +
+                          "\" must be COUNT:gen4, COUNT:gen5 or READ_GBPS/WRITE_GBPS");
+}
+
+Result<GpuChoice> parse_gpu_choice(std::string_view text) {
+  GpuChoice choice;
+  std::string_view name = text;
+  if (size_t colon = text.find(':'); colon != std::string_view::npos) {
+    name = text.substr(0, colon);
+    const auto count = parse_count(text.substr(colon + 1));
+    if (!count || *count == 0 || *count > 64) {
+      return invalid_argument("GPU count in \"" + std::string(text) + "\" must be 1..64");
+    }
+    choice.count = *count;
+  }
+  Result<GpuPreset> gpu = find_gpu(name);
+  if (!gpu) return std::move(gpu).take_status();
+  choice.gpu = *gpu;
+  return choice;
+}
+
+Status validate(const PlanRequest& r) {
+  STRATA_TRY(validate(r.model));
+  if (r.seq_len == 0 || r.seq_len > (uint64_t{1} << 24)) {
+    return invalid_argument("sequence length must be between 1 and 16M tokens");
+  }
+  if (r.micro_batch == 0 || r.micro_batch > 65536) {
+    return invalid_argument("micro-batch must be between 1 and 65536");
+  }
+  if (r.grad_accum == 0 || r.grad_accum > 65536) {
+    return invalid_argument("gradient accumulation must be between 1 and 65536");
+  }
+  if (r.method != FinetuneMethod::kFull && (r.lora_rank == 0 || r.lora_rank > 65536)) {
+    return invalid_argument("LoRA rank must be between 1 and 65536");
+  }
+  if (r.method == FinetuneMethod::kQLora && r.precision == DType::kFloat32) {
+    return invalid_argument("QLoRA computes in bf16 or fp16, not fp32");
+  }
+  if (r.precision != DType::kBFloat16 && r.precision != DType::kFloat16 &&
+      r.precision != DType::kFloat32) {
+    return invalid_argument("precision must be bf16, fp16 or fp32");
+  }
+  const PlanAssumptions& a = r.assume;
+  if (!(a.mfu > 0 && a.mfu <= 1)) return invalid_argument("MFU must be in (0, 1]");
+  if (!(a.adam_params_per_s > 0)) return invalid_argument("CPU Adam rate must be positive");
+  if (!(a.pcie_efficiency >= 0 && a.pcie_efficiency <= 1)) {
+    return invalid_argument("PCIe efficiency must be in [0, 1] (0: measured preset rate)");
+  }
+  if (!(a.host_scan_gbps > 0)) return invalid_argument("host scan rate must be positive");
+  if (!(r.nvme.read_gbps > 0 && r.nvme.write_gbps > 0)) {
+    return invalid_argument("NVMe read and write rates must be positive");
+  }
+  if (r.host_ram_bytes && *r.host_ram_bytes == 0) {
+    return invalid_argument("host RAM must be positive");
+  }
+  for (const GpuChoice& g : r.gpus) {
+    if (g.count == 0 || g.count > 64) return invalid_argument("GPU count must be 1..64");
+  }
+  return Status::ok();
+}
+
+// ---- Formulas ------------------------------------------------------------------------------
+
+uint64_t lora_trainable_parameters(const ModelConfig& model, uint32_t rank,
+                                   const LoraTargets& targets) {
+  uint64_t total = 0;
+  for (const TensorSpec& spec : parameters_of(model)) {
+    if (is_layer_linear_weight(spec) && is_lora_target(module_of(spec.name), targets)) {
+      total += uint64_t{rank} * (spec.shape[0] + spec.shape[1]);
+    }
+  }
+  return total;
+}
+
+uint64_t qlora_quantized_parameters(const ModelConfig& model) {
+  uint64_t total = 0;
+  for (const TensorSpec& spec : parameters_of(model)) {
+    if (is_layer_linear_weight(spec)) total += spec.elements();
+  }
+  return total;
+}
+
+uint64_t qlora_base_weight_bytes(const ModelConfig& model, DType compute) {
+  uint64_t total = 0;
+  for (const TensorSpec& spec : parameters_of(model)) {
+    total += stored_bytes(spec, FinetuneMethod::kQLora, compute);
+  }
+  return total;
+}
+
+uint64_t matmul_parameters_per_token(const ModelConfig& m) {
+  const uint64_t h = m.hidden_size;
+  uint64_t expert = 3 * h * m.intermediate_size;
+  if (m.mlp_bias) expert += 2 * m.intermediate_size + h;
+  const uint64_t all_experts = (m.is_moe() ? m.num_local_experts : 1) * expert;
+  const uint64_t routed = uint64_t{m.active_experts()} * expert;
+  const uint64_t norms = 2 * h;  // elementwise, not matmuls
+  const uint64_t layer = layer_parameter_count(m) - all_experts + routed - norms;
+  const uint64_t head = m.vocab_size * h;
+  return uint64_t{m.num_hidden_layers} * layer + head;
+}
+
+uint64_t activation_bytes_per_layer(const ModelConfig& m, uint64_t seq, uint64_t batch,
+                                    DType precision, bool keep_attention_scores) {
+  // Korthikanti et al. eq. 1/2: attention 11sbh + 5as^2b, MLP 19sbh, norms 4sbh (16-bit).
+  const double sbh = static_cast<double>(seq) * batch * m.hidden_size;
+  const double mlp_copies = m.active_experts();
+  double bytes = (15.0 + 19.0 * mlp_copies) * sbh;
+  if (keep_attention_scores) {
+    bytes += 5.0 * m.num_attention_heads * static_cast<double>(seq) * seq * batch;
+  }
+  return static_cast<uint64_t>(bytes * bytes_of(precision) / 2.0);
+}
+
+uint64_t activation_bytes(const ModelConfig& m, uint64_t seq, uint64_t batch,
+                          Checkpointing checkpointing, DType precision) {
+  const uint64_t layers = m.num_hidden_layers;
+  switch (checkpointing) {
+    case Checkpointing::kNone:
+      return layers * activation_bytes_per_layer(m, seq, batch, precision, true);
+    case Checkpointing::kSelective:
+      return layers * activation_bytes_per_layer(m, seq, batch, precision, false);
+    case Checkpointing::kFull: {
+      // Each layer's input stays; during backward one layer at a time is recomputed in full.
+      const uint64_t input = seq * batch * m.hidden_size * bytes_of(precision);
+      return layers * input + activation_bytes_per_layer(m, seq, batch, precision, true);
+    }
+  }
+  return 0;
+}
+
+uint64_t logits_bytes(const ModelConfig& m, uint64_t seq, uint64_t batch, DType precision) {
+  return seq * batch * m.vocab_size * (bytes_of(precision) + 4 + 4);
+}
+
+Zero3Estimate deepspeed_zero3_estimate(uint64_t total_params, uint64_t largest_layer_params,
+                                       uint32_t gpus_per_node, uint32_t nodes, bool cpu_offload,
+                                       bool cpu_offload_params, bool zero_init,
+                                       double additional_buffer_factor) {
+  // Line for line stage3.py; Python's int() truncates, so do we.
+  const double total_gpus = static_cast<double>(nodes) * gpus_per_node;
+  const double gpus_factor = 1.0 / nodes;
+  const double total = static_cast<double>(total_params);
+  const double largest = static_cast<double>(largest_layer_params);
+  const double largest_layer_memory = 4 * largest;
+  double gpu_mem = 0;
+  double cpu_mem = 0;
+  if (cpu_offload) {
+    if (cpu_offload_params) {
+      gpu_mem = largest_layer_memory;
+      cpu_mem = zero_init ? total * 18 * gpus_factor * additional_buffer_factor
+                          : total * std::max(4.0 * gpus_per_node, 18 * gpus_factor) *
+                                additional_buffer_factor;
+    } else {
+      gpu_mem = largest_layer_memory + std::trunc(2 * total / total_gpus);
+      cpu_mem = zero_init ? total * 16 * gpus_factor * additional_buffer_factor
+                          : total * std::max(4.0 * gpus_per_node, 16 * gpus_factor) *
+                                additional_buffer_factor;
+    }
+  } else {
+    gpu_mem = largest_layer_memory + std::trunc(18 * total / total_gpus);
+    cpu_mem = zero_init ? largest * 4 * gpus_per_node * additional_buffer_factor
+                        : total * 4 * gpus_per_node * additional_buffer_factor;
+  }
+  return {static_cast<uint64_t>(cpu_mem), static_cast<uint64_t>(gpu_mem),
+          static_cast<uint64_t>(largest_layer_memory)};
+}
+
+uint64_t deepspeed_largest_layer_params(const ModelConfig& model) {
+  // Group parameters by owning module ("...q_proj.weight" and "...q_proj.bias" together).
+  std::map<std::string, uint64_t> per_module;
+  for (const TensorSpec& spec : parameters_of(model)) {
+    per_module[spec.name.substr(0, spec.name.rfind('.'))] += spec.elements();
+  }
+  uint64_t largest = 0;
+  for (const auto& [module, n] : per_module) largest = std::max(largest, n);
+  return largest;
+}
+
+// ---- The plan ------------------------------------------------------------------------------
+
+ModelStates model_states(const PlanRequest& r) {
+  ModelStates s;
+  const ModelConfig& m = r.model;
+  const DType p = r.precision;
+  const uint64_t b = bytes_of(p);
+  const bool full = r.method == FinetuneMethod::kFull;
+  const std::vector<TensorSpec> params = parameters_of(m);
+
+  std::map<int32_t, uint64_t> unit_weight_bytes;  // layer (-1: each non-layer tensor alone)
+  std::map<int32_t, uint64_t> unit_trainable;
+  for (const TensorSpec& spec : params) {
+    const uint64_t stored = stored_bytes(spec, r.method, p);
+    s.params += spec.elements();
+    s.weight_bytes += stored;
+    s.largest_weight_elements = std::max(s.largest_weight_elements, spec.elements());
+    if (spec.layer >= 0) {
+      unit_weight_bytes[spec.layer] += stored;
+    } else {
+      // The embedding and the LM head move as units of their own.
+      s.largest_unit_weight_bytes = std::max(s.largest_unit_weight_bytes, stored);
+    }
+    if (full) {
+      s.trainable_tensor_elements.push_back(spec.elements());
+      if (spec.layer >= 0) {
+        unit_trainable[spec.layer] += spec.elements();
+      } else {
+        s.largest_unit_trainable_params =
+            std::max(s.largest_unit_trainable_params, spec.elements());
+      }
+    } else if (is_layer_linear_weight(spec) &&
+               is_lora_target(module_of(spec.name), r.lora_targets)) {
+      const uint64_t a = uint64_t{r.lora_rank} * spec.shape[1];   // A: r x in
+      const uint64_t bm = spec.shape[0] * uint64_t{r.lora_rank};  // B: out x r
+      s.trainable_tensor_elements.push_back(a);
+      s.trainable_tensor_elements.push_back(bm);
+      unit_trainable[spec.layer] += a + bm;
+    }
+  }
+  for (const auto& [layer, bytes] : unit_weight_bytes) {
+    s.largest_unit_weight_bytes = std::max(s.largest_unit_weight_bytes, bytes);
+  }
+  for (const auto& [layer, n] : unit_trainable) {
+    s.largest_unit_trainable_params = std::max(s.largest_unit_trainable_params, n);
+  }
+  for (uint64_t n : s.trainable_tensor_elements) s.trainable_params += n;
+  s.trainable_state_bytes = s.trainable_params * (2 * b + optimizer_bytes_per_param(p));
+  // Full fine-tuning: the trainable states include the weights themselves.
+  s.model_state_bytes = full ? s.trainable_state_bytes : s.weight_bytes + s.trainable_state_bytes;
+  return s;
+}
+
+namespace {
+
+struct Rates {
+  double compute_seconds = 0;
+  double pcie_gbps = 0;
+};
+
+Rates rates_for(const PlanRequest& r, const ModelStates& s, const GpuChoice& g) {
+  const ModelConfig& m = r.model;
+  const double tokens = static_cast<double>(r.seq_len) * r.micro_batch * r.grad_accum;
+  const double pmm = static_cast<double>(matmul_parameters_per_token(m));
+  double flops_per_token = 0;
+  if (r.method == FinetuneMethod::kFull) {
+    flops_per_token = 6 * pmm;  // forward 2N, backward 4N (input and weight gradients)
+  } else {
+    // Frozen weights need no weight-gradient GEMM: forward 2N + input gradients 2N; adapters
+    // are trained in full (6 per adapter parameter).
+    flops_per_token = 4 * pmm + 6 * static_cast<double>(s.trainable_params);
+  }
+  if (r.checkpointing == Checkpointing::kFull) flops_per_token += 2 * pmm;  // forward again
+  const double peak_tflops =
+      r.precision == DType::kFloat32 ? g.gpu.tf32_dense_tflops : g.gpu.bf16_dense_tflops;
+  Rates rates;
+  rates.compute_seconds = flops_per_token * tokens / (peak_tflops * 1e12 * r.assume.mfu);
+  if (r.method == FinetuneMethod::kQLora) {
+    // Dequantizing the 4-bit weights before each use is memory-bound: read NF4, write bf16.
+    const double passes = (r.checkpointing == Checkpointing::kFull ? 3.0 : 2.0) * r.grad_accum;
+    const double q = static_cast<double>(qlora_quantized_parameters(m));
+    const double bytes_per_pass = q * 0.5 + q * bytes_of(r.precision);
+    rates.compute_seconds += passes * bytes_per_pass / (g.gpu.mem_bw_gbps * kGB);
+  }
+  rates.pcie_gbps = r.assume.pcie_efficiency > 0 ? g.gpu.host_link_gbps * r.assume.pcie_efficiency
+                                                 : g.gpu.pinned_copy_gbps;
+  return rates;
+}
+
+OffloadJob offload_job(const PlanRequest& r, const ModelStates& s, const GpuChoice& g,
+                       const Rates& rates, bool params_resident) {
+  OffloadJob job;
+  job.params = s.params;
+  job.trainable_params = s.trainable_params;
+  job.weight_bytes = s.weight_bytes;
+  job.largest_unit_weight_bytes = s.largest_unit_weight_bytes;
+  job.largest_unit_trainable_params = s.largest_unit_trainable_params;
+  job.largest_weight_elements = s.largest_weight_elements;
+  job.trainable_tensor_elements = s.trainable_tensor_elements;
+  job.param_bytes = bytes_of(r.precision);
+  job.optimizer_on_host = r.method == FinetuneMethod::kFull;
+  job.fp16_loss_scaling = r.precision == DType::kFloat16;
+  job.params_resident_on_gpu = params_resident;
+  job.grad_accum = r.grad_accum;
+  job.gpus = g.count;
+  job.compute_seconds = rates.compute_seconds;
+  job.pcie_gbps = rates.pcie_gbps;
+  job.nvme_read_gbps = r.nvme.read_gbps;
+  job.nvme_write_gbps = r.nvme.write_gbps;
+  job.adam_params_per_s = r.assume.adam_params_per_s;
+  job.host_scan_gbps = r.assume.host_scan_gbps;
+  job.host_budget_bytes = r.host_ram_bytes;
+  return job;
+}
+
+GpuMemory gpu_memory(const PlanRequest& r, const ModelStates& s, const GpuChoice& g,
+                     Offload offload, bool params_resident) {
+  const ModelConfig& m = r.model;
+  const uint64_t b = bytes_of(r.precision);
+  const bool full = r.method == FinetuneMethod::kFull;
+  GpuMemory mem;
+  mem.activations = activation_bytes(m, r.seq_len, r.micro_batch, r.checkpointing, r.precision);
+  mem.logits = logits_bytes(m, r.seq_len, r.micro_batch, r.precision);
+  mem.cuda_context = r.assume.cuda_context_bytes;
+
+  // Weights: partitioned across GPUs when resident; two units (the one computing and the one
+  // being prefetched) when streamed, or when partitions are gathered from other GPUs.
+  const uint64_t two_units = 2 * s.largest_unit_weight_bytes;
+  if (params_resident) {
+    mem.weights = s.weight_bytes / g.count;
+    if (g.count > 1) mem.buffers += two_units;
+  } else {
+    mem.buffers += two_units;
+  }
+
+  if (full) {
+    if (offload == Offload::kNone) {
+      mem.gradients = s.params * b / g.count;
+      mem.optimizer = s.params * optimizer_bytes_per_param(r.precision) / g.count;
+    } else {
+      // Gradients leave layer by layer: two layers' worth in flight.
+      mem.gradients = 2 * s.largest_unit_trainable_params * b;
+    }
+  } else {
+    // Adapters and their Adam states stay on the GPU (a few hundred MB at most).
+    mem.weights += s.trainable_params * b;
+    mem.gradients = s.trainable_params * b;
+    mem.optimizer = s.trainable_params * optimizer_bytes_per_param(r.precision);
+  }
+  if (r.method == FinetuneMethod::kQLora) {
+    // One layer's weight matrix dequantized at a time.
+    uint64_t largest_linear = 0;
+    for (const TensorSpec& spec : parameters_of(m)) {
+      if (is_layer_linear_weight(spec)) largest_linear = std::max(largest_linear, spec.elements());
+    }
+    mem.buffers += largest_linear * b;
+  }
+  return mem;
+}
+
+GpuPlan plan_with_offload(const PlanRequest& r, const ModelStates& s, const GpuChoice& g,
+                          Offload offload) {
+  GpuPlan plan;
+  plan.choice = g;
+  plan.offload = offload;
+  const uint64_t gpu_capacity = g.gpu.memory_bytes();
+  const Rates rates = rates_for(r, s, g);
+
+  // Offloaded runs keep the weights on the GPU when they fit: fewer bytes over PCIe and NVMe.
+  plan.params_resident = true;
+  plan.memory = gpu_memory(r, s, g, offload, true);
+  if (offload != Offload::kNone && plan.memory.total() > gpu_capacity) {
+    plan.params_resident = false;
+    plan.memory = gpu_memory(r, s, g, offload, false);
+  }
+
+  const OffloadJob job = offload_job(r, s, g, rates, plan.params_resident);
+  OffloadJob nvme_job = job;
+  // The comparison with ZeRO-Infinity is for the NVMe configuration of the same job.
+  if (offload != Offload::kNvme) {
+    nvme_job.params_resident_on_gpu =
+        gpu_memory(r, s, g, Offload::kNvme, true).total() <= gpu_capacity;
+  }
+  plan.strata_nvme = estimate_nvme_offload(nvme_job);
+  plan.zero_infinity = estimate_zero_infinity_offload(nvme_job);
+
+  switch (offload) {
+    case Offload::kNone:
+      plan.stages.compute_seconds = rates.compute_seconds;
+      plan.stages.step_seconds = rates.compute_seconds;
+      plan.stages.bottleneck = "compute";
+      break;
+    case Offload::kCpu:
+      plan.stages = estimate_cpu_offload(job);
+      break;
+    case Offload::kNvme:
+      plan.stages = plan.strata_nvme;
+      break;
+  }
+  plan.host_bytes = plan.stages.host_bytes;
+  plan.nvme_bytes = plan.stages.nvme_bytes;
+  plan.step_seconds = plan.stages.step_seconds;
+  plan.bottleneck = plan.stages.bottleneck;
+  plan.tokens_per_step = static_cast<double>(g.count) * r.seq_len * r.micro_batch * r.grad_accum;
+  plan.tokens_per_s = plan.tokens_per_step / plan.step_seconds;
+  plan.hours_per_mtok = 1e6 / plan.tokens_per_s / 3600.0;
+  const PriceRange& price = g.gpu.price_usd_per_hour;
+  const double prices[3] = {price.low, price.typical, price.high};
+  for (int tier = 0; tier < 3; ++tier) {
+    plan.usd_per_mtok[tier] = plan.hours_per_mtok * prices[tier] * g.count;
+  }
+
+  plan.fits_gpu = plan.memory.total() <= gpu_capacity;
+  if (!plan.fits_gpu) {
+    plan.why_not =
+        "GPU needs " + format_gib(plan.memory.total()) + " of " + format_gib(gpu_capacity);
+  }
+  if (r.host_ram_bytes) {
+    plan.zero_infinity_fits_host = plan.zero_infinity.host_bytes <= *r.host_ram_bytes;
+    plan.fits_host = plan.host_bytes <= *r.host_ram_bytes;
+    if (!plan.fits_host) {
+      plan.why_not += std::string(plan.why_not.empty() ? "" : "; ") + "host needs " +
+                      format_gib(plan.host_bytes) + " of " + format_gib(*r.host_ram_bytes);
+    }
+  }
+  return plan;
+}
+
+GpuPlan plan_for_gpu(const PlanRequest& r, const ModelStates& s, const GpuChoice& g) {
+  if (r.offload) return plan_with_offload(r, s, g, *r.offload);
+  // No offload asked for: the first that fits. CPU offload is only chosen when --host-ram says
+  // the states fit in RAM; without it, NVMe offload is the choice that needs the least RAM.
+  GpuPlan none = plan_with_offload(r, s, g, Offload::kNone);
+  if (none.fits()) return none;
+  if (r.host_ram_bytes) {
+    GpuPlan cpu = plan_with_offload(r, s, g, Offload::kCpu);
+    if (cpu.fits()) return cpu;
+  }
+  return plan_with_offload(r, s, g, Offload::kNvme);
+}
+
+}  // namespace
+
+Result<Plan> make_plan(const PlanRequest& request) {
+  STRATA_TRY(validate(request));
+  Plan plan;
+  plan.request = request;
+  plan.states = model_states(request);
+  std::vector<GpuChoice> gpus = request.gpus;
+  if (gpus.empty()) {
+    for (const GpuPreset& gpu : gpu_presets()) gpus.push_back({gpu, 1});
+  }
+  for (const GpuChoice& g : gpus) plan.gpus.push_back(plan_for_gpu(request, plan.states, g));
+
+  for (int tier = 0; tier < 3; ++tier) {
+    CheapestOption& best = plan.cheapest[tier];
+    for (const GpuPlan& g : plan.gpus) {
+      if (!g.fits()) continue;
+      if (!best.found || g.usd_per_mtok[tier] < best.usd_per_mtok) {
+        best = {true, g.choice.gpu.name, g.choice.count, g.usd_per_mtok[tier]};
+      }
+    }
+  }
+  plan.primary = 0;
+  if (request.gpus.empty() && plan.cheapest[1].found) {
+    for (size_t i = 0; i < plan.gpus.size(); ++i) {
+      if (plan.gpus[i].choice.gpu.name == plan.cheapest[1].gpu) plan.primary = i;
+    }
+  }
+  return plan;
+}
+
+}  // namespace strata

@@ -1,0 +1,209 @@
+// `strata plan`: will a fine-tuning job fit, how fast will it run, what will it cost - per GPU
+// preset, before anyone rents a machine. Every formula and its source is in docs/planner.md.
+//
+// Memory and compute come from closed-form formulas over the model inventory. Host RAM, NVMe
+// traffic and step time under NVMe offload come from plan_offload.h, an analytic stand-in for
+// a simulated step of the scheduler.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "model/gpu_presets.h"
+#include "model/model_config.h"
+#include "model/plan_offload.h"
+#include "model/tensor_spec.h"
+
+namespace strata {
+
+enum class FinetuneMethod : uint8_t { kFull, kLora, kQLora };
+enum class Checkpointing : uint8_t { kNone, kSelective, kFull };
+enum class Offload : uint8_t { kNone, kCpu, kNvme };
+
+const char* to_string(FinetuneMethod method);
+const char* to_string(Checkpointing checkpointing);
+const char* to_string(Offload offload);
+Result<FinetuneMethod> parse_method(std::string_view text);        // full | lora | qlora
+Result<Checkpointing> parse_checkpointing(std::string_view text);  // none | selective | full
+Result<Offload> parse_offload(std::string_view text);              // none | cpu | nvme
+Result<DType> parse_precision(std::string_view text);              // bf16 | fp16 | fp32
+
+// Which linear layers get LoRA adapters. For MoE experts gate/up/down mean w1/w3/w2.
+struct LoraTargets {
+  bool q = true, k = true, v = true, o = true, gate = true, up = true, down = true;
+};
+// "all-linear" (the default, as in QLoRA), or a comma list of q,k,v,o,gate,up,down (the
+// "_proj" suffix is accepted: "q_proj,v_proj" is PEFT's Llama default).
+Result<LoraTargets> parse_lora_targets(std::string_view text);
+std::string to_string(const LoraTargets& targets);
+
+// Aggregate NVMe rates (decimal GB/s).
+struct NvmeArray {
+  uint32_t drives = 1;
+  double read_gbps = 0;
+  double write_gbps = 0;
+  std::string label;  // "1 x gen4-x4", "28/11 GB/s"
+};
+// "COUNT:gen4" / "COUNT:gen5" (per-drive rates from the shipped presets, times COUNT), or
+// "READ/WRITE" in GB/s for an array someone measured.
+Result<NvmeArray> parse_nvme(std::string_view text);
+
+// A GPU and how many of it (one node, data parallel, ZeRO-3-style partitioning of states).
+struct GpuChoice {
+  GpuPreset gpu;
+  uint32_t count = 1;
+};
+// "h100-sxm" or "h100-sxm:8".
+Result<GpuChoice> parse_gpu_choice(std::string_view text);
+
+// Rates the plan assumes; each is a flag of `strata plan`.
+struct PlanAssumptions {
+  double mfu = 0.4;                // achieved fraction of the GPU's dense peak
+  double adam_params_per_s = 2e9;  // CPU Adam throughput, parameters per second
+  double pcie_efficiency = 0;      // 0: the preset's measured pinned-copy rate; else x link rate
+  double host_scan_gbps = 20;      // host single-pass scan (ZeRO-Infinity's overflow check)
+  uint64_t cuda_context_bytes = uint64_t{1} << 30;  // context, cuBLAS workspace, fragmentation
+};
+
+struct PlanRequest {
+  ModelConfig model;
+  FinetuneMethod method = FinetuneMethod::kFull;
+  uint32_t lora_rank = 16;
+  LoraTargets lora_targets;
+  DType precision = DType::kBFloat16;
+  uint64_t seq_len = 4096;
+  uint64_t micro_batch = 1;  // sequences per GPU per micro-batch
+  uint64_t grad_accum = 1;   // micro-batches per optimizer step
+  Checkpointing checkpointing = Checkpointing::kFull;
+  std::optional<Offload> offload;  // unset: per GPU, the first of none/cpu/nvme that fits
+  std::optional<uint64_t> host_ram_bytes;
+  NvmeArray nvme;               // used by nvme offload; default 1 x gen4
+  std::vector<GpuChoice> gpus;  // empty: every shipped preset, one of each
+  PlanAssumptions assume;
+};
+Status validate(const PlanRequest& request);
+
+// ---- Formulas (public so that tests check them one by one) ----------------------------------
+
+// LoRA adapters: r * (in + out) per adapted matrix (A: r x in, B: out x r).
+uint64_t lora_trainable_parameters(const ModelConfig& model, uint32_t rank,
+                                   const LoraTargets& targets);
+
+// QLoRA base weights: the transformer layers' linear weights in NF4 (0.5 B/parameter) with
+// double-quantized constants (an 8-bit absmax per 64 weights, an fp32 scale per 256 of those,
+// one fp32 offset per tensor); embedding, LM head, norms and biases stay in `compute`.
+uint64_t qlora_base_weight_bytes(const ModelConfig& model, DType compute);
+// The part of the parameters that is quantized (layer linear weights).
+uint64_t qlora_quantized_parameters(const ModelConfig& model);
+
+// Parameters one token's forward pass multiplies by: every layer's attention projections, the
+// routed experts only (MoE) and the router, and the LM head; not the embedding (a lookup) nor
+// the norms (elementwise).
+uint64_t matmul_parameters_per_token(const ModelConfig& model);
+
+// Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+// eq. 2, no tensor parallelism: per layer s*b*h*(34 + 5*a*s/h) bytes with 16-bit activations.
+// Selective recomputation drops the 5*a*s^2*b attention term; full checkpointing keeps only each
+// layer's input (2*s*b*h) plus one layer's activations while it is recomputed. MoE layers
+// store the MLP part (19*s*b*h) once per routed expert. Scaled by bytes/2 for fp32.
+uint64_t activation_bytes_per_layer(const ModelConfig& model, uint64_t seq, uint64_t batch,
+                                    DType precision, bool keep_attention_scores);
+uint64_t activation_bytes(const ModelConfig& model, uint64_t seq, uint64_t batch,
+                          Checkpointing checkpointing, DType precision);
+// Logits in the compute dtype, their fp32 copy for the loss, and its fp32 gradient.
+uint64_t logits_bytes(const ModelConfig& model, uint64_t seq, uint64_t batch, DType precision);
+
+// DeepSpeed's estimate_zero3_model_states_mem_needs (deepspeed/runtime/zero/stage3.py),
+// reproduced: per-GPU and per-CPU bytes for params, gradients and optimizer states.
+struct Zero3Estimate {
+  uint64_t cpu_bytes = 0;
+  uint64_t gpu_bytes = 0;
+  uint64_t largest_layer_memory = 0;
+};
+Zero3Estimate deepspeed_zero3_estimate(uint64_t total_params, uint64_t largest_layer_params,
+                                       uint32_t gpus_per_node = 1, uint32_t nodes = 1,
+                                       bool cpu_offload = true, bool cpu_offload_params = true,
+                                       bool zero_init = true,
+                                       double additional_buffer_factor = 1.5);
+// DeepSpeed's model_to_params "largest layer": the most parameters one module owns directly
+// (a Linear's weight and bias; the embedding). Tied embeddings count once.
+uint64_t deepspeed_largest_layer_params(const ModelConfig& model);
+
+// ---- The plan ------------------------------------------------------------------------------
+
+// What the method keeps, independent of the GPU.
+struct ModelStates {
+  uint64_t params = 0;
+  uint64_t trainable_params = 0;
+  uint64_t weight_bytes = 0;           // stored weights (4-bit base for QLoRA)
+  uint64_t trainable_state_bytes = 0;  // trainable weights + grads + master + Adam m, v
+  uint64_t model_state_bytes = 0;      // everything above (frozen weights + trainable states)
+  uint64_t largest_unit_weight_bytes = 0;
+  uint64_t largest_unit_trainable_params = 0;
+  uint64_t largest_weight_elements = 0;
+  std::vector<uint64_t> trainable_tensor_elements;
+};
+ModelStates model_states(const PlanRequest& request);
+
+struct GpuMemory {
+  uint64_t weights = 0;
+  uint64_t gradients = 0;
+  uint64_t optimizer = 0;
+  uint64_t activations = 0;
+  uint64_t logits = 0;
+  uint64_t buffers = 0;  // streamed layers in flight, QLoRA dequantization scratch
+  uint64_t cuda_context = 0;
+  uint64_t total() const {
+    return weights + gradients + optimizer + activations + logits + buffers + cuda_context;
+  }
+};
+
+struct GpuPlan {
+  GpuChoice choice;
+  Offload offload = Offload::kNone;
+  bool params_resident = true;  // weights stay on the GPU (else streamed per layer)
+  GpuMemory memory;             // per GPU
+  uint64_t host_bytes = 0;
+  uint64_t nvme_bytes = 0;
+  OffloadEstimate stages;  // traffic and stage times of this plan
+  double step_seconds = 0;
+  double tokens_per_step = 0;
+  double tokens_per_s = 0;
+  std::string bottleneck;
+  bool fits_gpu = false;
+  bool fits_host = true;  // true when --host-ram was not given
+  bool fits() const { return fits_gpu && fits_host; }
+  std::string why_not;  // empty when it fits
+  double hours_per_mtok = 0;
+  std::array<double, 3> usd_per_mtok{};         // low, typical, high
+  OffloadEstimate zero_infinity;                // the same job under ZeRO-Infinity NVMe offload
+  std::optional<bool> zero_infinity_fits_host;  // set when --host-ram was given
+  OffloadEstimate strata_nvme;                  // and under Strata's NVMe policy
+};
+
+struct CheapestOption {
+  bool found = false;
+  std::string gpu;
+  uint32_t count = 1;
+  double usd_per_mtok = 0;
+};
+
+struct Plan {
+  PlanRequest request;
+  ModelStates states;
+  std::vector<GpuPlan> gpus;
+  size_t primary = 0;                      // the --gpu given first, else the cheapest that fits
+  std::array<CheapestOption, 3> cheapest;  // per price tier: low, typical, high
+};
+
+// Plans the job on request.gpus (or every preset). Invalid requests are STRATA_E_INVALID.
+Result<Plan> make_plan(const PlanRequest& request);
+
+inline constexpr const char* kPriceTierNames[3] = {"low", "typical", "high"};
+
+}  // namespace strata

@@ -1,0 +1,537 @@
+#include "model/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/align.h"
+#include "model/inventory.h"
+#include "model/plan_report.h"
+
+namespace strata {
+namespace {
+
+ModelConfig preset(const std::string& name) {
+  Result<ModelConfig> r = load_model(name);
+  EXPECT_TRUE(r.is_ok()) << r.status().message();
+  return r.is_ok() ? *r : ModelConfig{};
+}
+
+GpuChoice gpu(const std::string& name, uint32_t count = 1) {
+  Result<GpuChoice> g = parse_gpu_choice(name + ":" + std::to_string(count));
+  EXPECT_TRUE(g.is_ok()) << g.status().message();
+  return g.is_ok() ? *g : GpuChoice{};
+}
+
+PlanRequest request(const std::string& model, FinetuneMethod method) {
+  PlanRequest r;
+  r.model = preset(model);
+  r.method = method;
+  r.nvme = *parse_nvme("1:gen4");
+  return r;
+}
+
+Plan must_plan(const PlanRequest& r) {
+  Result<Plan> p = make_plan(r);
+  EXPECT_TRUE(p.is_ok()) << p.status().message();
+  return p.is_ok() ? *p : Plan{};
+}
+
+double gib(uint64_t bytes) {
+  return static_cast<double>(bytes) / (1ull << 30);
+}
+
+// ---- LoRA ------------------------------------------------------------------------------------
+
+TEST(LoraParameters, MatchPeftCountsForLlama2_7b) {
+  const ModelConfig llama7 = preset("llama-2-7b");
+  // r * (in + out) per adapted matrix: 8 * (4096 + 4096) * 4 projections * 32 layers.
+  EXPECT_EQ(lora_trainable_parameters(llama7, 8, *parse_lora_targets("q,k,v,o")), 8'388'608u);
+  // PEFT's Llama default (q_proj, v_proj), r = 8: "trainable params: 4,194,304".
+  EXPECT_EQ(lora_trainable_parameters(llama7, 8, *parse_lora_targets("q_proj,v_proj")), 4'194'304u);
+  // All linear layers, r = 16: "trainable params: 39,976,960".
+  EXPECT_EQ(lora_trainable_parameters(llama7, 16, LoraTargets{}), 39'976'960u);
+}
+
+TEST(LoraParameters, GqaAndMoeUseTheRealShapesAndSkipTheRouter) {
+  const ModelConfig llama70 = preset("llama-2-70b");
+  // k/v are 8192 -> 1024: r * (8192 + 1024) each.
+  const uint64_t per_layer = 2 * 8 * (8192 + 8192) + 2 * 8 * (8192 + 1024);
+  EXPECT_EQ(lora_trainable_parameters(llama70, 8, *parse_lora_targets("q,k,v,o")), 80 * per_layer);
+  const ModelConfig mixtral = preset("mixtral-8x7b");
+  // gate/up/down map to every expert's w1/w3/w2.
+  EXPECT_EQ(lora_trainable_parameters(mixtral, 4, *parse_lora_targets("up")),
+            32u * 8u * 4u * (4096u + 14336u));
+}
+
+TEST(LoraTargets, ParseListsAndRejectUnknownNames) {
+  Result<LoraTargets> t = parse_lora_targets("q,v");
+  ASSERT_TRUE(t.is_ok());
+  EXPECT_TRUE(t->q && t->v);
+  EXPECT_FALSE(t->k || t->o || t->gate || t->up || t->down);
+  EXPECT_EQ(to_string(*t), "q,v");
+  EXPECT_EQ(to_string(*parse_lora_targets("all-linear")), "all-linear");
+  EXPECT_FALSE(parse_lora_targets("q,lm_head").is_ok());
+  EXPECT_FALSE(parse_lora_targets("").is_ok());
+}
+
+// ---- QLoRA -----------------------------------------------------------------------------------
+
+uint64_t nf4(uint64_t n) {  // 4-bit codes, 8-bit absmax per 64, fp32 per 256 absmax, fp32 offset
+  return n / 2 + n / 64 + 4 * ((n / 64 + 255) / 256) + 4;
+}
+
+TEST(QloraWeights, AreHalfAByteAParameterPlusQuantizationConstants) {
+  const ModelConfig llama7 = preset("llama-2-7b");
+  const uint64_t per_layer = 4 * nf4(4096ull * 4096) + 3 * nf4(4096ull * 11008);
+  const uint64_t bf16_rest = 2 * (2 * 32000ull * 4096 + 2 * 4096 * 32 + 4096);
+  EXPECT_EQ(qlora_base_weight_bytes(llama7, DType::kBFloat16), 32 * per_layer + bf16_rest);
+  EXPECT_EQ(32 * per_layer, 3'340'772'224u);
+
+  const ModelConfig llama70 = preset("llama-2-70b");
+  const uint64_t q = qlora_quantized_parameters(llama70);
+  const uint64_t rest = parameter_count(llama70) - q;
+  const double per_quantized =
+      static_cast<double>(qlora_base_weight_bytes(llama70, DType::kBFloat16) - 2 * rest) / q;
+  // 4 bits + 8/64 bits + 32/(64*256) bits = 4.127 bits (QLoRA paper, section 3).
+  EXPECT_NEAR(per_quantized * 8, 4.127, 0.001);
+  // 68.45e9 quantized x 4.127 bits + 0.53e9 bf16 parameters x 2 B = 36.36 GB.
+  EXPECT_NEAR(static_cast<double>(qlora_base_weight_bytes(llama70, DType::kBFloat16)) / 1e9, 36.36,
+              0.01);
+}
+
+// ---- Activations -----------------------------------------------------------------------------
+
+ModelConfig gpt3_175b() {
+  ModelConfig m;
+  m.name = "gpt3-175b";
+  m.hidden_size = 12288;
+  m.intermediate_size = 4 * 12288;
+  m.num_hidden_layers = 96;
+  m.num_attention_heads = 96;
+  m.num_key_value_heads = 96;
+  m.head_dim = 128;
+  m.vocab_size = 51200;
+  return m;
+}
+
+TEST(Activations, FollowKorthikantiPerLayerFormulas) {
+  const ModelConfig m = gpt3_175b();
+  const uint64_t s = 2048, b = 1, h = 12288, a = 96;
+  // sbh(34 + 5as/h) with 16-bit activations.
+  EXPECT_EQ(activation_bytes_per_layer(m, s, b, DType::kBFloat16, true),
+            34 * s * b * h + 5 * a * s * s * b);
+  EXPECT_EQ(activation_bytes_per_layer(m, s, b, DType::kBFloat16, true), 2'868'903'936u);
+  EXPECT_EQ(activation_bytes(m, s, b, Checkpointing::kNone, DType::kBFloat16),
+            96 * 2'868'903'936ull);
+  // Selective recomputation removes the 5as^2b term.
+  EXPECT_EQ(activation_bytes(m, s, b, Checkpointing::kSelective, DType::kBFloat16),
+            96 * 34 * s * b * h);
+  // Full checkpointing: 2sbh per layer input, plus one layer being recomputed.
+  EXPECT_EQ(activation_bytes(m, s, b, Checkpointing::kFull, DType::kBFloat16),
+            96 * 2 * s * b * h + 2'868'903'936ull);
+  // fp32 activations take twice the bytes; batch scales linearly.
+  EXPECT_EQ(activation_bytes(m, s, 2, Checkpointing::kSelective, DType::kFloat32),
+            4 * activation_bytes(m, s, 1, Checkpointing::kSelective, DType::kBFloat16));
+}
+
+TEST(Activations, MoeLayersStoreTheMlpPartPerRoutedExpert) {
+  ModelConfig m = preset("mixtral-8x7b");
+  const uint64_t sbh = 4096ull * 4096;
+  EXPECT_EQ(activation_bytes_per_layer(m, 4096, 1, DType::kBFloat16, false), (15 + 2 * 19) * sbh);
+  EXPECT_EQ(logits_bytes(m, 4096, 1, DType::kBFloat16), 4096ull * 32000 * 10);
+}
+
+// ---- DeepSpeed's estimator -------------------------------------------------------------------
+
+double gb2(uint64_t bytes) {
+  return std::round(gib(bytes) * 100) / 100;
+}
+
+TEST(DeepSpeedEstimator, ReproducesStage3PrintoutForT5Small) {
+  // estimate_zero3_model_states_mem_needs_all_live(t5-small) on 1 GPU prints
+  // "60M total params, 16M largest layer params" and, per CPU | per GPU:
+  //  1.52GB | 0.06GB  offload_param=cpu,  offload_optimizer=cpu,  zero_init=1 (and =0)
+  //  1.35GB | 0.17GB  offload_param=none, offload_optimizer=cpu,  zero_init=1 (and =0)
+  //  0.09GB | 1.08GB  offload_param=none, offload_optimizer=none, zero_init=1
+  //  0.34GB | 1.08GB  offload_param=none, offload_optimizer=none, zero_init=0
+  const uint64_t total = 60'506'624, largest = 32128ull * 512;
+  Zero3Estimate e = deepspeed_zero3_estimate(total, largest, 1, 1, true, true, true);
+  EXPECT_DOUBLE_EQ(gb2(e.cpu_bytes), 1.52);
+  EXPECT_DOUBLE_EQ(gb2(e.gpu_bytes), 0.06);
+  EXPECT_DOUBLE_EQ(gb2(deepspeed_zero3_estimate(total, largest, 1, 1, true, true, false).cpu_bytes),
+                   1.52);
+  e = deepspeed_zero3_estimate(total, largest, 1, 1, true, false, true);
+  EXPECT_DOUBLE_EQ(gb2(e.cpu_bytes), 1.35);
+  EXPECT_DOUBLE_EQ(gb2(e.gpu_bytes), 0.17);
+  e = deepspeed_zero3_estimate(total, largest, 1, 1, false, false, true);
+  EXPECT_DOUBLE_EQ(gb2(e.cpu_bytes), 0.09);
+  EXPECT_DOUBLE_EQ(gb2(e.gpu_bytes), 1.08);
+  EXPECT_DOUBLE_EQ(
+      gb2(deepspeed_zero3_estimate(total, largest, 1, 1, false, false, false).cpu_bytes), 0.34);
+}
+
+TEST(DeepSpeedEstimator, Llama70bFullOffloadNeeds27BytesPerParamOnCpu) {
+  const ModelConfig llama70 = preset("llama-2-70b");
+  // The largest module is the embedding (and the untied LM head): 32000 x 8192.
+  EXPECT_EQ(deepspeed_largest_layer_params(llama70), 262'144'000u);
+  const Zero3Estimate ds =
+      deepspeed_zero3_estimate(parameter_count(llama70), deepspeed_largest_layer_params(llama70));
+  EXPECT_EQ(ds.gpu_bytes, 4 * 262'144'000ull);
+  EXPECT_EQ(ds.cpu_bytes, 68'976'648'192ull * 27);  // 18 B/param x 1.5 margin
+
+  // Strata's CPU offload of the same job keeps exact-size states: 16 B/param, no margin.
+  PlanRequest r = request("llama-2-70b", FinetuneMethod::kFull);
+  r.offload = Offload::kCpu;
+  r.gpus = {gpu("h100-sxm")};
+  const Plan p = must_plan(r);
+  EXPECT_NEAR(static_cast<double>(p.gpus[0].host_bytes), 16.0 * 68'976'648'192, 3 * 4096);
+  EXPECT_LT(p.gpus[0].host_bytes, ds.cpu_bytes);
+  // Streaming layers needs at least DeepSpeed's largest-layer working set on the GPU.
+  EXPECT_GE(p.gpus[0].memory.buffers, ds.largest_layer_memory);
+}
+
+// ---- Model states ----------------------------------------------------------------------------
+
+TEST(ModelStates, FullFineTuningIsSixteenBytesPerParameter) {
+  const Plan p = must_plan(request("llama-2-70b", FinetuneMethod::kFull));
+  EXPECT_EQ(p.states.params, 68'976'648'192u);
+  EXPECT_EQ(p.states.trainable_params, p.states.params);
+  EXPECT_EQ(p.states.model_state_bytes, 16 * p.states.params);
+  EXPECT_NEAR(static_cast<double>(p.states.model_state_bytes) / 1e12, 1.10, 0.005);
+  // The same total the inventory gives.
+  EXPECT_EQ(p.states.model_state_bytes,
+            summarize(build_inventory(preset("llama-2-70b"), {})).bytes);
+}
+
+TEST(ModelStates, LoraKeepsFrozenWeightsAndSixteenBytesPerAdapterParameter) {
+  PlanRequest r = request("llama-2-7b", FinetuneMethod::kLora);
+  r.lora_rank = 8;
+  r.lora_targets = *parse_lora_targets("q,v");
+  const Plan p = must_plan(r);
+  EXPECT_EQ(p.states.trainable_params, 4'194'304u);
+  EXPECT_EQ(p.states.model_state_bytes, 2 * 6'738'415'616ull + 16 * 4'194'304ull);
+  r.method = FinetuneMethod::kQLora;
+  const Plan q = must_plan(r);
+  EXPECT_EQ(q.states.weight_bytes, qlora_base_weight_bytes(r.model, DType::kBFloat16));
+}
+
+// ---- Time ------------------------------------------------------------------------------------
+
+TEST(StepTime, FullFineTuningIsSixFlopsPerParameterPerTokenAtTheStatedMfu) {
+  PlanRequest r = request("llama-2-7b", FinetuneMethod::kFull);
+  r.checkpointing = Checkpointing::kNone;
+  r.seq_len = 2048;
+  r.micro_batch = 1;
+  r.grad_accum = 4;
+  r.offload = Offload::kNone;
+  r.gpus = {gpu("h200")};
+  const Plan p = must_plan(r);
+  // Matmul parameters: every layer's projections plus the LM head (the embedding is a lookup,
+  // norms are elementwise).
+  const double n = 6'738'415'616.0 - 32000.0 * 4096 - 4096 - 32 * 2 * 4096;
+  EXPECT_EQ(matmul_parameters_per_token(r.model), static_cast<uint64_t>(n));
+  const double expected = 6 * n * 2048 * 4 / (989e12 * 0.4);
+  EXPECT_NEAR(p.gpus[0].step_seconds, expected, expected * 1e-9);
+  EXPECT_EQ(p.gpus[0].bottleneck, "compute");
+  EXPECT_NEAR(p.gpus[0].tokens_per_s, 2048 * 4 / expected, 1e-6);
+
+  // Full checkpointing adds one forward pass: 8 instead of 6.
+  r.checkpointing = Checkpointing::kFull;
+  EXPECT_NEAR(must_plan(r).gpus[0].step_seconds, expected * 8 / 6, expected * 1e-9);
+  // MFU is a divisor.
+  r.checkpointing = Checkpointing::kNone;
+  r.assume.mfu = 0.2;
+  EXPECT_NEAR(must_plan(r).gpus[0].step_seconds, 2 * expected, expected * 1e-9);
+}
+
+TEST(StepTime, LoraSkipsFrozenWeightGradientsAndQloraPaysForDequantization) {
+  PlanRequest r = request("llama-2-7b", FinetuneMethod::kLora);
+  r.checkpointing = Checkpointing::kNone;
+  r.offload = Offload::kNone;
+  r.gpus = {gpu("h100-sxm")};
+  r.lora_rank = 8;
+  r.lora_targets = *parse_lora_targets("q,v");
+  const double n = static_cast<double>(matmul_parameters_per_token(r.model));
+  const double tokens = 4096;
+  const double lora = must_plan(r).gpus[0].step_seconds;
+  EXPECT_NEAR(lora, (4 * n + 6 * 4'194'304.0) * tokens / (989e12 * 0.4), 1e-9);
+  r.method = FinetuneMethod::kQLora;
+  const double q = static_cast<double>(qlora_quantized_parameters(r.model));
+  const double dequant = 2 * (q * 0.5 + q * 2) / 3350e9;  // forward + backward, NF4 -> bf16
+  EXPECT_NEAR(must_plan(r).gpus[0].step_seconds, lora + dequant, 1e-9);
+}
+
+TEST(StepTime, IsTheSlowestOverlappedStageAndNamesIt) {
+  PlanRequest r = request("llama-2-70b", FinetuneMethod::kFull);
+  r.offload = Offload::kNvme;
+  r.gpus = {gpu("h100-sxm")};
+  r.grad_accum = 1;
+  const GpuPlan g = must_plan(r).gpus[0];
+  EXPECT_FALSE(g.params_resident);
+  const OffloadEstimate& s = g.stages;
+  EXPECT_DOUBLE_EQ(g.step_seconds, std::max({s.compute_seconds, s.pcie_seconds, s.nvme_seconds,
+                                             s.cpu_optimizer_seconds}));
+  EXPECT_EQ(g.bottleneck, "nvme");  // one Gen4 drive against 1.1 TB of states
+  // Weights read twice (forward, backward), gradients out and back, states read and written.
+  const double p = 68'976'648'192.0;
+  EXPECT_NEAR(static_cast<double>(s.nvme_read_bytes), 2 * 2 * p + 2 * p + 12 * p, 1);
+  EXPECT_NEAR(static_cast<double>(s.nvme_write_bytes), 2 * p + 12 * p + 2 * p, 1);
+  EXPECT_NEAR(s.nvme_seconds, 18 * p / 7e9 + 16 * p / 4.3e9, 1e-6);
+  EXPECT_NEAR(s.cpu_optimizer_seconds, p / 2e9, 1e-9);
+  // PCIe: weights H2D twice at the H100's measured 55 GB/s.
+  EXPECT_NEAR(s.pcie_seconds, 4 * p / 55e9, 1e-9);
+
+  // More drives move the bottleneck; tokens/s follows.
+  r.nvme = *parse_nvme("8:gen5");
+  const GpuPlan fast = must_plan(r).gpus[0];
+  EXPECT_LT(fast.step_seconds, g.step_seconds);
+  EXPECT_GT(fast.tokens_per_s, g.tokens_per_s);
+}
+
+// ---- Host memory: Strata vs ZeRO-Infinity ----------------------------------------------------
+
+TEST(NvmeOffload, ZeroInfinityHostFollowsTheBaselineBuffers) {
+  PlanRequest r = request("llama-2-70b", FinetuneMethod::kFull);
+  r.offload = Offload::kNvme;
+  r.gpus = {gpu("h100-sxm")};
+  const GpuPlan g = must_plan(r).gpus[0];
+  const OffloadEstimate& zi = g.zero_infinity;
+  const uint64_t p = 68'976'648'192;
+  const uint64_t sub = zero_largest_sub_group(g.zero_infinity.host_breakdown.empty()
+                                                  ? std::vector<uint64_t>{}
+                                                  : must_plan(r).states.trainable_tensor_elements);
+  ASSERT_GE(sub, kZeroSubGroupElements);
+  const uint64_t expected_pinned =
+      next_power_of_two(5 * 262'144'000ull * 2)  // 5 uniform slots >= the embedding
+      + next_power_of_two(1'000'000'000ull * 2)  // max_in_cpu
+      + 4 * next_power_of_two(sub * 4)           // optimizer swap buffers
+      + next_power_of_two(sub * 2)               // write-back buffer
+      + next_power_of_two(p * 2);                // flat gradient buffer: 2^38
+  EXPECT_EQ(next_power_of_two(p * 2), 1ull << 38);
+  EXPECT_EQ(zi.host_bytes, expected_pinned + p * 2);  // + startup double copy of the gradients
+  // Strata's working set is a small fraction of that.
+  EXPECT_LT(g.strata_nvme.host_bytes * 10, zi.host_bytes);
+  EXPECT_LT(gib(g.strata_nvme.host_bytes), 40);
+  EXPECT_EQ(g.host_bytes, g.strata_nvme.host_bytes);
+  // ZeRO-Infinity runs its phases back to back, plus a >10 s overflow check for 70B.
+  EXPECT_GT(zi.serial_seconds, 10);
+  // With RAM for the gradients (as ZeRO-Infinity assumes), Strata's overlapped step is shorter;
+  // in its minimal footprint it trades NVMe traffic (gradients spilled) for the RAM.
+  r.host_ram_bytes = 512ull << 30;
+  const GpuPlan roomy = must_plan(r).gpus[0];
+  EXPECT_TRUE(roomy.strata_nvme.gradients_on_host);
+  EXPECT_LT(roomy.strata_nvme.step_seconds, roomy.zero_infinity.step_seconds);
+  EXPECT_LT(roomy.strata_nvme.host_bytes, roomy.zero_infinity.host_bytes);
+  EXPECT_GT(g.strata_nvme.nvme_read_bytes, roomy.strata_nvme.nvme_read_bytes);
+  // On a 256 GiB machine ZeRO-Infinity's buffers alone do not fit; Strata's plan does.
+  r.host_ram_bytes = 256ull << 30;
+  const GpuPlan limited = must_plan(r).gpus[0];
+  EXPECT_TRUE(limited.fits());
+  ASSERT_TRUE(limited.zero_infinity_fits_host.has_value());
+  EXPECT_FALSE(*limited.zero_infinity_fits_host);
+}
+
+TEST(NvmeOffload, Fp16AddsTheLossScalerUpcastToZeroInfinityTemporaries) {
+  OffloadJob job;
+  job.params = job.trainable_params = 1'000'000'000;
+  job.weight_bytes = 2'000'000'000;
+  job.trainable_tensor_elements = {500'000'000, 500'000'000};
+  job.largest_weight_elements = 500'000'000;
+  job.largest_unit_weight_bytes = 1'000'000'000;
+  job.largest_unit_trainable_params = 500'000'000;
+  job.pcie_gbps = job.nvme_read_gbps = job.nvme_write_gbps = job.host_scan_gbps = 10;
+  job.adam_params_per_s = 1e9;
+  const uint64_t bf16 = estimate_zero_infinity_offload(job).host_bytes;
+  job.fp16_loss_scaling = true;
+  const uint64_t fp16 = estimate_zero_infinity_offload(job).host_bytes;
+  // bf16: startup copy (2 B/param) dominates the 1-byte bool temporary; fp16: 5 B/param spike.
+  EXPECT_EQ(fp16 - bf16, 5'000'000'000ull - 2'000'000'000ull);
+  // Strata's fused check costs no host memory either way.
+  job.fp16_loss_scaling = false;
+  const uint64_t strata_bf16 = estimate_nvme_offload(job).host_bytes;
+  job.fp16_loss_scaling = true;
+  EXPECT_EQ(estimate_nvme_offload(job).host_bytes, strata_bf16);
+}
+
+TEST(NvmeOffload, SubGroupsCloseOnceTheyReachTheSubGroupSize) {
+  EXPECT_EQ(zero_largest_sub_group({600, 600, 600}, 1000), 1200u);
+  EXPECT_EQ(zero_largest_sub_group({1000, 1}, 1000), 1000u);
+  EXPECT_EQ(zero_largest_sub_group({300, 200}, 1000), 500u);
+  EXPECT_EQ(zero_largest_sub_group({}, 1000), 0u);
+}
+
+TEST(NvmeOffload, GradientsStayOnTheHostWhenTheRamAllowsAndSaveNvmeTraffic) {
+  PlanRequest r = request("llama-2-70b", FinetuneMethod::kFull);
+  r.offload = Offload::kNvme;
+  r.gpus = {gpu("a100-80gb")};
+  r.grad_accum = 8;
+  const GpuPlan tight = must_plan(r).gpus[0];
+  EXPECT_FALSE(tight.stages.gradients_on_host);
+  r.host_ram_bytes = 256ull << 30;
+  const GpuPlan roomy = must_plan(r).gpus[0];
+  EXPECT_TRUE(roomy.stages.gradients_on_host);
+  // Gradients first, then as many weights as the rest of the budget holds.
+  const uint64_t grads = align_up(2 * 68'976'648'192ull, kPageSize);
+  const uint64_t cached = roomy.stages.cached_weight_bytes;
+  EXPECT_GT(cached, 0u);
+  EXPECT_EQ(roomy.host_bytes - tight.host_bytes, grads + cached);
+  EXPECT_LE(roomy.host_bytes, 256ull << 30);
+  EXPECT_GT(roomy.host_bytes, (256ull << 30) - kPageSize);
+  EXPECT_LT(cached, 2 * 68'976'648'192ull);
+  // Each micro-batch reads and writes the gradients, and reads the weights twice.
+  EXPECT_EQ(tight.stages.nvme_read_bytes - roomy.stages.nvme_read_bytes,
+            8 * 2 * 68'976'648'192ull + 2 * 8 * cached);
+  EXPECT_LT(roomy.step_seconds, tight.step_seconds);
+  EXPECT_TRUE(roomy.fits());
+  // Less RAM than the gradients need: as many as fit stay, the rest spill; no weights cached.
+  r.host_ram_bytes = 128ull << 30;
+  const GpuPlan part = must_plan(r).gpus[0];
+  EXPECT_FALSE(part.stages.gradients_on_host);
+  EXPECT_EQ(part.stages.host_gradient_bytes,
+            align_down((128ull << 30) - part.stages.working_set_bytes, kPageSize));
+  EXPECT_EQ(part.stages.cached_weight_bytes, 0u);
+  EXPECT_EQ(part.stages.working_set_bytes, tight.host_bytes);
+  EXPECT_LT(part.step_seconds, tight.step_seconds);
+  EXPECT_GT(part.step_seconds, roomy.step_seconds);
+  // Enough RAM for every weight: no weight reads from NVMe at all.
+  r.host_ram_bytes = 1ull << 40;
+  const GpuPlan all = must_plan(r).gpus[0];
+  EXPECT_EQ(all.stages.cached_weight_bytes, 2 * 68'976'648'192ull);
+  EXPECT_EQ(all.stages.nvme_read_bytes, 12 * 68'976'648'192ull);
+}
+
+// ---- Fit and cost ----------------------------------------------------------------------------
+
+TEST(Plan, Llama70bFitsWhereExpected) {
+  PlanRequest r = request("llama-2-70b", FinetuneMethod::kFull);
+  r.gpus = {gpu("h100-sxm"), gpu("a100-80gb"), gpu("rtx-4090")};
+  // Full fine-tuning needs 1.1 TB of states: NVMe offload everywhere (no --host-ram given).
+  for (const GpuPlan& g : must_plan(r).gpus) {
+    EXPECT_EQ(g.offload, Offload::kNvme) << g.choice.gpu.name;
+    EXPECT_FALSE(g.params_resident) << g.choice.gpu.name;
+    EXPECT_TRUE(g.fits()) << g.choice.gpu.name << ": " << g.why_not;
+  }
+  // QLoRA's 4-bit 70B base (36 GB) fits an 80 GB GPU as is, not a 24 GB one.
+  r.method = FinetuneMethod::kQLora;
+  const Plan q = must_plan(r);
+  EXPECT_EQ(q.gpus[0].offload, Offload::kNone);
+  EXPECT_EQ(q.gpus[1].offload, Offload::kNone);
+  EXPECT_NE(q.gpus[2].offload, Offload::kNone);
+  EXPECT_TRUE(q.gpus[2].fits());
+  // LoRA's bf16 base (138 GB) fits no single GPU here without offload.
+  r.method = FinetuneMethod::kLora;
+  for (const GpuPlan& g : must_plan(r).gpus) EXPECT_NE(g.offload, Offload::kNone);
+  // ... but does across 2 x H100 80 GB with ZeRO-3 partitioning.
+  r.gpus = {gpu("h100-sxm", 2)};
+  r.seq_len = 1024;
+  EXPECT_EQ(must_plan(r).gpus[0].offload, Offload::kNone);
+}
+
+TEST(Plan, ForcedOffloadThatCannotFitSaysWhy) {
+  PlanRequest r = request("llama-2-70b", FinetuneMethod::kFull);
+  r.offload = Offload::kNone;
+  r.gpus = {gpu("h100-sxm")};
+  GpuPlan g = must_plan(r).gpus[0];
+  EXPECT_FALSE(g.fits());
+  EXPECT_NE(g.why_not.find("GPU needs"), std::string::npos);
+  r.offload = Offload::kCpu;
+  r.host_ram_bytes = 256ull << 30;
+  g = must_plan(r).gpus[0];
+  EXPECT_TRUE(g.fits_gpu);
+  EXPECT_FALSE(g.fits_host);
+  EXPECT_NE(g.why_not.find("host needs"), std::string::npos);
+}
+
+TEST(Plan, CostIsHoursTimesPriceAndTheCheapestTierIsPicked) {
+  PlanRequest r = request("tinyllama-1.1b", FinetuneMethod::kFull);
+  r.seq_len = 2048;
+  const Plan p = must_plan(r);
+  ASSERT_EQ(p.gpus.size(), gpu_presets().size());
+  for (const GpuPlan& g : p.gpus) {
+    EXPECT_NEAR(g.hours_per_mtok, 1e6 / g.tokens_per_s / 3600, 1e-12);
+    EXPECT_NEAR(g.usd_per_mtok[0], g.hours_per_mtok * g.choice.gpu.price_usd_per_hour.low, 1e-12);
+    EXPECT_NEAR(g.usd_per_mtok[2], g.hours_per_mtok * g.choice.gpu.price_usd_per_hour.high, 1e-12);
+  }
+  for (int tier = 0; tier < 3; ++tier) {
+    ASSERT_TRUE(p.cheapest[tier].found);
+    for (const GpuPlan& g : p.gpus) {
+      if (g.fits()) EXPECT_LE(p.cheapest[tier].usd_per_mtok, g.usd_per_mtok[tier]);
+    }
+  }
+  // Without --gpu the headline plan is the cheapest at typical prices.
+  EXPECT_EQ(p.gpus[p.primary].choice.gpu.name, p.cheapest[1].gpu);
+  // Two GPUs: twice the tokens per step, twice the price per hour.
+  r.gpus = {gpu("a100-80gb", 2)};
+  const GpuPlan two = must_plan(r).gpus[0];
+  EXPECT_DOUBLE_EQ(two.tokens_per_step, 2.0 * 2048);
+  EXPECT_NEAR(two.usd_per_mtok[1], two.hours_per_mtok * 1.49 * 2, 1e-12);
+}
+
+TEST(Plan, JsonHasTheDocumentedFields) {
+  PlanRequest r = request("llama-2-70b", FinetuneMethod::kQLora);
+  r.gpus = {gpu("rtx-4090"), gpu("h100-sxm")};
+  const nlohmann::json j = plan_to_json(must_plan(r));
+  for (const char* key : {"model", "method", "params", "trainable_params", "model_state_bytes",
+                          "gpu_bytes", "host_bytes", "nvme_bytes", "step_seconds", "tokens_per_s",
+                          "bottleneck", "zero_infinity", "gpus"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_EQ(j["model"], "llama-2-70b");
+  EXPECT_EQ(j["method"], "qlora");
+  EXPECT_EQ(j["gpu"], "rtx-4090");  // the first --gpu
+  EXPECT_TRUE(j["zero_infinity"].contains("host_bytes"));
+  EXPECT_TRUE(j["zero_infinity"].contains("step_seconds"));
+  ASSERT_EQ(j["gpus"].size(), 2u);
+  for (const auto& g : j["gpus"]) {
+    for (const char* key :
+         {"gpu", "fits", "usd_per_mtok_low", "usd_per_mtok_typical", "usd_per_mtok_high"}) {
+      EXPECT_TRUE(g.contains(key)) << key;
+    }
+  }
+}
+
+// ---- Bad input -------------------------------------------------------------------------------
+
+TEST(PlanInput, ParsersRejectWhatTheyCannotRead) {
+  EXPECT_FALSE(parse_nvme("0:gen4").is_ok());
+  EXPECT_FALSE(parse_nvme("2:gen3").is_ok());
+  EXPECT_FALSE(parse_nvme("fast").is_ok());
+  EXPECT_FALSE(parse_nvme("7/-1").is_ok());
+  Result<NvmeArray> four = parse_nvme("4:gen4");
+  ASSERT_TRUE(four.is_ok());
+  EXPECT_DOUBLE_EQ(four->read_gbps, 28.0);
+  EXPECT_DOUBLE_EQ(four->write_gbps, 4 * 4.3);
+  Result<NvmeArray> measured = parse_nvme("27/11");
+  ASSERT_TRUE(measured.is_ok());
+  EXPECT_DOUBLE_EQ(measured->write_gbps, 11.0);
+  EXPECT_FALSE(parse_gpu_choice("b200").is_ok());
+  EXPECT_FALSE(parse_gpu_choice("h100-sxm:0").is_ok());
+  EXPECT_FALSE(parse_gpu_choice("h100-sxm:x").is_ok());
+  EXPECT_EQ(parse_gpu_choice("h100-sxm:8")->count, 8u);
+  EXPECT_FALSE(parse_method("adapter").is_ok());
+  EXPECT_FALSE(parse_checkpointing("some").is_ok());
+  EXPECT_FALSE(parse_offload("disk").is_ok());
+  EXPECT_FALSE(parse_precision("fp8").is_ok());
+}
+
+TEST(PlanInput, InvalidRequestsAreErrorsNotPlans) {
+  PlanRequest r = request("tinyllama-1.1b", FinetuneMethod::kFull);
+  r.seq_len = 0;
+  EXPECT_EQ(make_plan(r).status().code(), STRATA_E_INVALID);
+  r.seq_len = 128;
+  r.assume.mfu = 0;
+  EXPECT_FALSE(make_plan(r).is_ok());
+  r.assume.mfu = 0.4;
+  r.method = FinetuneMethod::kQLora;
+  r.precision = DType::kFloat32;
+  EXPECT_FALSE(make_plan(r).is_ok());
+  r.precision = DType::kBFloat16;
+  r.lora_rank = 0;
+  EXPECT_FALSE(make_plan(r).is_ok());
+  r.lora_rank = 8;
+  EXPECT_TRUE(make_plan(r).is_ok());
+}
+
+}  // namespace
+}  // namespace strata
