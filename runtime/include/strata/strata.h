@@ -121,6 +121,16 @@ typedef struct strata_config {
   strata_device_backend device_backend;
   int device_ordinal; /* CUDA device (default 0) */
   int numa_node;      /* pinned memory NUMA node; -1 (default) = nearest the GPU, else caller's */
+
+  /* Tracing for strata_export_trace: events kept (96 bytes each, allocated at creation).
+   * 0 (default) = off. */
+  uint32_t trace_events;
+
+  /* The tensors the framework will register, when it knows them up front (read only during
+   * strata_runtime_create). Policy ZERO_INFINITY needs them: like DeepSpeed's buffer_size, its
+   * uniform slots and optimizer buffers are sized for the largest tensor and sub-group. */
+  const struct strata_tensor_desc* planned_tensors;
+  size_t planned_tensor_count;
 } strata_config;
 
 /* Fills *config with defaults (and config->struct_size). Any thread.
@@ -256,9 +266,9 @@ typedef struct strata_acquired {
   size_t struct_size; /* sizeof(strata_acquired) */
   void* data;         /* valid until strata_release */
   uint64_t bytes;
-  /* DEVICE tier on CUDA: the cudaEvent_t (as void*) the caller's stream must wait on before
-   * touching data (cudaStreamWaitEvent). NULL when data is ready on return (host tiers, the
-   * emulated device). */
+  /* When not NULL, the cudaEvent_t (as void*) the caller's stream must wait on before touching
+   * data (cudaStreamWaitEvent). NULL: data is ready on return. This version always returns NULL:
+   * an acquire returns once the copy to the device has completed. */
   void* ready_event;
 } strata_acquired;
 
@@ -279,8 +289,8 @@ STRATA_API int strata_release(strata_runtime* rt, strata_tensor tensor, uint32_t
 /* Asks for the tensor to be brought toward tier ahead of time. Never blocks. Any thread. */
 STRATA_API int strata_prefetch(strata_runtime* rt, strata_tensor tensor, strata_tier tier);
 
-/* Blocks until every write-back in flight has finished; returns the first error among them.
- * Any thread. */
+/* Writes every released dirty tensor back to NVMe and waits until no write is in flight;
+ * returns the first error among them. Any thread. */
 STRATA_API int strata_sync(strata_runtime* rt);
 
 /* Writes a Chrome trace-event JSON file (Perfetto, chrome://tracing) of what the runtime did

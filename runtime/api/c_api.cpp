@@ -1,0 +1,414 @@
+// The C API: argument checks, type translation, last-error text. No exception crosses it: every
+// entry point runs its body inside `guarded`, which turns a std::bad_alloc into STRATA_E_NOMEM
+// and anything else into STRATA_E_INTERNAL.
+#include <strata/strata.h>
+
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unordered_set>
+
+#include "api/runtime.h"
+
+struct strata_runtime {
+  std::unique_ptr<strata::api::Runtime> impl;
+};
+
+namespace strata::api {
+namespace {
+
+// The live runtimes. A handle the caller destroyed (or never had) is refused instead of read:
+// the C API promises an error code, never a crash, for a bad handle. This set and the
+// creation-error text below are the library's only process-wide state.
+std::mutex& live_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_set<const strata_runtime*>& live_runtimes() {
+  static std::unordered_set<const strata_runtime*> set;
+  return set;
+}
+thread_local std::string create_error;
+
+bool is_live(const strata_runtime* rt) {
+  std::lock_guard lock(live_mutex());
+  return live_runtimes().count(rt) != 0;
+}
+
+template <typename F>
+int guarded(strata_runtime* rt, const char* function, F&& body) noexcept {
+  if (rt == nullptr) return STRATA_E_INVALID;
+  if (!is_live(rt)) return STRATA_E_BAD_HANDLE;
+  Status status;
+  try {
+    status = body(*rt->impl);
+  } catch (const std::bad_alloc&) {
+    status = Status::error(STRATA_E_NOMEM, "out of host memory");
+  } catch (const std::exception& e) {
+    status = Status::error(STRATA_E_INTERNAL, std::string("unexpected exception: ") + e.what());
+  } catch (...) {
+    status = Status::error(STRATA_E_INTERNAL, "unexpected exception");
+  }
+  if (!status.is_ok()) rt->impl->set_last_error(function, status);
+  return status.code();
+}
+
+Result<sched::Tier> memory_tier(strata_tier tier, const char* what) {
+  switch (tier) {
+    case STRATA_TIER_DEVICE: return sched::Tier::kDevice;
+    case STRATA_TIER_PINNED: return sched::Tier::kPinned;
+    case STRATA_TIER_HOST:
+    case STRATA_TIER_NVME: break;
+  }
+  return invalid_argument(std::string(what) + ": tier " + std::to_string(tier) +
+                          " is not DEVICE or PINNED");
+}
+
+Result<sched::Tier> home_tier(strata_tier tier) {
+  switch (tier) {
+    case STRATA_TIER_DEVICE: return sched::Tier::kDevice;
+    case STRATA_TIER_PINNED: return sched::Tier::kPinned;
+    case STRATA_TIER_NVME: return sched::Tier::kNvme;
+    case STRATA_TIER_HOST: break;
+  }
+  return invalid_argument("home tier " + std::to_string(tier) + " is not DEVICE, PINNED or NVME");
+}
+
+Result<sched::PhaseKind> phase_kind(strata_phase phase) {
+  switch (phase) {
+    case STRATA_PHASE_FORWARD: return sched::PhaseKind::kForward;
+    case STRATA_PHASE_BACKWARD: return sched::PhaseKind::kBackward;
+    case STRATA_PHASE_OPTIMIZER: return sched::PhaseKind::kOptimizer;
+  }
+  return invalid_argument("phase " + std::to_string(phase) + " is unknown");
+}
+
+// Absurd sizes are refused before anything is allocated: no tier holds 2^56 bytes.
+constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 56;
+constexpr size_t kMaxNameBytes = 4096;
+constexpr size_t kMaxScheduleEntries = size_t{1} << 24;
+
+Status check_size_struct(size_t struct_size, size_t min_size, const char* what) {
+  if (struct_size < min_size || struct_size > 65536) {
+    return invalid_argument(std::string(what) + ".struct_size is " + std::to_string(struct_size) +
+                            ": set it to sizeof(" + what + ")");
+  }
+  return Status::ok();
+}
+
+// strata_tensor_write (write) and strata_tensor_read: through a pinned acquire, wherever the
+// tensor lives.
+Status copy_tensor(Runtime& rt, sched::TensorHandle handle, void* caller, uint64_t offset,
+                   uint64_t bytes, bool write) {
+  auto info = rt.scheduler().describe(handle);
+  if (!info) return std::move(info).take_status();
+  if (bytes == 0) return invalid_argument("bytes is 0");
+  if (offset > info->bytes || bytes > info->bytes - offset) {
+    return invalid_argument("range [" + std::to_string(offset) + ", " +
+                            std::to_string(offset + bytes) + ") is outside tensor '" + info->name +
+                            "' of " + std::to_string(info->bytes) + " bytes");
+  }
+  if (info->uses != 0) {
+    return Status::error(STRATA_E_STATE, "tensor '" + info->name + "' is acquired");
+  }
+  if (!write && info->residency == sched::Residency::kUnwritten) {
+    return Status::error(STRATA_E_STATE, "tensor '" + info->name + "' has no contents yet");
+  }
+  // A whole-tensor write replaces the contents: nothing to read first.
+  const bool whole = write && offset == 0 && bytes == info->bytes;
+  auto acquired = rt.scheduler().acquire(handle, sched::Tier::kPinned,
+                                         whole ? sched::AccessMode::kOverwrite
+                                               : sched::AccessMode::kRead,
+                                         kAcquireTimeout);
+  if (!acquired) return std::move(acquired).take_status();
+  auto* data = static_cast<unsigned char*>(acquired->data) + offset;
+  if (write) {
+    std::memcpy(data, caller, bytes);
+  } else {
+    std::memcpy(caller, data, bytes);
+  }
+  return rt.scheduler().release(handle, /*dirty=*/write);
+}
+
+}  // namespace
+}  // namespace strata::api
+
+using strata::Status;
+using strata::invalid_argument;
+using strata::api::guarded;
+using strata::api::Runtime;
+namespace sched = strata::sched;
+
+extern "C" {
+
+int strata_runtime_create(const strata_config* config, strata_runtime** out) {
+  strata::api::create_error.clear();
+  if (out == nullptr) {
+    strata::api::create_error = "strata_runtime_create: out is NULL";
+    return STRATA_E_INVALID;
+  }
+  *out = nullptr;
+  Status status;
+  try {
+    auto runtime = config == nullptr ? strata::Result<std::unique_ptr<Runtime>>(
+                                           invalid_argument("config is NULL"))
+                                     : Runtime::create(*config);
+    if (runtime) {
+      auto* rt = new strata_runtime{std::move(runtime.value())};
+      std::lock_guard lock(strata::api::live_mutex());
+      strata::api::live_runtimes().insert(rt);
+      *out = rt;
+      return STRATA_OK;
+    }
+    status = std::move(runtime).take_status();
+  } catch (const std::bad_alloc&) {
+    status = Status::error(STRATA_E_NOMEM, "out of host memory");
+  } catch (...) {
+    status = Status::error(STRATA_E_INTERNAL, "unexpected exception");
+  }
+  strata::api::create_error = std::string("strata_runtime_create: ") +
+                              strata_strerror(status.code()) + ": " + status.message();
+  return status.code();
+}
+
+int strata_runtime_destroy(strata_runtime* rt) {
+  if (rt == nullptr) return STRATA_OK;
+  {
+    std::lock_guard lock(strata::api::live_mutex());
+    if (strata::api::live_runtimes().erase(rt) == 0) return STRATA_E_BAD_HANDLE;
+  }
+  try {
+    delete rt;
+  } catch (...) {
+    return STRATA_E_INTERNAL;
+  }
+  return STRATA_OK;
+}
+
+const char* strata_last_error(const strata_runtime* rt) {
+  if (rt == nullptr) return strata::api::create_error.c_str();
+  if (!strata::api::is_live(rt)) return "strata_last_error: not a live runtime handle";
+  return rt->impl->last_error();
+}
+
+int strata_tensor_register(strata_runtime* rt, const strata_tensor_desc* desc,
+                           strata_tensor* out) {
+  return guarded(rt, "strata_tensor_register", [&](Runtime& r) -> Status {
+    if (desc == nullptr || out == nullptr) return invalid_argument("desc or out is NULL");
+    *out = STRATA_TENSOR_NONE;
+    STRATA_TRY(strata::api::check_size_struct(desc->struct_size,
+                                              offsetof(strata_tensor_desc, home_tier) +
+                                                  sizeof(strata_tier),
+                                              "strata_tensor_desc"));
+    if (desc->bytes == 0 || desc->bytes > strata::api::kMaxTensorBytes) {
+      return invalid_argument("tensor bytes " + std::to_string(desc->bytes) +
+                              " is zero or absurd");
+    }
+    if (desc->dtype < STRATA_DTYPE_F32 || desc->dtype > STRATA_DTYPE_U8) {
+      return invalid_argument("dtype " + std::to_string(desc->dtype) + " is unknown");
+    }
+    if (desc->kind < STRATA_KIND_PARAMETER || desc->kind > STRATA_KIND_OTHER) {
+      return invalid_argument("kind " + std::to_string(desc->kind) + " is unknown");
+    }
+    if (desc->layer < -1) return invalid_argument("layer must be >= -1");
+    auto home = strata::api::home_tier(desc->home_tier);
+    if (!home) return std::move(home).take_status();
+    strata::TensorSpec spec;
+    if (desc->name != nullptr) spec.name.assign(desc->name, strnlen(desc->name, strata::api::kMaxNameBytes));
+    spec.dtype = static_cast<strata::DType>(desc->dtype);
+    spec.kind = static_cast<strata::TensorKind>(desc->kind);
+    spec.layer = desc->layer;
+    sched::RegisterOptions options;
+    options.home = home.value();
+    options.bytes = desc->bytes;
+    auto handle = r.scheduler().register_tensor(spec, options);
+    if (!handle) return std::move(handle).take_status();
+    *out = handle->to_u64();
+    return Status::ok();
+  });
+}
+
+int strata_tensor_write(strata_runtime* rt, strata_tensor tensor, const void* src, uint64_t offset,
+                        uint64_t bytes) {
+  return guarded(rt, "strata_tensor_write", [&](Runtime& r) -> Status {
+    if (src == nullptr) return invalid_argument("src is NULL");
+    // The source is only read: copy_tensor never writes through it when write is set.
+    return strata::api::copy_tensor(r, sched::TensorHandle::from_u64(tensor),
+                                    const_cast<void*>(src), offset, bytes, /*write=*/true);
+  });
+}
+
+int strata_tensor_read(strata_runtime* rt, strata_tensor tensor, void* dst, uint64_t offset,
+                       uint64_t bytes) {
+  return guarded(rt, "strata_tensor_read", [&](Runtime& r) -> Status {
+    if (dst == nullptr) return invalid_argument("dst is NULL");
+    return strata::api::copy_tensor(r, sched::TensorHandle::from_u64(tensor), dst, offset, bytes,
+                                    /*write=*/false);
+  });
+}
+
+int strata_tensor_unregister(strata_runtime* rt, strata_tensor tensor) {
+  return guarded(rt, "strata_tensor_unregister", [&](Runtime& r) -> Status {
+    return r.scheduler().unregister_tensor(sched::TensorHandle::from_u64(tensor));
+  });
+}
+
+int strata_malloc(strata_runtime* rt, uint64_t bytes, strata_tier tier, uint32_t flags,
+                  strata_tensor* out) {
+  return guarded(rt, "strata_malloc", [&](Runtime& r) -> Status {
+    if (out == nullptr) return invalid_argument("out is NULL");
+    *out = STRATA_TENSOR_NONE;
+    if (bytes == 0 || bytes > strata::api::kMaxTensorBytes) {
+      return invalid_argument("bytes " + std::to_string(bytes) + " is zero or absurd");
+    }
+    if ((flags & ~STRATA_MALLOC_OFFLOADABLE) != 0) {
+      return invalid_argument("unknown flags " + std::to_string(flags));
+    }
+    auto placed = strata::api::memory_tier(tier, "strata_malloc");
+    if (!placed) return std::move(placed).take_status();
+    strata::TensorSpec spec;
+    spec.name = "malloc";
+    spec.dtype = strata::DType::kUInt8;
+    spec.kind = strata::TensorKind::kOther;
+    sched::RegisterOptions options;
+    options.bytes = bytes;
+    // Offloadable: rests on NVMe when released, like any tensor. Otherwise it lives on its tier.
+    options.home = (flags & STRATA_MALLOC_OFFLOADABLE) ? sched::Tier::kNvme : placed.value();
+    auto handle = r.scheduler().register_tensor(spec, options);
+    if (!handle) return std::move(handle).take_status();
+    *out = handle->to_u64();
+    return Status::ok();
+  });
+}
+
+int strata_free(strata_runtime* rt, strata_tensor allocation) {
+  return guarded(rt, "strata_free", [&](Runtime& r) -> Status {
+    return r.scheduler().unregister_tensor(sched::TensorHandle::from_u64(allocation));
+  });
+}
+
+int strata_step_begin(strata_runtime* rt) {
+  return guarded(rt, "strata_step_begin", [&](Runtime& r) { return r.scheduler().begin_step(); });
+}
+
+int strata_step_end(strata_runtime* rt) {
+  return guarded(rt, "strata_step_end", [&](Runtime& r) { return r.scheduler().end_step(); });
+}
+
+int strata_layer_begin(strata_runtime* rt, strata_phase phase, int32_t layer) {
+  return guarded(rt, "strata_layer_begin", [&](Runtime& r) -> Status {
+    auto kind = strata::api::phase_kind(phase);
+    if (!kind) return std::move(kind).take_status();
+    if (layer < -1) return invalid_argument("layer must be >= -1");
+    return r.scheduler().begin_phase({kind.value(), layer});
+  });
+}
+
+int strata_layer_end(strata_runtime* rt, strata_phase phase, int32_t layer) {
+  return guarded(rt, "strata_layer_end", [&](Runtime& r) -> Status {
+    auto kind = strata::api::phase_kind(phase);
+    if (!kind) return std::move(kind).take_status();
+    if (layer < -1) return invalid_argument("layer must be >= -1");
+    return r.scheduler().end_phase({kind.value(), layer});
+  });
+}
+
+int strata_declare_schedule(strata_runtime* rt, const strata_schedule_entry* entries,
+                            size_t count) {
+  return guarded(rt, "strata_declare_schedule", [&](Runtime& r) -> Status {
+    if (entries == nullptr || count == 0) return invalid_argument("no entries");
+    if (count > strata::api::kMaxScheduleEntries) return invalid_argument("too many entries");
+    sched::AccessSchedule::Builder builder;
+    bool first = true;
+    sched::PhaseKey current;
+    for (size_t i = 0; i < count; ++i) {
+      auto kind = strata::api::phase_kind(entries[i].phase);
+      if (!kind) return std::move(kind).take_status().with_context("entry " + std::to_string(i));
+      auto tier = strata::api::memory_tier(entries[i].tier, "strata_declare_schedule");
+      if (!tier) return std::move(tier).take_status().with_context("entry " + std::to_string(i));
+      const sched::PhaseKey key{kind.value(), entries[i].layer};
+      if (first || !(key == current)) {
+        builder.begin_phase(key);
+        current = key;
+        first = false;
+      }
+      sched::Access access;
+      access.tensor = sched::TensorHandle::from_u64(entries[i].tensor);
+      access.tier = tier.value();
+      STRATA_TRY(builder.add(access));
+    }
+    auto schedule = std::move(builder).build();
+    if (!schedule) return std::move(schedule).take_status();
+    return r.scheduler().declare_schedule(std::move(schedule.value()));
+  });
+}
+
+int strata_acquire(strata_runtime* rt, strata_tensor tensor, strata_tier tier, uint32_t flags,
+                   strata_acquired* out) {
+  return guarded(rt, "strata_acquire", [&](Runtime& r) -> Status {
+    if (out == nullptr) return invalid_argument("out is NULL");
+    STRATA_TRY(strata::api::check_size_struct(out->struct_size,
+                                              offsetof(strata_acquired, ready_event) +
+                                                  sizeof(void*),
+                                              "strata_acquired"));
+    if ((flags & ~STRATA_ACQUIRE_DISCARD) != 0) {
+      return invalid_argument("unknown flags " + std::to_string(flags));
+    }
+    auto where = strata::api::memory_tier(tier, "strata_acquire");
+    if (!where) return std::move(where).take_status();
+    const auto handle = sched::TensorHandle::from_u64(tensor);
+    auto info = r.scheduler().describe(handle);
+    if (!info) return std::move(info).take_status();
+    // A tensor with no contents yet (a fresh strata_malloc) has nothing to load: its bytes are
+    // undefined until written, as malloc's are.
+    const bool nothing_to_read = (flags & STRATA_ACQUIRE_DISCARD) != 0 ||
+                                 info->residency == sched::Residency::kUnwritten;
+    const auto mode = nothing_to_read ? sched::AccessMode::kOverwrite : sched::AccessMode::kRead;
+    auto acquired = r.scheduler().acquire(handle, where.value(), mode,
+                                          strata::api::kAcquireTimeout);
+    if (!acquired) return std::move(acquired).take_status();
+    out->data = acquired->data;
+    out->bytes = acquired->bytes;
+    // The backend completes a copy to the device only after its event fired: data is ready.
+    out->ready_event = nullptr;
+    return Status::ok();
+  });
+}
+
+int strata_release(strata_runtime* rt, strata_tensor tensor, uint32_t flags, void* device_stream) {
+  return guarded(rt, "strata_release", [&](Runtime& r) -> Status {
+    if ((flags & ~STRATA_RELEASE_DIRTY) != 0) {
+      return invalid_argument("unknown flags " + std::to_string(flags));
+    }
+    return r.scheduler().release(sched::TensorHandle::from_u64(tensor),
+                                 (flags & STRATA_RELEASE_DIRTY) != 0, device_stream);
+  });
+}
+
+int strata_prefetch(strata_runtime* rt, strata_tensor tensor, strata_tier tier) {
+  return guarded(rt, "strata_prefetch", [&](Runtime& r) -> Status {
+    auto where = strata::api::memory_tier(tier, "strata_prefetch");
+    if (!where) return std::move(where).take_status();
+    return r.scheduler().prefetch(sched::TensorHandle::from_u64(tensor), where.value());
+  });
+}
+
+int strata_sync(strata_runtime* rt) {
+  return guarded(rt, "strata_sync", [&](Runtime& r) {
+    return r.scheduler().flush(strata::api::kAcquireTimeout);
+  });
+}
+
+int strata_export_trace(strata_runtime* rt, const char* path) {
+  return guarded(rt, "strata_export_trace", [&](Runtime& r) -> Status {
+    if (path == nullptr || path[0] == '\0') return invalid_argument("path is empty");
+    if (r.config().trace_events == 0) {
+      return Status::error(STRATA_E_STATE,
+                           "tracing is off: create the runtime with config.trace_events > 0");
+    }
+    return r.trace().export_chrome_trace(path);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,251 @@
+#include "api/runtime.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+#include "common/align.h"
+#include "common/units.h"
+#include "io/engine_factory.h"
+#include "sched/memory_plan.h"
+
+namespace strata::api {
+namespace {
+
+// Explicit limits on what a config may ask for: beyond them the request is a typo, not a plan.
+constexpr uint32_t kMaxQueueDepth = 4096;
+constexpr uint32_t kMaxBlockSize = 64u << 20;
+constexpr uint32_t kMaxThreads = 256;
+constexpr uint32_t kMaxTraceEvents = 1u << 26;
+// The smallest struct_size any released header had: up to and including numa_node.
+constexpr size_t kMinConfigSize = offsetof(strata_config, numa_node) + sizeof(int);
+
+io::IoEngineKind engine_kind(strata_io_engine engine) {
+  switch (engine) {
+    case STRATA_IO_URING: return io::IoEngineKind::kUring;
+    case STRATA_IO_PSYNC: return io::IoEngineKind::kPsync;
+    case STRATA_IO_AUTO: break;
+  }
+  return io::IoEngineKind::kAuto;
+}
+
+memory::DeviceBackend device_backend(strata_device_backend backend) {
+  switch (backend) {
+    case STRATA_DEVICE_CUDA: return memory::DeviceBackend::kCuda;
+    case STRATA_DEVICE_EMULATED: return memory::DeviceBackend::kEmulated;
+    case STRATA_DEVICE_AUTO: break;
+  }
+  return memory::DeviceBackend::kAuto;
+}
+
+// DeepSpeed's buffers are sized from the model, so this policy needs the planned tensors.
+Result<sched::MemoryPlan> zero_infinity_plan(const strata_config& c) {
+  if (c.planned_tensors == nullptr || c.planned_tensor_count == 0) {
+    return invalid_argument("set config.planned_tensors: ZeRO-Infinity sizes its uniform slots "
+                            "for the largest tensor, as DeepSpeed's buffer_size must be");
+  }
+  std::vector<TensorSpec> inventory;
+  inventory.reserve(c.planned_tensor_count);
+  for (size_t i = 0; i < c.planned_tensor_count; ++i) {
+    const strata_tensor_desc& d = c.planned_tensors[i];
+    if (d.bytes == 0 || d.dtype < STRATA_DTYPE_F32 || d.dtype > STRATA_DTYPE_U8 ||
+        d.kind < STRATA_KIND_PARAMETER || d.kind > STRATA_KIND_OTHER) {
+      return invalid_argument("planned_tensors[" + std::to_string(i) + "] is invalid");
+    }
+    TensorSpec spec;
+    spec.dtype = static_cast<DType>(d.dtype);
+    spec.kind = static_cast<TensorKind>(d.kind);
+    spec.layer = d.layer;
+    spec.shape = {(d.bytes + dtype_size(spec.dtype) - 1) / dtype_size(spec.dtype)};
+    inventory.push_back(std::move(spec));
+  }
+  return sched::zero_infinity_memory_plan(inventory, sched::ZeroInfinityOptions{},
+                                          c.device_budget_bytes);
+}
+
+}  // namespace
+
+Result<strata_config> normalize_config(const strata_config* in) {
+  if (in == nullptr) return invalid_argument("config is NULL");
+  if (in->struct_size < kMinConfigSize || in->struct_size > 65536) {
+    return invalid_argument("config.struct_size is " + std::to_string(in->struct_size) +
+                            ": set it to sizeof(strata_config) (strata_config_init does)");
+  }
+  strata_config c{};
+  strata_config_init(&c);
+  // Newer, larger structs: the fields this library does not know must be zero (their defaults).
+  if (in->struct_size > sizeof c) {
+    const auto* extra = reinterpret_cast<const unsigned char*>(in) + sizeof c;
+    if (std::any_of(extra, extra + (in->struct_size - sizeof c), [](unsigned char b) { return b; })) {
+      return unsupported("config sets fields this library (" + std::string(strata_version()) +
+                         ") does not know; use a newer libstrata");
+    }
+  }
+  std::memcpy(&c, in, std::min(in->struct_size, sizeof c));
+  c.struct_size = sizeof c;
+
+  const bool has_path = c.nvme_path != nullptr && c.nvme_path[0] != '\0';
+  const bool has_device = c.raw_device != nullptr && c.raw_device[0] != '\0';
+  if (has_path == has_device) {
+    return invalid_argument("set exactly one of config.nvme_path (a directory for the swap file) "
+                            "and config.raw_device (a block device)");
+  }
+  if (c.queue_depth == 0 || c.queue_depth > kMaxQueueDepth) {
+    return invalid_argument("config.queue_depth " + std::to_string(c.queue_depth) +
+                            " is outside 1.." + std::to_string(kMaxQueueDepth));
+  }
+  if (c.block_size < kPageSize || c.block_size > kMaxBlockSize || c.block_size % kPageSize) {
+    return invalid_argument("config.block_size " + std::to_string(c.block_size) +
+                            " must be a multiple of 4096 between 4 KiB and 64 MiB");
+  }
+  if (c.pinned_budget_bytes < kPageSize) {
+    return invalid_argument("config.pinned_budget_bytes must be at least 4096");
+  }
+  if (c.device_budget_bytes < kPageSize) {
+    return invalid_argument("config.device_budget_bytes must be at least 4096");
+  }
+  if (c.worker_threads > kMaxThreads || c.optimizer_threads > kMaxThreads) {
+    return invalid_argument("config thread counts are limited to " + std::to_string(kMaxThreads));
+  }
+  if (c.io_engine < STRATA_IO_AUTO || c.io_engine > STRATA_IO_PSYNC) {
+    return invalid_argument("config.io_engine " + std::to_string(c.io_engine) + " is unknown");
+  }
+  if (c.policy < STRATA_POLICY_STRATA || c.policy > STRATA_POLICY_ZERO_INFINITY) {
+    return invalid_argument("config.policy " + std::to_string(c.policy) + " is unknown");
+  }
+  if (c.device_backend < STRATA_DEVICE_AUTO || c.device_backend > STRATA_DEVICE_EMULATED) {
+    return invalid_argument("config.device_backend " + std::to_string(c.device_backend) +
+                            " is unknown");
+  }
+  if (c.numa_node < -1 || c.numa_node > 4095) {
+    return invalid_argument("config.numa_node " + std::to_string(c.numa_node) + " is invalid");
+  }
+  if (c.planned_tensor_count != 0 && c.planned_tensors == nullptr) {
+    return invalid_argument("config.planned_tensor_count is set but planned_tensors is NULL");
+  }
+  if (c.trace_events > kMaxTraceEvents) {
+    return invalid_argument("config.trace_events is limited to " + std::to_string(kMaxTraceEvents));
+  }
+  return c;
+}
+
+Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in) {
+  auto normalized = normalize_config(&in);
+  if (!normalized) return std::move(normalized).take_status();
+  std::unique_ptr<Runtime> rt(new Runtime());
+  rt->config_ = normalized.value();
+  strata_config& c = rt->config_;
+  if (c.nvme_path != nullptr) rt->nvme_path_ = c.nvme_path;
+  if (c.raw_device != nullptr) rt->raw_device_ = c.raw_device;
+  // The caller's strings need not outlive the call.
+  c.nvme_path = rt->nvme_path_.empty() ? nullptr : rt->nvme_path_.c_str();
+  c.raw_device = rt->raw_device_.empty() ? nullptr : rt->raw_device_.c_str();
+
+  io::IoEngineOptions io_options;
+  io_options.queue_depth = c.queue_depth;
+  io_options.block_size = c.block_size;
+  if (c.worker_threads != 0) io_options.threads = c.worker_threads;
+  auto engine = io::make_io_engine(engine_kind(c.io_engine), io_options);
+  if (!engine) return std::move(engine).take_status().with_context("I/O engine");
+  rt->engine_ = std::move(engine.value());
+
+  storage::BackingDeviceOptions backing;
+  backing.swap_dir = rt->nvme_path_;
+  backing.raw_device = rt->raw_device_;
+  backing.capacity_bytes = c.nvme_capacity_bytes;
+  backing.keep = c.keep_swap_file != 0;
+  auto device_file = storage::BackingDevice::open(backing);
+  if (!device_file) return std::move(device_file).take_status().with_context("NVMe tier");
+  storage::ExtentStoreOptions store_options;
+  store_options.verify_checksums = c.verify_checksums != 0;
+  auto store = storage::ExtentStore::open(std::move(device_file.value()), *rt->engine_,
+                                          store_options);
+  if (!store) return std::move(store).take_status().with_context("NVMe tier");
+  rt->store_ = std::move(store.value());
+
+  rt->accounting_ = std::make_unique<memory::Accounting>();
+
+  memory::DeviceOptions device_options;
+  device_options.backend = device_backend(c.device_backend);
+  device_options.ordinal = c.device_ordinal;
+  // The scheduler keeps what it places within device_budget_bytes; the arena's slab has a
+  // quarter more so that fragmentation of its sub-allocator never refuses what the budget allows.
+  device_options.budget_bytes = c.device_budget_bytes + c.device_budget_bytes / 4;
+  device_options.accounting = rt->accounting_.get();
+  auto device = memory::open_device(device_options);
+  if (!device) return std::move(device).take_status().with_context("device");
+  rt->device_ = std::move(device.value());
+
+  memory::PinnedArenaOptions arena_options;
+  arena_options.budget_bytes = c.pinned_budget_bytes;
+  arena_options.numa_node = c.numa_node;
+  arena_options.device = rt->device_.get();
+  arena_options.io_engine = rt->engine_.get();
+  arena_options.accounting = rt->accounting_.get();
+  auto arena = memory::PinnedArena::create(arena_options);
+  if (!arena) return std::move(arena).take_status().with_context("pinned memory");
+  rt->arena_ = std::move(arena.value());
+
+  telemetry::TraceConfig trace_config;
+  trace_config.capacity_events = std::max<uint64_t>(c.trace_events, 64);
+  trace_config.start_enabled = c.trace_events != 0;
+  auto trace = telemetry::TraceRecorder::create(trace_config);
+  if (!trace) return std::move(trace).take_status().with_context("trace");
+  rt->trace_ = std::move(trace.value());
+
+  // Completions only take the scheduler's lock and issue the next transfers: one thread keeps
+  // up with NVMe, a second covers a completion that waits on that lock.
+  rt->completions_ = std::make_unique<boost::asio::thread_pool>(2);
+
+  RealBackendOptions backend_options;
+  backend_options.trace = rt->trace_.get();
+  rt->backend_ = std::make_unique<RealBackend>(*rt->store_, *rt->arena_, *rt->device_,
+                                               backend_options);
+
+  sched::SchedulerConfig sched_config;
+  if (c.policy == STRATA_POLICY_ZERO_INFINITY) {
+    auto plan = zero_infinity_plan(c);
+    if (!plan) return std::move(plan).take_status().with_context("policy zero-infinity");
+    sched_config.memory = std::move(plan.value());
+  } else {
+    sched_config.memory = sched::strata_memory_plan(c.pinned_budget_bytes, c.device_budget_bytes);
+  }
+  // Keep the engine's queue full: as many NVMe transfers in flight as it has slots, within the
+  // backend's preallocated operations.
+  const uint32_t nvme_inflight = std::clamp<uint32_t>(c.queue_depth, 4, 64);
+  sched_config.max_inflight = {nvme_inflight, nvme_inflight, 8, 8};
+  auto scheduler = sched::Scheduler::create(sched_config, *rt->backend_,
+                                            rt->completions_->get_executor());
+  if (!scheduler) return std::move(scheduler).take_status().with_context("scheduler");
+  rt->scheduler_ = std::move(scheduler.value());
+  // Read during creation only: the caller's array need not outlive the call.
+  c.planned_tensors = nullptr;
+  c.planned_tensor_count = 0;
+  return rt;
+}
+
+Runtime::~Runtime() {
+  scheduler_.reset();
+  backend_.reset();
+  if (completions_) completions_->join();
+  completions_.reset();
+  arena_.reset();
+  device_.reset();
+  if (store_) (void)store_->close();
+  store_.reset();
+  engine_.reset();
+}
+
+void Runtime::set_last_error(const char* function, const Status& status) {
+  std::lock_guard lock(errors_mutex_);
+  errors_[std::this_thread::get_id()] =
+      std::string(function) + ": " + strata_strerror(status.code()) + ": " + status.message();
+}
+
+const char* Runtime::last_error() const {
+  std::lock_guard lock(errors_mutex_);
+  auto it = errors_.find(std::this_thread::get_id());
+  return it == errors_.end() ? "" : it->second.c_str();
+}
+
+}  // namespace strata::api

@@ -1,0 +1,79 @@
+// The object behind strata_runtime*: it owns every tier and the scheduler, in the order they must
+// be built and torn down. The C API functions (c_api.cpp) only check arguments, translate types
+// and record the last error; everything else happens here.
+#pragma once
+
+#include <strata/strata.h>
+
+#include <boost/asio/thread_pool.hpp>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "api/real_backend.h"
+#include "common/status.h"
+#include "io/io_engine.h"
+#include "memory/accounting.h"
+#include "memory/device.h"
+#include "memory/pinned_arena.h"
+#include "sched/scheduler.h"
+#include "storage/extent_store.h"
+#include "telemetry/trace_recorder.h"
+
+namespace strata::api {
+
+// Longest an acquire waits before STRATA_E_TIMEOUT: a deadlock shows up as an error, not a hang.
+inline constexpr std::chrono::seconds kAcquireTimeout{300};
+
+class Runtime {
+ public:
+  // Validates the config (every field) and builds the tiers. The config may be an older, smaller
+  // struct: missing fields keep their defaults.
+  static Result<std::unique_ptr<Runtime>> create(const strata_config& config);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  const strata_config& config() const { return config_; }
+  sched::Scheduler& scheduler() { return *scheduler_; }
+  RealBackend& backend() { return *backend_; }
+  memory::Accounting& accounting() { return *accounting_; }
+  memory::Device& device() { return *device_; }
+  memory::PinnedArena& pinned_arena() { return *arena_; }
+  storage::ExtentStore& store() { return *store_; }
+  io::IoEngine& engine() { return *engine_; }
+  telemetry::TraceRecorder& trace() { return *trace_; }
+
+  // Per-thread last error: each thread sees the context of its own last failure on this runtime.
+  void set_last_error(const char* function, const Status& status);
+  const char* last_error() const;
+
+ private:
+  Runtime() = default;
+
+  strata_config config_{};
+  std::string nvme_path_;    // owned copies of the config's strings
+  std::string raw_device_;
+  // Built in this order, destroyed in reverse: the scheduler first (it waits for transfers in
+  // flight), the engine last (everything above submits to it).
+  std::unique_ptr<io::IoEngine> engine_;
+  std::unique_ptr<storage::ExtentStore> store_;
+  std::unique_ptr<memory::Accounting> accounting_;
+  std::unique_ptr<memory::Device> device_;
+  std::unique_ptr<memory::PinnedArena> arena_;
+  std::unique_ptr<telemetry::TraceRecorder> trace_;
+  std::unique_ptr<boost::asio::thread_pool> completions_;
+  std::unique_ptr<RealBackend> backend_;
+  std::unique_ptr<sched::Scheduler> scheduler_;
+
+  mutable std::mutex errors_mutex_;
+  std::unordered_map<std::thread::id, std::string> errors_;
+};
+
+// Normalizes a caller's config: defaults for what an older struct lacks, then every check.
+Result<strata_config> normalize_config(const strata_config* config);
+
+}  // namespace strata::api

@@ -1,0 +1,358 @@
+// The C API as a framework sees it: creation and its errors, a table of invalid calls, the
+// framework stand-in over tensors far larger than the budgets, several threads at once.
+#include <strata/strata.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "api/framework_standin.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string scratch_dir(const std::string& name) {
+  const char* base = std::getenv("STRATA_TEST_DIR");
+  fs::path dir = fs::path(base != nullptr ? base : "/tmp") /
+                 ("api-" + name + "-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+strata_config small_config(const std::string& dir) {
+  strata_config c;
+  strata_config_init(&c);
+  c.nvme_path = dir.c_str();
+  c.nvme_capacity_bytes = 256ull << 20;
+  c.pinned_budget_bytes = 2ull << 20;
+  c.device_budget_bytes = 1ull << 20;
+  c.device_backend = STRATA_DEVICE_EMULATED;
+  c.queue_depth = 8;
+  return c;
+}
+
+class Runtime : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = scratch_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    config_ = small_config(dir_);
+  }
+  void TearDown() override {
+    if (rt_ != nullptr) EXPECT_EQ(strata_runtime_destroy(rt_), STRATA_OK);
+    fs::remove_all(dir_);
+  }
+  void create() {
+    ASSERT_EQ(strata_runtime_create(&config_, &rt_), STRATA_OK) << strata_last_error(nullptr);
+  }
+  strata_tensor register_tensor(uint64_t bytes, const char* name = "t") {
+    strata_tensor_desc d{};
+    d.struct_size = sizeof d;
+    d.name = name;
+    d.bytes = bytes;
+    d.dtype = STRATA_DTYPE_BF16;
+    d.kind = STRATA_KIND_PARAMETER;
+    d.layer = 0;
+    d.home_tier = STRATA_TIER_NVME;
+    strata_tensor t = STRATA_TENSOR_NONE;
+    EXPECT_EQ(strata_tensor_register(rt_, &d, &t), STRATA_OK) << strata_last_error(rt_);
+    return t;
+  }
+
+  std::string dir_;
+  strata_config config_{};
+  strata_runtime* rt_ = nullptr;
+};
+
+TEST(Version, MatchesTheHeader) {
+  EXPECT_EQ(strata_version_number(), STRATA_VERSION_NUMBER);
+  EXPECT_STREQ(strata_version(), "0.1.0");
+}
+
+TEST(Strerror, NamesEveryCode) {
+  for (int code = STRATA_E_INTERNAL; code <= STRATA_OK; ++code) {
+    EXPECT_STRNE(strata_strerror(code), "unknown status code") << code;
+  }
+  EXPECT_STREQ(strata_strerror(-9999), "unknown status code");
+}
+
+TEST_F(Runtime, CreatesTheSwapFileWithMode0600AndRemovesItOnDestroy) {
+  create();
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir_)) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  struct stat st {};
+  ASSERT_EQ(stat(files[0].c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(strata_runtime_destroy(rt_), STRATA_OK);
+  rt_ = nullptr;
+  EXPECT_TRUE(fs::is_empty(dir_));
+}
+
+TEST_F(Runtime, RefusesInvalidConfigsWithAMessage) {
+  struct Case {
+    const char* what;
+    void (*mutate)(strata_config&);
+  };
+  const Case cases[] = {
+      {"struct_size 0", [](strata_config& c) { c.struct_size = 0; }},
+      {"no nvme path", [](strata_config& c) { c.nvme_path = nullptr; }},
+      {"both path and device", [](strata_config& c) { c.raw_device = "/dev/null"; }},
+      {"queue depth 0", [](strata_config& c) { c.queue_depth = 0; }},
+      {"odd block size", [](strata_config& c) { c.block_size = 1000; }},
+      {"zero pinned budget", [](strata_config& c) { c.pinned_budget_bytes = 0; }},
+      {"zero device budget", [](strata_config& c) { c.device_budget_bytes = 0; }},
+      {"unknown policy", [](strata_config& c) { c.policy = static_cast<strata_policy>(7); }},
+      {"unknown engine", [](strata_config& c) { c.io_engine = static_cast<strata_io_engine>(9); }},
+      {"unknown device", [](strata_config& c) { c.device_backend = static_cast<strata_device_backend>(5); }},
+  };
+  for (const Case& c : cases) {
+    strata_config config = config_;
+    c.mutate(config);
+    strata_runtime* rt = reinterpret_cast<strata_runtime*>(0x1);
+    EXPECT_EQ(strata_runtime_create(&config, &rt), STRATA_E_INVALID) << c.what;
+    EXPECT_EQ(rt, nullptr) << c.what;
+    EXPECT_NE(std::string(strata_last_error(nullptr)), "") << c.what;
+  }
+  EXPECT_EQ(strata_runtime_create(nullptr, &rt_), STRATA_E_INVALID);
+  EXPECT_EQ(strata_runtime_create(&config_, nullptr), STRATA_E_INVALID);
+}
+
+TEST_F(Runtime, MissingDirectoryIsAClearError) {
+  const std::string missing = dir_ + "/does-not-exist";
+  config_.nvme_path = missing.c_str();
+  EXPECT_NE(strata_runtime_create(&config_, &rt_), STRATA_OK);
+  EXPECT_NE(std::string(strata_last_error(nullptr)).find("does-not-exist"), std::string::npos)
+      << strata_last_error(nullptr);
+}
+
+TEST_F(Runtime, AcceptsAnOlderSmallerConfigStruct) {
+  config_.struct_size = offsetof(strata_config, numa_node) + sizeof(int);
+  create();
+}
+
+TEST_F(Runtime, InvalidCallsReturnTheirCodes) {
+  create();
+  const strata_tensor t = register_tensor(10000);
+  strata_acquired a{};
+  a.struct_size = sizeof a;
+  strata_tensor_desc d{};
+  d.struct_size = sizeof d;
+  d.bytes = 100;
+  std::vector<uint8_t> buffer(20000);
+  auto* bogus = reinterpret_cast<strata_runtime*>(&buffer[0]);
+  strata_tensor out = 0;
+
+  struct Case {
+    const char* what;
+    int got;
+    int want;
+  };
+  const Case cases[] = {
+      {"null runtime", strata_step_begin(nullptr), STRATA_E_INVALID},
+      {"bogus runtime", strata_step_begin(bogus), STRATA_E_BAD_HANDLE},
+      {"null desc", strata_tensor_register(rt_, nullptr, &out), STRATA_E_INVALID},
+      {"null out", strata_tensor_register(rt_, &d, nullptr), STRATA_E_INVALID},
+      {"zero handle", strata_acquire(rt_, STRATA_TENSOR_NONE, STRATA_TIER_PINNED, 0, &a), STRATA_E_BAD_HANDLE},
+      {"made-up handle", strata_acquire(rt_, 0xdead00000001ull, STRATA_TIER_PINNED, 0, &a), STRATA_E_BAD_HANDLE},
+      {"acquire on nvme", strata_acquire(rt_, t, STRATA_TIER_NVME, 0, &a), STRATA_E_INVALID},
+      {"acquire unknown flags", strata_acquire(rt_, t, STRATA_TIER_PINNED, 0x80, &a), STRATA_E_INVALID},
+      {"acquire null out", strata_acquire(rt_, t, STRATA_TIER_PINNED, 0, nullptr), STRATA_E_INVALID},
+      {"release without acquire", strata_release(rt_, t, 0, nullptr), STRATA_E_STATE},
+      {"release unknown flags", strata_release(rt_, t, 0x40, nullptr), STRATA_E_INVALID},
+      {"read unwritten", strata_tensor_read(rt_, t, buffer.data(), 0, 10), STRATA_E_STATE},
+      {"write out of range", strata_tensor_write(rt_, t, buffer.data(), 9999, 2), STRATA_E_INVALID},
+      {"write zero bytes", strata_tensor_write(rt_, t, buffer.data(), 0, 0), STRATA_E_INVALID},
+      {"write null src", strata_tensor_write(rt_, t, nullptr, 0, 10), STRATA_E_INVALID},
+      {"malloc zero", strata_malloc(rt_, 0, STRATA_TIER_PINNED, 0, &out), STRATA_E_INVALID},
+      {"malloc absurd", strata_malloc(rt_, ~0ull, STRATA_TIER_PINNED, 0, &out), STRATA_E_INVALID},
+      {"malloc on nvme", strata_malloc(rt_, 100, STRATA_TIER_NVME, 0, &out), STRATA_E_INVALID},
+      {"unknown phase", strata_layer_begin(rt_, static_cast<strata_phase>(9), 0), STRATA_E_INVALID},
+      {"negative layer", strata_layer_begin(rt_, STRATA_PHASE_FORWARD, -5), STRATA_E_INVALID},
+      {"trace while off", strata_export_trace(rt_, "/tmp/x.json"), STRATA_E_STATE},
+      {"prefetch to nvme", strata_prefetch(rt_, t, STRATA_TIER_NVME), STRATA_E_INVALID},
+      {"empty schedule", strata_declare_schedule(rt_, nullptr, 0), STRATA_E_INVALID},
+  };
+  for (const Case& c : cases) EXPECT_EQ(c.got, c.want) << c.what << ": " << strata_last_error(rt_);
+
+  d.bytes = 0;
+  EXPECT_EQ(strata_tensor_register(rt_, &d, &out), STRATA_E_INVALID);
+  d.bytes = ~0ull;
+  EXPECT_EQ(strata_tensor_register(rt_, &d, &out), STRATA_E_INVALID);
+  d.bytes = 100;
+  d.dtype = static_cast<strata_dtype>(42);
+  EXPECT_EQ(strata_tensor_register(rt_, &d, &out), STRATA_E_INVALID);
+  d.dtype = STRATA_DTYPE_F32;
+  d.struct_size = 3;
+  EXPECT_EQ(strata_tensor_register(rt_, &d, &out), STRATA_E_INVALID);
+  EXPECT_NE(std::string(strata_last_error(rt_)).find("struct_size"), std::string::npos);
+
+  // Acquired: write, unregister and a second, discarding acquire are refused.
+  std::vector<uint8_t> data(10000, 7);
+  ASSERT_EQ(strata_tensor_write(rt_, t, data.data(), 0, data.size()), STRATA_OK);
+  ASSERT_EQ(strata_acquire(rt_, t, STRATA_TIER_PINNED, 0, &a), STRATA_OK) << strata_last_error(rt_);
+  EXPECT_EQ(strata_tensor_write(rt_, t, data.data(), 0, 10), STRATA_E_STATE);
+  EXPECT_EQ(strata_tensor_unregister(rt_, t), STRATA_E_STATE);
+  EXPECT_EQ(strata_release(rt_, t, 0, nullptr), STRATA_OK);
+
+  // Double unregister and use after unregister.
+  EXPECT_EQ(strata_tensor_unregister(rt_, t), STRATA_OK);
+  EXPECT_EQ(strata_tensor_unregister(rt_, t), STRATA_E_BAD_HANDLE);
+  EXPECT_EQ(strata_acquire(rt_, t, STRATA_TIER_PINNED, 0, &a), STRATA_E_BAD_HANDLE);
+  EXPECT_EQ(strata_tensor_read(rt_, t, data.data(), 0, 10), STRATA_E_BAD_HANDLE);
+}
+
+TEST_F(Runtime, DestroyTwiceIsABadHandleNotACrash) {
+  create();
+  EXPECT_EQ(strata_runtime_destroy(rt_), STRATA_OK);
+  EXPECT_EQ(strata_runtime_destroy(rt_), STRATA_E_BAD_HANDLE);
+  EXPECT_EQ(strata_step_begin(rt_), STRATA_E_BAD_HANDLE);
+  rt_ = nullptr;
+  EXPECT_EQ(strata_runtime_destroy(nullptr), STRATA_OK);
+}
+
+TEST_F(Runtime, LastErrorIsPerThread) {
+  create();
+  EXPECT_EQ(strata_malloc(rt_, 0, STRATA_TIER_PINNED, 0, nullptr), STRATA_E_INVALID);
+  const std::string mine = strata_last_error(rt_);
+  EXPECT_NE(mine.find("strata_malloc"), std::string::npos) << mine;
+  std::string theirs = "unset";
+  std::thread([&] { theirs = strata_last_error(rt_); }).join();
+  EXPECT_EQ(theirs, "");
+}
+
+TEST_F(Runtime, WrittenBytesReadBackExactly) {
+  create();
+  for (uint64_t bytes : {1ull, 4095ull, 4097ull, 1ull << 20, (1ull << 20) + 3}) {
+    const strata_tensor t = register_tensor(bytes);
+    std::vector<uint8_t> in(bytes), out(bytes);
+    strata::testing::fill_expected(in.data(), bytes, bytes, 0);
+    ASSERT_EQ(strata_tensor_write(rt_, t, in.data(), 0, bytes), STRATA_OK) << strata_last_error(rt_);
+    ASSERT_EQ(strata_sync(rt_), STRATA_OK) << strata_last_error(rt_);
+    ASSERT_EQ(strata_tensor_read(rt_, t, out.data(), 0, bytes), STRATA_OK) << strata_last_error(rt_);
+    EXPECT_EQ(in, out) << bytes;
+    // A partial overwrite keeps the rest.
+    if (bytes > 10) {
+      const uint8_t patch[3] = {1, 2, 3};
+      ASSERT_EQ(strata_tensor_write(rt_, t, patch, 5, 3), STRATA_OK);
+      std::memcpy(in.data() + 5, patch, 3);
+      ASSERT_EQ(strata_tensor_read(rt_, t, out.data(), 0, bytes), STRATA_OK);
+      EXPECT_EQ(in, out) << bytes;
+    }
+    EXPECT_EQ(strata_tensor_unregister(rt_, t), STRATA_OK);
+  }
+}
+
+TEST_F(Runtime, FrameworkStandinTrainsOverTensorsFarLargerThanTheBudgets) {
+  create();
+  strata::testing::FrameworkStandin standin(rt_, {});
+  ASSERT_EQ(standin.setup(), STRATA_OK) << strata_last_error(rt_);
+  ASSERT_GT(standin.total_bytes(), 4 * (config_.pinned_budget_bytes + config_.device_budget_bytes));
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_EQ(standin.step(), STRATA_OK) << "step " << step << ": " << strata_last_error(rt_)
+                                         << standin.mismatch();
+  }
+  ASSERT_EQ(standin.verify_all(), STRATA_OK) << strata_last_error(rt_) << standin.mismatch();
+}
+
+TEST_F(Runtime, AllocatorFaceHandsOutResidentAndOffloadableMemory) {
+  create();
+  strata_tensor fixed = 0, spill = 0;
+  ASSERT_EQ(strata_malloc(rt_, 100000, STRATA_TIER_DEVICE, 0, &fixed), STRATA_OK) << strata_last_error(rt_);
+  ASSERT_EQ(strata_malloc(rt_, 300000, STRATA_TIER_PINNED, STRATA_MALLOC_OFFLOADABLE, &spill), STRATA_OK);
+  strata_acquired a{};
+  a.struct_size = sizeof a;
+  ASSERT_EQ(strata_acquire(rt_, fixed, STRATA_TIER_DEVICE, 0, &a), STRATA_OK) << strata_last_error(rt_);
+  void* first = a.data;
+  std::memset(a.data, 0x5a, 100000);
+  ASSERT_EQ(strata_release(rt_, fixed, STRATA_RELEASE_DIRTY, nullptr), STRATA_OK);
+  ASSERT_EQ(strata_acquire(rt_, spill, STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD, &a), STRATA_OK);
+  std::memset(a.data, 0x3c, 300000);
+  ASSERT_EQ(strata_release(rt_, spill, STRATA_RELEASE_DIRTY, nullptr), STRATA_OK);
+  // Pressure: fill the pinned budget with other tensors so the offloadable one is spilled.
+  std::vector<strata_tensor> others;
+  for (int i = 0; i < 12; ++i) {
+    others.push_back(register_tensor(300000));
+    ASSERT_EQ(strata_acquire(rt_, others.back(), STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD, &a), STRATA_OK)
+        << strata_last_error(rt_);
+    ASSERT_EQ(strata_release(rt_, others.back(), STRATA_RELEASE_DIRTY, nullptr), STRATA_OK);
+  }
+  ASSERT_EQ(strata_acquire(rt_, spill, STRATA_TIER_PINNED, 0, &a), STRATA_OK) << strata_last_error(rt_);
+  const auto* bytes = static_cast<const uint8_t*>(a.data);
+  for (int i = 0; i < 300000; i += 997) ASSERT_EQ(bytes[i], 0x3c) << i;
+  ASSERT_EQ(strata_release(rt_, spill, 0, nullptr), STRATA_OK);
+  ASSERT_EQ(strata_acquire(rt_, fixed, STRATA_TIER_DEVICE, 0, &a), STRATA_OK);
+  EXPECT_EQ(a.data, first) << "a non-offloadable allocation stays where it is";
+  EXPECT_EQ(static_cast<const uint8_t*>(a.data)[99999], 0x5a);
+  ASSERT_EQ(strata_release(rt_, fixed, 0, nullptr), STRATA_OK);
+  EXPECT_EQ(strata_free(rt_, fixed), STRATA_OK);
+  EXPECT_EQ(strata_free(rt_, spill), STRATA_OK);
+  EXPECT_EQ(strata_free(rt_, spill), STRATA_E_BAD_HANDLE);
+}
+
+TEST_F(Runtime, SeveralThreadsAcquireAndReleaseAtOnce) {
+  create();
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 6;
+  constexpr uint64_t kBytes = 150000;
+  std::vector<strata_tensor> tensors;
+  for (int i = 0; i < kThreads * kPerThread; ++i) {
+    tensors.push_back(register_tensor(kBytes));
+    std::vector<uint8_t> in(kBytes);
+    strata::testing::fill_expected(in.data(), kBytes, i, 0);
+    ASSERT_EQ(strata_tensor_write(rt_, tensors.back(), in.data(), 0, kBytes), STRATA_OK);
+  }
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int th = 0; th < kThreads; ++th) {
+    threads.emplace_back([&, th] {
+      for (int round = 0; round < 5; ++round) {
+        for (int k = 0; k < kPerThread; ++k) {
+          const int i = th * kPerThread + k;
+          strata_acquired a{};
+          a.struct_size = sizeof a;
+          const strata_tier tier = (round + k) % 2 ? STRATA_TIER_DEVICE : STRATA_TIER_PINNED;
+          if (strata_acquire(rt_, tensors[i], tier, 0, &a) != STRATA_OK ||
+              strata::testing::first_mismatch(a.data, kBytes, i, round) != kBytes) {
+            ++failures;
+            return;
+          }
+          strata::testing::fill_expected(a.data, kBytes, i, round + 1);
+          if (strata_release(rt_, tensors[i], STRATA_RELEASE_DIRTY, nullptr) != STRATA_OK) ++failures;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0) << strata_last_error(rt_);
+}
+
+TEST_F(Runtime, ExportsAChromeTraceWithoutTensorData) {
+  config_.trace_events = 4096;
+  create();
+  const strata_tensor t = register_tensor(300000, "secret-name-is-fine");
+  std::vector<uint8_t> in(300000, 0xAB);
+  ASSERT_EQ(strata_tensor_write(rt_, t, in.data(), 0, in.size()), STRATA_OK);
+  ASSERT_EQ(strata_sync(rt_), STRATA_OK);
+  const std::string path = dir_ + "/trace.json";
+  ASSERT_EQ(strata_export_trace(rt_, path.c_str()), STRATA_OK) << strata_last_error(rt_);
+  std::ifstream file(path);
+  const nlohmann::json trace = nlohmann::json::parse(file);
+  ASSERT_TRUE(trace.contains("traceEvents"));
+  bool has_write = false;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e.value("ph", "") == "X" && e.value("name", "") == "write") has_write = true;
+  }
+  EXPECT_TRUE(has_write);
+}
+
+}  // namespace
