@@ -400,6 +400,21 @@ int strata_sync(strata_runtime* rt) {
   });
 }
 
+int strata_get_stats(strata_runtime* rt, strata_stats* out) {
+  return guarded(rt, "strata_get_stats", [&](Runtime& r) -> Status {
+    if (out == nullptr) return invalid_argument("out is NULL");
+    const int rc = strata::memory::fill_stats(r.accounting(), &r.device(), &r.sampler(), out);
+    if (rc != STRATA_OK) return invalid_argument("strata_stats.struct_size is invalid");
+    // NVMe traffic as the extent store counted it (successful, verified transfers only).
+    const auto store = r.store().stats();
+    if (out->struct_size >= offsetof(strata_stats, nvme_bytes_written) + sizeof(uint64_t)) {
+      out->nvme_bytes_read = store.bytes_read;
+      out->nvme_bytes_written = store.bytes_written;
+    }
+    return Status::ok();
+  });
+}
+
 int strata_export_trace(strata_runtime* rt, const char* path) {
   return guarded(rt, "strata_export_trace", [&](Runtime& r) -> Status {
     if (path == nullptr || path[0] == '\0') return invalid_argument("path is empty");

@@ -7,6 +7,7 @@
 #include "common/align.h"
 #include "common/units.h"
 #include "io/engine_factory.h"
+#include "io/fault_injection.h"
 #include "sched/memory_plan.h"
 
 namespace strata::api {
@@ -148,6 +149,14 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in) {
   auto engine = io::make_io_engine(engine_kind(c.io_engine), io_options);
   if (!engine) return std::move(engine).take_status().with_context("I/O engine");
   rt->engine_ = std::move(engine.value());
+  // Fault injection (tests, drills): off unless STRATA_FAULTS names rules; see io/fault_injection.h.
+  auto faults = io::fault_plan_from_env();
+  if (!faults) return std::move(faults).take_status().with_context("STRATA_FAULTS");
+  if (!faults->empty()) {
+    auto wrapped = io::FaultInjectingEngine::wrap(std::move(rt->engine_), std::move(faults.value()));
+    if (!wrapped) return std::move(wrapped).take_status().with_context("STRATA_FAULTS");
+    rt->engine_ = std::move(wrapped.value());
+  }
 
   storage::BackingDeviceOptions backing;
   backing.swap_dir = rt->nvme_path_;
@@ -185,6 +194,10 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in) {
   auto arena = memory::PinnedArena::create(arena_options);
   if (!arena) return std::move(arena).take_status().with_context("pinned memory");
   rt->arena_ = std::move(arena.value());
+
+  memory::HostMemorySamplerOptions sampler_options;
+  sampler_options.excluded_device = rt->device_.get();
+  rt->sampler_ = std::make_unique<memory::HostMemorySampler>(sampler_options);
 
   telemetry::TraceConfig trace_config;
   trace_config.capacity_events = std::max<uint64_t>(c.trace_events, 64);
@@ -230,6 +243,7 @@ Runtime::~Runtime() {
   if (completions_) completions_->join();
   completions_.reset();
   arena_.reset();
+  sampler_.reset();
   device_.reset();
   if (store_) (void)store_->close();
   store_.reset();

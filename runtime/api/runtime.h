@@ -46,6 +46,7 @@ class Runtime {
   storage::ExtentStore& store() { return *store_; }
   io::IoEngine& engine() { return *engine_; }
   telemetry::TraceRecorder& trace() { return *trace_; }
+  memory::HostMemorySampler& sampler() { return *sampler_; }
 
   // Per-thread last error: each thread sees the context of its own last failure on this runtime.
   void set_last_error(const char* function, const Status& status);
@@ -64,6 +65,7 @@ class Runtime {
   std::unique_ptr<memory::Accounting> accounting_;
   std::unique_ptr<memory::Device> device_;
   std::unique_ptr<memory::PinnedArena> arena_;
+  std::unique_ptr<memory::HostMemorySampler> sampler_;
   std::unique_ptr<telemetry::TraceRecorder> trace_;
   std::unique_ptr<boost::asio::thread_pool> completions_;
   std::unique_ptr<RealBackend> backend_;

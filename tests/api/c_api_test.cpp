@@ -262,6 +262,18 @@ TEST_F(Runtime, FrameworkStandinTrainsOverTensorsFarLargerThanTheBudgets) {
                                          << standin.mismatch();
   }
   ASSERT_EQ(standin.verify_all(), STRATA_OK) << strata_last_error(rt_) << standin.mismatch();
+
+  strata_stats stats{};
+  stats.struct_size = sizeof stats;
+  ASSERT_EQ(strata_get_stats(rt_, &stats), STRATA_OK) << strata_last_error(rt_);
+  EXPECT_GT(stats.pinned.peak_reserved_bytes, 0u);
+  EXPECT_LE(stats.pinned.peak_reserved_bytes, config_.pinned_budget_bytes);
+  EXPECT_GT(stats.device.peak_in_use_bytes, 0u);
+  EXPECT_GE(stats.nvme_bytes_written, standin.total_bytes() / 4);
+  EXPECT_GT(stats.nvme_bytes_read, 0u);
+  EXPECT_GT(stats.os_peak_rss_bytes, 0u);
+  stats.struct_size = 2;
+  EXPECT_EQ(strata_get_stats(rt_, &stats), STRATA_E_INVALID);
 }
 
 TEST_F(Runtime, AllocatorFaceHandsOutResidentAndOffloadableMemory) {
@@ -353,6 +365,112 @@ TEST_F(Runtime, ExportsAChromeTraceWithoutTensorData) {
     if (e.value("ph", "") == "X" && e.value("name", "") == "write") has_write = true;
   }
   EXPECT_TRUE(has_write);
+}
+
+}  // namespace
+
+namespace {
+
+// Faults injected under the runtime (STRATA_FAULTS) reach the caller, and no tensor loses its
+// last good copy: every tensor still reads back the last contents written.
+class FaultyRuntime : public Runtime {
+ protected:
+  void create_with_faults(const char* spec) {
+    setenv("STRATA_FAULTS", spec, 1);
+    create();
+    unsetenv("STRATA_FAULTS");
+  }
+};
+
+TEST_F(FaultyRuntime, FailedWriteBacksReachTheCallerAndKeepTheNewestCopy) {
+  create_with_faults("write:eio:every=2");
+  constexpr uint64_t kBytes = 300000;  // several of these overflow the pinned budget
+  std::vector<strata_tensor> tensors;
+  int failures = 0;
+  for (int i = 0; i < 10; ++i) {
+    tensors.push_back(register_tensor(kBytes));
+    std::vector<uint8_t> in(kBytes);
+    strata::testing::fill_expected(in.data(), kBytes, i, 0);
+    ASSERT_EQ(strata_tensor_write(rt_, tensors.back(), in.data(), 0, kBytes), STRATA_OK);
+    const int rc = strata_sync(rt_);
+    if (rc != STRATA_OK) {
+      EXPECT_EQ(rc, STRATA_E_IO) << strata_last_error(rt_);
+      ++failures;
+    }
+  }
+  EXPECT_GT(failures, 0) << "the plan fails every second write";
+  // Retrying until the writes land: each attempt either succeeds or reports the error again.
+  int rc = STRATA_E_IO;
+  for (int attempt = 0; attempt < 20 && rc != STRATA_OK; ++attempt) rc = strata_sync(rt_);
+  EXPECT_EQ(rc, STRATA_OK) << strata_last_error(rt_);
+  for (int i = 0; i < 10; ++i) {
+    std::vector<uint8_t> out(kBytes);
+    ASSERT_EQ(strata_tensor_read(rt_, tensors[i], out.data(), 0, kBytes), STRATA_OK)
+        << strata_last_error(rt_);
+    EXPECT_EQ(strata::testing::first_mismatch(out.data(), kBytes, i, 0), kBytes) << i;
+  }
+}
+
+TEST_F(FaultyRuntime, FailedReadsReachTheCallerAndARetrySucceeds) {
+  create_with_faults("read:eio:every=2");
+  constexpr uint64_t kBytes = 300000;
+  std::vector<strata_tensor> tensors;
+  for (int i = 0; i < 10; ++i) {
+    tensors.push_back(register_tensor(kBytes));
+    std::vector<uint8_t> in(kBytes);
+    strata::testing::fill_expected(in.data(), kBytes, i, 0);
+    ASSERT_EQ(strata_tensor_write(rt_, tensors.back(), in.data(), 0, kBytes), STRATA_OK);
+  }
+  ASSERT_EQ(strata_sync(rt_), STRATA_OK) << strata_last_error(rt_);
+  int io_errors = 0;
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < 10; ++i) {
+      strata_acquired a{};
+      a.struct_size = sizeof a;
+      int rc = strata_acquire(rt_, tensors[i], STRATA_TIER_PINNED, 0, &a);
+      for (int attempt = 0; attempt < 5 && rc == STRATA_E_IO; ++attempt) {
+        ++io_errors;
+        rc = strata_acquire(rt_, tensors[i], STRATA_TIER_PINNED, 0, &a);
+      }
+      ASSERT_EQ(rc, STRATA_OK) << strata_last_error(rt_);
+      EXPECT_EQ(strata::testing::first_mismatch(a.data, kBytes, i, 0), kBytes) << i;
+      ASSERT_EQ(strata_release(rt_, tensors[i], 0, nullptr), STRATA_OK);
+    }
+  }
+  EXPECT_GT(io_errors, 0) << "tensors evicted from the small pinned budget are read again";
+}
+
+TEST_F(FaultyRuntime, CorruptionOnTheDeviceIsDetectedNotReturned) {
+  create_with_faults("read:corrupt:every=1");
+  constexpr uint64_t kBytes = 300000;
+  std::vector<strata_tensor> tensors;
+  for (int i = 0; i < 10; ++i) {
+    tensors.push_back(register_tensor(kBytes));
+    std::vector<uint8_t> in(kBytes);
+    strata::testing::fill_expected(in.data(), kBytes, i, 0);
+    ASSERT_EQ(strata_tensor_write(rt_, tensors.back(), in.data(), 0, kBytes), STRATA_OK);
+  }
+  ASSERT_EQ(strata_sync(rt_), STRATA_OK);
+  int corrupt = 0;
+  for (int i = 0; i < 10; ++i) {
+    std::vector<uint8_t> out(kBytes);
+    const int rc = strata_tensor_read(rt_, tensors[i], out.data(), 0, kBytes);
+    if (rc == STRATA_OK) {
+      // Still resident from the write: never touched the device.
+      EXPECT_EQ(strata::testing::first_mismatch(out.data(), kBytes, i, 0), kBytes) << i;
+    } else {
+      EXPECT_EQ(rc, STRATA_E_CORRUPT) << strata_last_error(rt_);
+      ++corrupt;
+    }
+  }
+  EXPECT_GT(corrupt, 0);
+}
+
+TEST_F(FaultyRuntime, AMalformedFaultSpecRefusesCreation) {
+  setenv("STRATA_FAULTS", "write:explode", 1);
+  EXPECT_EQ(strata_runtime_create(&config_, &rt_), STRATA_E_INVALID);
+  unsetenv("STRATA_FAULTS");
+  EXPECT_NE(std::string(strata_last_error(nullptr)).find("STRATA_FAULTS"), std::string::npos);
 }
 
 }  // namespace

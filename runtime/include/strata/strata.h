@@ -340,6 +340,9 @@ typedef struct strata_stats {
   uint64_t emulated_device_resident_bytes; /* host memory backing the emulated device; 0 on CUDA */
 } strata_stats;
 
+/* Fills *out (set out->struct_size first). Any thread. */
+STRATA_API int strata_get_stats(strata_runtime* rt, strata_stats* out);
+
 /* ---------------------------------------------------------------------------------------------
  * PyTorch pluggable allocator
  *
