@@ -115,8 +115,10 @@ Status copy_tensor(Runtime& rt, sched::TensorHandle handle, void* caller, uint64
   if (!write && info->residency == sched::Residency::kUnwritten) {
     return Status::error(STRATA_E_STATE, "tensor '" + info->name + "' has no contents yet");
   }
-  // A whole-tensor write replaces the contents: nothing to read first.
-  const bool whole = write && offset == 0 && bytes == info->bytes;
+  // A whole-tensor write replaces the contents, and a tensor never written has none to keep:
+  // nothing to read first.
+  const bool whole = write && ((offset == 0 && bytes == info->bytes) ||
+                               info->residency == sched::Residency::kUnwritten);
   auto acquired = rt.scheduler().acquire(handle, sched::Tier::kPinned,
                                          whole ? sched::AccessMode::kOverwrite
                                                : sched::AccessMode::kRead,

@@ -1,0 +1,68 @@
+// Pure placement policy: how many bytes a buffer costs, which resident tensor to evict, how far
+// prefetch may look. No state, no locks, no I/O: the scheduler (over real or simulated tiers), the
+// simulator's ZeRO-Infinity model and the planners all call these same functions.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <span>
+
+#include "common/align.h"
+#include "common/status.h"
+
+namespace strata::sched {
+
+// "Not used again in the schedule" as a next-use distance.
+inline constexpr uint64_t kNeverUsed = std::numeric_limits<uint64_t>::max();
+
+// How a buffer's size follows from the tensor's.
+enum class SizeClass : uint8_t {
+  kExact = 0,       // rounded up to `alignment` only (Strata: page-exact pinned buffers)
+  kPowerOfTwo = 1,  // next power of two of the page-rounded size (PyTorch's caching host allocator)
+  kUniformSlot = 2  // every tensor takes one slot of `slot_bytes` (ZeRO-Infinity's param buffers)
+};
+const char* to_string(SizeClass size_class);
+
+struct SizeRule {
+  SizeClass size_class = SizeClass::kExact;
+  uint64_t alignment = kPageSize;  // kExact; a power of two
+  uint64_t slot_bytes = 0;         // kUniformSlot
+};
+
+// Bytes a buffer for a tensor of `bytes` occupies under `rule`. STRATA_E_INVALID for a zero-size
+// tensor, a bad rule, or a tensor larger than the uniform slot (ZeRO-Infinity's "buffer_size too
+// small").
+Result<uint64_t> charged_bytes(const SizeRule& rule, uint64_t bytes);
+
+// A resident buffer the scheduler could give up to make room.
+struct EvictionCandidate {
+  uint32_t tensor = 0;          // registry slot; the final tie-breaker, for determinism
+  uint64_t next_use = 0;        // phases until the tensor is read on this tier again (kNeverUsed)
+  uint64_t charged_bytes = 0;   // what evicting it frees
+  bool needs_cleaning = false;  // holds the only newest copy: must be written out before freeing
+};
+
+// Belady's choice: the candidate used farthest in the future, among those whose next use is at
+// least `min_next_use` (prefetching for distance d passes d + 1, so it never evicts something
+// needed sooner than what it brings in; a demand passes 0). Candidates that need cleaning qualify
+// only when `allow_cleaning`. Ties go to clean over dirty, then to the larger buffer (fewer
+// evictions), then to the lower tensor slot. Returns the index into `candidates`, or npos.
+inline constexpr size_t kNoVictim = std::numeric_limits<size_t>::max();
+size_t choose_victim(std::span<const EvictionCandidate> candidates, uint64_t min_next_use,
+                     bool allow_cleaning);
+// The order choose_victim uses: true when a is the better victim.
+bool better_victim(const EvictionCandidate& a, const EvictionCandidate& b);
+
+// How far ahead of the current phase prefetch walks the schedule.
+struct PrefetchWindow {
+  uint32_t max_phases = 64;      // phases ahead, the current one included
+  uint32_t max_accesses = 4096;  // accesses examined per walk (bounds the work per event)
+};
+
+// Write-behind: whether a pool should start cleaning (writing out) dirty buffers so that an
+// eviction later finds clean victims instead of waiting for a write. The pool wants
+// `headroom` x budget either free, clean (droppable at once) or already being cleaned.
+bool wants_cleaning(uint64_t budget, uint64_t used, uint64_t droppable_bytes,
+                    uint64_t cleaning_bytes, double headroom);
+
+}  // namespace strata::sched

@@ -1,0 +1,1201 @@
+#include "sched/scheduler.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "common/assert.h"
+#include "common/units.h"
+
+namespace strata::sched {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr Tier kMemoryTiers[] = {Tier::kDevice, Tier::kPinned};
+
+int budget_code(Tier tier) {
+  return tier == Tier::kDevice ? STRATA_E_DEVICE_BUDGET : STRATA_E_PINNED_BUDGET;
+}
+
+std::string label(const TensorRecord& r) {
+  return "tensor '" + r.spec.name + "' (" + format_bytes(r.bytes) + ")";
+}
+
+Clock::time_point deadline_after(std::chrono::nanoseconds timeout) {
+  // Saturates: a "wait forever" timeout of nanoseconds::max() must not overflow.
+  const Clock::time_point now = Clock::now();
+  if (timeout >= Clock::time_point::max() - now) return Clock::time_point::max();
+  return now + std::chrono::duration_cast<Clock::duration>(timeout);
+}
+
+// Marks a tensor as the one being worked on for the guard's lifetime (restoring the previous
+// mark, since advance() nests for staging).
+class AdvancingGuard {
+ public:
+  AdvancingGuard(uint32_t& slot, uint32_t index) : slot_(slot), saved_(slot) { slot_ = index; }
+  ~AdvancingGuard() { slot_ = saved_; }
+  AdvancingGuard(const AdvancingGuard&) = delete;
+  AdvancingGuard& operator=(const AdvancingGuard&) = delete;
+
+ private:
+  uint32_t& slot_;
+  uint32_t saved_;
+};
+
+std::string millis(std::chrono::nanoseconds timeout) {
+  return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) +
+         " ms";
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Creation and teardown
+
+Result<std::unique_ptr<Scheduler>> Scheduler::create(const SchedulerConfig& config,
+                                                     TierBackend& backend,
+                                                     boost::asio::any_io_executor executor) {
+  STRATA_TRY(validate(config.memory));
+  for (int i = 0; i < kLinkCount; ++i) {
+    if (config.max_inflight[i] == 0 || config.max_inflight[i] > kMaxInflightPerLink) {
+      return invalid_argument(std::string("scheduler: in-flight limit of link ") +
+                              to_string(static_cast<Link>(i)) + " must be 1.." +
+                              std::to_string(kMaxInflightPerLink));
+    }
+  }
+  if (config.window.max_phases == 0 || config.window.max_accesses == 0) {
+    return invalid_argument("scheduler: the prefetch window must be at least one phase/access");
+  }
+  if (!(config.clean_headroom >= 0 && config.clean_headroom < 1)) {
+    return invalid_argument("scheduler: clean_headroom must be in [0, 1)");
+  }
+  if (config.max_tensors == 0 || config.max_prefetch_hints == 0 || config.max_waiting == 0) {
+    return invalid_argument("scheduler: max_tensors, max_prefetch_hints, max_waiting must be > 0");
+  }
+  if (!executor) return invalid_argument("scheduler: no completion executor");
+  return std::unique_ptr<Scheduler>(new Scheduler(config, backend, std::move(executor)));
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, TierBackend& backend,
+                     boost::asio::any_io_executor executor)
+    : config_(config),
+      backend_(backend),
+      executor_(std::move(executor)),
+      registry_(config.max_tensors) {
+  for (const PoolSpec& spec : config_.memory.pools) {
+    PoolState pool;
+    pool.spec = spec;
+    pools_.push_back(std::move(pool));
+  }
+  uint32_t total_ops = 0;
+  for (uint32_t limit : config_.max_inflight) total_ops += limit;
+  ops_.resize(total_ops);
+  free_ops_.reserve(total_ops);
+  for (uint32_t i = total_ops; i > 0; --i) free_ops_.push_back(i - 1);
+  demands_.reserve(config_.max_waiting);
+  hints_.resize(config_.max_prefetch_hints);
+  for (Tier tier : kMemoryTiers) {
+    TierUsage& usage = stats_.tiers[memory_index(tier)];
+    usage.reserved_bytes = reserved_bytes(config_.memory, tier);
+    usage.footprint_bytes = usage.reserved_bytes;
+    usage.peak_footprint_bytes = usage.reserved_bytes;
+  }
+}
+
+Scheduler::~Scheduler() {
+  std::unique_lock lock(mu_);
+  // Transfers in flight write into buffers freed below and complete into this object: wait.
+  stopping_ = true;
+  while (inflight_total_ > 0) {
+    if (!cv_.wait_for(lock, std::chrono::seconds(10), [this] { return inflight_total_ == 0; })) {
+      std::fprintf(stderr, "strata: scheduler shutdown waits for %u transfers in flight\n",
+                   inflight_total_);
+    }
+  }
+  for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
+    if (!registry_.live(i)) continue;
+    TensorRecord& r = registry_.at(i);
+    for (Tier tier : kMemoryTiers) {
+      if (r.buffer[memory_index(tier)].valid()) backend_.free(tier, r.buffer[memory_index(tier)]);
+    }
+    if (r.extent.valid()) backend_.free_extent(r.extent);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registry
+
+Result<TensorHandle> Scheduler::register_tensor(const TensorSpec& spec,
+                                                const RegisterOptions& options) {
+  if (options.home != Tier::kNvme && options.home != Tier::kPinned &&
+      options.home != Tier::kDevice) {
+    return invalid_argument("tensor '" + spec.name + "': unknown home tier");
+  }
+  std::lock_guard lock(mu_);
+  Result<TensorHandle> handle = registry_.add(spec, options);
+  if (!handle) return handle;
+  TensorRecord& r = registry_.at(handle->index);
+  auto fail = [&](Status status) {
+    registry_.remove(*handle);
+    return status;
+  };
+  for (Tier tier : kMemoryTiers) {
+    const int mi = memory_index(tier);
+    r.pool[mi] = find_pool(config_.memory, tier, spec.kind);
+    if (r.pool[mi] == kNoPool) continue;
+    const PoolState& pool = pools_[r.pool[mi]];
+    Result<uint64_t> charged = charged_bytes(pool.spec.size, r.bytes);
+    if (!charged) {
+      return fail(std::move(charged).take_status().with_context(
+          "registering " + label(r) + " in pool '" + pool.spec.name + "'"));
+    }
+    r.charged[mi] = *charged;
+  }
+  if (options.home != Tier::kNvme) {
+    const int mi = memory_index(options.home);
+    if (r.pool[mi] == kNoPool) {
+      return fail(invalid_argument("registering " + label(r) + ": no " + to_string(options.home) +
+                                   " pool serves kind " + to_string(spec.kind)));
+    }
+    const PoolState& pool = pools_[r.pool[mi]];
+    if (r.charged[mi] > pool.spec.budget_bytes) {
+      return fail(Status::error(budget_code(options.home),
+                                "registering " + label(r) + " at home in pool '" + pool.spec.name +
+                                    "' of " + format_bytes(pool.spec.budget_bytes)));
+    }
+  }
+  if (options.contents_on_nvme) {
+    Result<Extent> extent = backend_.allocate_extent(r.bytes);
+    if (!extent) {
+      return fail(std::move(extent).take_status().with_context("registering " + label(r)));
+    }
+    r.extent = *extent;
+  }
+  return handle;
+}
+
+Status Scheduler::unregister_tensor(TensorHandle tensor, std::chrono::nanoseconds timeout) {
+  const Clock::time_point deadline = deadline_after(timeout);
+  std::unique_lock lock(mu_);
+  for (;;) {
+    Result<uint32_t> index = registry_.resolve(tensor);
+    if (!index) return std::move(index).take_status();
+    TensorRecord& r = registry_.at(*index);
+    if (r.uses > 0) {
+      return Status::error(STRATA_E_STATE, "cannot unregister " + label(r) + ": it is acquired");
+    }
+    if (r.demanded()) {
+      return Status::error(STRATA_E_STATE,
+                           "cannot unregister " + label(r) + ": an acquire is waiting for it");
+    }
+    if (!r.residency.in_flight()) break;
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      return Status::error(STRATA_E_TIMEOUT, "unregistering " + label(r) + ": its transfer did " +
+                                                 "not finish in " + millis(timeout));
+    }
+  }
+  TensorRecord& r = registry_.at(tensor.index);
+  for (Tier tier : kMemoryTiers) {
+    if (r.buffer[memory_index(tier)].valid()) free_buffer(r, tier);
+  }
+  if (r.extent.valid()) backend_.free_extent(r.extent);
+  registry_.remove(tensor);
+  pump();
+  cv_.notify_all();
+  return Status::ok();
+}
+
+Result<TensorInfo> Scheduler::describe(TensorHandle tensor) const {
+  std::lock_guard lock(mu_);
+  Result<uint32_t> index = registry_.resolve(tensor);
+  if (!index) return std::move(index).take_status();
+  const TensorRecord& r = registry_.at(*index);
+  TensorInfo info;
+  info.name = r.spec.name;
+  info.bytes = r.bytes;
+  info.kind = r.spec.kind;
+  info.layer = r.spec.layer;
+  info.home = r.home;
+  info.residency = r.residency.state();
+  info.valid = r.residency.valid();
+  info.uses = r.uses;
+  info.use_tier = r.use_tier;
+  info.has_error = r.failed;
+  return info;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schedule and position
+
+Status Scheduler::declare_schedule(AccessSchedule schedule) {
+  if (schedule.phase_count() == 0) return invalid_argument("declared schedule has no phases");
+  std::lock_guard lock(mu_);
+  schedule_ = std::move(schedule);
+  recording_ = false;
+  recorder_ = AccessSchedule::Builder();
+  cursor_ = 0;
+  phase_matched_ = false;
+  pump();
+  return Status::ok();
+}
+
+Status Scheduler::begin_step() {
+  std::lock_guard lock(mu_);
+  if (in_step_) return Status::error(STRATA_E_STATE, "begin_step: a step is already running");
+  in_step_ = true;
+  if (!schedule_ && config_.record_first_step) {
+    recording_ = true;
+    recorder_ = AccessSchedule::Builder();
+  }
+  pump();
+  return Status::ok();
+}
+
+Status Scheduler::end_step() {
+  std::lock_guard lock(mu_);
+  if (!in_step_) return Status::error(STRATA_E_STATE, "end_step without begin_step");
+  if (in_phase_) {
+    return Status::error(STRATA_E_STATE, std::string("end_step inside phase ") +
+                                             to_string(phase_key_.kind) + " " +
+                                             std::to_string(phase_key_.layer));
+  }
+  in_step_ = false;
+  Status status;
+  if (recording_) {
+    recording_ = false;
+    if (!recorder_.empty()) {
+      Result<AccessSchedule> built = std::move(recorder_).build();
+      if (built) {
+        schedule_ = std::move(*built);
+        cursor_ = 0;
+      } else {
+        status = std::move(built).take_status().with_context("recording the step's schedule");
+      }
+    }
+    recorder_ = AccessSchedule::Builder();
+  }
+  pump();
+  Status async = take_async_error();
+  return status.is_ok() ? async : status;
+}
+
+Status Scheduler::begin_phase(PhaseKey key) {
+  std::lock_guard lock(mu_);
+  if (in_phase_) {
+    return Status::error(STRATA_E_STATE, std::string("begin_phase while phase ") +
+                                             to_string(phase_key_.kind) + " " +
+                                             std::to_string(phase_key_.layer) + " is open");
+  }
+  in_phase_ = true;
+  phase_key_ = key;
+  phase_matched_ = false;
+  if (recording_) recorder_.begin_phase(key);
+  if (schedule_) {
+    std::optional<uint32_t> phase = schedule_->find_phase(key, cursor_);
+    if (phase) {
+      cursor_ = *phase;
+      phase_matched_ = true;
+    } else {
+      ++stats_.unscheduled_phases;
+    }
+  }
+  pump();
+  return Status::ok();
+}
+
+Status Scheduler::end_phase(PhaseKey key) {
+  std::lock_guard lock(mu_);
+  if (!in_phase_ || !(key == phase_key_)) {
+    return Status::error(STRATA_E_STATE, std::string("end_phase(") + to_string(key.kind) + " " +
+                                             std::to_string(key.layer) +
+                                             ") does not match the open phase");
+  }
+  in_phase_ = false;
+  if (phase_matched_ && schedule_) cursor_ = (cursor_ + 1) % schedule_->phase_count();
+  phase_matched_ = false;
+  pump();
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Access
+
+Result<Acquired> Scheduler::acquire(TensorHandle tensor, Tier tier, AccessMode mode,
+                                    std::chrono::nanoseconds timeout) {
+  if (tier == Tier::kNvme) return invalid_argument("acquire: the tier must be device or pinned");
+  const Clock::time_point deadline = deadline_after(timeout);
+  const int mi = memory_index(tier);
+  std::unique_lock lock(mu_);
+  bool waiting = false;
+  for (;;) {
+    // Resolved afresh after every wait; unregister refuses while we wait, so it stays valid.
+    Result<uint32_t> index = registry_.resolve(tensor);
+    if (!index) return std::move(index).take_status();
+    TensorRecord& r = registry_.at(*index);
+    Result<AcquireAttempt> attempt = attempt_locked(*index, tier, mode);
+    if (!attempt || attempt->state == AcquireState::kReady) {
+      if (waiting) --r.waiters[mi];
+      if (!attempt) return std::move(attempt).take_status();
+      ++(waiting ? stats_.acquire_waits : stats_.acquire_hits);
+      return attempt->acquired;
+    }
+    if (!waiting) {
+      STRATA_TRY(add_demand(r, tier, mode));
+      ++r.waiters[mi];
+      waiting = true;
+      pump();
+    }
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      // The deadline passed; one last look (a completion may have just arrived).
+      attempt = attempt_locked(*index, tier, mode);
+      TensorRecord& waited = registry_.at(*index);
+      --waited.waiters[mi];
+      if (attempt && attempt->state == AcquireState::kReady) {
+        ++stats_.acquire_waits;
+        return attempt->acquired;
+      }
+      if (!attempt) return std::move(attempt).take_status();
+      ++stats_.acquire_timeouts;
+      return Status::error(STRATA_E_TIMEOUT, "acquire of " + describe_wait(waited, tier) +
+                                                 " did not finish in " + millis(timeout));
+    }
+  }
+}
+
+Result<AcquireAttempt> Scheduler::try_acquire(TensorHandle tensor, Tier tier, AccessMode mode) {
+  if (tier == Tier::kNvme) return invalid_argument("acquire: the tier must be device or pinned");
+  std::lock_guard lock(mu_);
+  Result<uint32_t> index = registry_.resolve(tensor);
+  if (!index) return std::move(index).take_status();
+  TensorRecord& r = registry_.at(*index);
+  const bool was_polled = r.polled[memory_index(tier)];
+  Result<AcquireAttempt> attempt = attempt_locked(*index, tier, mode);
+  if (!attempt) {
+    r.polled[memory_index(tier)] = false;
+    return attempt;
+  }
+  if (attempt->state == AcquireState::kReady) {
+    ++(was_polled ? stats_.acquire_waits : stats_.acquire_hits);
+    return attempt;
+  }
+  if (!was_polled) {
+    STRATA_TRY(add_demand(r, tier, mode));
+    r.polled[memory_index(tier)] = true;
+  }
+  pump();
+  return attempt;
+}
+
+Status Scheduler::cancel_acquire(TensorHandle tensor, Tier tier) {
+  if (tier == Tier::kNvme) return invalid_argument("cancel_acquire: tier must be device or pinned");
+  std::lock_guard lock(mu_);
+  Result<uint32_t> index = registry_.resolve(tensor);
+  if (!index) return std::move(index).take_status();
+  registry_.at(*index).polled[memory_index(tier)] = false;
+  pump();
+  return Status::ok();
+}
+
+Result<AcquireAttempt> Scheduler::attempt_locked(uint32_t index, Tier tier, AccessMode mode) {
+  TensorRecord& r = registry_.at(index);
+  const int mi = memory_index(tier);
+  const AcquireAttempt pending{AcquireState::kPending, {}};
+  const AdvancingGuard guard(advancing_, index);
+  if (r.failed) return take_tensor_error(r);
+  if (r.uses > 0 && r.use_tier != tier) {
+    return Status::error(STRATA_E_STATE, "cannot acquire " + label(r) + " on " + to_string(tier) +
+                                             ": it is acquired on " + to_string(r.use_tier));
+  }
+  if (mode == AccessMode::kOverwrite && r.uses > 0) {
+    return Status::error(STRATA_E_STATE,
+                         "cannot acquire " + label(r) + " with DISCARD: it is acquired already");
+  }
+  if (r.pool[mi] == kNoPool) {
+    return invalid_argument("cannot acquire " + label(r) + " on " + to_string(tier) +
+                            ": the memory plan has no pool for kind " + to_string(r.spec.kind));
+  }
+  if (r.discard_pending || r.residency.in_flight()) return pending;
+  if (mode == AccessMode::kRead && r.residency.state() == Residency::kUnwritten) {
+    // Handing out an uninitialized buffer as "the contents" would be silently wrong data.
+    return Status::error(STRATA_E_STATE, "cannot read " + label(r) +
+                                             ": it has no contents yet (acquire it with DISCARD "
+                                             "to write it first)");
+  }
+
+  if (mode == AccessMode::kOverwrite) {
+    if (!r.buffer[mi].valid()) {
+      Status why;
+      const Space space = ensure_space(r.pool[mi], r.charged[mi], 0, &why);
+      if (space == Space::kImpossible) return why;
+      if (space == Space::kWaiting) return pending;
+      STRATA_TRY(allocate_buffer(r, tier));
+    }
+    Status changed = r.residency.overwrite(tier, r.spec.name);
+    if (!changed) return changed;
+    free_stale_buffers(r);
+  } else if (!r.residency.valid_on(tier)) {
+    StepResult step = advance(r, tier, 0, /*prefetch=*/false);
+    if (step.step == Step::kError) return step.status;
+    if (step.step != Step::kResident) return pending;
+  }
+
+  STRATA_ASSERT(r.buffer[mi].valid() && r.residency.valid_on(tier));
+  ++r.uses;
+  r.use_tier = tier;
+  r.last_use_tick = ++tick_;
+  r.polled[mi] = false;
+  ++stats_.acquires;
+  if (recording_ && !recorder_.add({r.handle, tier, mode}).is_ok()) {
+    // Past the schedule's limits: give up recording rather than fail the training step.
+    recording_ = false;
+    recorder_ = AccessSchedule::Builder();
+  }
+  return AcquireAttempt{AcquireState::kReady, {r.buffer[mi].data, r.bytes, r.buffer[mi].token}};
+}
+
+Status Scheduler::release(TensorHandle tensor, bool dirty, void* device_stream) {
+  std::lock_guard lock(mu_);
+  Result<uint32_t> index = registry_.resolve(tensor);
+  if (!index) return std::move(index).take_status();
+  TensorRecord& r = registry_.at(*index);
+  if (r.uses == 0)
+    return Status::error(STRATA_E_STATE, "release of " + label(r) + ": not acquired");
+  const Tier tier = r.use_tier;
+  backend_.on_release(tier, r.buffer[memory_index(tier)], device_stream);
+  if (dirty) {
+    // No transfer runs on a tensor in use, so the state is stable and this copy is valid.
+    Status changed = r.residency.modified(tier, r.spec.name);
+    STRATA_ASSERT(changed.is_ok());
+    free_stale_buffers(r);
+  }
+  --r.uses;
+  r.last_use_tick = ++tick_;
+  Status report = r.failed ? take_tensor_error(r) : Status::ok();
+  pump();
+  cv_.notify_all();
+  return report;
+}
+
+Status Scheduler::discard(TensorHandle tensor) {
+  std::lock_guard lock(mu_);
+  Result<uint32_t> index = registry_.resolve(tensor);
+  if (!index) return std::move(index).take_status();
+  TensorRecord& r = registry_.at(*index);
+  if (r.uses > 0) return Status::error(STRATA_E_STATE, "discard of " + label(r) + ": acquired");
+  if (r.residency.in_flight()) {
+    r.discard_pending = true;
+  } else {
+    apply_discard(r);
+  }
+  pump();
+  cv_.notify_all();
+  return Status::ok();
+}
+
+Status Scheduler::prefetch(TensorHandle tensor, Tier tier) {
+  if (tier == Tier::kNvme) return invalid_argument("prefetch: the tier must be device or pinned");
+  std::lock_guard lock(mu_);
+  Result<uint32_t> index = registry_.resolve(tensor);
+  if (!index) return std::move(index).take_status();
+  const size_t capacity = hints_.size();
+  const Demand hint{tensor, tier, AccessMode::kRead};
+  if (hint_count_ == capacity) {
+    hints_[hint_head_] = hint;  // the oldest hint gives way
+    hint_head_ = (hint_head_ + 1) % capacity;
+  } else {
+    hints_[(hint_head_ + hint_count_) % capacity] = hint;
+    ++hint_count_;
+  }
+  pump();
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Durability
+
+Status Scheduler::sync(std::chrono::nanoseconds timeout) {
+  const Clock::time_point deadline = deadline_after(timeout);
+  std::unique_lock lock(mu_);
+  if (!cv_.wait_until(lock, deadline, [this] { return cleaning_inflight_ == 0; })) {
+    return Status::error(STRATA_E_TIMEOUT, std::to_string(cleaning_inflight_) +
+                                               " write-backs still in flight after " +
+                                               millis(timeout));
+  }
+  return take_async_error();
+}
+
+Status Scheduler::flush(std::chrono::nanoseconds timeout) {
+  const Clock::time_point deadline = deadline_after(timeout);
+  std::unique_lock lock(mu_);
+  flushing_ = true;
+  pump();
+  const bool done = cv_.wait_until(lock, deadline, [this] {
+    return (flush_done() && cleaning_inflight_ == 0) || async_error_.code() != STRATA_OK;
+  });
+  flushing_ = false;
+  if (!done) {
+    return Status::error(STRATA_E_TIMEOUT, "flush did not finish in " + millis(timeout));
+  }
+  // A failure ends the flush early; wait for the write-backs already started, then report.
+  cv_.wait_until(lock, deadline, [this] { return cleaning_inflight_ == 0; });
+  return take_async_error();
+}
+
+bool Scheduler::flush_done() const {
+  for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
+    if (!registry_.live(i)) continue;
+    const TensorRecord& r = registry_.at(i);
+    if (r.residency.dirty() && r.uses == 0 && !r.failed) return false;
+  }
+  return true;
+}
+
+void Scheduler::set_prefetch_enabled(bool enabled) {
+  std::lock_guard lock(mu_);
+  prefetch_enabled_ = enabled;
+  pump();
+}
+
+uint32_t Scheduler::inflight_transfers() const {
+  std::lock_guard lock(mu_);
+  return inflight_total_;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stats
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard lock(mu_);
+  SchedulerStats out = stats_;
+  for (int i = 0; i < kLinkCount; ++i) out.inflight[i] = inflight_[i];
+  out.live_tensors = registry_.live_count();
+  out.schedule_phases = schedule_ ? schedule_->phase_count() : 0;
+  out.recording = recording_;
+  out.dirty_bytes = 0;
+  for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
+    if (registry_.live(i) && registry_.at(i).residency.dirty())
+      out.dirty_bytes += registry_.at(i).bytes;
+  }
+  out.pools.clear();
+  for (const PoolState& pool : pools_) {
+    out.pools.push_back({pool.spec.name, pool.spec.tier, pool.spec.budget_bytes,
+                         pool.spec.reserved_bytes, pool.used, pool.peak,
+                         static_cast<uint32_t>(pool.resident.size())});
+  }
+  return out;
+}
+
+TierUsage Scheduler::tier_usage(Tier tier) const {
+  if (tier == Tier::kNvme) return TierUsage{};
+  std::lock_guard lock(mu_);
+  return stats_.tiers[memory_index(tier)];
+}
+
+void Scheduler::reset_peaks() {
+  std::lock_guard lock(mu_);
+  for (PoolState& pool : pools_) pool.peak = pool.used;
+  for (TierUsage& usage : stats_.tiers) {
+    usage.peak_in_use_bytes = usage.in_use_bytes;
+    usage.peak_footprint_bytes = usage.footprint_bytes;
+    usage.kind_peak_in_use_bytes = usage.kind_in_use_bytes;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Completions
+
+void Scheduler::on_transfer_complete(uint32_t op, Status status) {
+  std::lock_guard lock(mu_);
+  complete_locked(op, std::move(status));
+  pump();
+  cv_.notify_all();
+}
+
+void Scheduler::complete_locked(uint32_t id, Status status) {
+  STRATA_ASSERT(id < ops_.size() && ops_[id].active);
+  Op& op = ops_[id];
+  STRATA_ASSERT(registry_.live(op.tensor));
+  TensorRecord& r = registry_.at(op.tensor);
+  STRATA_ASSERT(r.op == id);
+  const bool ok = status.is_ok();
+  const int link = static_cast<int>(op.link);
+  if (op.cleaning) {
+    // The tier being cleaned: pinned for a write-back, device for a copy to host.
+    const Tier source = op.kind == OpKind::kWriteBack ? Tier::kPinned : Tier::kDevice;
+    PoolState& pool = pools_[r.pool[memory_index(source)]];
+    STRATA_ASSERT(pool.cleaning >= r.charged[memory_index(source)]);
+    pool.cleaning -= r.charged[memory_index(source)];
+    --cleaning_inflight_;
+  }
+  Status finished = r.residency.finish(ok, r.spec.name);
+  STRATA_ASSERT(finished.is_ok());
+  r.op = kNoOp;
+  if (ok) {
+    stats_.link_bytes[link] += r.bytes;
+    ++stats_.link_transfers[link];
+  } else {
+    ++stats_.transfer_failures;
+    free_stale_buffers(r);  // the buffer the transfer was filling holds nothing trustworthy
+    const char* what = op.kind == OpKind::kRead           ? "reading"
+                       : op.kind == OpKind::kWriteBack    ? "writing back"
+                       : op.kind == OpKind::kCopyToDevice ? "copying to device"
+                                                          : "copying to host";
+    // A lost write-back or cleaning copy leaves dirty data pinned in memory: everybody waiting on
+    // durability (sync, end_step) must hear of it. A failed read or copy-in only concerns the
+    // tensor's next acquirer.
+    const bool global = op.kind == OpKind::kWriteBack || op.cleaning;
+    note_async_failure(r, std::move(status).with_context(std::string(what) + " " + label(r)),
+                       global);
+  }
+  --inflight_[link];
+  --inflight_total_;
+  op.active = false;
+  free_ops_.push_back(id);
+  if (r.discard_pending) {
+    r.discard_pending = false;
+    apply_discard(r);
+  }
+}
+
+void Scheduler::note_async_failure(TensorRecord& r, const Status& status, bool report_globally) {
+  r.error = status;
+  r.failed = true;
+  r.write_failed = report_globally;
+  if (!report_globally) return;
+  if (async_error_.is_ok()) {
+    async_error_ = status;
+  } else {
+    ++async_more_;
+  }
+}
+
+Status Scheduler::take_tensor_error(TensorRecord& r) {
+  Status error = std::move(r.error);
+  r.error = Status::ok();
+  r.failed = false;
+  r.write_failed = false;
+  if (error.is_ok()) error = Status::error(STRATA_E_INTERNAL, label(r) + " failed without a cause");
+  return error;
+}
+
+Status Scheduler::take_async_error() {
+  if (async_error_.is_ok()) return Status::ok();
+  Status error = std::move(async_error_);
+  async_error_ = Status::ok();
+  if (async_more_ > 0) {
+    error = Status::error(error.code(), error.message() + " (and " + std::to_string(async_more_) +
+                                            " more asynchronous failures)");
+  }
+  async_more_ = 0;
+  // Reported: the failed write-backs may be tried again.
+  for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
+    if (!registry_.live(i)) continue;
+    TensorRecord& r = registry_.at(i);
+    if (r.failed && r.write_failed) {
+      r.failed = false;
+      r.write_failed = false;
+      r.error = Status::ok();
+    }
+  }
+  pump();
+  return error;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decisions
+
+uint64_t Scheduler::next_use(const TensorRecord& r, Tier tier) const {
+  // LRU until a schedule exists. Never 0: without a schedule nothing is known to be needed in
+  // "the current phase", so a hint (which spares distance 0) may evict anything not in use.
+  if (!schedule_) return 1 + (tick_ - r.last_use_tick);
+  // A pinned copy beside a valid device copy is needed only for reads on pinned; without a
+  // device copy it is also the staging source for the next device read.
+  const UseFilter filter = tier == Tier::kDevice                 ? UseFilter::kDevice
+                           : r.residency.valid_on(Tier::kDevice) ? UseFilter::kPinned
+                                                                 : UseFilter::kAnyTier;
+  return schedule_->next_read(r.handle, filter, cursor_);
+}
+
+bool Scheduler::needs_cleaning(const TensorRecord& r, Tier tier) const {
+  // Dirty data leaves memory through pinned buffers: a dirty pinned copy is written back before
+  // its buffer goes, even beside a device copy (dropping it would undo the device->pinned copy
+  // that cleaning the device copy needs, and the two evictions would chase each other).
+  if (tier == Tier::kPinned) return r.residency.dirty();
+  return (r.residency.valid() & static_cast<TierMask>(~tier_bit(tier))) == 0;
+}
+
+bool Scheduler::evictable(const TensorRecord& r, Tier tier) const {
+  if (r.home == tier || r.handle.index == advancing_) return false;
+  if (!r.residency.valid_on(tier) || r.residency.in_flight() || r.discard_pending) return false;
+  if (r.uses > 0 && r.use_tier == tier) return false;
+  if (r.demanded()) return false;
+  // Cleaning is a transfer: never on a tensor in use, nor one whose failure is unreported.
+  if (needs_cleaning(r, tier) && (r.uses > 0 || r.failed)) return false;
+  return true;
+}
+
+Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t min_next_use,
+                                         Status* why) {
+  PoolState& pool = pools_[pool_index];
+  const Tier tier = pool.spec.tier;
+  const int mi = memory_index(tier);
+  const uint64_t budget = pool.spec.budget_bytes;
+  if (need > budget) {
+    *why = Status::error(budget_code(tier), "needs " + format_bytes(need) + " in pool '" +
+                                                pool.spec.name + "', whose budget is " +
+                                                format_bytes(budget));
+    return Space::kImpossible;
+  }
+  const Link cleaning_link = tier == Tier::kPinned ? Link::kNvmeWrite : Link::kDeviceToHost;
+  for (;;) {
+    STRATA_ASSERT(pool.used <= budget);
+    if (pool.used + need <= budget) return Space::kReady;
+    const uint64_t free = budget - pool.used;
+    if (free + pool.cleaning >= need) return Space::kWaiting;
+    scratch_.clear();
+    // What could ever be freed, to tell "wait" from "never": everything but home tensors and
+    // dirty ones whose write-back failed (they stay until the failure has been reported).
+    uint64_t potential = free;
+    const TensorRecord* failed_holder = nullptr;
+    for (uint32_t index : pool.resident) {
+      const TensorRecord& c = registry_.at(index);
+      if (c.failed && needs_cleaning(c, tier)) {
+        failed_holder = &c;
+      } else if (c.home != tier) {
+        potential += c.charged[mi];
+      }
+      if (!evictable(c, tier)) continue;
+      scratch_.push_back({index, next_use(c, tier), c.charged[mi], needs_cleaning(c, tier)});
+    }
+    const size_t v = choose_victim(scratch_, min_next_use, link_free(cleaning_link));
+    if (v == kNoVictim) {
+      if (potential < need && failed_holder != nullptr) {
+        *why =
+            Status::error(failed_holder->error.code(),
+                          "needs " + format_bytes(need) + " in pool '" + pool.spec.name +
+                              "', held by " + label(*failed_holder) +
+                              " until its failure is reported: " + failed_holder->error.message());
+        return Space::kImpossible;
+      }
+      if (potential < need) {
+        *why = Status::error(budget_code(tier), "needs " + format_bytes(need) + " in pool '" +
+                                                    pool.spec.name + "' (budget " +
+                                                    format_bytes(budget) +
+                                                    "), but tensors that never leave it hold " +
+                                                    format_bytes(budget - potential));
+        return Space::kImpossible;
+      }
+      return Space::kWaiting;
+    }
+    TensorRecord& victim = registry_.at(scratch_[v].tensor);
+    if (!scratch_[v].needs_cleaning) {
+      drop_copy(victim, tier);
+      ++stats_.evictions;
+      continue;
+    }
+    if (!start_cleaning(victim, tier, min_next_use)) return Space::kWaiting;
+  }
+}
+
+bool Scheduler::start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use) {
+  if (tier == Tier::kPinned) {
+    if (!link_free(Link::kNvmeWrite)) return false;
+    if (!r.extent.valid()) {
+      Result<Extent> extent = backend_.allocate_extent(r.bytes);
+      if (!extent) {
+        note_async_failure(r,
+                           std::move(extent).take_status().with_context("writing back " + label(r)),
+                           /*report_globally=*/true);
+        return false;
+      }
+      r.extent = *extent;
+    }
+    if (!issue(r, OpKind::kWriteBack, /*cleaning=*/true, false).is_ok()) return false;
+  } else {
+    // Device data with no other copy goes to pinned memory first (and from there to NVMe).
+    if (!link_free(Link::kDeviceToHost)) return false;
+    const int pinned_pool = r.pool[memory_index(Tier::kPinned)];
+    if (pinned_pool == kNoPool) return false;
+    // Only a demand (min_next_use 0) may take pinned room that a waiting demand needs.
+    if (min_next_use > 0 && (demand_pools_ & (1u << pinned_pool)) != 0) return false;
+    Status why;
+    if (ensure_space(pinned_pool, r.charged[memory_index(Tier::kPinned)], min_next_use, &why) !=
+        Space::kReady) {
+      return false;
+    }
+    if (!allocate_buffer(r, Tier::kPinned).is_ok()) return false;
+    if (!issue(r, OpKind::kCopyToHost, /*cleaning=*/true, false).is_ok()) return false;
+  }
+  ++stats_.cleanings;
+  return true;
+}
+
+Scheduler::StepResult Scheduler::advance(TensorRecord& r, Tier target, uint64_t min_next_use,
+                                         bool prefetch) {
+  if (r.residency.in_flight()) return {Step::kInFlight, {}};
+  if (r.residency.valid_on(target)) return {Step::kResident, {}};
+  if (r.failed || r.discard_pending || r.uses > 0) return {Step::kSkip, {}};
+  if (r.residency.state() == Residency::kUnwritten) return {Step::kSkip, {}};  // nothing to load
+  const AdvancingGuard guard(advancing_, r.handle.index);
+  const int mi = memory_index(target);
+  if (r.pool[mi] == kNoPool) {
+    return {Step::kError, invalid_argument(label(r) + ": no " + std::string(to_string(target)) +
+                                           " pool serves kind " + to_string(r.spec.kind))};
+  }
+  if (target == Tier::kDevice && !r.residency.valid_on(Tier::kPinned)) {
+    return advance(r, Tier::kPinned, min_next_use, prefetch);  // staged through pinned memory
+  }
+  const Link link = target == Tier::kDevice               ? Link::kHostToDevice
+                    : r.residency.valid_on(Tier::kDevice) ? Link::kDeviceToHost
+                                                          : Link::kNvmeRead;
+  if (!link_free(link)) return {Step::kLinkBusy, {}};
+  Status why;
+  const Space space = ensure_space(r.pool[mi], r.charged[mi], min_next_use, &why);
+  if (space == Space::kImpossible) return {Step::kError, std::move(why).with_context(label(r))};
+  if (space == Space::kWaiting) return {Step::kBlocked, {}};
+  // ensure_space may have started a cleaning copy on the same link.
+  if (!link_free(link)) return {Step::kLinkBusy, {}};
+  Status allocated = allocate_buffer(r, target);
+  if (!allocated) return {Step::kError, std::move(allocated)};
+  const OpKind kind = link == Link::kHostToDevice   ? OpKind::kCopyToDevice
+                      : link == Link::kDeviceToHost ? OpKind::kCopyToHost
+                                                    : OpKind::kRead;
+  Status issued = issue(r, kind, /*cleaning=*/false, prefetch);
+  if (!issued) return {Step::kError, std::move(issued)};
+  return {Step::kIssued, {}};
+}
+
+Status Scheduler::issue(TensorRecord& r, OpKind kind, bool cleaning, bool prefetch) {
+  const Link link = kind == OpKind::kRead           ? Link::kNvmeRead
+                    : kind == OpKind::kWriteBack    ? Link::kNvmeWrite
+                    : kind == OpKind::kCopyToDevice ? Link::kHostToDevice
+                                                    : Link::kDeviceToHost;
+  STRATA_ASSERT(link_free(link) && !free_ops_.empty());
+  Status began = kind == OpKind::kRead           ? r.residency.begin_read(r.spec.name)
+                 : kind == OpKind::kWriteBack    ? r.residency.begin_write_back(r.spec.name)
+                 : kind == OpKind::kCopyToDevice ? r.residency.begin_copy_to_device(r.spec.name)
+                                                 : r.residency.begin_copy_to_host(r.spec.name);
+  if (!began) {
+    free_stale_buffers(r);
+    return began;
+  }
+  const uint32_t id = free_ops_.back();
+  free_ops_.pop_back();
+  ops_[id] = {kind, link, r.handle.index, cleaning, true};
+  ++inflight_[static_cast<int>(link)];
+  ++inflight_total_;
+  r.op = id;
+  if (cleaning) {
+    const Tier source = kind == OpKind::kWriteBack ? Tier::kPinned : Tier::kDevice;
+    pools_[r.pool[memory_index(source)]].cleaning += r.charged[memory_index(source)];
+    ++cleaning_inflight_;
+  }
+  const Buffer& pinned = r.buffer[memory_index(Tier::kPinned)];
+  const Buffer& device = r.buffer[memory_index(Tier::kDevice)];
+  const Completion done{this, id};
+  Status submitted;
+  switch (kind) {
+    case OpKind::kRead:
+      submitted = backend_.read(r.extent, pinned, r.bytes, done);
+      break;
+    case OpKind::kWriteBack:
+      submitted = backend_.write(pinned, r.extent, r.bytes, done);
+      break;
+    case OpKind::kCopyToDevice:
+      submitted = backend_.copy_to_device(pinned, device, r.bytes, done);
+      break;
+    case OpKind::kCopyToHost:
+      submitted = backend_.copy_to_host(device, pinned, r.bytes, done);
+      break;
+  }
+  if (!submitted) {
+    // Refused at once: no completion will come. Unwind exactly as a failed transfer would; the
+    // caller gets the error directly, so only a lost write-back stays noted for sync/end_step.
+    Status copy = submitted;
+    complete_locked(id, std::move(copy));
+    if (!r.write_failed) {
+      r.failed = false;
+      r.error = Status::ok();
+    }
+    return submitted;
+  }
+  if (!cleaning) ++(prefetch ? stats_.prefetch_transfers : stats_.demand_transfers);
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Buffers and accounting
+
+Status Scheduler::allocate_buffer(TensorRecord& r, Tier tier) {
+  const int mi = memory_index(tier);
+  STRATA_ASSERT(!r.buffer[mi].valid() && r.pool[mi] != kNoPool);
+  STRATA_ASSERT(pools_[r.pool[mi]].used + r.charged[mi] <= pools_[r.pool[mi]].spec.budget_bytes);
+  Result<Buffer> buffer = backend_.allocate(tier, r.bytes);
+  if (!buffer) {
+    return std::move(buffer).take_status().with_context(
+        "allocating " + std::string(to_string(tier)) + " memory for " + label(r));
+  }
+  r.buffer[mi] = *buffer;
+  charge(r, tier, true);
+  return Status::ok();
+}
+
+void Scheduler::free_buffer(TensorRecord& r, Tier tier) {
+  const int mi = memory_index(tier);
+  STRATA_ASSERT(r.buffer[mi].valid());
+  backend_.free(tier, r.buffer[mi]);
+  r.buffer[mi] = Buffer{};
+  charge(r, tier, false);
+}
+
+void Scheduler::charge(TensorRecord& r, Tier tier, bool add) {
+  const int mi = memory_index(tier);
+  PoolState& pool = pools_[r.pool[mi]];
+  const uint64_t bytes = r.charged[mi];
+  TierUsage& usage = stats_.tiers[mi];
+  const int kind = static_cast<int>(r.spec.kind);
+  const bool on_demand = pool.spec.reserved_bytes == 0;
+  if (add) {
+    pool.used += bytes;
+    pool.peak = std::max(pool.peak, pool.used);
+    r.resident_pos[mi] = static_cast<uint32_t>(pool.resident.size());
+    pool.resident.push_back(r.handle.index);
+    usage.in_use_bytes += bytes;
+    usage.kind_in_use_bytes[kind] += bytes;
+    if (on_demand) usage.footprint_bytes += bytes;
+  } else {
+    STRATA_ASSERT(pool.used >= bytes && r.resident_pos[mi] < pool.resident.size());
+    pool.used -= bytes;
+    const uint32_t pos = r.resident_pos[mi];
+    const uint32_t moved = pool.resident.back();
+    pool.resident[pos] = moved;
+    registry_.at(moved).resident_pos[mi] = pos;
+    pool.resident.pop_back();
+    r.resident_pos[mi] = kNotResident;
+    usage.in_use_bytes -= bytes;
+    usage.kind_in_use_bytes[kind] -= bytes;
+    if (on_demand) usage.footprint_bytes -= bytes;
+  }
+  usage.peak_in_use_bytes = std::max(usage.peak_in_use_bytes, usage.in_use_bytes);
+  usage.peak_footprint_bytes = std::max(usage.peak_footprint_bytes, usage.footprint_bytes);
+  usage.kind_peak_in_use_bytes[kind] =
+      std::max(usage.kind_peak_in_use_bytes[kind], usage.kind_in_use_bytes[kind]);
+}
+
+void Scheduler::free_stale_buffers(TensorRecord& r) {
+  for (Tier tier : kMemoryTiers) {
+    const int mi = memory_index(tier);
+    if (!r.buffer[mi].valid() || r.residency.valid_on(tier)) continue;
+    if (r.residency.in_flight() && r.residency.transfer_target() == tier) continue;
+    free_buffer(r, tier);
+  }
+}
+
+void Scheduler::drop_copy(TensorRecord& r, Tier tier) {
+  Status dropped = r.residency.drop(tier, r.spec.name);
+  STRATA_ASSERT(dropped.is_ok());  // callers check evictable() first
+  free_stale_buffers(r);
+}
+
+void Scheduler::apply_discard(TensorRecord& r) {
+  if (r.residency.state() == Residency::kUnwritten) return;  // nothing to forget
+  Status discarded = r.residency.discard(r.spec.name);
+  STRATA_ASSERT(discarded.is_ok());
+  free_stale_buffers(r);
+  r.failed = false;
+  r.write_failed = false;
+  r.error = Status::ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The pump: after every event, issue what the decisions call for.
+
+Status Scheduler::add_demand(const TensorRecord& r, Tier tier, AccessMode mode) {
+  for (const Demand& d : demands_) {
+    if (d.tensor == r.handle && d.tier == tier) return Status::ok();
+  }
+  if (demands_.size() >= config_.max_waiting) {
+    return Status::error(STRATA_E_LIMIT, "more than " + std::to_string(config_.max_waiting) +
+                                             " acquires are waiting at once");
+  }
+  demands_.push_back({r.handle, tier, mode});
+  return Status::ok();
+}
+
+void Scheduler::pump() {
+  if (pumping_ || stopping_) return;
+  pumping_ = true;
+  demand_pools_ = serve_demands();
+  if (flushing_) flush_step();
+  if (prefetch_enabled_) {
+    serve_hints(demand_pools_);
+    walk_schedule(demand_pools_);
+  }
+  clean_ahead();
+  demand_pools_ = 0;
+  pumping_ = false;
+}
+
+uint32_t Scheduler::serve_demands() {
+  uint32_t blocked = 0;
+  size_t kept = 0;
+  for (size_t i = 0; i < demands_.size(); ++i) {
+    const Demand d = demands_[i];
+    Result<uint32_t> index = registry_.resolve(d.tensor);
+    if (!index || !registry_.at(*index).demanded(d.tier)) continue;  // served or given up
+    demands_[kept++] = d;
+    TensorRecord& r = registry_.at(*index);
+    const int mi = memory_index(d.tier);
+    if (r.residency.in_flight() || r.residency.valid_on(d.tier) || r.pool[mi] == kNoPool) continue;
+    if (d.mode == AccessMode::kOverwrite || r.residency.state() == Residency::kUnwritten) {
+      // The acquirer allocates when it retries; here only make the room (start cleanings).
+      if (r.buffer[mi].valid()) continue;
+      Status why;
+      (void)ensure_space(r.pool[mi], r.charged[mi], 0, &why);
+      // Whatever room there is now belongs to this demand: prefetch must not take it before the
+      // acquirer comes back for it (it would evict, prefetch, evict... and never get there).
+      blocked |= 1u << r.pool[mi];
+      continue;
+    }
+    const StepResult step = advance(r, d.tier, 0, /*prefetch=*/false);
+    if (step.step == Step::kBlocked) {
+      const Tier staged =
+          d.tier == Tier::kDevice && !r.residency.valid_on(Tier::kPinned) ? Tier::kPinned : d.tier;
+      blocked |= 1u << r.pool[memory_index(staged)];
+    }
+  }
+  demands_.resize(kept);
+  return blocked;
+}
+
+void Scheduler::serve_hints(uint32_t blocked_pools) {
+  const size_t capacity = hints_.size();
+  size_t kept = 0;
+  for (size_t i = 0; i < hint_count_; ++i) {
+    const Demand hint = hints_[(hint_head_ + i) % capacity];
+    Result<uint32_t> index = registry_.resolve(hint.tensor);
+    if (!index) continue;
+    TensorRecord& r = registry_.at(*index);
+    const Tier staged = hint.tier == Tier::kDevice && !r.residency.valid_on(Tier::kPinned)
+                            ? Tier::kPinned
+                            : hint.tier;
+    const int pool = r.pool[memory_index(staged)];
+    bool keep = false;
+    if (pool != kNoPool && (blocked_pools & (1u << pool)) != 0) {
+      keep = true;
+    } else {
+      const Step step = advance(r, hint.tier, 1, /*prefetch=*/true).step;
+      // Staging reads leave the hint for its second leg; a full link or pool, for later.
+      keep = step == Step::kBlocked || step == Step::kLinkBusy ||
+             (step == Step::kIssued && staged != hint.tier);
+    }
+    if (keep) hints_[(hint_head_ + kept++) % capacity] = hint;
+  }
+  hint_count_ = kept;
+}
+
+void Scheduler::walk_schedule(uint32_t blocked_pools) {
+  if (!schedule_) return;
+  const uint32_t phases = schedule_->phase_count();
+  const uint32_t reach = std::min(config_.window.max_phases, phases);
+  uint32_t examined = 0;
+  for (uint32_t d = 0; d < reach; ++d) {
+    const uint32_t phase = (cursor_ + d) % phases;
+    for (const Access& a : schedule_->phase_accesses(phase)) {
+      if (++examined > config_.window.max_accesses) return;
+      if (a.mode == AccessMode::kOverwrite) continue;  // nothing to load ahead
+      Result<uint32_t> index = registry_.resolve(a.tensor);
+      if (!index) continue;
+      TensorRecord& r = registry_.at(*index);
+      if (r.residency.valid_on(a.tier) || r.residency.in_flight()) continue;
+      const Tier staged =
+          a.tier == Tier::kDevice && !r.residency.valid_on(Tier::kPinned) ? Tier::kPinned : a.tier;
+      const int pool = r.pool[memory_index(staged)];
+      if (pool == kNoPool || (blocked_pools & (1u << pool)) != 0) continue;
+      // Anything needed no later than phase d stays: only tensors needed after it may go.
+      const Step step = advance(r, a.tier, uint64_t{d} + 1, /*prefetch=*/true).step;
+      if (step == Step::kBlocked) blocked_pools |= 1u << pool;
+      if (!link_free(Link::kNvmeRead) && !link_free(Link::kHostToDevice) &&
+          !link_free(Link::kDeviceToHost)) {
+        return;
+      }
+    }
+  }
+}
+
+void Scheduler::clean_ahead() {
+  if (config_.clean_headroom <= 0) return;
+  for (PoolState& pool : pools_) {
+    const Tier tier = pool.spec.tier;
+    const int mi = memory_index(tier);
+    const Link link = tier == Tier::kPinned ? Link::kNvmeWrite : Link::kDeviceToHost;
+    // Plenty of free room: nothing to scan for.
+    if (!wants_cleaning(pool.spec.budget_bytes, pool.used, 0, pool.cleaning,
+                        config_.clean_headroom)) {
+      continue;
+    }
+    // Bounded by the link's in-flight limit: each round starts one cleaning or stops.
+    while (link_free(link)) {
+      uint64_t droppable = 0;
+      EvictionCandidate best;
+      bool have = false;
+      for (uint32_t index : pool.resident) {
+        const TensorRecord& c = registry_.at(index);
+        if (!evictable(c, tier)) continue;
+        const bool dirty = needs_cleaning(c, tier);
+        if (!dirty) {
+          droppable += c.charged[mi];
+          continue;
+        }
+        const EvictionCandidate candidate{index, next_use(c, tier), c.charged[mi], true};
+        // Data the current phase still reads stays put; it is likely about to be modified.
+        if (schedule_ && candidate.next_use == 0) continue;
+        if (!have || better_victim(candidate, best)) {
+          best = candidate;
+          have = true;
+        }
+      }
+      if (!have || !wants_cleaning(pool.spec.budget_bytes, pool.used, droppable, pool.cleaning,
+                                   config_.clean_headroom)) {
+        break;
+      }
+      // Cleaning device data needs pinned room: only free room or never-used buffers.
+      if (!start_cleaning(registry_.at(best.tensor), tier, kNeverUsed)) break;
+    }
+  }
+}
+
+void Scheduler::flush_step() {
+  for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
+    if (!registry_.live(i)) continue;
+    TensorRecord& r = registry_.at(i);
+    if (!r.residency.dirty() || r.uses > 0 || r.failed || r.residency.in_flight()) continue;
+    if (r.residency.valid_on(Tier::kPinned)) {
+      if (!link_free(Link::kNvmeWrite)) continue;
+      start_cleaning(r, Tier::kPinned, 0);
+    } else {
+      if (!link_free(Link::kDeviceToHost)) continue;
+      start_cleaning(r, Tier::kDevice, 0);
+    }
+  }
+}
+
+std::string Scheduler::describe_wait(const TensorRecord& r, Tier tier) const {
+  std::string out = label(r) + " on " + to_string(tier) + ": state " +
+                    to_string(r.residency.state()) + describe_copies(r.residency.valid());
+  const int pool = r.pool[memory_index(tier)];
+  if (pool != kNoPool) {
+    const PoolState& p = pools_[pool];
+    out += ", pool '" + p.spec.name + "' holds " + format_bytes(p.used) + " of " +
+           format_bytes(p.spec.budget_bytes) + " (" + format_bytes(p.cleaning) +
+           " being written out)";
+  }
+  out += ", transfers in flight:";
+  for (int i = 0; i < kLinkCount; ++i) {
+    out += std::string(" ") + to_string(static_cast<Link>(i)) + "=" + std::to_string(inflight_[i]);
+  }
+  return out;
+}
+
+}  // namespace strata::sched

@@ -1,0 +1,310 @@
+// The scheduler: decides what moves between NVMe, pinned memory and the device, and when. It
+// owns the tensor registry, follows the access schedule (recorded during the first step, or
+// declared), prefetches as far ahead as the pool budgets allow, evicts by Belady's rule (the
+// tensor whose next use is farthest), writes dirty data back before its buffer is reused, and
+// bounds the transfers in flight per link. It never moves bytes itself: it issues work to a
+// TierBackend and reacts to completions posted to a Boost.Asio executor. The same code drives the
+// real tiers and the simulator's modelled ones.
+//
+// Thread rules: every public member may be called from any thread, concurrently, except that
+// the phase calls (begin_step, end_step, begin_phase, end_phase, declare_schedule) come from one
+// thread at a time (the training thread), and the destructor must not race with anything.
+// acquire, sync, flush and unregister_tensor block (each with a time bound); everything else only
+// takes the lock. One mutex guards all residency state; completions take it too, so a backend
+// must never deliver them inline (tier_backend.h).
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "model/tensor_spec.h"
+#include "sched/access_schedule.h"
+#include "sched/memory_plan.h"
+#include "sched/policy.h"
+#include "sched/residency.h"
+#include "sched/tensor_registry.h"
+#include "sched/tier_backend.h"
+
+namespace strata::sched {
+
+struct SchedulerConfig {
+  MemoryPlan memory;                // pools and budgets (strata_memory_plan, zero_infinity_...)
+  uint32_t max_tensors = 1u << 20;  // live registrations
+  // Transfers in flight per link (indexed by Link). They bound the backend's queues, so no queue
+  // anywhere grows with the model; each is 1..kMaxInflightPerLink.
+  std::array<uint32_t, kLinkCount> max_inflight = {8, 8, 4, 4};
+  PrefetchWindow window;
+  // Write-behind: each pool keeps this fraction of its budget free, clean or being cleaned, so
+  // evictions seldom wait for a write. 0 disables (dirty data is then written only on eviction).
+  double clean_headroom = 0.10;
+  bool record_first_step = true;      // no declared schedule: record the first step's accesses
+  uint32_t max_prefetch_hints = 256;  // prefetch() hints kept; the oldest is dropped beyond
+  uint32_t max_waiting = 1024;        // acquires waiting at once (STRATA_E_LIMIT beyond)
+};
+
+inline constexpr uint32_t kMaxInflightPerLink = 4096;
+
+// What an acquire hands out; valid until the matching release.
+struct Acquired {
+  void* data = nullptr;
+  uint64_t bytes = 0;
+  uint64_t buffer_token = 0;  // the backend's Buffer::token (e.g. to find a CUDA event)
+};
+
+enum class AcquireState : uint8_t { kReady, kPending };
+struct AcquireAttempt {
+  AcquireState state = AcquireState::kPending;
+  Acquired acquired;  // when kReady
+};
+
+// A snapshot of one tensor, for the C API, tools and tests.
+struct TensorInfo {
+  std::string name;
+  uint64_t bytes = 0;
+  TensorKind kind = TensorKind::kOther;
+  int32_t layer = -1;
+  Tier home = Tier::kNvme;
+  Residency residency = Residency::kUnwritten;
+  TierMask valid = 0;
+  uint32_t uses = 0;
+  Tier use_tier = Tier::kDevice;
+  bool has_error = false;  // an asynchronous failure waits to be reported
+};
+
+struct TierUsage {
+  uint64_t reserved_bytes = 0;  // held whatever the use (reserved pools)
+  uint64_t in_use_bytes = 0;    // charged to buffers now
+  uint64_t peak_in_use_bytes = 0;
+  uint64_t footprint_bytes = 0;  // what the tier holds: sum over pools of max(reserved, in use)
+  uint64_t peak_footprint_bytes = 0;
+  std::array<uint64_t, kTensorKindCount> kind_in_use_bytes{};
+  std::array<uint64_t, kTensorKindCount> kind_peak_in_use_bytes{};
+};
+
+struct PoolUsage {
+  std::string name;
+  Tier tier = Tier::kPinned;
+  uint64_t budget_bytes = 0;
+  uint64_t reserved_bytes = 0;
+  uint64_t in_use_bytes = 0;
+  uint64_t peak_in_use_bytes = 0;
+  uint32_t buffers = 0;
+};
+
+struct SchedulerStats {
+  std::array<uint64_t, kLinkCount> link_bytes{};  // completed transfers
+  std::array<uint64_t, kLinkCount> link_transfers{};
+  std::array<uint32_t, kLinkCount> inflight{};
+  uint64_t acquires = 0;
+  uint64_t acquire_hits = 0;   // resident on the first try
+  uint64_t acquire_waits = 0;  // had to wait for a transfer
+  uint64_t acquire_timeouts = 0;
+  uint64_t prefetch_transfers = 0;  // issued ahead of any demand (schedule walk, hints)
+  uint64_t demand_transfers = 0;    // issued for an acquire that was waiting
+  uint64_t evictions = 0;           // buffers freed to make room
+  uint64_t cleanings = 0;           // write-backs / device->host copies started to make room
+  uint64_t transfer_failures = 0;
+  uint64_t unscheduled_phases = 0;  // begin_phase keys the schedule does not have
+  uint64_t dirty_bytes = 0;         // tensors whose newest copy is not on NVMe
+  uint32_t live_tensors = 0;
+  uint32_t schedule_phases = 0;  // 0: no schedule yet
+  bool recording = false;
+  std::array<TierUsage, kMemoryTierCount> tiers{};  // indexed by memory_index(Tier)
+  std::vector<PoolUsage> pools;
+};
+
+class Scheduler final : public CompletionSink {
+ public:
+  // The backend must outlive the scheduler; completions run on `executor`.
+  static Result<std::unique_ptr<Scheduler>> create(const SchedulerConfig& config,
+                                                   TierBackend& backend,
+                                                   boost::asio::any_io_executor executor);
+  // Waits for every transfer in flight (they hold buffers), then frees all buffers and extents.
+  ~Scheduler() override;
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // ---- Registry ----
+  // STRATA_E_INVALID (0 bytes, bad home, no pool for the home tier, a tensor that does not fit
+  // a uniform slot), STRATA_E_LIMIT, or the backend's error for contents_on_nvme.
+  Result<TensorHandle> register_tensor(const TensorSpec& spec, const RegisterOptions& options = {});
+  // Frees every copy. STRATA_E_STATE while acquired or awaited; waits (bounded by `timeout`) for a
+  // transfer in flight.
+  Status unregister_tensor(TensorHandle tensor,
+                           std::chrono::nanoseconds timeout = std::chrono::seconds(60));
+  Result<TensorInfo> describe(TensorHandle tensor) const;
+
+  // ---- Schedule and position (training thread) ----
+  // Replaces any recorded or declared schedule; prefetch follows it from its first phase.
+  Status declare_schedule(AccessSchedule schedule);
+  // Starts recording when there is no schedule and config.record_first_step.
+  Status begin_step();
+  // Ends recording (the recording becomes the schedule). Returns the first asynchronous failure
+  // (write-back, device->host copy) since the last report, else OK.
+  Status end_step();
+  // Moves the cursor to the next phase with this key (wrapping): prefetch looks ahead from it.
+  Status begin_phase(PhaseKey key);
+  Status end_phase(PhaseKey key);
+
+  // ---- Access ----
+  // Makes the tensor resident on `tier` (kDevice or kPinned) and keeps it there until release.
+  // kOverwrite: the old contents are not loaded (DISCARD); the tensor is then dirty whatever the
+  // release says. Reading a tensor that has no contents yet (never written, or discarded) is
+  // STRATA_E_STATE. Acquires nest on one tier; acquiring on the other tier while acquired, or
+  // kOverwrite while acquired, is STRATA_E_STATE. Errors: STRATA_E_TIMEOUT after `timeout`
+  // (the message says what it waited for), STRATA_E_PINNED_BUDGET / DEVICE_BUDGET when the
+  // tensor can never fit, the I/O error of a failed read or copy (reported once; the next
+  // acquire retries), STRATA_E_BAD_HANDLE.
+  Result<Acquired> acquire(TensorHandle tensor, Tier tier, AccessMode mode,
+                           std::chrono::nanoseconds timeout);
+  // The same without blocking (the simulator's framework is single-threaded on a virtual
+  // clock): kReady counts as an acquire; kPending registers the demand, so the scheduler
+  // prioritises it, until a later attempt succeeds or cancel_acquire.
+  Result<AcquireAttempt> try_acquire(TensorHandle tensor, Tier tier, AccessMode mode);
+  Status cancel_acquire(TensorHandle tensor, Tier tier);
+  // Ends one acquire. dirty: the caller modified the data; it becomes the only valid copy and is
+  // written back before its buffer is reused. device_stream: see TierBackend::on_release. The
+  // release always happens; a non-OK return reports an earlier asynchronous failure of this
+  // tensor (e.g. its last write-back), once.
+  Status release(TensorHandle tensor, bool dirty, void* device_stream = nullptr);
+  // The contents are dead (e.g. gradients after the optimizer step): buffers freed, nothing
+  // written back, the tensor becomes Unwritten. Deferred until a transfer in flight ends.
+  Status discard(TensorHandle tensor);
+  // A hint: bring the tensor toward `tier` ahead of time, evicting only tensors not needed in
+  // the current phase. Never blocks; hints beyond max_prefetch_hints push out the oldest.
+  Status prefetch(TensorHandle tensor, Tier tier);
+
+  // ---- Durability ----
+  // Waits until no write-back is in flight; returns the first unreported asynchronous failure.
+  Status sync(std::chrono::nanoseconds timeout);
+  // Writes every dirty tensor not in use back to NVMe (devices copies via pinned), then sync.
+  Status flush(std::chrono::nanoseconds timeout);
+  // Stops issuing prefetches (demands and write-behind continue). The simulator pauses prefetch
+  // before draining its event queue at the end of a run.
+  void set_prefetch_enabled(bool enabled);
+  // Transfers in flight now (the simulator's progress check).
+  uint32_t inflight_transfers() const;
+
+  SchedulerStats stats() const;
+  // One tier's usage: cheap (no scan), for samplers and the simulator.
+  TierUsage tier_usage(Tier tier) const;
+  // Peaks restart from the current values (to measure one step).
+  void reset_peaks();
+
+  // CompletionSink: backends post these; not for other callers.
+  void on_transfer_complete(uint32_t op, Status status) override;
+  boost::asio::any_io_executor completion_executor() const override { return executor_; }
+
+ private:
+  enum class OpKind : uint8_t { kRead, kWriteBack, kCopyToDevice, kCopyToHost };
+  struct Op {
+    OpKind kind = OpKind::kRead;
+    Link link = Link::kNvmeRead;
+    uint32_t tensor = 0;
+    bool cleaning = false;  // started to make room (counted in the pool's cleaning bytes)
+    bool active = false;
+  };
+  struct PoolState {
+    PoolSpec spec;
+    uint64_t used = 0;
+    uint64_t peak = 0;
+    uint64_t cleaning = 0;           // bytes whose cleaning transfer is in flight
+    std::vector<uint32_t> resident;  // tensors holding a buffer here
+  };
+  enum class Space : uint8_t { kReady, kWaiting, kImpossible };
+  // kBlocked: no room in the pool yet; kLinkBusy: the link is at its in-flight limit.
+  enum class Step : uint8_t { kResident, kInFlight, kIssued, kBlocked, kLinkBusy, kSkip, kError };
+  struct StepResult {
+    Step step = Step::kSkip;
+    Status status;  // kError
+  };
+  struct Demand {
+    TensorHandle tensor;
+    Tier tier = Tier::kDevice;
+    AccessMode mode = AccessMode::kRead;
+  };
+
+  Scheduler(const SchedulerConfig& config, TierBackend& backend,
+            boost::asio::any_io_executor executor);
+
+  // All of these run with mu_ held.
+  Result<AcquireAttempt> attempt_locked(uint32_t index, Tier tier, AccessMode mode);
+  StepResult advance(TensorRecord& r, Tier target, uint64_t min_next_use, bool prefetch);
+  Space ensure_space(int pool, uint64_t need, uint64_t min_next_use, Status* why);
+  bool start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use);
+  Status issue(TensorRecord& r, OpKind kind, bool cleaning, bool prefetch);
+  void complete_locked(uint32_t id, Status status);
+  Status take_async_error();
+  void charge(TensorRecord& r, Tier tier, bool add);
+  Status allocate_buffer(TensorRecord& r, Tier tier);
+  void free_buffer(TensorRecord& r, Tier tier);
+  void free_stale_buffers(TensorRecord& r);
+  void drop_copy(TensorRecord& r, Tier tier);
+  void apply_discard(TensorRecord& r);
+  uint64_t next_use(const TensorRecord& r, Tier tier) const;
+  bool evictable(const TensorRecord& r, Tier tier) const;
+  bool needs_cleaning(const TensorRecord& r, Tier tier) const;
+  bool link_free(Link link) const {
+    return inflight_[static_cast<int>(link)] < config_.max_inflight[static_cast<int>(link)];
+  }
+  void note_async_failure(TensorRecord& r, const Status& status, bool report_globally);
+  Status take_tensor_error(TensorRecord& r);
+  Status add_demand(const TensorRecord& r, Tier tier, AccessMode mode);
+  void pump();
+  uint32_t serve_demands();  // returns the pools that waiting demands need (bit per pool)
+  void serve_hints(uint32_t blocked_pools);
+  void walk_schedule(uint32_t blocked_pools);
+  void clean_ahead();
+  void flush_step();
+  bool flush_done() const;
+  std::string describe_wait(const TensorRecord& r, Tier tier) const;
+
+  SchedulerConfig config_;
+  TierBackend& backend_;
+  boost::asio::any_io_executor executor_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  TensorRegistry registry_;
+  std::optional<AccessSchedule> schedule_;
+  AccessSchedule::Builder recorder_;
+  bool recording_ = false;
+  uint32_t cursor_ = 0;  // current phase (or the next one, between phases)
+  bool in_phase_ = false;
+  bool phase_matched_ = false;
+  PhaseKey phase_key_;
+  std::vector<PoolState> pools_;
+  std::vector<Op> ops_;
+  std::vector<uint32_t> free_ops_;
+  std::array<uint32_t, kLinkCount> inflight_{};
+  uint32_t inflight_total_ = 0;
+  uint32_t cleaning_inflight_ = 0;  // write-backs and cleaning copies in flight (sync waits)
+  std::vector<Demand> demands_;
+  std::vector<Demand> hints_;  // ring of max_prefetch_hints
+  size_t hint_head_ = 0;
+  size_t hint_count_ = 0;
+  std::vector<EvictionCandidate> scratch_;  // reused by ensure_space / clean_ahead
+  uint64_t tick_ = 0;
+  Status async_error_;       // first unreported write-back / cleaning failure
+  uint32_t async_more_ = 0;  // further ones since
+  bool in_step_ = false;
+  bool stopping_ = false;
+  bool prefetch_enabled_ = true;
+  bool flushing_ = false;
+  bool pumping_ = false;
+  // Pools that waiting demands need, while a pump runs: prefetch and write-behind keep out.
+  uint32_t demand_pools_ = 0;
+  // The tensor an acquire or advance is working on: never its own eviction victim.
+  uint32_t advancing_ = UINT32_MAX;
+  SchedulerStats stats_;
+};
+
+}  // namespace strata::sched

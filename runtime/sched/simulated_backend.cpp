@@ -1,0 +1,198 @@
+#include "sched/simulated_backend.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/align.h"
+#include "common/assert.h"
+#include "sched/tensor_registry.h"
+
+namespace strata::sched {
+
+// ---------------------------------------------------------------------------------------------
+// DeviceModel
+
+Status DeviceModel::validate() const {
+  const double rates[] = {nvme_read_bytes_per_s,      nvme_write_bytes_per_s,
+                          host_to_device_bytes_per_s, device_to_host_bytes_per_s,
+                          cpu_optimizer_params_per_s, host_overflow_check_elements_per_s};
+  for (double rate : rates) {
+    if (!(rate > 0) || !std::isfinite(rate)) {
+      return invalid_argument("device model: every rate must be a finite number above 0");
+    }
+  }
+  const double times[] = {nvme_latency_s, pcie_latency_s, forward_seconds_per_layer,
+                          backward_seconds_per_layer};
+  for (double t : times) {
+    if (!(t >= 0) || !std::isfinite(t)) {
+      return invalid_argument("device model: latencies and compute times must be finite, >= 0");
+    }
+  }
+  return Status::ok();
+}
+
+Result<DeviceModel> calibrate(const Measurements& measured, const DeviceModel& base) {
+  DeviceModel model = base;
+  double* rate_of[kLinkCount] = {&model.nvme_read_bytes_per_s, &model.nvme_write_bytes_per_s,
+                                 &model.host_to_device_bytes_per_s,
+                                 &model.device_to_host_bytes_per_s};
+  for (int i = 0; i < kLinkCount; ++i) {
+    const LinkCounters& c = measured.links[i];
+    if (c.bytes > 0 && c.busy_seconds > 0)
+      *rate_of[i] = static_cast<double>(c.bytes) / c.busy_seconds;
+  }
+  if (measured.forward_seconds_per_layer > 0) {
+    model.forward_seconds_per_layer = measured.forward_seconds_per_layer;
+  }
+  if (measured.backward_seconds_per_layer > 0) {
+    model.backward_seconds_per_layer = measured.backward_seconds_per_layer;
+  }
+  if (measured.optimizer_params > 0 && measured.optimizer_seconds > 0) {
+    model.cpu_optimizer_params_per_s = measured.optimizer_params / measured.optimizer_seconds;
+  }
+  STRATA_TRY(model.validate());
+  return model;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SimulatedBackend
+
+SimulatedBackend::SimulatedBackend(const DeviceModel& model) : model_(model) {}
+
+Result<Buffer> SimulatedBackend::allocate(Tier tier, uint64_t bytes) {
+  if (tier == Tier::kNvme || bytes == 0) return invalid_argument("simulated allocate: bad request");
+  const int t = static_cast<int>(tier);
+  const uint64_t rounded = align_up(bytes, kPageSize);
+  allocated_[t] += rounded;
+  peak_[t] = std::max(peak_[t], allocated_[t]);
+  // A fake, never dereferenced address: distinct per buffer, tagged with the tier.
+  const uint64_t token = next_token_++;
+  const uint64_t address = (static_cast<uint64_t>(t + 1) << 60) | (token << 12);
+  void* data = reinterpret_cast<void*>(address);  // NOLINT(performance-no-int-to-ptr)
+  return Buffer{data, rounded, token};
+}
+
+void SimulatedBackend::free(Tier tier, const Buffer& buffer) {
+  const int t = static_cast<int>(tier);
+  STRATA_ASSERT(allocated_[t] >= buffer.bytes);
+  allocated_[t] -= buffer.bytes;
+}
+
+Result<Extent> SimulatedBackend::allocate_extent(uint64_t bytes) {
+  if (bytes == 0) return invalid_argument("simulated allocate_extent: 0 bytes");
+  const int t = static_cast<int>(Tier::kNvme);
+  const uint64_t rounded = align_up(bytes, kPageSize);
+  allocated_[t] += rounded;
+  peak_[t] = std::max(peak_[t], allocated_[t]);
+  return Extent{next_token_++, rounded};
+}
+
+void SimulatedBackend::free_extent(const Extent& extent) {
+  const int t = static_cast<int>(Tier::kNvme);
+  STRATA_ASSERT(allocated_[t] >= extent.bytes);
+  allocated_[t] -= extent.bytes;
+}
+
+uint64_t SimulatedBackend::allocated_bytes(Tier tier) const {
+  return allocated_[static_cast<int>(tier)];
+}
+
+uint64_t SimulatedBackend::peak_allocated_bytes(Tier tier) const {
+  return peak_[static_cast<int>(tier)];
+}
+
+Status SimulatedBackend::read(const Extent& from, const Buffer& to_pinned, uint64_t bytes,
+                              Completion done) {
+  if (!from.valid() || !to_pinned.valid() || bytes > from.bytes || bytes > to_pinned.bytes) {
+    return invalid_argument("simulated read: bad request");
+  }
+  return schedule(Link::kNvmeRead, bytes, done);
+}
+
+Status SimulatedBackend::write(const Buffer& from_pinned, const Extent& to, uint64_t bytes,
+                               Completion done) {
+  if (!to.valid() || !from_pinned.valid() || bytes > to.bytes || bytes > from_pinned.bytes) {
+    return invalid_argument("simulated write: bad request");
+  }
+  return schedule(Link::kNvmeWrite, bytes, done);
+}
+
+Status SimulatedBackend::copy_to_device(const Buffer& from_pinned, const Buffer& to_device,
+                                        uint64_t bytes, Completion done) {
+  if (!from_pinned.valid() || !to_device.valid() || bytes > from_pinned.bytes ||
+      bytes > to_device.bytes) {
+    return invalid_argument("simulated copy_to_device: bad request");
+  }
+  return schedule(Link::kHostToDevice, bytes, done);
+}
+
+Status SimulatedBackend::copy_to_host(const Buffer& from_device, const Buffer& to_pinned,
+                                      uint64_t bytes, Completion done) {
+  if (!from_device.valid() || !to_pinned.valid() || bytes > from_device.bytes ||
+      bytes > to_pinned.bytes) {
+    return invalid_argument("simulated copy_to_host: bad request");
+  }
+  return schedule(Link::kDeviceToHost, bytes, done);
+}
+
+Status SimulatedBackend::schedule(Link link, uint64_t bytes, Completion done) {
+  const int l = static_cast<int>(link);
+  double rate = 0, latency = 0;
+  int server = l;
+  switch (link) {
+    case Link::kNvmeRead:
+    case Link::kNvmeWrite:
+      rate = link == Link::kNvmeRead ? model_.nvme_read_bytes_per_s : model_.nvme_write_bytes_per_s;
+      latency = model_.nvme_latency_s;
+      // A half-duplex drive: both directions queue on one server.
+      if (!model_.nvme_full_duplex) server = static_cast<int>(Link::kNvmeRead);
+      break;
+    case Link::kHostToDevice:
+      rate = model_.host_to_device_bytes_per_s;
+      latency = model_.pcie_latency_s;
+      break;
+    case Link::kDeviceToHost:
+      rate = model_.device_to_host_bytes_per_s;
+      latency = model_.pcie_latency_s;
+      break;
+  }
+  const double start = std::max(now_, server_free_at_[server]);
+  const double service = static_cast<double>(bytes) / rate;
+  server_free_at_[server] = start + service;
+  const double completion = start + service + latency;
+  // Busy time as a real backend measures it: time with at least one transfer in flight.
+  LinkCounters& c = counters_[l];
+  c.busy_seconds += std::max(0.0, completion - std::max(start, busy_until_[l]));
+  busy_until_[l] = std::max(busy_until_[l], completion);
+  c.bytes += bytes;
+  ++c.transfers;
+  events_.push(Event{completion, sequence_++, done});
+  return Status::ok();
+}
+
+void SimulatedBackend::deliver(const Event& event) {
+  STRATA_ASSERT(event.time >= now_);
+  now_ = event.time;
+  post_completion(event.done, Status::ok());
+  io_.restart();
+  io_.poll();
+}
+
+bool SimulatedBackend::deliver_next() {
+  if (events_.empty()) return false;
+  const Event event = events_.top();
+  events_.pop();
+  deliver(event);
+  return true;
+}
+
+void SimulatedBackend::run_until(double time) {
+  while (!events_.empty() && events_.top().time <= time) {
+    const Event event = events_.top();
+    events_.pop();
+    deliver(event);
+  }
+  now_ = std::max(now_, time);
+}
+
+}  // namespace strata::sched

@@ -1,0 +1,281 @@
+#include "sched/simulator.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "common/units.h"
+#include "sched/simulated_backend.h"
+
+namespace strata::sched {
+
+namespace {
+
+// Owns the scheduler and, before it goes, lets every transfer in flight complete (the
+// scheduler's destructor waits for them, and only the simulator's loop can deliver them).
+class SimulatedRun {
+ public:
+  explicit SimulatedRun(const DeviceModel& model) : backend_(model) {}
+  ~SimulatedRun() {
+    if (!scheduler_) return;
+    scheduler_->set_prefetch_enabled(false);
+    while (backend_.deliver_next()) {
+    }
+    scheduler_.reset();
+  }
+  SimulatedBackend& backend() { return backend_; }
+  std::unique_ptr<Scheduler>& scheduler() { return scheduler_; }
+
+ private:
+  SimulatedBackend backend_;  // declared first: outlives the scheduler
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+uint64_t total_transfers(const SimulatedBackend& backend) {
+  uint64_t n = 0;
+  for (int i = 0; i < kLinkCount; ++i) n += backend.link_counters(static_cast<Link>(i)).transfers;
+  return n;
+}
+
+std::string phase_label(const PhaseKey& key) {
+  return std::string(to_string(key.kind)) + " " + std::to_string(key.layer);
+}
+
+}  // namespace
+
+const char* bottleneck_name(Resource resource) {
+  switch (resource) {
+    case Resource::kNvmeRead:
+      return "nvme_read";
+    case Resource::kNvmeWrite:
+      return "nvme_write";
+    case Resource::kHostToDevice:
+    case Resource::kDeviceToHost:
+      return "pcie";
+    case Resource::kCompute:
+      return "compute";
+    case Resource::kCpuOptimizer:
+      return "cpu_optimizer";
+  }
+  return "?";
+}
+
+Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
+                                  const SimulationConfig& config) {
+  STRATA_TRY(config.device.validate());
+  if (config.measured_steps == 0) return invalid_argument("simulate: measured_steps must be >= 1");
+  if (inventory.empty()) return invalid_argument("simulate: empty inventory");
+
+  SimulatedRun run(config.device);
+  SimulatedBackend& backend = run.backend();
+  SchedulerConfig sc;
+  sc.memory = config.memory;
+  sc.max_inflight = config.max_inflight;
+  sc.window = config.window;
+  sc.clean_headroom = config.clean_headroom;
+  sc.record_first_step = false;
+  sc.max_tensors = static_cast<uint32_t>(std::min<size_t>(inventory.size(), UINT32_MAX - 1));
+  Result<std::unique_ptr<Scheduler>> created =
+      Scheduler::create(sc, backend, backend.context().get_executor());
+  if (!created) return std::move(created).take_status().with_context("simulate");
+  run.scheduler() = std::move(*created);
+  Scheduler& scheduler = *run.scheduler();
+
+  // Steady state: every tensor with contents already has them on NVMe; gradients have none
+  // until backward produces them.
+  std::vector<TensorHandle> handles;
+  handles.reserve(inventory.size());
+  for (const TensorSpec& spec : inventory) {
+    RegisterOptions options;
+    const bool pinned_home = (config.memory.pinned_home_kinds & kind_bit(spec.kind)) != 0;
+    options.home = pinned_home ? Tier::kPinned : Tier::kNvme;
+    options.contents_on_nvme = spec.kind != TensorKind::kGradient &&
+                               spec.kind != TensorKind::kActivationCheckpoint && !pinned_home;
+    Result<TensorHandle> handle = scheduler.register_tensor(spec, options);
+    if (!handle) return std::move(handle).take_status().with_context("simulate");
+    handles.push_back(*handle);
+  }
+  Result<TrainingStep> planned = plan_training_step(inventory, handles, config.step);
+  if (!planned) return std::move(planned).take_status();
+  const TrainingStep& step = *planned;
+  Result<AccessSchedule> schedule = schedule_of(step);
+  if (!schedule) return std::move(schedule).take_status();
+  STRATA_TRY(scheduler.declare_schedule(std::move(*schedule)));
+
+  const MemoryPlan& plan = config.memory;
+  const DeviceModel& model = config.device;
+  std::array<double, kResourceCount> busy{};
+  std::array<LinkCounters, kLinkCount> links_before{};
+  double stall = 0, measure_start = 0;
+  uint64_t check_host_peak = 0;
+  const uint32_t total_steps = config.warmup_steps + config.measured_steps;
+
+  for (uint32_t s = 0; s < total_steps; ++s) {
+    const bool measuring = s >= config.warmup_steps;
+    if (s == config.warmup_steps) {
+      for (int i = 0; i < kLinkCount; ++i)
+        links_before[i] = backend.link_counters(static_cast<Link>(i));
+      scheduler.reset_peaks();
+      measure_start = backend.now();
+    }
+    STRATA_TRY(scheduler.begin_step());
+    bool checked_overflow = false;
+    for (const StepPhase& phase : step.phases) {
+      if (!checked_overflow && phase.compute == ComputeKind::kOptimizer &&
+          plan.overflow_check_passes > 0) {
+        // The loss scaler's host-side isinf / isnan passes over all gradients, each with a
+        // temporary of overflow_check_temp_bytes, before the optimizer may run.
+        checked_overflow = true;
+        const double seconds = plan.overflow_check_passes *
+                               static_cast<double>(step.gradient_elements) /
+                               model.host_overflow_check_elements_per_s;
+        if (measuring) {
+          busy[static_cast<int>(Resource::kCpuOptimizer)] += seconds;
+          check_host_peak =
+              std::max(check_host_peak, scheduler.tier_usage(Tier::kPinned).footprint_bytes +
+                                            plan.overflow_check_temp_bytes);
+        }
+        backend.run_until(backend.now() + seconds);
+      }
+
+      const double phase_start = backend.now();
+      STRATA_TRY(scheduler.begin_phase(phase.key));
+      for (const StepAccess& a : phase.accesses) {
+        for (;;) {
+          Result<AcquireAttempt> attempt =
+              scheduler.try_acquire(a.access.tensor, a.access.tier, a.access.mode);
+          if (!attempt) {
+            return std::move(attempt).take_status().with_context("simulate, phase " +
+                                                                 phase_label(phase.key));
+          }
+          if (attempt->state == AcquireState::kReady) break;
+          if (total_transfers(backend) > config.max_transfers) {
+            return Status::error(
+                STRATA_E_LIMIT,
+                "simulate: more than " + std::to_string(config.max_transfers) + " transfers");
+          }
+          if (!backend.deliver_next()) {
+            // Nothing in flight and still not resident: the tensors this phase holds leave no
+            // room for the next one. The configuration cannot run this step.
+            Result<TensorInfo> info = scheduler.describe(a.access.tensor);
+            const int code =
+                a.access.tier == Tier::kDevice ? STRATA_E_DEVICE_BUDGET : STRATA_E_PINNED_BUDGET;
+            return Status::error(
+                code, "simulate: phase " + phase_label(phase.key) + " cannot fit tensor '" +
+                          (info ? info->name : std::string("?")) + "' on " +
+                          to_string(a.access.tier) + " beside the tensors it already holds");
+          }
+        }
+      }
+      if (measuring) stall += backend.now() - phase_start;
+
+      double seconds = 0;
+      Resource resource = Resource::kCompute;
+      switch (phase.compute) {
+        case ComputeKind::kNone:
+          break;
+        case ComputeKind::kForward:
+          seconds = phase.compute_units * model.forward_seconds_per_layer;
+          break;
+        case ComputeKind::kBackward:
+          seconds = phase.compute_units * model.backward_seconds_per_layer;
+          break;
+        case ComputeKind::kOptimizer:
+          seconds = phase.compute_units / model.cpu_optimizer_params_per_s;
+          resource = Resource::kCpuOptimizer;
+          break;
+      }
+      if (measuring) busy[static_cast<int>(resource)] += seconds;
+      backend.run_until(backend.now() + seconds);
+
+      for (const StepAccess& a : phase.accesses) {
+        Status released = scheduler.release(a.access.tensor, a.release_dirty);
+        if (!released) return std::move(released).with_context("simulate");
+      }
+      for (const StepAccess& a : phase.accesses) {
+        if (a.discard_after) STRATA_TRY(scheduler.discard(a.access.tensor));
+      }
+      STRATA_TRY(scheduler.end_phase(phase.key));
+    }
+    Status ended = scheduler.end_step();
+    if (!ended) return std::move(ended).with_context("simulate");
+  }
+
+  SimulationResult result;
+  result.policy = plan.policy;
+  const double steps = config.measured_steps;
+  result.step_seconds = (backend.now() - measure_start) / steps;
+  result.stall_seconds = stall / steps;
+  for (int i = 0; i < kLinkCount; ++i) {
+    const LinkCounters after = backend.link_counters(static_cast<Link>(i));
+    result.link_bytes[i] = (after.bytes - links_before[i].bytes) / config.measured_steps;
+    busy[i] = (after.busy_seconds - links_before[i].busy_seconds);
+  }
+  for (double& b : busy) b /= steps;
+  result.busy_seconds = busy;
+
+  const TierUsage pinned = scheduler.tier_usage(Tier::kPinned);
+  const TierUsage device = scheduler.tier_usage(Tier::kDevice);
+  result.peak_pinned_bytes = pinned.peak_footprint_bytes;
+  result.peak_device_bytes = device.peak_footprint_bytes;
+  result.peak_host_bytes =
+      plan.host_static_bytes + std::max({pinned.peak_footprint_bytes, check_host_peak,
+                                         pinned.reserved_bytes + plan.startup_transient_bytes});
+
+  // The bottleneck: the busiest resource. A half-duplex drive is one resource for both
+  // directions, named after the direction that kept it busier.
+  const auto b = [&](Resource r) { return busy[static_cast<int>(r)]; };
+  struct Candidate {
+    Resource resource;
+    double seconds;
+  };
+  std::vector<Candidate> candidates;
+  if (model.nvme_full_duplex) {
+    candidates.push_back({Resource::kNvmeRead, b(Resource::kNvmeRead)});
+    candidates.push_back({Resource::kNvmeWrite, b(Resource::kNvmeWrite)});
+  } else {
+    const Resource more = b(Resource::kNvmeWrite) > b(Resource::kNvmeRead) ? Resource::kNvmeWrite
+                                                                           : Resource::kNvmeRead;
+    candidates.push_back({more, b(Resource::kNvmeRead) + b(Resource::kNvmeWrite)});
+  }
+  const Resource pcie = b(Resource::kDeviceToHost) > b(Resource::kHostToDevice)
+                            ? Resource::kDeviceToHost
+                            : Resource::kHostToDevice;
+  candidates.push_back({pcie, b(pcie)});
+  candidates.push_back({Resource::kCompute, b(Resource::kCompute)});
+  candidates.push_back({Resource::kCpuOptimizer, b(Resource::kCpuOptimizer)});
+  const Candidate* top = &candidates[0];
+  for (const Candidate& c : candidates) {
+    if (c.seconds > top->seconds) top = &c;
+  }
+  result.bottleneck = top->resource;
+  result.bottleneck_label = bottleneck_name(top->resource);
+  result.transfers = total_transfers(backend);
+  result.scheduler = scheduler.stats();
+  return result;
+}
+
+std::string format_result(const SimulationResult& r) {
+  char line[256];
+  std::string out;
+  auto add = [&](const char* format, auto... args) {
+    std::snprintf(line, sizeof(line), format, args...);
+    out += line;
+  };
+  add("policy            %s\n", r.policy.c_str());
+  add("step              %.3f s (stalled %.3f s)\n", r.step_seconds, r.stall_seconds);
+  add("bottleneck        %s\n", r.bottleneck_label);
+  const char* names[kResourceCount] = {"nvme_read",      "nvme_write", "host_to_device",
+                                       "device_to_host", "compute",    "cpu_optimizer"};
+  for (int i = 0; i < kResourceCount; ++i) {
+    add("busy %-13s %.3f s\n", names[i], r.busy_seconds[i]);
+  }
+  for (int i = 0; i < kLinkCount; ++i) {
+    add("moved %-12s %s\n", names[i], format_bytes(r.link_bytes[i]).c_str());
+  }
+  add("peak pinned       %s\n", format_bytes(r.peak_pinned_bytes).c_str());
+  add("peak device       %s\n", format_bytes(r.peak_device_bytes).c_str());
+  add("peak host         %s\n", format_bytes(r.peak_host_bytes).c_str());
+  return out;
+}
+
+}  // namespace strata::sched

@@ -1,0 +1,124 @@
+// Registered tensors: slot + generation handles, the spec, the home tier, residency, buffers,
+// and the use counts that keep a tensor in use from ever being evicted.
+//
+// Thread rules: the registry itself is not synchronized. It is owned by the Scheduler and every
+// access happens under the scheduler's one lock (one lock for all residency state keeps the
+// transitions of a tensor and the budget accounting atomic together). The Scheduler's public
+// members (register_tensor, describe, ...) are the thread-safe way in.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "model/tensor_spec.h"
+#include "sched/residency.h"
+#include "sched/tensor_handle.h"
+#include "sched/tier_backend.h"
+
+namespace strata::sched {
+
+struct RegisterOptions {
+  // Where the tensor rests. kNvme (usual): evicted from memory when others need the room.
+  // kPinned / kDevice: never evicted from that tier once materialized, never written back unless
+  // flushed (strata_malloc without OFFLOADABLE).
+  Tier home = Tier::kNvme;
+  // Size in bytes; 0 means spec.bytes(). (The C API registers sizes without shapes.)
+  uint64_t bytes = 0;
+  // Its contents already sit in NVMe space the backend can name (simulation: every tensor of a
+  // model in steady state; a restored swap file). Starts OnNvme instead of Unwritten.
+  bool contents_on_nvme = false;
+};
+
+inline constexpr uint32_t kNoOp = std::numeric_limits<uint32_t>::max();
+inline constexpr uint32_t kNotResident = std::numeric_limits<uint32_t>::max();
+inline constexpr int kNoPool = -1;
+
+// Memory tiers are indexed by their Tier value (kDevice = 0, kPinned = 1).
+inline constexpr int kMemoryTierCount = 2;
+constexpr int memory_index(Tier tier) {
+  return static_cast<int>(tier);
+}
+
+struct TensorRecord {
+  TensorSpec spec;
+  uint64_t bytes = 0;
+  Tier home = Tier::kNvme;
+  TensorHandle handle;
+
+  // Placement, per memory tier: the pool the tensor is charged to (kNoPool: none serves its
+  // kind there) and what one buffer costs in it.
+  int pool[kMemoryTierCount] = {kNoPool, kNoPool};
+  uint64_t charged[kMemoryTierCount] = {0, 0};
+
+  ResidencyState residency;
+  Buffer buffer[kMemoryTierCount];  // allocated while valid there, or while a transfer fills it
+  Extent extent;                    // allocated on the first write-back (or at registration)
+  uint32_t resident_pos[kMemoryTierCount] = {kNotResident, kNotResident};  // in the pool's list
+
+  // Uses by the framework: acquired and not yet released, all on one tier at a time.
+  uint32_t uses = 0;
+  Tier use_tier = Tier::kDevice;
+  // Acquires waiting for this tensor per tier: blocking waiters, and one flag for pollers
+  // (the simulator), cleared when an acquire on that tier succeeds or is cancelled.
+  uint32_t waiters[kMemoryTierCount] = {0, 0};
+  bool polled[kMemoryTierCount] = {false, false};
+
+  uint32_t op = kNoOp;           // the transfer in flight (one at a time per tensor)
+  bool discard_pending = false;  // discard() came while a transfer was in flight
+  // An asynchronous failure (read, copy, write-back) not yet reported. The next acquire or
+  // release of the tensor returns it once; until then the scheduler does not retry on its own.
+  Status error;
+  bool failed = false;
+  bool write_failed = false;   // the failure was a write-back: also reported by sync / end_step
+  uint64_t last_use_tick = 0;  // for LRU when no schedule exists yet
+
+  bool demanded(Tier tier) const {
+    return waiters[memory_index(tier)] > 0 || polled[memory_index(tier)];
+  }
+  bool demanded() const { return demanded(Tier::kDevice) || demanded(Tier::kPinned); }
+};
+
+class TensorRegistry {
+ public:
+  // Explicit limit on live tensors (a 405B model with Adam states has ~6,000).
+  explicit TensorRegistry(uint32_t max_tensors) : max_tensors_(max_tensors) {}
+
+  // Adds a record (placement fields left to the caller). STRATA_E_LIMIT past max_tensors,
+  // STRATA_E_INVALID for a zero size or a nvme-less home the caller forbids.
+  Result<TensorHandle> add(const TensorSpec& spec, const RegisterOptions& options);
+  // Frees the slot; the handle and every copy of it become stale.
+  void remove(TensorHandle handle);
+
+  // STRATA_E_BAD_HANDLE for a zero, never-issued, or stale (unregistered) handle.
+  Result<uint32_t> resolve(TensorHandle handle) const;
+  bool is_live(TensorHandle handle) const { return resolve(handle).is_ok(); }
+
+  TensorRecord& at(uint32_t index) { return slots_[index].record; }
+  const TensorRecord& at(uint32_t index) const { return slots_[index].record; }
+  bool live(uint32_t index) const {
+    return index < live_generation_.size() && live_generation_[index] != 0;
+  }
+
+  uint32_t slot_count() const { return static_cast<uint32_t>(slots_.size()); }
+  uint32_t live_count() const { return live_; }
+  uint32_t max_tensors() const { return max_tensors_; }
+
+ private:
+  struct Slot {
+    TensorRecord record;
+    uint32_t generation = 0;
+  };
+  std::deque<Slot> slots_;  // a deque: records stay put while others are registered
+  // Per slot: the live generation, or 0. resolve() runs for every access the scheduler looks at;
+  // a flat array keeps that check to one load.
+  std::vector<uint32_t> live_generation_;
+  std::vector<uint32_t> free_slots_;
+  uint32_t live_ = 0;
+  uint32_t max_tensors_;
+};
+
+}  // namespace strata::sched

@@ -1,0 +1,68 @@
+// The access pattern of one mixed-precision training step, derived from a tensor inventory: what
+// a framework calling the C API once per layer does, written down so the simulator can play it
+// and a framework can declare it (strata_declare_schedule) instead of recording it.
+//
+//   forward   pre (embedding), layers 0..N-1, post (final norm, LM head): parameters on device
+//   backward  post, layers N-1..0, pre: parameters on device again; gradients produced on device
+//             (acquired with DISCARD, released dirty)
+//   optimizer one phase per parameter, in the order gradients became ready (post, N-1..0, pre):
+//             gradient read on pinned (then discarded), fp32 master / Adam m / v read and written
+//             on pinned, the new low-precision parameter written on pinned (DISCARD)
+//
+// "pre" and "post" are the layer -1 tensors before and after the transformer layers in the
+// inventory's forward order; their phases use layers -1 and N.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "model/tensor_spec.h"
+#include "sched/access_schedule.h"
+#include "sched/tensor_handle.h"
+
+namespace strata::sched {
+
+enum class ComputeKind : uint8_t { kNone = 0, kForward = 1, kBackward = 2, kOptimizer = 3 };
+
+struct StepAccess {
+  Access access;
+  bool release_dirty = false;  // the phase modifies it
+  bool discard_after = false;  // its contents are dead after the phase (consumed gradients)
+};
+
+struct StepPhase {
+  PhaseKey key;
+  std::vector<StepAccess> accesses;  // in acquire order
+  ComputeKind compute = ComputeKind::kNone;
+  // Forward / backward: transformer-layer equivalents (1 per layer; the head by its parameters
+  // relative to a layer's, the embedding lookup 0). Optimizer: parameter elements updated.
+  double compute_units = 0;
+};
+
+struct TrainingStep {
+  std::vector<StepPhase> phases;
+  uint32_t layers = 0;
+  uint64_t parameter_elements = 0;
+  uint64_t gradient_elements = 0;
+};
+
+struct TrainingStepOptions {
+  // Where the optimizer reads and writes its states (the CPU optimizer: pinned).
+  Tier optimizer_tier = Tier::kPinned;
+  // Where forward and backward run.
+  Tier compute_tier = Tier::kDevice;
+};
+
+// `handles[i]` is the registered handle of `inventory[i]`. States are matched to their parameter
+// by name prefix up to '#' ("w#grad", "w#master", "w#adam_m", "w#adam_v") and by kind.
+// STRATA_E_INVALID when the sizes differ or a state has no parameter.
+Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
+                                        std::span<const TensorHandle> handles,
+                                        const TrainingStepOptions& options = {});
+
+// The schedule a framework following `step` would record.
+Result<AccessSchedule> schedule_of(const TrainingStep& step);
+
+}  // namespace strata::sched

@@ -1,0 +1,209 @@
+// Injected backend failures reach the callers of acquire / release / sync / end_step as a
+// Status, and the last good copy of the data survives every one of them.
+#include <gtest/gtest.h>
+
+#include "sched/sched_test_util.h"
+
+namespace strata::sched {
+namespace {
+
+using testing::check_pattern;
+using testing::fill_pattern;
+using testing::flat_spec;
+using testing::Harness;
+using testing::kWait;
+using testing::small_config;
+using testing::Watchdog;
+
+constexpr uint64_t kT = 32 << 10;
+
+void write_version(Scheduler& s, TensorHandle h, Tier tier, uint64_t v) {
+  Result<Acquired> a = s.acquire(h, tier, AccessMode::kOverwrite, kWait);
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  fill_pattern(a->data, kT, h.index, v);
+  ASSERT_TRUE(s.release(h, true).is_ok());
+}
+
+void expect_version(Scheduler& s, TensorHandle h, Tier tier, uint64_t v) {
+  Result<Acquired> a = s.acquire(h, tier, AccessMode::kRead, kWait);
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  EXPECT_EQ(check_pattern(a->data, kT, h.index, v), -1);
+  ASSERT_TRUE(s.release(h, false).is_ok());
+}
+
+// Leaves `h` only on NVMe: written, flushed, and its buffers given to `other`.
+void push_to_nvme(Scheduler& s, TensorHandle h, TensorHandle other, uint64_t v) {
+  write_version(s, h, Tier::kPinned, v);
+  ASSERT_TRUE(s.flush(kWait).is_ok());
+  write_version(s, other, Tier::kPinned, 1);
+  ASSERT_EQ(s.describe(h)->residency, Residency::kOnNvme);
+}
+
+TEST(SchedulerFaults, ReadErrorReachesTheAcquirerAndTheNextAcquireRetries) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(kT, kT));
+  Scheduler& s = harness.s();
+  const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
+  const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
+  push_to_nvme(s, a, b, 3);
+  harness.backend.fail_next(Link::kNvmeRead, STRATA_E_IO);
+  const Result<Acquired> failed = s.acquire(a, Tier::kPinned, AccessMode::kRead, kWait);
+  EXPECT_EQ(failed.status().code(), STRATA_E_IO);
+  EXPECT_NE(failed.status().message().find("reading tensor 'a'"), std::string::npos)
+      << failed.status().message();
+  EXPECT_EQ(s.describe(a)->residency, Residency::kOnNvme);  // the NVMe copy is still the truth
+  expect_version(s, a, Tier::kPinned, 3);
+  EXPECT_EQ(s.stats().transfer_failures, 1u);
+}
+
+TEST(SchedulerFaults, CorruptReadIsReportedAsCorrupt) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(kT, kT));
+  Scheduler& s = harness.s();
+  const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
+  const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
+  push_to_nvme(s, a, b, 9);
+  harness.backend.fail_next(Link::kNvmeRead, STRATA_E_CORRUPT);
+  EXPECT_EQ(s.acquire(a, Tier::kDevice, AccessMode::kRead, kWait).status().code(),
+            STRATA_E_CORRUPT);
+  expect_version(s, a, Tier::kDevice, 9);
+}
+
+TEST(SchedulerFaults, FailedWriteBackKeepsTheDirtyDataAndReportsIt) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(2 * kT, kT));
+  Scheduler& s = harness.s();
+  const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
+  const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
+  const TensorHandle c = s.register_tensor(flat_spec("c", kT)).value();
+  write_version(s, a, Tier::kPinned, 1);
+  write_version(s, b, Tier::kPinned, 1);
+  harness.backend.fail_next(Link::kNvmeWrite, STRATA_E_IO);
+  // c needs a buffer: a (least recently used) is written back, which fails (and tears the
+  // extent); b is written instead and c gets its buffer.
+  write_version(s, c, Tier::kPinned, 1);
+  EXPECT_EQ(harness.backend.failures(), 1u);
+  EXPECT_EQ(s.describe(a)->residency, Residency::kDirty);
+  EXPECT_TRUE(s.describe(a)->has_error);
+  // The tensor's next acquire hears of it once; the data is still the newest version.
+  const Result<Acquired> reported = s.acquire(a, Tier::kPinned, AccessMode::kRead, kWait);
+  EXPECT_EQ(reported.status().code(), STRATA_E_IO);
+  EXPECT_NE(reported.status().message().find("writing back tensor 'a'"), std::string::npos);
+  expect_version(s, a, Tier::kPinned, 1);
+  // sync reports it too (a durability barrier must not pass silently), then works again.
+  EXPECT_EQ(s.sync(kWait).code(), STRATA_E_IO);
+  EXPECT_TRUE(s.flush(kWait).is_ok());
+  // Evict a for real now, and read it back from NVMe: the torn extent was rewritten.
+  write_version(s, b, Tier::kPinned, 2);
+  write_version(s, c, Tier::kPinned, 2);
+  EXPECT_EQ(s.describe(a)->residency, Residency::kOnNvme);
+  expect_version(s, a, Tier::kPinned, 1);
+}
+
+TEST(SchedulerFaults, WriteBehindFailureIsReportedByTheNextAcquireAndBySync) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(kT, kT, /*headroom=*/0.5));
+  Scheduler& s = harness.s();
+  const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
+  harness.backend.fail_next(Link::kNvmeWrite, STRATA_E_IO);
+  write_version(s, a, Tier::kPinned, 1);  // write-behind starts at once, and fails
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (!s.describe(a)->has_error && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(s.describe(a)->has_error);
+  Result<Acquired> first = s.acquire(a, Tier::kPinned, AccessMode::kRead, kWait);
+  EXPECT_EQ(first.status().code(), STRATA_E_IO);
+  expect_version(s, a, Tier::kPinned, 1);
+  EXPECT_EQ(s.sync(kWait).code(), STRATA_E_IO);
+  EXPECT_TRUE(s.flush(kWait).is_ok());
+}
+
+TEST(SchedulerFaults, WriteBackFailureDuringAStepReachesEndStep) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(kT, kT));
+  Scheduler& s = harness.s();
+  const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
+  const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
+  ASSERT_TRUE(s.begin_step().is_ok());
+  ASSERT_TRUE(s.begin_phase({PhaseKind::kOptimizer, 0}).is_ok());
+  write_version(s, a, Tier::kPinned, 1);
+  ASSERT_TRUE(s.end_phase({PhaseKind::kOptimizer, 0}).is_ok());
+  harness.backend.fail_next(Link::kNvmeWrite, STRATA_E_IO);
+  ASSERT_TRUE(s.begin_phase({PhaseKind::kOptimizer, 1}).is_ok());
+  // b needs a's buffer; a's write-back fails, and a can never be freed until that is reported:
+  // the acquire gives up with the cause instead of waiting for its deadline.
+  const Result<Acquired> blocked = s.acquire(b, Tier::kPinned, AccessMode::kOverwrite, kWait);
+  EXPECT_EQ(blocked.status().code(), STRATA_E_IO) << blocked.status().message();
+  ASSERT_TRUE(s.end_phase({PhaseKind::kOptimizer, 1}).is_ok());
+  const Status ended = s.end_step();
+  EXPECT_EQ(ended.code(), STRATA_E_IO);
+  EXPECT_NE(ended.message().find("tensor 'a'"), std::string::npos) << ended.message();
+  // Reported: the write-back is retried and b fits.
+  write_version(s, b, Tier::kPinned, 1);
+  expect_version(s, a, Tier::kPinned, 1);
+}
+
+TEST(SchedulerFaults, FailedCopyToDeviceLeavesThePinnedCopy) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(2 * kT, 2 * kT));
+  Scheduler& s = harness.s();
+  const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
+  write_version(s, a, Tier::kPinned, 5);
+  harness.backend.fail_next(Link::kHostToDevice, STRATA_E_DEVICE);
+  EXPECT_EQ(s.acquire(a, Tier::kDevice, AccessMode::kRead, kWait).status().code(), STRATA_E_DEVICE);
+  EXPECT_EQ(s.describe(a)->residency, Residency::kDirty);
+  EXPECT_EQ(s.describe(a)->valid, kPinnedBit);
+  expect_version(s, a, Tier::kPinned, 5);
+  expect_version(s, a, Tier::kDevice, 5);
+}
+
+TEST(SchedulerFaults, FailedCopyToHostKeepsTheDeviceCopy) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(2 * kT, kT));
+  Scheduler& s = harness.s();
+  const TensorHandle g = s.register_tensor(flat_spec("g", kT, TensorKind::kGradient)).value();
+  write_version(s, g, Tier::kDevice, 8);
+  harness.backend.fail_next(Link::kDeviceToHost, STRATA_E_DEVICE);
+  EXPECT_EQ(s.acquire(g, Tier::kPinned, AccessMode::kRead, kWait).status().code(), STRATA_E_DEVICE);
+  EXPECT_EQ(s.describe(g)->valid, kDeviceBit);
+  expect_version(s, g, Tier::kPinned, 8);
+}
+
+TEST(SchedulerFaults, FullNvmeIsReportedAndTheDataStaysInMemory) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(2 * kT, kT));
+  Scheduler& s = harness.s();
+  const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
+  write_version(s, a, Tier::kPinned, 2);
+  harness.backend.fail_next_extent_allocations(1);
+  const Status flushed = s.flush(kWait);
+  EXPECT_EQ(flushed.code(), STRATA_E_NOSPACE) << flushed.message();
+  EXPECT_EQ(s.describe(a)->residency, Residency::kDirty);
+  expect_version(s, a, Tier::kPinned, 2);
+  EXPECT_TRUE(s.flush(kWait).is_ok());
+  EXPECT_EQ(s.describe(a)->residency, Residency::kPinned);
+}
+
+TEST(SchedulerFaults, AFailedPrefetchIsReportedToTheNextAcquireOnly) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(kT, kT));
+  Scheduler& s = harness.s();
+  const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
+  const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
+  push_to_nvme(s, a, b, 6);
+  ASSERT_TRUE(s.flush(kWait).is_ok());
+  harness.backend.fail_next(Link::kNvmeRead, STRATA_E_IO);
+  ASSERT_TRUE(s.prefetch(a, Tier::kPinned).is_ok());
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (!s.describe(a)->has_error && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(s.describe(a)->has_error);
+  EXPECT_TRUE(s.sync(kWait).is_ok());  // a failed read loses nothing: not a durability error
+  EXPECT_EQ(s.acquire(a, Tier::kPinned, AccessMode::kRead, kWait).status().code(), STRATA_E_IO);
+  expect_version(s, a, Tier::kPinned, 6);
+}
+
+}  // namespace
+}  // namespace strata::sched

@@ -1,0 +1,356 @@
+// The scheduler's behaviour over a backend that really stores bytes.
+#include "sched/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include "sched/sched_test_util.h"
+
+namespace strata::sched {
+namespace {
+
+using testing::check_pattern;
+using testing::fill_pattern;
+using testing::flat_spec;
+using testing::Harness;
+using testing::kWait;
+using testing::small_config;
+using testing::Watchdog;
+
+constexpr uint64_t kT = 64 << 10;  // tensor size used below (a 16-page buffer)
+
+// Writes version `v` of tensor `t` through an overwrite acquire on `tier`.
+void write_version(Scheduler& s, TensorHandle h, Tier tier, uint64_t v, uint64_t bytes = kT) {
+  Result<Acquired> a = s.acquire(h, tier, AccessMode::kOverwrite, kWait);
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  fill_pattern(a->data, bytes, h.index, v);
+  ASSERT_TRUE(s.release(h, true).is_ok());
+}
+
+void expect_version(Scheduler& s, TensorHandle h, Tier tier, uint64_t v, uint64_t bytes = kT) {
+  Result<Acquired> a = s.acquire(h, tier, AccessMode::kRead, kWait);
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  EXPECT_EQ(check_pattern(a->data, bytes, h.index, v), -1) << "tensor " << h.index;
+  ASSERT_TRUE(s.release(h, false).is_ok());
+}
+
+TEST(Scheduler, DataSurvivesEvictionToNvmeAndBack) {
+  Watchdog watchdog(60);
+  Harness harness(small_config(2 * kT, 2 * kT));
+  Scheduler& s = harness.s();
+  std::vector<TensorHandle> t;
+  for (int i = 0; i < 6; ++i) {
+    Result<TensorHandle> h = s.register_tensor(flat_spec("t" + std::to_string(i), kT));
+    ASSERT_TRUE(h.is_ok());
+    t.push_back(*h);
+  }
+  for (int i = 0; i < 6; ++i) write_version(s, t[i], Tier::kPinned, 1);
+  // Six tensors through a pool of two: most were written back and evicted.
+  EXPECT_GE(harness.backend.transfers(Link::kNvmeWrite), 4u);
+  for (int i = 0; i < 6; ++i) expect_version(s, t[i], Tier::kPinned, 1);
+  for (int i = 0; i < 6; ++i) expect_version(s, t[i], Tier::kDevice, 1);
+  const SchedulerStats stats = s.stats();
+  EXPECT_LE(stats.pools[0].peak_in_use_bytes, 2 * kT);
+  EXPECT_LE(stats.pools[1].peak_in_use_bytes, 2 * kT);
+}
+
+TEST(Scheduler, StaleAndZeroHandlesAreBadHandles) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(4 * kT, 4 * kT));
+  Scheduler& s = harness.s();
+  Result<TensorHandle> h = s.register_tensor(flat_spec("a", kT));
+  ASSERT_TRUE(h.is_ok());
+  ASSERT_TRUE(s.unregister_tensor(*h).is_ok());
+  EXPECT_EQ(s.acquire(*h, Tier::kPinned, AccessMode::kRead, kWait).status().code(),
+            STRATA_E_BAD_HANDLE);
+  EXPECT_EQ(s.release(*h, false).code(), STRATA_E_BAD_HANDLE);
+  EXPECT_EQ(s.prefetch(TensorHandle{}, Tier::kPinned).code(), STRATA_E_BAD_HANDLE);
+  EXPECT_EQ(s.describe(TensorHandle::from_u64(0)).status().code(), STRATA_E_BAD_HANDLE);
+  Result<TensorHandle> again = s.register_tensor(flat_spec("b", kT));
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_EQ(s.discard(*h).code(), STRATA_E_BAD_HANDLE);  // old handle, reused slot
+}
+
+TEST(Scheduler, MisuseIsAStateErrorNotACrash) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(4 * kT, 4 * kT));
+  Scheduler& s = harness.s();
+  const TensorHandle h = s.register_tensor(flat_spec("a", kT)).value();
+  EXPECT_EQ(s.release(h, false).code(), STRATA_E_STATE);  // not acquired
+  EXPECT_EQ(s.acquire(h, Tier::kPinned, AccessMode::kRead, kWait).status().code(),
+            STRATA_E_STATE);  // nothing to read yet
+  write_version(s, h, Tier::kPinned, 1);
+  ASSERT_TRUE(s.acquire(h, Tier::kPinned, AccessMode::kRead, kWait).is_ok());
+  EXPECT_EQ(s.acquire(h, Tier::kDevice, AccessMode::kRead, kWait).status().code(), STRATA_E_STATE);
+  EXPECT_EQ(s.acquire(h, Tier::kPinned, AccessMode::kOverwrite, kWait).status().code(),
+            STRATA_E_STATE);
+  EXPECT_EQ(s.unregister_tensor(h).code(), STRATA_E_STATE);
+  EXPECT_EQ(s.discard(h).code(), STRATA_E_STATE);
+  ASSERT_TRUE(s.acquire(h, Tier::kPinned, AccessMode::kRead, kWait).is_ok());  // nests
+  ASSERT_TRUE(s.release(h, false).is_ok());
+  ASSERT_TRUE(s.release(h, false).is_ok());
+  EXPECT_EQ(s.acquire(h, Tier::kNvme, AccessMode::kRead, kWait).status().code(), STRATA_E_INVALID);
+  EXPECT_EQ(s.end_phase({PhaseKind::kForward, 0}).code(), STRATA_E_STATE);
+  EXPECT_EQ(s.end_step().code(), STRATA_E_STATE);
+}
+
+TEST(Scheduler, ATensorLargerThanItsBudgetFailsAtOnce) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(kT, 4 * kT));
+  Scheduler& s = harness.s();
+  const TensorHandle big = s.register_tensor(flat_spec("big", 2 * kT)).value();
+  const Result<Acquired> a = s.acquire(big, Tier::kPinned, AccessMode::kOverwrite, kWait);
+  EXPECT_EQ(a.status().code(), STRATA_E_PINNED_BUDGET);
+  EXPECT_NE(a.status().message().find("pool 'pinned'"), std::string::npos) << a.status().message();
+  RegisterOptions home;
+  home.home = Tier::kPinned;
+  EXPECT_EQ(s.register_tensor(flat_spec("big-home", 2 * kT), home).status().code(),
+            STRATA_E_PINNED_BUDGET);
+}
+
+TEST(Scheduler, AcquireWaitingOnAnotherAcquireTimesOut) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(kT, kT));
+  Scheduler& s = harness.s();
+  const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
+  const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
+  write_version(s, a, Tier::kPinned, 1);
+  ASSERT_TRUE(s.acquire(a, Tier::kPinned, AccessMode::kRead, kWait).is_ok());
+  const auto start = std::chrono::steady_clock::now();
+  const Result<Acquired> blocked =
+      s.acquire(b, Tier::kPinned, AccessMode::kOverwrite, std::chrono::milliseconds(200));
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(blocked.status().code(), STRATA_E_TIMEOUT);
+  EXPECT_NE(blocked.status().message().find("'b'"), std::string::npos);
+  EXPECT_GE(waited, std::chrono::milliseconds(200));
+  EXPECT_EQ(s.stats().acquire_timeouts, 1u);
+  // Once a is released, b fits (a is written back first: it is the only copy).
+  ASSERT_TRUE(s.release(a, false).is_ok());
+  write_version(s, b, Tier::kPinned, 1);
+  expect_version(s, a, Tier::kPinned, 1);
+}
+
+TEST(Scheduler, AReleaseWakesAWaitingAcquire) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(kT, kT));
+  Scheduler& s = harness.s();
+  const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
+  const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
+  write_version(s, a, Tier::kPinned, 1);
+  ASSERT_TRUE(s.acquire(a, Tier::kPinned, AccessMode::kRead, kWait).is_ok());
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(s.release(a, false).is_ok());
+  });
+  const Result<Acquired> got = s.acquire(b, Tier::kPinned, AccessMode::kOverwrite, kWait);
+  releaser.join();
+  ASSERT_TRUE(got.is_ok()) << got.status().message();
+  ASSERT_TRUE(s.release(b, true).is_ok());
+  EXPECT_GE(s.stats().acquire_waits, 1u);
+}
+
+TEST(Scheduler, DirtyDataIsWrittenBackBeforeItsBufferIsReused) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(kT, kT));
+  Scheduler& s = harness.s();
+  const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
+  const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
+  write_version(s, a, Tier::kPinned, 7);
+  EXPECT_EQ(harness.backend.transfers(Link::kNvmeWrite), 0u);
+  write_version(s, b, Tier::kPinned, 3);  // needs a's buffer
+  EXPECT_EQ(harness.backend.transfers(Link::kNvmeWrite), 1u);
+  EXPECT_EQ(s.describe(a)->residency, Residency::kOnNvme);
+  expect_version(s, a, Tier::kPinned, 7);
+}
+
+TEST(Scheduler, DiscardedDataIsNeverWrittenBack) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(kT, kT));
+  Scheduler& s = harness.s();
+  const TensorHandle grad = s.register_tensor(flat_spec("g", kT, TensorKind::kGradient)).value();
+  const TensorHandle other = s.register_tensor(flat_spec("o", kT)).value();
+  write_version(s, grad, Tier::kPinned, 1);
+  ASSERT_TRUE(s.discard(grad).is_ok());
+  EXPECT_EQ(s.describe(grad)->residency, Residency::kUnwritten);
+  write_version(s, other, Tier::kPinned, 1);
+  EXPECT_EQ(harness.backend.transfers(Link::kNvmeWrite), 0u);
+}
+
+TEST(Scheduler, DeviceDirtyDataReachesNvmeThroughPinned) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(kT, kT));
+  Scheduler& s = harness.s();
+  const TensorHandle g = s.register_tensor(flat_spec("g", kT, TensorKind::kGradient)).value();
+  const TensorHandle w = s.register_tensor(flat_spec("w", kT)).value();
+  write_version(s, g, Tier::kDevice, 5);
+  write_version(s, w, Tier::kDevice, 1);  // device full: g goes device -> pinned
+  ASSERT_TRUE(s.flush(kWait).is_ok());
+  EXPECT_GE(harness.backend.transfers(Link::kDeviceToHost), 1u);
+  EXPECT_GE(harness.backend.transfers(Link::kNvmeWrite), 1u);
+  expect_version(s, g, Tier::kDevice, 5);
+  expect_version(s, w, Tier::kPinned, 1);
+  const SchedulerStats stats = s.stats();
+  EXPECT_EQ(stats.dirty_bytes, 0u);
+}
+
+TEST(Scheduler, HomeTensorsAreNeverEvicted) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(2 * kT, 2 * kT));
+  Scheduler& s = harness.s();
+  RegisterOptions pinned_home;
+  pinned_home.home = Tier::kPinned;
+  const TensorHandle resident = s.register_tensor(flat_spec("resident", kT), pinned_home).value();
+  write_version(s, resident, Tier::kPinned, 2);
+  for (int i = 0; i < 4; ++i) {
+    const TensorHandle t = s.register_tensor(flat_spec("x" + std::to_string(i), kT)).value();
+    write_version(s, t, Tier::kPinned, 1);
+  }
+  EXPECT_EQ(s.describe(resident)->residency, Residency::kDirty);  // still in pinned, unflushed
+  expect_version(s, resident, Tier::kPinned, 2);
+  // Two home tensors cannot share a pool of two with anyone else: the third waits for nothing.
+  const TensorHandle second = s.register_tensor(flat_spec("second", kT), pinned_home).value();
+  write_version(s, second, Tier::kPinned, 1);
+  const TensorHandle third = s.register_tensor(flat_spec("third", kT)).value();
+  EXPECT_EQ(s.acquire(third, Tier::kPinned, AccessMode::kOverwrite, kWait).status().code(),
+            STRATA_E_PINNED_BUDGET);
+}
+
+// Phases: P0 {a b}, P1 {c}, P2 {a}, P3 {b}; a pool of two. Entering P1, c needs room: a is read
+// again in one phase, b in two, so b must go (Belady), not a (LRU would evict a).
+TEST(Scheduler, EvictsTheTensorUsedFarthestInTheFuture) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(2 * kT, 2 * kT));
+  Scheduler& s = harness.s();
+  const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
+  const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
+  const TensorHandle c = s.register_tensor(flat_spec("c", kT)).value();
+  for (TensorHandle h : {c, b, a}) write_version(s, h, Tier::kPinned, 1);  // a, b resident last
+  ASSERT_TRUE(s.flush(kWait).is_ok());
+  AccessSchedule::Builder builder;
+  builder.begin_phase({PhaseKind::kForward, 0});
+  ASSERT_TRUE(builder.add({a, Tier::kPinned, AccessMode::kRead}).is_ok());
+  ASSERT_TRUE(builder.add({b, Tier::kPinned, AccessMode::kRead}).is_ok());
+  builder.begin_phase({PhaseKind::kForward, 1});
+  ASSERT_TRUE(builder.add({c, Tier::kPinned, AccessMode::kRead}).is_ok());
+  builder.begin_phase({PhaseKind::kBackward, 1});
+  ASSERT_TRUE(builder.add({a, Tier::kPinned, AccessMode::kRead}).is_ok());
+  builder.begin_phase({PhaseKind::kBackward, 0});
+  ASSERT_TRUE(builder.add({b, Tier::kPinned, AccessMode::kRead}).is_ok());
+  ASSERT_TRUE(s.declare_schedule(std::move(builder).build().value()).is_ok());
+
+  ASSERT_TRUE(s.begin_step().is_ok());
+  ASSERT_TRUE(s.begin_phase({PhaseKind::kForward, 0}).is_ok());
+  expect_version(s, a, Tier::kPinned, 1);
+  expect_version(s, b, Tier::kPinned, 1);
+  ASSERT_TRUE(s.end_phase({PhaseKind::kForward, 0}).is_ok());
+  ASSERT_TRUE(s.begin_phase({PhaseKind::kForward, 1}).is_ok());
+  Result<Acquired> got = s.acquire(c, Tier::kPinned, AccessMode::kRead, kWait);
+  ASSERT_TRUE(got.is_ok());
+  EXPECT_TRUE(s.describe(a)->valid & kPinnedBit);
+  EXPECT_EQ(s.describe(b)->residency, Residency::kOnNvme);
+  ASSERT_TRUE(s.release(c, false).is_ok());
+  ASSERT_TRUE(s.end_phase({PhaseKind::kForward, 1}).is_ok());
+}
+
+// The first step is recorded; in the second, entering phase 0 prefetches phase 0's and phase 1's
+// tensors onto the device, pushing out a tensor the schedule never reads.
+TEST(Scheduler, RecordedStepDrivesPrefetchInTheNextStep) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(4 * kT, 2 * kT));
+  Scheduler& s = harness.s();
+  const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
+  const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
+  const TensorHandle filler = s.register_tensor(flat_spec("filler", 2 * kT)).value();
+  write_version(s, a, Tier::kPinned, 1);
+  write_version(s, b, Tier::kPinned, 1);
+  ASSERT_TRUE(s.begin_step().is_ok());
+  for (int layer = 0; layer < 2; ++layer) {
+    ASSERT_TRUE(s.begin_phase({PhaseKind::kForward, layer}).is_ok());
+    expect_version(s, layer == 0 ? a : b, Tier::kDevice, 1);
+    ASSERT_TRUE(s.end_phase({PhaseKind::kForward, layer}).is_ok());
+  }
+  ASSERT_TRUE(s.end_step().is_ok());
+  EXPECT_EQ(s.stats().schedule_phases, 2u);
+  EXPECT_FALSE(s.stats().recording);
+  // With prefetch paused (it would otherwise bring a and b straight back: the next phase is
+  // known), the filler takes the whole device; a and b keep their pinned copies.
+  s.set_prefetch_enabled(false);
+  ASSERT_TRUE(s.flush(kWait).is_ok());
+  write_version(s, filler, Tier::kDevice, 1, 2 * kT);
+  EXPECT_FALSE(s.describe(b)->valid & kDeviceBit);
+  const uint64_t prefetched = s.stats().prefetch_transfers;
+
+  s.set_prefetch_enabled(true);
+  ASSERT_TRUE(s.begin_step().is_ok());
+  ASSERT_TRUE(s.begin_phase({PhaseKind::kForward, 0}).is_ok());
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (!(s.describe(b)->valid & kDeviceBit) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(s.describe(b)->valid & kDeviceBit);
+  EXPECT_TRUE(s.describe(a)->valid & kDeviceBit);
+  EXPECT_GE(s.stats().prefetch_transfers, prefetched + 2);  // a and b copied to the device
+  ASSERT_TRUE(s.end_phase({PhaseKind::kForward, 0}).is_ok());
+  ASSERT_TRUE(s.end_step().is_ok());
+  expect_version(s, filler, Tier::kPinned, 1, 2 * kT);  // went device -> pinned, intact
+}
+
+TEST(Scheduler, PrefetchHintBringsATensorToTheDevice) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(2 * kT, 2 * kT));
+  Scheduler& s = harness.s();
+  const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
+  write_version(s, a, Tier::kPinned, 4);
+  ASSERT_TRUE(s.flush(kWait).is_ok());
+  ASSERT_TRUE(s.prefetch(a, Tier::kDevice).is_ok());
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (!(s.describe(a)->valid & kDeviceBit) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(s.describe(a)->valid & kDeviceBit);
+  expect_version(s, a, Tier::kDevice, 4);
+}
+
+TEST(Scheduler, PollingAcquireReportsPendingThenReady) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(2 * kT, 2 * kT));
+  Scheduler& s = harness.s();
+  const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
+  write_version(s, a, Tier::kPinned, 1);
+  ASSERT_TRUE(s.flush(kWait).is_ok());
+  harness.backend.pause(true);
+  Result<AcquireAttempt> first = s.try_acquire(a, Tier::kDevice, AccessMode::kRead);
+  ASSERT_TRUE(first.is_ok());
+  EXPECT_EQ(first->state, AcquireState::kPending);
+  harness.backend.pause(false);
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  Result<AcquireAttempt> later = s.try_acquire(a, Tier::kDevice, AccessMode::kRead);
+  while (later.is_ok() && later->state == AcquireState::kPending &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    later = s.try_acquire(a, Tier::kDevice, AccessMode::kRead);
+  }
+  ASSERT_TRUE(later.is_ok());
+  ASSERT_EQ(later->state, AcquireState::kReady);
+  EXPECT_EQ(check_pattern(later->acquired.data, kT, a.index, 1), -1);
+  ASSERT_TRUE(s.release(a, false).is_ok());
+}
+
+TEST(Scheduler, NothingLeaksWhenTheSchedulerGoes) {
+  testing::FakeBackend* backend = nullptr;
+  {
+    Watchdog watchdog(30);
+    Harness harness(small_config(2 * kT, 2 * kT));
+    backend = &harness.backend;
+    Scheduler& s = harness.s();
+    for (int i = 0; i < 5; ++i) {
+      const TensorHandle t = s.register_tensor(flat_spec("t" + std::to_string(i), kT)).value();
+      write_version(s, t, i % 2 ? Tier::kDevice : Tier::kPinned, 1);
+    }
+    harness.scheduler.reset();
+    EXPECT_EQ(backend->live_buffers(), 0u);
+    EXPECT_EQ(backend->live_extents(), 0u);
+  }
+}
+
+}  // namespace
+}  // namespace strata::sched

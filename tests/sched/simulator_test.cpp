@@ -1,0 +1,300 @@
+#include "sched/simulator.h"
+
+#include <gtest/gtest.h>
+#include <time.h>
+
+#include <chrono>
+
+#include "model/inventory.h"
+#include "model/model_config.h"
+#include "sched/sched_test_util.h"
+#include "sched/simulated_backend.h"
+
+namespace strata::sched {
+namespace {
+
+using testing::llama_like_inventory;
+using testing::Watchdog;
+
+constexpr uint64_t GiB = uint64_t{1} << 30;
+
+// A small model (8 layers, ~0.5B parameters) that simulates in milliseconds.
+std::vector<TensorSpec> small_model() {
+  return llama_like_inventory(8, 2048, 5632, 512, 32000);
+}
+
+// CPU seconds of the calling thread: the simulator's cost, whatever else loads the machine.
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
+SimulationConfig small_config() {
+  SimulationConfig config;
+  config.memory = strata_memory_plan(4 * GiB, 4 * GiB);
+  config.device.forward_seconds_per_layer = 0.004;
+  config.device.backward_seconds_per_layer = 0.008;
+  return config;
+}
+
+TEST(Simulator, SameInputGivesTheSameResult) {
+  Watchdog watchdog(60);
+  const auto inventory = small_model();
+  const SimulationConfig config = small_config();
+  Result<SimulationResult> a = simulate(inventory, config);
+  Result<SimulationResult> b = simulate(inventory, config);
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  ASSERT_TRUE(b.is_ok());
+  EXPECT_EQ(a->step_seconds, b->step_seconds);
+  EXPECT_EQ(a->stall_seconds, b->stall_seconds);
+  EXPECT_EQ(a->link_bytes, b->link_bytes);
+  EXPECT_EQ(a->busy_seconds, b->busy_seconds);
+  EXPECT_EQ(a->peak_pinned_bytes, b->peak_pinned_bytes);
+  EXPECT_EQ(a->peak_device_bytes, b->peak_device_bytes);
+  EXPECT_EQ(a->transfers, b->transfers);
+}
+
+TEST(Simulator, StepTimeRespectsEveryResourcesLowerBound) {
+  Watchdog watchdog(60);
+  const auto inventory = small_model();
+  const SimulationConfig config = small_config();
+  Result<SimulationResult> r = simulate(inventory, config);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  // Compute and the CPU optimizer run one after another; links run beside them.
+  const double serial = r->busy_seconds[static_cast<int>(Resource::kCompute)] +
+                        r->busy_seconds[static_cast<int>(Resource::kCpuOptimizer)];
+  EXPECT_GE(r->step_seconds + 1e-9, serial);
+  for (int i = 0; i < kResourceCount; ++i) EXPECT_LE(r->busy_seconds[i], r->step_seconds + 1e-9);
+  // The optimizer reads and rewrites every master / m / v each step; what the pinned pool
+  // cannot keep across steps must cross NVMe both ways.
+  uint64_t states = 0;
+  for (const TensorSpec& s : inventory) {
+    if (s.kind == TensorKind::kMasterWeight || s.kind == TensorKind::kAdamM ||
+        s.kind == TensorKind::kAdamV) {
+      states += s.bytes();
+    }
+  }
+  ASSERT_GT(states, 4 * GiB);
+  EXPECT_GE(r->link_bytes[static_cast<int>(Link::kNvmeRead)], states - 4 * GiB);
+  EXPECT_GE(r->link_bytes[static_cast<int>(Link::kNvmeWrite)], states - 4 * GiB);
+  EXPECT_LE(r->peak_pinned_bytes, 4 * GiB);
+  EXPECT_LE(r->peak_device_bytes, 4 * GiB);
+  EXPECT_GT(r->peak_pinned_bytes, 0u);
+  EXPECT_GE(r->peak_host_bytes, r->peak_pinned_bytes);
+}
+
+TEST(Simulator, FasterNvmeNeverMakesTheStepSlower) {
+  Watchdog watchdog(120);
+  const auto inventory = small_model();
+  double previous = 1e30;
+  for (double gbps : {0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0}) {
+    SimulationConfig config = small_config();
+    config.device.nvme_read_bytes_per_s = gbps * 1e9;
+    config.device.nvme_write_bytes_per_s = gbps * 0.7e9;
+    Result<SimulationResult> r = simulate(inventory, config);
+    ASSERT_TRUE(r.is_ok()) << r.status().message();
+    EXPECT_LE(r->step_seconds, previous * (1 + 1e-9)) << "at " << gbps << " GB/s";
+    previous = r->step_seconds;
+  }
+}
+
+TEST(Simulator, NamesNvmeReadAsTheBottleneckWhenReadsAreSlow) {
+  Watchdog watchdog(60);
+  SimulationConfig config = small_config();
+  config.device.nvme_full_duplex = true;
+  config.device.nvme_read_bytes_per_s = 0.2e9;
+  Result<SimulationResult> r = simulate(small_model(), config);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_STREQ(r->bottleneck_label, "nvme_read");
+  EXPECT_GT(r->stall_seconds, 0.5 * r->step_seconds);
+}
+
+TEST(Simulator, NamesNvmeWriteAsTheBottleneckWhenWritesAreSlow) {
+  Watchdog watchdog(60);
+  SimulationConfig config = small_config();
+  config.device.nvme_full_duplex = true;
+  config.device.nvme_write_bytes_per_s = 0.2e9;
+  Result<SimulationResult> r = simulate(small_model(), config);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_STREQ(r->bottleneck_label, "nvme_write");
+}
+
+TEST(Simulator, NamesPcieAsTheBottleneckWhenTheLinkIsSlow) {
+  Watchdog watchdog(60);
+  SimulationConfig config = small_config();
+  config.device.host_to_device_bytes_per_s = 0.1e9;
+  config.device.device_to_host_bytes_per_s = 0.1e9;
+  Result<SimulationResult> r = simulate(small_model(), config);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_STREQ(r->bottleneck_label, "pcie");
+}
+
+TEST(Simulator, NamesComputeWhenLayersAreSlow) {
+  Watchdog watchdog(60);
+  SimulationConfig config = small_config();
+  config.device.forward_seconds_per_layer = 2.0;
+  config.device.backward_seconds_per_layer = 4.0;
+  Result<SimulationResult> r = simulate(small_model(), config);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_STREQ(r->bottleneck_label, "compute");
+  // Everything else hides behind 48 s of compute: the step is compute plus the optimizer.
+  EXPECT_LT(r->stall_seconds, 0.2 * r->step_seconds);
+}
+
+TEST(Simulator, NamesTheCpuOptimizerWhenItIsSlow) {
+  Watchdog watchdog(60);
+  SimulationConfig config = small_config();
+  config.device.cpu_optimizer_params_per_s = 2e7;
+  Result<SimulationResult> r = simulate(small_model(), config);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_STREQ(r->bottleneck_label, "cpu_optimizer");
+}
+
+TEST(Simulator, APhaseThatCannotFitIsAnErrorNamingIt) {
+  Watchdog watchdog(60);
+  SimulationConfig config = small_config();
+  // The device holds less than one layer's weights at once.
+  config.memory = strata_memory_plan(4 * GiB, 64 << 20);
+  Result<SimulationResult> r = simulate(small_model(), config);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), STRATA_E_DEVICE_BUDGET) << r.status().message();
+  EXPECT_NE(r.status().message().find("forward"), std::string::npos) << r.status().message();
+}
+
+TEST(Simulator, BadConfigurationsAreRejected) {
+  SimulationConfig config = small_config();
+  config.device.nvme_read_bytes_per_s = 0;
+  EXPECT_EQ(simulate(small_model(), config).status().code(), STRATA_E_INVALID);
+  config = small_config();
+  config.measured_steps = 0;
+  EXPECT_EQ(simulate(small_model(), config).status().code(), STRATA_E_INVALID);
+  EXPECT_EQ(simulate({}, small_config()).status().code(), STRATA_E_INVALID);
+}
+
+TEST(Simulator, ZeroInfinityPlanHoldsFarMoreHostMemoryThanStrata) {
+  Watchdog watchdog(120);
+  const auto inventory = small_model();
+  SimulationConfig strata = small_config();
+  SimulationConfig zero = small_config();
+  Result<MemoryPlan> plan = zero_infinity_memory_plan(inventory, {}, 4 * GiB);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  zero.memory = *plan;
+  // Strata gets a pinned budget of a quarter of ZeRO-Infinity's reservation.
+  strata.memory = strata_memory_plan(reserved_bytes(*plan, Tier::kPinned) / 4, 4 * GiB);
+  Result<SimulationResult> s = simulate(inventory, strata);
+  Result<SimulationResult> z = simulate(inventory, zero);
+  ASSERT_TRUE(s.is_ok()) << s.status().message();
+  ASSERT_TRUE(z.is_ok()) << z.status().message();
+  EXPECT_EQ(z->policy, "zero-infinity");
+  EXPECT_GE(z->peak_pinned_bytes, reserved_bytes(*plan, Tier::kPinned));
+  EXPECT_LT(s->peak_host_bytes, z->peak_host_bytes / 2);
+  // The overflow check's temporaries and the startup copy show up in ZeRO-Infinity's host peak.
+  EXPECT_GT(z->peak_host_bytes, z->peak_pinned_bytes);
+  EXPECT_GT(z->busy_seconds[static_cast<int>(Resource::kCpuOptimizer)],
+            s->busy_seconds[static_cast<int>(Resource::kCpuOptimizer)]);
+}
+
+TEST(Simulator, Llama70BShapedStepSimulatesInUnderTenSeconds) {
+  Watchdog watchdog(120);
+  const auto inventory = testing::llama70b_inventory();
+  ASSERT_GT(inventory.size(), 3000u);
+  SimulationConfig config;  // 64 GiB pinned, 40 GiB device, default devices
+  config.device.forward_seconds_per_layer = 0.5;
+  config.device.backward_seconds_per_layer = 1.0;
+  const auto start = std::chrono::steady_clock::now();
+  const double cpu_start = thread_cpu_seconds();
+  Result<SimulationResult> r = simulate(inventory, config);
+  const double cpu = thread_cpu_seconds() - cpu_start;
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  // The simulator is single-threaded: its CPU time is what it costs; wall time on a shared CI
+  // machine adds whatever else runs (the watchdog bounds that).
+  EXPECT_LT(cpu, 10.0);
+  // ~1.1 TB of states moved per step: reads and writes of master, m, v at least.
+  EXPECT_GT(r->link_bytes[static_cast<int>(Link::kNvmeRead)], uint64_t{700} << 30);
+  EXPECT_LE(r->peak_pinned_bytes, uint64_t{64} << 30);
+  std::printf("%s(simulated in %.2f s CPU, %.2f s wall)\n", format_result(*r).c_str(), cpu, wall);
+}
+
+TEST(Simulator, RunsOnTheModelInventoryOfA405BModel) {
+  Watchdog watchdog(180);
+  Result<ModelConfig> model = load_model("llama-3.1-405b");
+  ASSERT_TRUE(model.is_ok()) << model.status().message();
+  const std::vector<TensorSpec> inventory = build_inventory(*model, InventoryOptions{});
+  SimulationConfig config;
+  config.memory = strata_memory_plan(uint64_t{128} << 30, uint64_t{70} << 30);
+  config.warmup_steps = 1;
+  const double cpu_start = thread_cpu_seconds();
+  Result<SimulationResult> r = simulate(inventory, config);
+  const double cpu = thread_cpu_seconds() - cpu_start;
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_LT(cpu, 30.0);
+  EXPECT_GT(r->step_seconds, 0);
+  std::printf("%s(simulated in %.2f s CPU)\n", format_result(*r).c_str(), cpu);
+}
+
+TEST(DeviceModel, CalibrationTakesRatesFromMeasuredCounters) {
+  Measurements m;
+  m.links[static_cast<int>(Link::kNvmeRead)] = {uint64_t{6} << 30, 100, 2.0};
+  m.links[static_cast<int>(Link::kHostToDevice)] = {uint64_t{10} << 30, 100, 0.5};
+  m.forward_seconds_per_layer = 0.3;
+  m.optimizer_params = 1e9;
+  m.optimizer_seconds = 0.25;
+  DeviceModel base;
+  Result<DeviceModel> model = calibrate(m, base);
+  ASSERT_TRUE(model.is_ok());
+  EXPECT_DOUBLE_EQ(model->nvme_read_bytes_per_s, double(uint64_t{3} << 30));
+  EXPECT_DOUBLE_EQ(model->host_to_device_bytes_per_s, double(uint64_t{20} << 30));
+  EXPECT_DOUBLE_EQ(model->nvme_write_bytes_per_s, base.nvme_write_bytes_per_s);  // unmeasured
+  EXPECT_DOUBLE_EQ(model->forward_seconds_per_layer, 0.3);
+  EXPECT_DOUBLE_EQ(model->backward_seconds_per_layer, base.backward_seconds_per_layer);
+  EXPECT_DOUBLE_EQ(model->cpu_optimizer_params_per_s, 4e9);
+}
+
+TEST(SimulatedBackend, TransfersQueueOnTheirLinkAndCompleteInVirtualTime) {
+  DeviceModel model;
+  model.nvme_read_bytes_per_s = 1e9;
+  model.nvme_latency_s = 0;
+  model.host_to_device_bytes_per_s = 2e9;
+  model.pcie_latency_s = 0;
+  SimulatedBackend backend(model);
+  struct Sink : CompletionSink {
+    explicit Sink(SimulatedBackend& b) : backend(b) {}
+    void on_transfer_complete(uint32_t op, Status status) override {
+      EXPECT_TRUE(status.is_ok());
+      done.push_back({op, backend.now()});
+    }
+    boost::asio::any_io_executor completion_executor() const override {
+      return backend.context().get_executor();
+    }
+    SimulatedBackend& backend;
+    std::vector<std::pair<uint32_t, double>> done;
+  } sink(backend);
+  const Extent extent = backend.allocate_extent(1'000'000'000).value();
+  const Buffer pinned = backend.allocate(Tier::kPinned, 1'000'000'000).value();
+  const Buffer device = backend.allocate(Tier::kDevice, 1'000'000'000).value();
+  ASSERT_TRUE(backend.read(extent, pinned, 500'000'000, {&sink, 1}).is_ok());
+  ASSERT_TRUE(backend.read(extent, pinned, 500'000'000, {&sink, 2}).is_ok());
+  ASSERT_TRUE(backend.copy_to_device(pinned, device, 1'000'000'000, {&sink, 3}).is_ok());
+  EXPECT_TRUE(sink.done.empty());  // nothing runs until the clock moves
+  while (backend.deliver_next()) {
+  }
+  ASSERT_EQ(sink.done.size(), 3u);
+  EXPECT_EQ(sink.done[0].first, 1u);
+  EXPECT_DOUBLE_EQ(sink.done[0].second, 0.5);
+  EXPECT_EQ(sink.done[1].first, 3u);  // the other link ran in parallel
+  EXPECT_DOUBLE_EQ(sink.done[1].second, 0.5);
+  EXPECT_EQ(sink.done[2].first, 2u);  // queued behind the first read
+  EXPECT_DOUBLE_EQ(sink.done[2].second, 1.0);
+  EXPECT_DOUBLE_EQ(backend.link_counters(Link::kNvmeRead).busy_seconds, 1.0);
+  EXPECT_EQ(backend.allocated_bytes(Tier::kPinned), align_up(1'000'000'000, kPageSize));
+  backend.free(Tier::kPinned, pinned);
+  backend.free(Tier::kDevice, device);
+  backend.free_extent(extent);
+  EXPECT_EQ(backend.allocated_bytes(Tier::kPinned), 0u);
+}
+
+}  // namespace
+}  // namespace strata::sched
