@@ -8,4 +8,14 @@ namespace strata::bench {
 // Adds `bench io` (sequential NVMe write/read through the engine, optionally beside fio).
 void add_io_command(CLI::App& bench);
 
+// Adds `bench adam` (CPU AdamW updates/s beside a triad bandwidth bound and torch.optim.AdamW).
+void add_adam_command(CLI::App& bench);
+
+// Adds `bench pool` (pinned bytes reserved vs in flight: strata, zero-infinity and pow2 pools).
+void add_pool_command(CLI::App& bench);
+
+// Adds `bench finetune` (training steps through the C API: Strata against ZeRO-Infinity, each in
+// its own process; peak host memory and step time).
+void add_finetune_command(CLI::App& bench);
+
 }  // namespace strata::bench

@@ -1,0 +1,412 @@
+// `strata bench finetune`: the main job. Fine-tunes a (scaled) model for a few steps through the
+// C API with the Strata policy and with a faithful ZeRO-Infinity model, each in its own process,
+// and compares peak host memory and step time.
+//
+// The parent process only plans, starts the workers (fork + exec of /proc/self/exe with hidden
+// --worker options), shows progress, serves metrics and reports: it never creates a runtime, so
+// that each worker's peak host memory is its strategy's alone.
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench_commands.h"
+#include "common/units.h"
+#include "finetune/finetune_options.h"
+#include "finetune/finetune_output.h"
+#include "finetune/finetune_worker.h"
+#include "report.h"
+#include "telemetry/counters.h"
+#include "telemetry/metrics_server.h"
+
+namespace strata::bench {
+namespace finetune {
+namespace {
+
+using json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+// The worker finds its end of the pipe here (after fork, before exec).
+constexpr int kWorkerFd = 3;
+// Explicit limit on one line from a worker (the result with its memory series is the longest).
+constexpr size_t kMaxLineBytes = size_t{64} << 20;
+
+// The live numbers a Prometheus scrape sees, one set per strategy.
+class LiveMetrics {
+ public:
+  static Result<std::unique_ptr<LiveMetrics>> create() {
+    auto m = std::unique_ptr<LiveMetrics>(new LiveMetrics());
+    for (Strategy s : {Strategy::kStrata, Strategy::kZeroInfinity}) {
+      const std::string p = std::string("strata_finetune_") +
+                            (s == Strategy::kStrata ? "strata" : "zero_infinity") + "_";
+      const std::string who = std::string(" (") + to_string(s) + " worker)";
+      Set& set = m->sets_[static_cast<int>(s)];
+      auto gauge = [&](Gauge** out, const std::string& name, const std::string& help,
+                       const std::string& unit) -> Status {
+        Result<Gauge*> g = m->registry_.add_gauge({p + name, help + who, unit});
+        if (!g) return std::move(g).take_status();
+        *out = *g;
+        return Status::ok();
+      };
+      auto counter = [&](Counter** out, const std::string& name, const std::string& help,
+                         const std::string& unit, double scale) -> Status {
+        Result<Counter*> c = m->registry_.add_counter({p + name, help + who, unit, scale});
+        if (!c) return std::move(c).take_status();
+        *out = *c;
+        return Status::ok();
+      };
+      STRATA_TRY(gauge(&set.host, "host_bytes",
+                       "Host memory the OS charges the worker, emulated device excluded", "bytes"));
+      STRATA_TRY(gauge(&set.pinned, "pinned_bytes", "Pinned host memory", "bytes"));
+      STRATA_TRY(gauge(&set.device, "device_bytes", "Device memory in use", "bytes"));
+      STRATA_TRY(counter(&set.read, "nvme_read_bytes_total", "Bytes read from NVMe", "bytes", 1));
+      STRATA_TRY(counter(&set.written, "nvme_write_bytes_total", "Bytes written to NVMe",
+                         "bytes", 1));
+      STRATA_TRY(gauge(&set.read_rate, "nvme_read_bytes_per_second",
+                       "NVMe read rate over the last interval, bytes per second", ""));
+      STRATA_TRY(gauge(&set.write_rate, "nvme_write_bytes_per_second",
+                       "NVMe write rate over the last interval, bytes per second", ""));
+      STRATA_TRY(counter(&set.stall_us, "stall_seconds_total",
+                         "Time the training loop waited inside strata_acquire", "seconds", 1e-6));
+      STRATA_TRY(gauge(&set.running, "running", "1 while the worker runs", ""));
+    }
+    return m;
+  }
+
+  const telemetry::MetricsRegistry& registry() const { return registry_; }
+
+  void update(Strategy s, const json& m) {
+    Set& set = sets_[static_cast<int>(s)];
+    set.host->set(m.value("host_bytes", int64_t{0}));
+    set.pinned->set(m.value("pinned_bytes", int64_t{0}));
+    set.device->set(m.value("device_bytes", int64_t{0}));
+    const uint64_t read = m.value("nvme_read_bytes", uint64_t{0});
+    const uint64_t written = m.value("nvme_write_bytes", uint64_t{0});
+    const uint64_t stall_us =
+        static_cast<uint64_t>(m.value("stall_seconds", 0.0) * 1e6);
+    const double t = m.value("seconds", 0.0);
+    if (read >= set.last_read) set.read->add(read - set.last_read);
+    if (written >= set.last_written) set.written->add(written - set.last_written);
+    if (stall_us >= set.last_stall_us) set.stall_us->add(stall_us - set.last_stall_us);
+    if (t > set.last_t) {
+      set.read_rate->set(static_cast<int64_t>(static_cast<double>(read - set.last_read) /
+                                              (t - set.last_t)));
+      set.write_rate->set(static_cast<int64_t>(
+          static_cast<double>(written - set.last_written) / (t - set.last_t)));
+    }
+    set.last_read = read;
+    set.last_written = written;
+    set.last_stall_us = stall_us;
+    set.last_t = t;
+  }
+  void running(Strategy s, bool on) { sets_[static_cast<int>(s)].running->set(on ? 1 : 0); }
+
+ private:
+  using Gauge = telemetry::Gauge;
+  using Counter = telemetry::Counter;
+  struct Set {
+    Gauge *host = nullptr, *pinned = nullptr, *device = nullptr;
+    Counter *read = nullptr, *written = nullptr, *stall_us = nullptr;
+    Gauge *read_rate = nullptr, *write_rate = nullptr, *running = nullptr;
+    uint64_t last_read = 0, last_written = 0, last_stall_us = 0;
+    double last_t = 0;
+  };
+  LiveMetrics() = default;
+  telemetry::MetricsRegistry registry_;
+  std::array<Set, kStrategyCount> sets_;
+};
+
+// A progress bar on stderr: redrawn in place on a terminal, a line per step otherwise (logs).
+class Progress {
+ public:
+  Progress() : tty_(::isatty(2) != 0) {}
+  void update(const json& p) {
+    const std::string strategy = p.value("strategy", "");
+    const std::string phase = p.value("phase", "");
+    const uint32_t step = p.value("step", 0u), steps = p.value("steps", 0u);
+    const double fraction = p.value("fraction", 0.0);
+    const auto now = Clock::now();
+    if (tty_) {
+      if (now - last_draw_ < std::chrono::milliseconds(100) && fraction < 1.0) return;
+      last_draw_ = now;
+      constexpr int kWidth = 30;
+      const int filled = static_cast<int>(fraction * kWidth);
+      std::string bar(static_cast<size_t>(filled), '#');
+      bar.append(static_cast<size_t>(kWidth - filled), '.');
+      std::fprintf(stderr, "\r[%-13s] [%s] %3.0f%%  %s%s %u/%u  %-9s layer %-3d %6.1fs ",
+                   strategy.c_str(), bar.c_str(), 100 * fraction,
+                   phase == "startup" ? "startup " : "step", "", phase == "startup" ? 0 : step + 1,
+                   steps, phase.c_str(), p.value("layer", 0), seconds());
+      std::fflush(stderr);
+    } else if (phase != "startup" && (step != last_step_ || strategy != last_strategy_)) {
+      last_step_ = step;
+      last_strategy_ = strategy;
+      std::fprintf(stderr, "[%s] step %u/%u started (%.0f%%, %.1f s)\n", strategy.c_str(),
+                   step + 1, steps, 100 * fraction, seconds());
+    }
+  }
+  void start(Strategy s) {
+    start_ = Clock::now();
+    last_step_ = UINT32_MAX;
+    std::fprintf(stderr, "[%s] worker starting\n", to_string(s));
+  }
+  void done(Strategy s, const json& r) {
+    if (tty_) std::fprintf(stderr, "\n");
+    std::fprintf(stderr, "[%s] done in %.1f s: peak host %s, step %.2f s\n", to_string(s),
+                 seconds(), format_bytes(r.value("peak_host_bytes", uint64_t{0})).c_str(),
+                 r.value("step_seconds", 0.0));
+  }
+  void failed() {
+    if (tty_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  double seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  const bool tty_;
+  Clock::time_point start_ = Clock::now();
+  Clock::time_point last_draw_{};
+  uint32_t last_step_ = UINT32_MAX;
+  std::string last_strategy_;
+};
+
+// Starts a worker for `strategy`, follows its events until it exits, returns its result.
+Result<StrategyResult> run_strategy(const FinetunePlan& plan, Strategy strategy,
+                                    Progress& progress, LiveMetrics* metrics) {
+  StrategyResult out;
+  out.strategy = strategy;
+  if (!plan.options.trace_path.empty()) {
+    out.trace_path = plan.options.trace_path + "." + to_string(strategy) + ".partial.json";
+  }
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return errno_status(STRATA_E_LIMIT, "pipe2", errno);
+  const std::vector<std::string> args =
+      worker_arguments(plan.options, strategy, kWorkerFd, out.trace_path);
+  std::vector<char*> argv;
+  std::string program = "strata";
+  argv.push_back(program.data());
+  std::vector<std::string> storage(args);
+  for (std::string& a : storage) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  const pid_t parent = ::getpid();
+  const pid_t child = ::fork();
+  if (child < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return errno_status(STRATA_E_LIMIT, "fork", errno);
+  }
+  if (child == 0) {
+    // Only async-signal-safe calls until exec. A worker never outlives its parent.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(126);
+    if (fds[1] == kWorkerFd) {
+      ::fcntl(kWorkerFd, F_SETFD, 0);
+    } else if (::dup2(fds[1], kWorkerFd) < 0) {
+      ::_exit(126);
+    }
+    ::dup2(2, 1);  // the worker's stdout never mixes into the parent's --json
+    ::execv("/proc/self/exe", argv.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  progress.start(strategy);
+  if (metrics != nullptr) metrics->running(strategy, true);
+
+  std::string buffer, error;
+  bool have_result = false;
+  char chunk[65536];
+  Status status;
+  for (;;) {
+    const ssize_t n = ::read(fds[0], chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    buffer.append(chunk, static_cast<size_t>(n));
+    size_t start = 0;
+    for (size_t nl; (nl = buffer.find('\n', start)) != std::string::npos; start = nl + 1) {
+      json message = json::parse(buffer.begin() + static_cast<ptrdiff_t>(start),
+                                 buffer.begin() + static_cast<ptrdiff_t>(nl), nullptr, false);
+      if (message.is_discarded() || !message.is_object()) continue;
+      const std::string event = message.value("event", "");
+      if (event == "progress") {
+        progress.update(message);
+      } else if (event == "metrics") {
+        if (metrics != nullptr) metrics->update(strategy, message);
+      } else if (event == "result") {
+        out.result = std::move(message);
+        have_result = true;
+      } else if (event == "error") {
+        error = message.value("message", "unknown error");
+      }
+    }
+    buffer.erase(0, start);
+    if (buffer.size() > kMaxLineBytes) {
+      status = Status::error(STRATA_E_INTERNAL, "a worker line exceeds the limit");
+      ::kill(child, SIGKILL);
+      break;
+    }
+  }
+  ::close(fds[0]);
+  int wstatus = 0;
+  while (::waitpid(child, &wstatus, 0) < 0 && errno == EINTR) {
+  }
+  if (metrics != nullptr) metrics->running(strategy, false);
+  if (!status) return status;
+  if (!error.empty()) {
+    progress.failed();
+    return Status::error(STRATA_E_INTERNAL, std::string(to_string(strategy)) + ": " + error);
+  }
+  if (WIFSIGNALED(wstatus)) {
+    progress.failed();
+    return Status::error(STRATA_E_INTERNAL, std::string(to_string(strategy)) +
+                                                " worker was killed by signal " +
+                                                std::to_string(WTERMSIG(wstatus)) +
+                                                (WTERMSIG(wstatus) == SIGKILL
+                                                     ? " (out of memory?)"
+                                                     : ""));
+  }
+  if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0 || !have_result) {
+    progress.failed();
+    return Status::error(STRATA_E_INTERNAL,
+                         std::string(to_string(strategy)) + " worker exited with status " +
+                             std::to_string(WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1) +
+                             " without a result");
+  }
+  progress.done(strategy, out.result);
+  return out;
+}
+
+int fail(const Status& status, int code) {
+  std::fprintf(stderr, "strata bench finetune: %s\n", status.message().c_str());
+  return code;
+}
+
+int run_parent(const FinetunePlan& plan) {
+  std::unique_ptr<LiveMetrics> metrics;
+  std::unique_ptr<telemetry::MetricsServer> server;
+  if (plan.options.metrics_port >= 0) {
+    Result<std::unique_ptr<LiveMetrics>> m = LiveMetrics::create();
+    if (!m) return fail(m.status(), 1);
+    metrics = std::move(*m);
+    telemetry::MetricsServerConfig config;
+    config.port = static_cast<uint16_t>(plan.options.metrics_port);
+    Result<std::unique_ptr<telemetry::MetricsServer>> s =
+        telemetry::MetricsServer::start(config, metrics->registry());
+    if (!s) return fail(std::move(s).take_status().with_context("--metrics-port"), 2);
+    server = std::move(*s);
+    std::fprintf(stderr, "metrics: http://%s:%u/metrics\n", server->address().c_str(),
+                 server->port());
+  }
+  Progress progress;
+  std::vector<StrategyResult> results;
+  for (Strategy s : plan.strategies) {
+    Result<StrategyResult> r = run_strategy(plan, s, progress, metrics.get());
+    if (!r) return fail(r.status(), 1);
+    results.push_back(std::move(*r));
+  }
+  json projection;
+  const bool project = !plan.options.project_gpu.empty();
+  if (project) {
+    Result<json> p = project_full_scale(plan);
+    if (!p) return fail(std::move(p).take_status().with_context("--project-full-scale"), 1);
+    projection = std::move(*p);
+  }
+  if (plan.options.json) {
+    std::printf("%s\n", results_json(plan, results, project ? &projection : nullptr).dump(2).c_str());
+  } else {
+    std::printf("%s", results_table(plan, results, project ? &projection : nullptr).c_str());
+  }
+  std::fflush(stdout);
+  int rc = 0;
+  if (!plan.options.trace_path.empty()) {
+    Status traced = merge_traces(results, plan.options.trace_path);
+    if (!traced) rc = fail(std::move(traced).with_context("--trace"), 1);
+  }
+  if (!plan.options.plot_path.empty()) {
+    Status plotted = plot_memory(plan, results, plan.options.plot_path);
+    if (!plotted) rc = fail(std::move(plotted).with_context("--plot"), 1);
+  }
+  return rc;
+}
+
+int run_finetune(const FinetuneOptions& options) {
+  Result<FinetunePlan> plan = make_plan(options);
+  if (!plan) return fail(plan.status(), 2);
+  if (!options.worker.empty()) {
+    Result<Strategy> s = parse_strategy(options.worker);
+    if (!s) return fail(s.status(), 2);
+    if (options.worker_fd < 0) return fail(invalid_argument("--worker needs --worker-fd"), 2);
+    return run_worker(*plan, *s, options.worker_fd, options.worker_trace);
+  }
+  return run_parent(*plan);
+}
+
+}  // namespace
+}  // namespace finetune
+
+void add_finetune_command(CLI::App& bench) {
+  auto o = std::make_shared<finetune::FinetuneOptions>();
+  CLI::App* cmd = bench.add_subcommand(
+      "finetune",
+      "Fine-tune a scaled model through the C API with Strata and with ZeRO-Infinity's "
+      "offload, each in its own process: peak host memory and step time side by side");
+  cmd->add_option("--model", o->model, "A model preset (llama-2-70b, ...) or a HF config.json")
+      ->required();
+  cmd->add_option("--scale", o->scale, "Width factor (hidden, heads, MLP, vocabulary)")
+      ->capture_default_str();
+  cmd->add_option("--layers", o->layers, "Transformer layers kept (-1: all)")
+      ->capture_default_str();
+  cmd->add_option("--seq", o->seq, "Sequence length (tokens)")->capture_default_str();
+  cmd->add_option("--batch", o->batch, "Sequences per step")->capture_default_str();
+  cmd->add_option("--strategy", o->strategy, "strata | zero-infinity | both")
+      ->capture_default_str();
+  cmd->add_option("--steps", o->steps, "Training steps per strategy")->capture_default_str();
+  cmd->add_option("--nvme", o->nvme_dir,
+                  "Directory for the swap files (default: the system temporary directory)");
+  cmd->add_option("--compute", o->compute,
+                  "modeled (timed wait at the GPU preset's rate) | cpu (real GEMMs) | gpu "
+                  "(cuBLAS)")
+      ->capture_default_str();
+  cmd->add_option("--gpu", o->gpu, "GPU preset whose bf16 rate models compute")
+      ->capture_default_str();
+  cmd->add_option("--mfu", o->mfu, "Fraction of the preset's dense bf16 rate achieved")
+      ->capture_default_str();
+  cmd->add_option("--pinned-budget", o->pinned_budget,
+                  "Strata's pinned budget, e.g. 512M (default: twice the largest tensor's "
+                  "optimizer working set)");
+  cmd->add_option("--device-budget", o->device_budget,
+                  "Device budget for both strategies (default: the --gpu preset's memory less "
+                  "8 GiB, shrunk with the parameter count)");
+  cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
+  cmd->add_option("--trace", o->trace_path, "Write a Chrome trace (both strategies) to FILE");
+  cmd->add_option("--plot", o->plot_path, "Write a PNG of host / pinned / device memory to FILE");
+  cmd->add_option("--project-full-scale", o->project_gpu,
+                  "Also simulate the unscaled model on this GPU preset (sched::simulate)");
+  cmd->add_option("--metrics-port", o->metrics_port,
+                  "Serve Prometheus metrics on 127.0.0.1:N while running (0: any free port)");
+  // The worker side, set only by the parent.
+  cmd->add_option("--worker", o->worker)->group("");
+  cmd->add_option("--worker-fd", o->worker_fd)->group("");
+  cmd->add_option("--worker-trace", o->worker_trace)->group("");
+  cmd->callback([o] {
+    int rc = 1;
+    try {
+      rc = finetune::run_finetune(*o);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "strata bench finetune: internal error: %s\n", e.what());
+    }
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace strata::bench

@@ -1,0 +1,251 @@
+#include "finetune/finetune_options.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <system_error>
+
+#include "common/align.h"
+#include "common/units.h"
+#include "model/plan_offload.h"
+
+namespace strata::bench::finetune {
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint64_t kBudgetGranule = kMiB;
+// GPU memory left to activations, workspaces and the CUDA context, not to Strata's device pool.
+constexpr uint64_t kDeviceReserve = uint64_t{8} << 30;
+constexpr uint32_t kMaxSteps = 1000;
+constexpr uint64_t kMaxTokens = uint64_t{1} << 24;
+// --compute cpu runs every FLOP for real on this machine's cores: beyond this per step a run
+// would take hours, which is a typo rather than a plan.
+constexpr double kMaxCpuFlopsPerStep = 2e12;
+
+std::string exact(double value) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  return text;
+}
+
+Result<uint64_t> budget_option(const std::string& text, const char* flag) {
+  const std::optional<uint64_t> bytes = parse_bytes(text);
+  if (!bytes || *bytes < kPageSize) {
+    return invalid_argument(std::string(flag) + " '" + text +
+                            "' is not a size of at least 4K (e.g. 512M, 2G)");
+  }
+  return align_up(*bytes, kPageSize);
+}
+
+}  // namespace
+
+const char* to_string(Strategy strategy) {
+  return strategy == Strategy::kStrata ? "strata" : "zero-infinity";
+}
+
+Result<Strategy> parse_strategy(const std::string& name) {
+  if (name == "strata") return Strategy::kStrata;
+  if (name == "zero-infinity") return Strategy::kZeroInfinity;
+  return invalid_argument("--strategy '" + name + "' is not strata, zero-infinity or both");
+}
+
+const char* to_string(ComputeMode mode) {
+  switch (mode) {
+    case ComputeMode::kModeled: return "modeled";
+    case ComputeMode::kCpu: return "cpu";
+    case ComputeMode::kGpu: return "gpu";
+  }
+  return "?";
+}
+
+Result<ComputeMode> parse_compute_mode(const std::string& name) {
+  if (name == "modeled") return ComputeMode::kModeled;
+  if (name == "cpu") return ComputeMode::kCpu;
+  if (name == "gpu") return ComputeMode::kGpu;
+  return invalid_argument("--compute '" + name + "' is not modeled, cpu or gpu");
+}
+
+Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
+  FinetunePlan plan;
+  plan.options = options;
+  if (options.strategy == "both") {
+    plan.strategies = {Strategy::kStrata, Strategy::kZeroInfinity};
+  } else {
+    Result<Strategy> s = parse_strategy(options.strategy);
+    if (!s) return std::move(s).take_status();
+    plan.strategies = {*s};
+  }
+  Result<ComputeMode> compute = parse_compute_mode(options.compute);
+  if (!compute) return std::move(compute).take_status();
+  plan.compute = *compute;
+#if !defined(STRATA_HAVE_CUDA)
+  if (plan.compute == ComputeMode::kGpu) {
+    return unsupported(
+        "--compute gpu needs cuBLAS: this strata was built without CUDA (rebuild with "
+        "-DSTRATA_CUDA=ON on a machine with the CUDA toolkit), or use --compute modeled|cpu");
+  }
+#endif
+  Result<GpuPreset> gpu = find_gpu(options.gpu);
+  if (!gpu) return std::move(gpu).take_status().with_context("--gpu");
+  plan.gpu = *gpu;
+  if (!(options.mfu > 0.0 && options.mfu <= 1.0)) {
+    return invalid_argument("--mfu " + exact(options.mfu) + " is outside (0, 1]");
+  }
+  if (!options.project_gpu.empty()) {
+    Result<GpuPreset> project = find_gpu(options.project_gpu);
+    if (!project) return std::move(project).take_status().with_context("--project-full-scale");
+  }
+  if (options.steps < 1 || options.steps > kMaxSteps) {
+    return invalid_argument("--steps " + std::to_string(options.steps) + " is outside 1.." +
+                            std::to_string(kMaxSteps));
+  }
+  if (options.seq < 1 || options.batch < 1 ||
+      uint64_t{options.seq} * options.batch > kMaxTokens) {
+    return invalid_argument("--seq and --batch must be >= 1 with seq x batch <= " +
+                            std::to_string(kMaxTokens) + " tokens");
+  }
+  plan.tokens = uint64_t{options.seq} * options.batch;
+  if (options.metrics_port < -1 || options.metrics_port > 65535) {
+    return invalid_argument("--metrics-port " + std::to_string(options.metrics_port) +
+                            " is outside 0..65535");
+  }
+  STRATA_TRY(check_scale_options(options.scale, options.layers));
+
+  Result<ModelConfig> model = load_model(options.model);
+  if (!model) return std::move(model).take_status().with_context("--model");
+  plan.full_model = *model;
+  if (options.layers > static_cast<int>(model->num_hidden_layers)) {
+    return invalid_argument("--layers " + std::to_string(options.layers) + ": " + model->name +
+                            " has " + std::to_string(model->num_hidden_layers) + " layers");
+  }
+  plan.model = scale_model(*model, options.scale, options.layers);
+  InventoryOptions inventory_options;  // the scaling is already applied to plan.model
+  plan.inventory = build_inventory(plan.model, inventory_options);
+  plan.totals = summarize(plan.inventory);
+  plan.parameters = parameter_count(plan.model);
+  plan.parameter_factor =
+      static_cast<double>(plan.parameters) / static_cast<double>(parameter_count(*model));
+
+  if (plan.compute == ComputeMode::kCpu) {
+    const double flops = 6.0 * static_cast<double>(plan.parameters) *
+                         static_cast<double>(plan.tokens);
+    if (flops > kMaxCpuFlopsPerStep) {
+      char text[256];
+      std::snprintf(text, sizeof text,
+                    "--compute cpu would run %.3g FLOPs per step on this CPU; use fewer "
+                    "tokens (e.g. --seq 64 --batch 1) or a smaller --scale",
+                    flops);
+      return invalid_argument(text);
+    }
+  }
+
+  // NVMe directory: one swap file per worker, removed when the worker ends.
+  std::error_code ec;
+  const std::filesystem::path dir =
+      options.nvme_dir.empty() ? std::filesystem::temp_directory_path(ec)
+                               : std::filesystem::path(options.nvme_dir);
+  if (!std::filesystem::is_directory(dir, ec) || ::access(dir.c_str(), W_OK) != 0) {
+    return invalid_argument("--nvme '" + dir.string() + "' is not a writable directory");
+  }
+  plan.options.nvme_dir = dir.string();
+
+  // Budgets. Strata's pinned budget: room for the optimizer's working set (gradient, fp32
+  // master, m, v and the new bf16 weights: 16 bytes per element) of the largest tensor twice
+  // over, one being updated while the next is read. Everything else streams through it.
+  uint64_t largest_param = 0, largest_layer_params = 0;
+  std::vector<uint64_t> layer_params(plan.model.num_hidden_layers + 1, 0);
+  std::vector<uint64_t> param_elements;
+  for (const TensorSpec& t : plan.inventory) {
+    if (t.kind != TensorKind::kParameter) continue;
+    largest_param = std::max(largest_param, t.elements());
+    param_elements.push_back(t.elements());
+    if (t.layer >= 0) layer_params[static_cast<size_t>(t.layer)] += t.elements();
+  }
+  for (uint64_t p : layer_params) largest_layer_params = std::max(largest_layer_params, p);
+  if (options.pinned_budget.empty()) {
+    plan.strata_pinned_budget = align_up(2 * 16 * largest_param, kBudgetGranule);
+  } else {
+    Result<uint64_t> b = budget_option(options.pinned_budget, "--pinned-budget");
+    if (!b) return std::move(b).take_status();
+    plan.strata_pinned_budget = *b;
+  }
+  // Device budget (the same for both strategies): the modelled GPU's memory, less room for
+  // activations and workspaces, shrunk by the parameter factor, so that the scaled run holds the
+  // same share of the model on the device as the full-size job would (an H100 holds the weights
+  // and gradients of ~23 of llama-2-70b's 80 layers). At least one and a half layers' weights
+  // and gradients, so that a layer can be computed while the next one arrives.
+  if (options.device_budget.empty()) {
+    const double device = static_cast<double>(plan.gpu.memory_bytes() > kDeviceReserve
+                                                  ? plan.gpu.memory_bytes() - kDeviceReserve
+                                                  : 0);
+    const uint64_t proportional = static_cast<uint64_t>(device * plan.parameter_factor);
+    plan.device_budget = align_up(
+        std::max({proportional, 6 * largest_layer_params, 6 * largest_param}), kBudgetGranule);
+  } else {
+    Result<uint64_t> b = budget_option(options.device_budget, "--device-budget");
+    if (!b) return std::move(b).take_status();
+    plan.device_budget = *b;
+  }
+  // Out-of-place write-back keeps the old extent until the new one is written: twice the
+  // states, plus slack for the extent allocator's alignment.
+  plan.nvme_capacity = align_up(2 * plan.totals.bytes + 256 * kMiB, kMiB);
+  const std::filesystem::space_info space = std::filesystem::space(dir, ec);
+  if (!ec && space.available < plan.nvme_capacity) {
+    return invalid_argument("--nvme '" + dir.string() + "' has " +
+                            format_bytes(space.available) + " free; this model needs " +
+                            format_bytes(plan.nvme_capacity) +
+                            " (lower --scale or --layers, or point --nvme elsewhere)");
+  }
+
+  // DeepSpeed's element-count defaults shrink with the parameter count (sub_group_size 1e9 is
+  // about 1.4% of a 70B model; keeping 1e9 on a 354M-parameter model would make one sub-group
+  // of the whole model and inflate its optimizer buffers ~70x relative to the model). Sub-groups
+  // are whole tensors taken in order until the group reaches the size (stage3.py), so the largest
+  // group - what DeepSpeed sizes its buffers for - comes from the real tensor list.
+  sched::ZeroInfinityOptions z;
+  z.param_buffer_count = kDeepSpeedParamBufferCount;
+  z.param_buffer_elements = std::max<uint64_t>(
+      1, static_cast<uint64_t>(std::llround(kDeepSpeedParamBufferElements * plan.parameter_factor)));
+  z.optimizer_buffer_count = kDeepSpeedOptimizerBufferCount;
+  const uint64_t scaled_sub_group = std::max<uint64_t>(
+      1, static_cast<uint64_t>(std::llround(kDeepSpeedSubGroupElements * plan.parameter_factor)));
+  z.sub_group_elements = zero_largest_sub_group(param_elements, scaled_sub_group);
+  plan.zero_options = z;
+  Result<sched::MemoryPlan> zero_plan =
+      sched::zero_infinity_memory_plan(plan.inventory, z, plan.device_budget);
+  if (!zero_plan) return std::move(zero_plan).take_status().with_context("zero-infinity plan");
+  plan.zero_plan = std::move(*zero_plan);
+  return plan;
+}
+
+std::vector<std::string> worker_arguments(const FinetuneOptions& o, Strategy strategy, int fd,
+                                          const std::string& trace_path) {
+  std::vector<std::string> args = {"bench",     "finetune",          "--model",
+                                   o.model,     "--scale",           exact(o.scale),
+                                   "--layers",  std::to_string(o.layers),
+                                   "--seq",     std::to_string(o.seq),
+                                   "--batch",   std::to_string(o.batch),
+                                   "--steps",   std::to_string(o.steps),
+                                   "--nvme",    o.nvme_dir,
+                                   "--compute", o.compute,
+                                   "--gpu",     o.gpu,
+                                   "--mfu",     exact(o.mfu),
+                                   "--strategy", to_string(strategy),
+                                   "--worker",  to_string(strategy),
+                                   "--worker-fd", std::to_string(fd)};
+  if (!o.pinned_budget.empty()) args.insert(args.end(), {"--pinned-budget", o.pinned_budget});
+  if (!o.device_budget.empty()) args.insert(args.end(), {"--device-budget", o.device_budget});
+  if (!trace_path.empty()) args.insert(args.end(), {"--worker-trace", trace_path});
+  return args;
+}
+
+double modeled_seconds(const FinetunePlan& plan, uint64_t parameters, bool backward) {
+  const double flops = (backward ? 4.0 : 2.0) * static_cast<double>(parameters) *
+                       static_cast<double>(plan.tokens);
+  return flops / (plan.gpu.bf16_dense_tflops * 1e12 * plan.options.mfu);
+}
+
+}  // namespace strata::bench::finetune

@@ -1,0 +1,341 @@
+#include "finetune/finetune_output.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "common/align.h"
+#include "common/units.h"
+#include "report.h"
+#include "sched/simulator.h"
+
+#ifndef STRATA_PLOT_SCRIPT
+#define STRATA_PLOT_SCRIPT "bench/plot_memory.py"
+#endif
+
+namespace strata::bench::finetune {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// Room left on the GPU for activations, workspaces and the CUDA context in the projection.
+constexpr uint64_t kProjectionDeviceReserve = uint64_t{8} << 30;
+
+const json* find(const std::vector<StrategyResult>& results, Strategy s) {
+  for (const StrategyResult& r : results) {
+    if (r.strategy == s) return &r.result;
+  }
+  return nullptr;
+}
+
+Result<json> read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return errno_status(STRATA_E_IO, "opening " + path, errno);
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::error(STRATA_E_CORRUPT, path + " is not valid JSON");
+  return j;
+}
+
+Status write_text_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return errno_status(STRATA_E_IO, "creating " + path, errno);
+  out << text;
+  out.flush();
+  if (!out) return errno_status(STRATA_E_IO, "writing " + path, errno);
+  return Status::ok();
+}
+
+std::string gb(uint64_t bytes) { return fixed(static_cast<double>(bytes) / 1e9, 3) + " GB"; }
+
+json strategy_summary(const json& r) {
+  json out = json::object();
+  for (const auto& [key, value] : r.items()) {
+    if (key == "event" || key == "memory_series") continue;
+    out[key] = value;
+  }
+  return out;
+}
+
+// 1 - strata / zero-infinity peak host, and strata / zero-infinity step time.
+std::pair<json, json> ratios(const json* strata, const json* zero) {
+  if (strata == nullptr || zero == nullptr) return {nullptr, nullptr};
+  const double sh = (*strata)["peak_host_bytes"].get<double>();
+  const double zh = (*zero)["peak_host_bytes"].get<double>();
+  const double ss = (*strata)["step_seconds"].get<double>();
+  const double zs = (*zero)["step_seconds"].get<double>();
+  return {zh > 0 ? json(1.0 - sh / zh) : json(nullptr), zs > 0 ? json(ss / zs) : json(nullptr)};
+}
+
+}  // namespace
+
+Result<json> project_full_scale(const FinetunePlan& plan) {
+  Result<GpuPreset> gpu = find_gpu(plan.options.project_gpu);
+  if (!gpu) return std::move(gpu).take_status();
+  Result<NvmePreset> nvme = find_nvme("gen4");
+  if (!nvme) return std::move(nvme).take_status();
+  const ModelConfig& full = plan.full_model;
+  const std::vector<TensorSpec> inventory = build_inventory(full, InventoryOptions{});
+  uint64_t largest = 0;
+  for (const TensorSpec& t : inventory) {
+    if (t.kind == TensorKind::kParameter) largest = std::max(largest, t.elements());
+  }
+  sched::SimulationConfig config;
+  sched::DeviceModel& d = config.device;
+  d.nvme_read_bytes_per_s = nvme->read_gbps * 1e9;
+  d.nvme_write_bytes_per_s = nvme->write_gbps * 1e9;
+  d.host_to_device_bytes_per_s = gpu->pinned_copy_gbps * 1e9;
+  d.device_to_host_bytes_per_s = gpu->pinned_copy_gbps * 1e9;
+  const double flops_per_s = gpu->bf16_dense_tflops * 1e12 * plan.options.mfu;
+  const double layer = static_cast<double>(layer_parameter_count(full));
+  d.forward_seconds_per_layer = 2.0 * layer * static_cast<double>(plan.tokens) / flops_per_s;
+  d.backward_seconds_per_layer = 2.0 * d.forward_seconds_per_layer;
+  const uint64_t device_budget =
+      std::max<uint64_t>(gpu->memory_bytes() > kProjectionDeviceReserve
+                             ? gpu->memory_bytes() - kProjectionDeviceReserve
+                             : 0,
+                         uint64_t{1} << 30);
+  // Strata's pinned budget follows the same rule as the measured run.
+  const uint64_t pinned_budget = align_up(2 * 16 * largest, uint64_t{64} << 20);
+
+  json policies = json::array();
+  sched::SimulationResult results[kStrategyCount];
+  for (Strategy s : {Strategy::kStrata, Strategy::kZeroInfinity}) {
+    sched::SimulationConfig c = config;
+    if (s == Strategy::kStrata) {
+      c.memory = sched::strata_memory_plan(pinned_budget, device_budget);
+    } else {
+      // Full size: DeepSpeed's defaults as they are.
+      Result<sched::MemoryPlan> zero =
+          sched::zero_infinity_memory_plan(inventory, sched::ZeroInfinityOptions{}, device_budget);
+      if (!zero) return std::move(zero).take_status();
+      c.memory = std::move(*zero);
+    }
+    Result<sched::SimulationResult> r = sched::simulate(inventory, c);
+    if (!r) return std::move(r).take_status().with_context(std::string("simulating ") + to_string(s));
+    results[static_cast<int>(s)] = *r;
+    policies.push_back({{"name", to_string(s)},
+                        {"peak_host_bytes", r->peak_host_bytes},
+                        {"peak_pinned_bytes", r->peak_pinned_bytes},
+                        {"peak_device_bytes", r->peak_device_bytes},
+                        {"step_seconds", r->step_seconds},
+                        {"stall_seconds", r->stall_seconds},
+                        {"bottleneck", r->bottleneck_label}});
+  }
+  const auto& a = results[0];
+  const auto& b = results[1];
+  return json{{"gpu", gpu->name},
+              {"model", full.name},
+              {"parameters", parameter_count(full)},
+              {"nvme", nvme->name},
+              {"tokens_per_step", plan.tokens},
+              {"device_budget_bytes", device_budget},
+              {"strata_pinned_budget_bytes", pinned_budget},
+              {"strategies", std::move(policies)},
+              {"host_reduction",
+               b.peak_host_bytes > 0 ? 1.0 - static_cast<double>(a.peak_host_bytes) /
+                                                 static_cast<double>(b.peak_host_bytes)
+                                     : 0.0},
+              {"step_time_ratio", b.step_seconds > 0 ? a.step_seconds / b.step_seconds : 0.0}};
+}
+
+json results_json(const FinetunePlan& plan, const std::vector<StrategyResult>& results,
+                  const json* projection) {
+  json strategies = json::array();
+  for (const StrategyResult& r : results) strategies.push_back(strategy_summary(r.result));
+  const auto [host_reduction, step_ratio] =
+      ratios(find(results, Strategy::kStrata), find(results, Strategy::kZeroInfinity));
+  const FinetuneOptions& o = plan.options;
+  json out = {
+      {"model", plan.full_model.name},
+      {"scaled",
+       {{"scale", o.scale},
+        {"layers", plan.model.num_hidden_layers},
+        {"full_layers", plan.full_model.num_hidden_layers},
+        {"hidden_size", plan.model.hidden_size},
+        {"intermediate_size", plan.model.intermediate_size},
+        {"parameters", plan.parameters},
+        {"full_parameters", parameter_count(plan.full_model)},
+        {"tensors", plan.totals.tensors},
+        {"state_bytes", plan.totals.bytes}}},
+      {"config",
+       {{"steps", o.steps},
+        {"seq", o.seq},
+        {"batch", o.batch},
+        {"compute", o.compute},
+        {"gpu", plan.gpu.name},
+        {"mfu", o.mfu},
+        {"nvme_dir", o.nvme_dir},
+        {"strata_pinned_budget_bytes", plan.strata_pinned_budget},
+        {"device_budget_bytes", plan.device_budget},
+        {"deepspeed",
+         {{"param_buffer_count", plan.zero_options.param_buffer_count},
+          {"param_buffer_elements", plan.zero_options.param_buffer_elements},
+          {"optimizer_buffer_count", plan.zero_options.optimizer_buffer_count},
+          {"sub_group_elements", plan.zero_options.sub_group_elements},
+          {"parameter_factor", plan.parameter_factor},
+          {"aio_block_bytes", kDeepSpeedAioBlockBytes},
+          {"aio_queue_depth", kDeepSpeedAioQueueDepth},
+          {"aio_threads", kDeepSpeedAioThreads}}}}},
+      {"strategies", std::move(strategies)},
+      {"host_reduction", host_reduction},
+      {"step_time_ratio", step_ratio}};
+  if (projection != nullptr) out["projection"] = *projection;
+  return out;
+}
+
+std::string results_table(const FinetunePlan& plan, const std::vector<StrategyResult>& results,
+                          const json* projection) {
+  const FinetuneOptions& o = plan.options;
+  std::ostringstream s;
+  s << "strata bench finetune: " << plan.full_model.name << " x" << fixed(o.scale, 3)
+    << " width, " << plan.model.num_hidden_layers << " of " << plan.full_model.num_hidden_layers
+    << " layers: " << fixed(static_cast<double>(plan.parameters) / 1e6, 1) << "M parameters, "
+    << format_bytes(plan.totals.bytes) << " of model states on NVMe (" << o.nvme_dir << ")\n";
+  s << o.steps << " steps (step time: median after the first), seq " << o.seq << " x batch "
+    << o.batch << ", compute " << o.compute << " (" << plan.gpu.name << ", MFU "
+    << fixed(o.mfu, 2) << "); pinned budget " << format_bytes(plan.strata_pinned_budget)
+    << " (strata), device budget " << format_bytes(plan.device_budget) << "\n\n";
+  Table table({"strategy", "peak host", "peak pinned", "peak device", "step (s)", "NVMe rd GB/s",
+               "NVMe wr GB/s", "stall", "VmHWM"});
+  for (const StrategyResult& r : results) {
+    const json& j = r.result;
+    table.add_row({to_string(r.strategy), gb(j["peak_host_bytes"].get<uint64_t>()),
+                   gb(j["peak_pinned_bytes"].get<uint64_t>()),
+                   gb(j["peak_device_bytes"].get<uint64_t>()),
+                   fixed(j["step_seconds"].get<double>(), 2),
+                   fixed(j["nvme_read_gbps"].get<double>(), 3),
+                   fixed(j["nvme_write_gbps"].get<double>(), 3),
+                   fixed(100.0 * j["stall_fraction"].get<double>(), 1) + "%",
+                   gb(j["os_vmhwm_bytes"].get<uint64_t>())});
+  }
+  s << table.render();
+  const auto [host_reduction, step_ratio] =
+      ratios(find(results, Strategy::kStrata), find(results, Strategy::kZeroInfinity));
+  if (!host_reduction.is_null() && !step_ratio.is_null()) {
+    s << "\nstrata vs zero-infinity: peak host -"
+      << fixed(100.0 * host_reduction.get<double>(), 1) << "% (host_reduction "
+      << fixed(host_reduction.get<double>(), 3) << "), step time x"
+      << fixed(step_ratio.get<double>(), 3) << " (step_time_ratio)\n";
+  }
+  if (const json* z = find(results, Strategy::kZeroInfinity)) {
+    s << "zero-infinity: DeepSpeed blocks " << gb((*z)["deepspeed_blocks_bytes"].get<uint64_t>())
+      << " pinned for the whole run, overflow-check temporaries "
+      << gb((*z)["deepspeed_overflow_temporary_bytes"].get<uint64_t>())
+      << " per pass; runtime sizes: " << (*z)["runtime_zero_infinity_sizes"].get<std::string>()
+      << "\n";
+  }
+  s << "peak host = RSS less the emulated device (zero-infinity: its staged tensors counted once, "
+       "inside DeepSpeed's blocks); VmHWM = the kernel's peak RSS, device memory included\n";
+  if (projection != nullptr) {
+    const json& p = *projection;
+    s << "\nFull-scale projection (sched::simulate): " << p["model"].get<std::string>() << ", "
+      << p["gpu"].get<std::string>() << ", one " << p["nvme"].get<std::string>() << " drive, "
+      << p["tokens_per_step"].get<uint64_t>() << " tokens per step\n";
+    Table t({"strategy", "peak host", "peak pinned", "peak device", "step (s)", "bottleneck"});
+    for (const json& r : p["strategies"]) {
+      t.add_row({r["name"].get<std::string>(), gb(r["peak_host_bytes"].get<uint64_t>()),
+                 gb(r["peak_pinned_bytes"].get<uint64_t>()),
+                 gb(r["peak_device_bytes"].get<uint64_t>()), fixed(r["step_seconds"].get<double>(), 2),
+                 r["bottleneck"].get<std::string>()});
+    }
+    s << t.render() << "projected host_reduction " << fixed(p["host_reduction"].get<double>(), 3)
+      << ", step_time_ratio " << fixed(p["step_time_ratio"].get<double>(), 3) << "\n";
+  }
+  return s.str();
+}
+
+Status merge_traces(const std::vector<StrategyResult>& results, const std::string& path) {
+  json events = json::array();
+  int pid = 0;
+  for (const StrategyResult& r : results) {
+    ++pid;
+    Result<json> worker = read_json_file(r.trace_path);
+    if (!worker) return std::move(worker).take_status();
+    const std::string name = to_string(r.strategy);
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 0},
+                      {"args", {{"name", name}}}});
+    events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"tid", 0},
+                      {"args", {{"sort_index", pid}}}});
+    // The runtime's spans: "nvme read", "nvme write", "h2d copy", "d2h copy" tracks, on the
+    // runtime's clock, moved onto the worker's.
+    const int64_t offset = (*worker)["runtime_epoch_us"].get<int64_t>();
+    Result<json> runtime = read_json_file((*worker)["runtime_trace"].get<std::string>());
+    if (!runtime) return std::move(runtime).take_status();
+    for (json& e : (*runtime)["traceEvents"]) {
+      if (e.value("ph", "") == "M" && e.value("name", "") == "process_name") continue;
+      e["pid"] = pid;
+      if (e.contains("ts")) e["ts"] = e["ts"].get<int64_t>() + offset;
+      events.push_back(std::move(e));
+    }
+    // The worker's own tracks (compute, optimizer, ...), each its own row after the runtime's.
+    std::map<std::string, int> tids;
+    for (const json& span : (*worker)["spans"]) {
+      const std::string track = span["track"].get<std::string>();
+      auto [it, added] = tids.emplace(track, 100 + static_cast<int>(tids.size()));
+      if (added) {
+        events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", it->second},
+                          {"args", {{"name", track}}}});
+        events.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", pid},
+                          {"tid", it->second}, {"args", {{"sort_index", it->second}}}});
+      }
+      json e = {{"name", span["name"]}, {"cat", track},       {"ph", "X"},
+                {"ts", span["ts"]},     {"dur", span["dur"]}, {"pid", pid},
+                {"tid", it->second}};
+      if (span.contains("bytes")) e["args"] = {{"bytes", span["bytes"]}};
+      events.push_back(std::move(e));
+    }
+    std::remove((*worker)["runtime_trace"].get<std::string>().c_str());
+    std::remove(r.trace_path.c_str());
+  }
+  const json out = {{"displayTimeUnit", "ms"},
+                    {"otherData", {{"producer", "strata bench finetune"}}},
+                    {"traceEvents", std::move(events)}};
+  return write_text_file(path, out.dump());
+}
+
+Status plot_memory(const FinetunePlan& plan, const std::vector<StrategyResult>& results,
+                   const std::string& path) {
+  json strategies = json::array();
+  for (const StrategyResult& r : results) {
+    strategies.push_back({{"name", to_string(r.strategy)},
+                          {"peak_host_bytes", r.result["peak_host_bytes"]},
+                          {"series", r.result["memory_series"]}});
+  }
+  const json data = {{"title", "strata bench finetune: " + plan.full_model.name + " x" +
+                                   fixed(plan.options.scale, 3) + ", " +
+                                   std::to_string(plan.model.num_hidden_layers) + " layers, " +
+                                   std::to_string(plan.options.steps) + " steps"},
+                     {"columns", {"seconds", "host_bytes", "pinned_bytes", "device_bytes"}},
+                     {"strategies", std::move(strategies)}};
+  const std::string data_path = path + ".json";
+  STRATA_TRY(write_text_file(data_path, data.dump()));
+  const char* python = std::getenv("STRATA_PYTHON");
+  const char* script = std::getenv("STRATA_PLOT_SCRIPT");
+  const std::string py = python != nullptr ? python : "/usr/bin/python3";
+  const std::string sc = script != nullptr ? script : STRATA_PLOT_SCRIPT;
+  const pid_t child = ::fork();
+  if (child < 0) return errno_status(STRATA_E_LIMIT, "starting " + py, errno);
+  if (child == 0) {
+    ::dup2(2, 1);  // the script's chatter never mixes into --json on stdout
+    ::execl(py.c_str(), py.c_str(), sc.c_str(), data_path.c_str(), path.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return unsupported("rendering " + path + " with " + py + " " + sc +
+                       " failed (it needs matplotlib); the data is in " + data_path);
+  }
+  return Status::ok();
+}
+
+}  // namespace strata::bench::finetune

@@ -1,0 +1,143 @@
+// --compute gpu: the layer's GEMMs with cuBLAS on the device buffers Strata hands out. Built only
+// with CUDA (bench/CMakeLists.txt). Y = X W^T forward; dX = dY W and dW = dY^T X backward, with
+// dW written straight into the bf16 gradient Strata acquired with DISCARD. Work is queued on one
+// stream, which is passed to strata_release so that Strata copies a gradient out only after the
+// GEMM that writes it.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "finetune/layer_compute.h"
+#include "optim/half_convert.h"
+
+namespace strata::bench::finetune {
+namespace {
+
+Status cuda_status(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::ok();
+  return Status::error(STRATA_E_DEVICE, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+Status cublas_status(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return Status::ok();
+  return Status::error(STRATA_E_DEVICE, std::string(what) + ": cuBLAS status " +
+                                            std::to_string(static_cast<int>(s)));
+}
+
+class GpuCompute final : public LayerCompute {
+ public:
+  ~GpuCompute() override {
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    for (void* p : {x_, y_, dx_}) {
+      if (p != nullptr) cudaFree(p);
+    }
+    if (handle_ != nullptr) cublasDestroy(handle_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  static Result<std::unique_ptr<LayerCompute>> create(const FinetunePlan& plan) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+      return unsupported("--compute gpu: no usable CUDA GPU on this machine");
+    }
+    auto g = std::unique_ptr<GpuCompute>(new GpuCompute());
+    g->tokens_ = plan.tokens;
+    uint64_t max_in = 1, max_out = 1;
+    for (const TensorSpec& t : plan.inventory) {
+      if (t.kind != TensorKind::kParameter || t.shape.size() != 2) continue;
+      max_out = std::max(max_out, t.shape[0]);
+      max_in = std::max(max_in, t.shape[1]);
+    }
+    STRATA_TRY(cuda_status(cudaStreamCreateWithFlags(&g->stream_, cudaStreamNonBlocking),
+                           "cudaStreamCreate"));
+    STRATA_TRY(cublas_status(cublasCreate(&g->handle_), "cublasCreate"));
+    STRATA_TRY(cublas_status(cublasSetStream(g->handle_, g->stream_), "cublasSetStream"));
+    const uint64_t in_bytes = g->tokens_ * max_in * 2, out_bytes = g->tokens_ * max_out * 2;
+    STRATA_TRY(cuda_status(cudaMalloc(&g->x_, in_bytes), "cudaMalloc (activations)"));
+    STRATA_TRY(cuda_status(cudaMalloc(&g->y_, out_bytes), "cudaMalloc (activations)"));
+    STRATA_TRY(cuda_status(cudaMalloc(&g->dx_, in_bytes), "cudaMalloc (activations)"));
+    // Small, varied activations (the forward output then stands in for dL/dY).
+    std::vector<uint16_t> host(g->tokens_ * max_in);
+    for (size_t i = 0; i < host.size(); ++i) {
+      host[i] = optim::float_to_bf16(static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f);
+    }
+    STRATA_TRY(cuda_status(cudaMemcpy(g->x_, host.data(), in_bytes, cudaMemcpyHostToDevice),
+                           "cudaMemcpy (activations)"));
+    return std::unique_ptr<LayerCompute>(std::move(g));
+  }
+
+  Status forward(std::span<const ComputeTensor> tensors) override {
+    const float alpha = 1.0f, beta = 0.0f;
+    for (const ComputeTensor& t : tensors) {
+      STRATA_TRY(wait(t));
+      if (t.spec->shape.size() != 2 || is_embedding(*t.spec)) continue;
+      const int out = static_cast<int>(t.spec->shape[0]), in = static_cast<int>(t.spec->shape[1]);
+      const int n = static_cast<int>(tokens_);
+      // Row-major Y[T x out] = X[T x in] W[out x in]^T, as column-major Y^T = W X^T.
+      STRATA_TRY(cublas_status(
+          cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, t.weight,
+                       CUDA_R_16BF, in, x_, CUDA_R_16BF, in, &beta, y_, CUDA_R_16BF, out,
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "forward GEMM"));
+    }
+    return Status::ok();
+  }
+
+  Status backward(std::span<const ComputeTensor> tensors) override {
+    const float alpha = 1.0f, beta = 0.0f;
+    for (const ComputeTensor& t : tensors) {
+      STRATA_TRY(wait(t));
+      if (t.spec->shape.size() != 2 || is_embedding(*t.spec)) {
+        STRATA_TRY(cuda_status(cudaMemsetAsync(t.grad, 0, t.spec->bytes(), stream_),
+                               "cudaMemsetAsync (gradient)"));
+        continue;
+      }
+      const int out = static_cast<int>(t.spec->shape[0]), in = static_cast<int>(t.spec->shape[1]);
+      const int n = static_cast<int>(tokens_);
+      // dX[T x in] = dY[T x out] W[out x in]: column-major dX^T = W^T(col) dY^T.
+      STRATA_TRY(cublas_status(
+          cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &alpha, t.weight,
+                       CUDA_R_16BF, in, y_, CUDA_R_16BF, out, &beta, dx_, CUDA_R_16BF, in,
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "backward dX GEMM"));
+      // dW[out x in] = dY^T X: column-major dW^T = X^T(col) dY.
+      STRATA_TRY(cublas_status(
+          cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &alpha, x_, CUDA_R_16BF,
+                       in, y_, CUDA_R_16BF, out, &beta, t.grad, CUDA_R_16BF, in,
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "backward dW GEMM"));
+    }
+    return Status::ok();
+  }
+
+  void* stream() const override { return stream_; }
+
+ private:
+  GpuCompute() = default;
+  static bool is_embedding(const TensorSpec& spec) {
+    return std::string_view(spec.name).starts_with("embed_tokens");
+  }
+  Status wait(const ComputeTensor& t) {
+    if (t.ready_event == nullptr) return Status::ok();
+    return cuda_status(
+        cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(t.ready_event), 0),
+        "cudaStreamWaitEvent");
+  }
+
+  uint64_t tokens_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t handle_ = nullptr;
+  void *x_ = nullptr, *y_ = nullptr, *dx_ = nullptr;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<LayerCompute>> make_gpu_compute(const FinetunePlan& plan) {
+  return GpuCompute::create(plan);
+}
+
+}  // namespace strata::bench::finetune

@@ -1,0 +1,167 @@
+#include "finetune/memory_sampler.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "memory/accounting.h"
+
+namespace strata::bench::finetune {
+namespace {
+
+// Explicit limit: a sample every 5 ms for the longest allowed run stays well below this.
+constexpr size_t kMaxSeries = 1u << 20;
+
+}  // namespace
+
+int find_emulated_device_fd() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (dirent* entry = ::readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0') continue;
+    char link[256];
+    const std::string path = std::string("/proc/self/fd/") + entry->d_name;
+    const ssize_t n = ::readlink(path.c_str(), link, sizeof link - 1);
+    if (n <= 0) continue;
+    link[n] = '\0';
+    if (std::strncmp(link, "/memfd:strata-emulated-device", 29) == 0) {
+      found = static_cast<int>(fd);
+      break;
+    }
+  }
+  ::closedir(dir);
+  return found;
+}
+
+MemorySampler::MemorySampler(std::chrono::microseconds interval, uint32_t series_every,
+                             std::chrono::milliseconds report_interval,
+                             std::function<void(const MemoryReading&)> on_sample)
+    : interval_(interval),
+      series_every_(std::max<uint32_t>(series_every, 1)),
+      report_interval_(report_interval),
+      on_sample_(std::move(on_sample)) {
+  series_.reserve(4096);
+  sample_now();
+  thread_ = std::thread([this] { run(); });
+}
+
+MemorySampler::~MemorySampler() { stop(); }
+
+void MemorySampler::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    if (stop_ && !thread_.joinable()) return;
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void MemorySampler::set_deepspeed_blocks(uint64_t bytes, uint64_t locked_bytes) {
+  blocks_.store(bytes, std::memory_order_relaxed);
+  blocks_locked_.store(locked_bytes, std::memory_order_relaxed);
+  sample_now();
+}
+
+Result<MemoryReading> MemorySampler::read() const {
+  Result<memory::ProcMemory> proc = memory::read_proc_memory();
+  if (!proc) return std::move(proc).take_status();
+  MemoryReading r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
+  const int fd = device_fd_.load(std::memory_order_relaxed);
+  if (fd >= 0) {
+    struct stat st {};
+    // A memfd's block count is exactly the shmem pages it holds.
+    if (::fstat(fd, &st) == 0) r.device = static_cast<uint64_t>(st.st_blocks) * 512;
+  }
+  const uint64_t other_shmem = proc->rss_shmem > r.device ? proc->rss_shmem - r.device : 0;
+  r.raw_host = proc->rss_anon + proc->rss_file + other_shmem;
+  r.locked = proc->vm_lck;
+  const uint64_t blocks = blocks_.load(std::memory_order_relaxed);
+  const uint64_t blocks_locked = blocks_locked_.load(std::memory_order_relaxed);
+  const uint64_t runtime_pinned = r.locked > blocks_locked ? r.locked - blocks_locked : 0;
+  if (blocks == 0) {
+    r.host = r.raw_host;
+    r.pinned = runtime_pinned;
+  } else {
+    const uint64_t inside = std::min(runtime_pinned, blocks);
+    r.host = r.raw_host > inside ? r.raw_host - inside : 0;
+    r.pinned = std::max(runtime_pinned, blocks);
+  }
+  return r;
+}
+
+void MemorySampler::sample_now() {
+  Result<MemoryReading> reading = read();
+  if (!reading) return;  // no /proc: peaks stay 0, which the report shows as unknown
+  const MemoryReading& r = *reading;
+  const uint64_t blocks_locked = blocks_locked_.load(std::memory_order_relaxed);
+  bool report = false;
+  {
+    std::lock_guard lock(mutex_);
+    peaks_.host = std::max(peaks_.host, r.host);
+    peaks_.pinned = std::max(peaks_.pinned, r.pinned);
+    peaks_.device = std::max(peaks_.device, r.device);
+    peaks_.raw_host = std::max(peaks_.raw_host, r.raw_host);
+    peaks_.runtime_pinned =
+        std::max(peaks_.runtime_pinned, r.locked > blocks_locked ? r.locked - blocks_locked : 0);
+    last_ = r;
+    if (samples_++ % series_every_ == 0 && series_.size() < kMaxSeries) series_.push_back(r);
+    const auto now = std::chrono::steady_clock::now();
+    if (on_sample_ && now - last_report_ >= report_interval_) {
+      last_report_ = now;
+      report = true;
+    }
+  }
+  if (report) on_sample_(r);
+}
+
+void MemorySampler::run() {
+  std::unique_lock lock(mutex_);
+  while (!stop_) {
+    lock.unlock();
+    sample_now();
+    lock.lock();
+    wake_.wait_for(lock, interval_, [this] { return stop_; });
+  }
+}
+
+MemoryPeaks MemorySampler::peaks() const {
+  std::lock_guard lock(mutex_);
+  return peaks_;
+}
+
+MemoryReading MemorySampler::last() const {
+  std::lock_guard lock(mutex_);
+  return last_;
+}
+
+std::vector<MemoryReading> MemorySampler::series(size_t max_points) const {
+  std::lock_guard lock(mutex_);
+  if (max_points == 0 || series_.size() <= max_points) return series_;
+  // Max-pooling keeps every spike visible in a plot, which averaging would flatten.
+  const size_t per = (series_.size() + max_points - 1) / max_points;
+  std::vector<MemoryReading> out;
+  out.reserve(max_points);
+  for (size_t i = 0; i < series_.size(); i += per) {
+    MemoryReading m = series_[i];
+    for (size_t j = i + 1; j < std::min(series_.size(), i + per); ++j) {
+      m.host = std::max(m.host, series_[j].host);
+      m.pinned = std::max(m.pinned, series_[j].pinned);
+      m.device = std::max(m.device, series_[j].device);
+      m.raw_host = std::max(m.raw_host, series_[j].raw_host);
+    }
+    out.push_back(m);
+  }
+  return out;
+}
+
+}  // namespace strata::bench::finetune

@@ -1,0 +1,101 @@
+// Host, pinned and device memory of a `strata bench finetune` worker process over time, as the
+// OS reports it (/proc/self/status), sampled on its own thread.
+//
+// "Host" is RssAnon + RssFile + RssShmem less the emulated device's memfd (the memory standing in
+// for a GPU is not host memory on a GPU machine). "Pinned" is VmLck: Strata's pinned arena
+// mlock()s every buffer it maps, and nothing else in the worker locks memory unless the
+// DeepSpeed emulation does (it reports how much, see set_deepspeed_blocks).
+//
+// ZeRO-Infinity worker: DeepSpeed holds its pinned blocks (parameter slots, optimizer sub-group
+// buffers, flat gradient buffer) for the whole run, and the tensors it stages live inside them.
+// The runtime (policy ZERO_INFINITY) reproduces that staging's budgets but maps each staged
+// tensor exactly, so the worker also allocates the blocks themselves, and the runtime's staged
+// bytes (which DeepSpeed would hold inside those blocks) are counted once, not twice:
+//   host = RSS excluding the device - min(runtime pinned, blocks);  pinned = max(runtime, blocks).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+
+namespace strata::bench::finetune {
+
+struct MemoryReading {
+  double seconds = 0;         // since the sampler started
+  uint64_t host = 0;          // as defined above (ZeRO-Infinity: blocks counted once)
+  uint64_t pinned = 0;
+  uint64_t device = 0;        // the emulated device's resident memory
+  uint64_t raw_host = 0;      // RSS excluding the device, without the adjustment
+  uint64_t locked = 0;        // VmLck
+};
+
+struct MemoryPeaks {
+  uint64_t host = 0;
+  uint64_t pinned = 0;
+  uint64_t device = 0;
+  uint64_t raw_host = 0;
+  uint64_t runtime_pinned = 0;  // VmLck less the DeepSpeed blocks' locked bytes
+};
+
+class MemorySampler {
+ public:
+  // Every `interval` a sample; every `series_every`-th goes into the time series; `on_sample`
+  // (may be empty) is called with each sample at most every `report_interval`, on the sampler's
+  // thread.
+  MemorySampler(std::chrono::microseconds interval, uint32_t series_every,
+                std::chrono::milliseconds report_interval,
+                std::function<void(const MemoryReading&)> on_sample);
+  ~MemorySampler();
+  MemorySampler(const MemorySampler&) = delete;
+  MemorySampler& operator=(const MemorySampler&) = delete;
+
+  // The emulated device's memfd (-1: none, e.g. CUDA): its resident pages are left out of host.
+  void set_device_fd(int fd) { device_fd_.store(fd, std::memory_order_relaxed); }
+  // DeepSpeed emulation: bytes of its blocks now, and how many of them are mlock()ed.
+  void set_deepspeed_blocks(uint64_t bytes, uint64_t locked_bytes);
+
+  // Takes a sample now (callers that know when a spike peaks, e.g. an overflow-check temporary
+  // at its fullest, call this there: the thread's interval would miss short spikes).
+  void sample_now();
+  void stop();
+
+  MemoryPeaks peaks() const;
+  MemoryReading last() const;
+  // The series, max-pooled down to at most `max_points` points.
+  std::vector<MemoryReading> series(size_t max_points) const;
+
+ private:
+  void run();
+  Result<MemoryReading> read() const;
+
+  const std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
+  const std::chrono::microseconds interval_;
+  const uint32_t series_every_;
+  const std::chrono::milliseconds report_interval_;
+  std::function<void(const MemoryReading&)> on_sample_;
+  std::atomic<int> device_fd_{-1};
+  std::atomic<uint64_t> blocks_{0};
+  std::atomic<uint64_t> blocks_locked_{0};
+
+  mutable std::mutex mutex_;  // guards everything below
+  std::condition_variable wake_;
+  bool stop_ = false;
+  MemoryPeaks peaks_;
+  MemoryReading last_;
+  std::vector<MemoryReading> series_;
+  uint64_t samples_ = 0;
+  std::chrono::steady_clock::time_point last_report_{};
+  std::thread thread_;
+};
+
+// The fd of this process's emulated device memfd ("/memfd:strata-emulated-device"), or -1.
+int find_emulated_device_fd();
+
+}  // namespace strata::bench::finetune

@@ -1,0 +1,43 @@
+// The per-ISA kernels behind CpuAdam. Each ISA lives in its own translation unit compiled with
+// its own -m flags (adam_avx2.cpp, adam_avx512.cpp), so one binary carries every path and picks
+// one at run time. Those files must not define anything with vague linkage (inline functions,
+// template instantiations from shared headers): the linker could keep their AVX-512 copy and
+// hand it to the scalar path. Hence plain pointers and PODs here, nothing inline.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "optim/adamw_constants.h"
+
+namespace strata::optim::detail {
+
+// Index of a gradient dtype in the tables: fp32, bf16, fp16.
+inline constexpr int kGradKinds = 3;
+// Index of a param_out kind: none, bf16, fp16.
+inline constexpr int kOutKinds = 3;
+
+// Updates n elements; the pointers are already offset to the first one. `out` may be null only
+// when the table entry is the "none" one.
+using AdamWKernel = void (*)(const AdamWConstants& c, float* param, float* m, float* v,
+                             const void* grad, void* out, size_t n);
+// Sum of squares of n gradient elements in double; NaN or infinity propagates.
+using SumSquaresKernel = double (*)(const void* grad, size_t n);
+// a = b + scalar * c, the STREAM triad; non-temporal stores when `streaming`.
+using TriadKernel = void (*)(float* a, const float* b, const float* c, float scalar, size_t n,
+                             bool streaming);
+
+struct KernelTable {
+  const char* name;
+  AdamWKernel adamw[kGradKinds][kOutKinds][2];  // [grad][out][l2 term present]
+  SumSquaresKernel sum_squares[kGradKinds];
+  TriadKernel triad;
+};
+
+const KernelTable& scalar_kernels();
+#if defined(STRATA_OPTIM_X86)
+const KernelTable& avx2_kernels();
+const KernelTable& avx512_kernels();
+#endif
+
+}  // namespace strata::optim::detail

@@ -1,0 +1,301 @@
+// `strata bench finetune` end to end, through the real `strata` program on a tiny model (Llama-2
+// 7B narrowed to 5% and cut to 2 layers: 2.2M parameters, 35 MB of states; 2 steps, 64 tokens):
+// the JSON report, one process per strategy, the trace, the metrics endpoint while it runs, and
+// clear errors for bad arguments. (Qwen2.5-0.5B cannot shrink that far: its 7:1 grouped-query
+// ratio keeps at least 7 heads of 64, and its 152K vocabulary then dominates.)
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "model/test_dir.h"
+#include "telemetry/loopback_http.h"
+
+namespace strata {
+namespace {
+
+using json = nlohmann::json;
+
+struct CliRun {
+  int code = -1;
+  pid_t pid = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs the strata program with `args`, collecting stdout and stderr; `on_stderr` sees stderr as
+// it grows (the metrics test learns the port from it while the run goes on).
+CliRun run_cli(const std::vector<std::string>& args,
+               const std::function<void(const std::string&)>& on_stderr = {}) {
+  CliRun r;
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) return r;
+  std::vector<std::string> storage = args;
+  std::vector<char*> argv;
+  std::string program = STRATA_CLI_PATH;
+  argv.push_back(program.data());
+  for (std::string& a : storage) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  r.pid = ::fork();
+  if (r.pid == 0) {
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    ::execv(program.c_str(), argv.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  int open = 2;
+  char buf[65536];
+  while (open > 0) {
+    if (::poll(fds, 2, 1000) < 0 && errno != EINTR) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      const ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
+      if (n <= 0) {
+        ::close(fds[i].fd);
+        fds[i].fd = -1;
+        --open;
+        continue;
+      }
+      (i == 0 ? r.out : r.err).append(buf, static_cast<size_t>(n));
+      if (i == 1 && on_stderr) on_stderr(r.err);
+    }
+  }
+  int status = 0;
+  ::waitpid(r.pid, &status, 0);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+std::vector<std::string> tiny(const std::filesystem::path& dir,
+                              std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"bench",  "finetune", "--model", "llama-2-7b",   "--scale",
+                                   "0.05",   "--layers", "2",       "--steps",      "2",
+                                   "--seq",  "64",       "--batch", "1",            "--nvme",
+                                   dir.string()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+TEST(FinetuneBench, JsonHasEveryKeyFromTwoSeparateWorkerProcesses) {
+  const auto dir = testing::scratch_dir("finetune-json");
+  const CliRun r = run_cli(tiny(dir, {"--json", "--project-full-scale", "h100-sxm"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(r.out);
+  for (const char* key : {"model", "strategies", "host_reduction", "step_time_ratio"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_EQ(j["model"], "llama-2-7b");
+  ASSERT_EQ(j["strategies"].size(), 2u);
+  std::set<int64_t> pids;
+  for (const json& s : j["strategies"]) {
+    for (const char* key : {"name", "peak_host_bytes", "peak_pinned_bytes", "peak_device_bytes",
+                            "step_seconds", "nvme_read_gbps", "nvme_write_gbps",
+                            "stall_fraction"}) {
+      EXPECT_TRUE(s.contains(key)) << s["name"] << " lacks " << key;
+    }
+    EXPECT_GT(s["peak_host_bytes"].get<double>(), 0) << s["name"];
+    EXPECT_GT(s["peak_pinned_bytes"].get<double>(), 0) << s["name"];
+    EXPECT_GT(s["peak_device_bytes"].get<double>(), 0) << s["name"];
+    EXPECT_GT(s["step_seconds"].get<double>(), 0) << s["name"];
+    EXPECT_GE(s["stall_fraction"].get<double>(), 0);
+    EXPECT_LE(s["stall_fraction"].get<double>(), 1);
+    EXPECT_GT(s["os_vmhwm_bytes"].get<double>(), 0);
+    pids.insert(s["pid"].get<int64_t>());
+  }
+  // Each strategy in its own process, neither of them the parent.
+  EXPECT_EQ(pids.size(), 2u);
+  EXPECT_EQ(pids.count(r.pid), 0u);
+  const json& strata = j["strategies"][0];
+  const json& zero = j["strategies"][1];
+  EXPECT_EQ(strata["name"], "strata");
+  EXPECT_EQ(zero["name"], "zero-infinity");
+  EXPECT_LT(strata["peak_pinned_bytes"].get<double>(), zero["peak_pinned_bytes"].get<double>());
+  EXPECT_GT(zero["deepspeed_blocks_bytes"].get<double>(), 0);
+  EXPECT_GT(zero["deepspeed_overflow_temporary_bytes"].get<double>(), 0);
+  EXPECT_TRUE(j["host_reduction"].is_number());
+  EXPECT_TRUE(j["step_time_ratio"].is_number());
+  EXPECT_LT(j["host_reduction"].get<double>(), 1.0);
+  // The projection simulates the unscaled model for both plans.
+  ASSERT_TRUE(j.contains("projection"));
+  EXPECT_EQ(j["projection"]["strategies"].size(), 2u);
+  EXPECT_GT(j["projection"]["strategies"][1]["peak_host_bytes"].get<double>(),
+            j["projection"]["strategies"][0]["peak_host_bytes"].get<double>());
+  // The swap files are gone.
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+}
+
+TEST(FinetuneBench, TraceIsChromeJsonWithReadWriteCopyComputeAndOptimizerTracks) {
+  const auto dir = testing::scratch_dir("finetune-trace");
+  const auto trace = dir / "trace.json";
+  const auto nvme = dir / "nvme";
+  std::filesystem::create_directories(nvme);
+  const CliRun r = run_cli(tiny(nvme, {"--trace", trace.string()}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream in(trace);
+  const json j = json::parse(in);
+  ASSERT_TRUE(j["traceEvents"].is_array());
+  // thread name per (pid, tid), then count complete events per track name and process.
+  std::map<std::pair<int, int>, std::string> names;
+  std::map<int, std::string> processes;
+  for (const json& e : j["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") {
+      names[{e["pid"].get<int>(), e["tid"].get<int>()}] = e["args"]["name"].get<std::string>();
+    }
+    if (e["ph"] == "M" && e["name"] == "process_name") {
+      processes[e["pid"].get<int>()] = e["args"]["name"].get<std::string>();
+    }
+  }
+  std::map<std::string, std::map<std::string, int>> spans;  // process -> track -> count
+  for (const json& e : j["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    const int pid = e["pid"].get<int>();
+    std::string track = names[{pid, e["tid"].get<int>()}];
+    track = std::regex_replace(track, std::regex(" \\([0-9]+\\)$"), "");  // sub-rows
+    ++spans[processes[pid]][track];
+    EXPECT_GE(e["dur"].get<int64_t>(), 0);
+  }
+  for (const char* process : {"strata", "zero-infinity"}) {
+    SCOPED_TRACE(process);
+    ASSERT_TRUE(spans.count(process));
+    const auto& tracks = spans[process];
+    for (const char* track : {"nvme read", "nvme write", "compute", "optimizer"}) {
+      EXPECT_GT(tracks.count(track) ? tracks.at(track) : 0, 0) << track;
+    }
+    const int copies = (tracks.count("h2d copy") ? tracks.at("h2d copy") : 0) +
+                       (tracks.count("d2h copy") ? tracks.at("d2h copy") : 0);
+    EXPECT_GT(copies, 0);
+  }
+  // The workers' partial traces were merged and removed.
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    EXPECT_EQ(entry.path().string().find(".partial"), std::string::npos) << entry.path();
+  }
+}
+
+TEST(FinetuneBench, MetricsEndpointIsScrapedWhileItRuns) {
+  const auto dir = testing::scratch_dir("finetune-metrics");
+  std::atomic<int> port{0};
+  std::atomic<bool> done{false}, seen_strata{false}, seen_zero{false};
+  std::thread scraper;
+  auto on_stderr = [&](const std::string& err) {
+    if (port.load() != 0) return;
+    std::smatch m;
+    if (!std::regex_search(err, m, std::regex("metrics: http://127\\.0\\.0\\.1:([0-9]+)/metrics"))) {
+      return;
+    }
+    port = std::stoi(m[1]);
+    scraper = std::thread([&] {
+      while (!done.load()) {
+        const auto r = telemetry::testing::http_get(static_cast<uint16_t>(port.load()), "/metrics");
+        if (r.status == 200) {
+          const auto values = telemetry::testing::parse_prometheus(r.body);
+          auto value = [&](const char* name) {
+            auto it = values.find(name);
+            return it == values.end() ? -1.0 : it->second;
+          };
+          if (value("strata_finetune_strata_running") == 1 &&
+              value("strata_finetune_strata_host_bytes") > 0) {
+            seen_strata = true;
+          }
+          if (value("strata_finetune_zero_infinity_running") == 1 &&
+              value("strata_finetune_zero_infinity_host_bytes") > 0) {
+            seen_zero = true;
+          }
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
+  };
+  const CliRun r = run_cli(tiny(dir, {"--steps", "3", "--metrics-port", "0"}), on_stderr);
+  done = true;
+  if (scraper.joinable()) scraper.join();
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_NE(port.load(), 0) << r.err;
+  EXPECT_TRUE(seen_strata.load());
+  EXPECT_TRUE(seen_zero.load());
+}
+
+TEST(FinetuneBench, BadArgumentsGiveClearErrors) {
+  const auto dir = testing::scratch_dir("finetune-bad");
+  struct Case {
+    std::vector<std::string> extra;
+    const char* expect;  // in stderr
+  };
+  const std::vector<Case> cases = {
+      {{"--strategy", "deepspeed"}, "--strategy"},
+      {{"--compute", "abacus"}, "--compute"},
+      {{"--mfu", "0"}, "--mfu"},
+      {{"--mfu", "1.5"}, "--mfu"},
+      {{"--steps", "0"}, "--steps"},
+      {{"--gpu", "voodoo-5"}, "h100-sxm"},  // lists the presets
+      {{"--project-full-scale", "voodoo-5"}, "--project-full-scale"},
+      {{"--layers", "500"}, "--layers"},
+      {{"--pinned-budget", "lots"}, "--pinned-budget"},
+      {{"--metrics-port", "70000"}, "--metrics-port"},
+      {{"--nvme", "/nonexistent/strata"}, "--nvme"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = tiny(dir);
+    args.insert(args.end(), c.extra.begin(), c.extra.end());
+    const CliRun r = run_cli(args);
+    EXPECT_EQ(r.code, 2) << c.extra[0] << ": " << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.extra[0] << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+  const CliRun unknown = run_cli({"bench", "finetune", "--model", "llama-9-1t"});
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_NE(unknown.err.find("llama-2-70b"), std::string::npos) << unknown.err;
+#if !defined(STRATA_HAVE_CUDA)
+  const CliRun gpu = run_cli(tiny(dir, {"--compute", "gpu"}));
+  EXPECT_NE(gpu.code, 0);
+  EXPECT_NE(gpu.err.find("CUDA"), std::string::npos) << gpu.err;
+#endif
+  const CliRun missing = run_cli({"bench", "finetune"});
+  EXPECT_NE(missing.code, 0);
+  EXPECT_NE(missing.err.find("--model"), std::string::npos) << missing.err;
+}
+
+TEST(FinetuneBench, CpuComputeAndPlotRunOneStrategy) {
+  const auto dir = testing::scratch_dir("finetune-cpu");
+  const auto png = dir / "memory.png";
+  const auto nvme = dir / "nvme";
+  std::filesystem::create_directories(nvme);
+  const CliRun r = run_cli(tiny(nvme, {"--strategy", "strata", "--compute", "cpu", "--seq", "8",
+                                       "--plot", png.string(), "--json"}));
+  const bool matplotlib =
+      std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;
+  if (matplotlib) {
+    ASSERT_EQ(r.code, 0) << r.err;
+    std::ifstream in(png, std::ios::binary);
+    char magic[8] = {};
+    in.read(magic, 8);
+    EXPECT_EQ(std::memcmp(magic, "\x89PNG\r\n\x1a\n", 8), 0);
+  } else {
+    EXPECT_NE(r.err.find("matplotlib"), std::string::npos) << r.err;
+  }
+  const json j = json::parse(r.out);
+  ASSERT_EQ(j["strategies"].size(), 1u);
+  EXPECT_TRUE(j["host_reduction"].is_null());
+  EXPECT_EQ(j["config"]["compute"], "cpu");
+}
+
+}  // namespace
+}  // namespace strata
