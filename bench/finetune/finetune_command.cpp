@@ -385,8 +385,8 @@ void add_finetune_command(CLI::App& bench) {
                   "Strata's pinned budget, e.g. 512M (default: twice the largest tensor's "
                   "optimizer working set)");
   cmd->add_option("--device-budget", o->device_budget,
-                  "Device budget for both strategies (default: the --gpu preset's memory less "
-                  "8 GiB, shrunk with the parameter count)");
+                  "Device budget for both strategies (default: weights and gradients of four "
+                  "layers)");
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
   cmd->add_option("--trace", o->trace_path, "Write a Chrome trace (both strategies) to FILE");
   cmd->add_option("--plot", o->plot_path, "Write a PNG of host / pinned / device memory to FILE");

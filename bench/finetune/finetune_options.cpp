@@ -17,8 +17,6 @@ namespace {
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 constexpr uint64_t kBudgetGranule = kMiB;
-// GPU memory left to activations, workspaces and the CUDA context, not to Strata's device pool.
-constexpr uint64_t kDeviceReserve = uint64_t{8} << 30;
 constexpr uint32_t kMaxSteps = 1000;
 constexpr uint64_t kMaxTokens = uint64_t{1} << 24;
 // --compute cpu runs every FLOP for real on this machine's cores: beyond this per step a run
@@ -172,18 +170,14 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
     if (!b) return std::move(b).take_status();
     plan.strata_pinned_budget = *b;
   }
-  // Device budget (the same for both strategies): the modelled GPU's memory, less room for
-  // activations and workspaces, shrunk by the parameter factor, so that the scaled run holds the
-  // same share of the model on the device as the full-size job would (an H100 holds the weights
-  // and gradients of ~23 of llama-2-70b's 80 layers). At least one and a half layers' weights
-  // and gradients, so that a layer can be computed while the next one arrives.
+  // Device budget (the same for both strategies): weights and gradients (4 bytes per element)
+  // of four layers, so that forward and backward can run a few layers ahead on the device. That
+  // is more of the model than an H100 holds of the full-size job (about 23 of llama-2-70b's 80
+  // layers), for both strategies alike; budgets of one or two layers run into the device arena's
+  // fragmentation (a large gradient finds no contiguous range although the pool has room).
   if (options.device_budget.empty()) {
-    const double device = static_cast<double>(plan.gpu.memory_bytes() > kDeviceReserve
-                                                  ? plan.gpu.memory_bytes() - kDeviceReserve
-                                                  : 0);
-    const uint64_t proportional = static_cast<uint64_t>(device * plan.parameter_factor);
     plan.device_budget = align_up(
-        std::max({proportional, 6 * largest_layer_params, 6 * largest_param}), kBudgetGranule);
+        std::max(4 * 4 * largest_layer_params, 4 * 4 * largest_param), kBudgetGranule);
   } else {
     Result<uint64_t> b = budget_option(options.device_budget, "--device-budget");
     if (!b) return std::move(b).take_status();

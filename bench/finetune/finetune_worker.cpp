@@ -85,6 +85,17 @@ ProcIo read_proc_io() {
   return io;
 }
 
+// The 1-minute load average: this benchmark's figures depend on the CPUs being free, so each
+// result says how busy the machine was.
+double load_average() {
+  double load = -1;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load) != 1) load = -1;
+    std::fclose(f);
+  }
+  return load;
+}
+
 struct Span {
   const char* track;
   std::string name;
@@ -162,6 +173,17 @@ bool set_zero_infinity_sizes(Config& config, const sched::ZeroInfinityOptions& z
 
 class Worker {
  public:
+  // The runtime's own accounting (strata_get_stats), zeroed when it cannot be had.
+  strata_stats runtime_stats() const {
+    strata_stats st{};
+    st.struct_size = sizeof st;
+    if (rt_ == nullptr || strata_get_stats(rt_, &st) != STRATA_OK) {
+      st = strata_stats{};
+      st.struct_size = sizeof st;
+    }
+    return st;
+  }
+
   Worker(const FinetunePlan& plan, Strategy strategy, int fd, std::string trace_path)
       : plan_(plan),
         strategy_(strategy),
@@ -240,13 +262,15 @@ class Worker {
   double compute_seconds_ = 0;
   struct StepRecord {
     double seconds = 0, stall = 0, overflow_check = 0, optimizer = 0, compute = 0;
-    uint64_t read = 0, written = 0;
+    uint64_t read = 0, written = 0;                  // /proc/self/io
+    uint64_t runtime_read = 0, runtime_written = 0;  // the runtime's own count
     bool skipped = false;
   };
   std::vector<StepRecord> steps_;
   double startup_seconds_ = 0;
   double final_sync_seconds_ = 0;
   uint64_t startup_written_ = 0;
+  double load_start_ = -1;
   OverflowCheckResult last_check_;
   double done_units_ = 0;
 };
@@ -567,6 +591,7 @@ Status Worker::step(uint32_t index) {
   compute_seconds_ = 0;
   grad_stats_ = {};
   const ProcIo io_before = read_proc_io();
+  const strata_stats stats_before = runtime_stats();
   const auto start = Clock::now();
   const uint64_t begin_us = now_us();
   STRATA_TRY(check(strata_step_begin(rt_), "strata_step_begin"));
@@ -593,7 +618,10 @@ Status Worker::step(uint32_t index) {
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   span("step", "step " + std::to_string(index), begin_us, now_us());
   const ProcIo io_after = read_proc_io();
+  const strata_stats stats_after = runtime_stats();
   StepRecord r;
+  r.runtime_read = stats_after.nvme_bytes_read - stats_before.nvme_bytes_read;
+  r.runtime_written = stats_after.nvme_bytes_written - stats_before.nvme_bytes_written;
   r.seconds = seconds;
   r.stall = stall_seconds_;
   r.overflow_check = overflow_seconds_;
@@ -642,6 +670,8 @@ void Worker::send_result() {
                      {"overflow_check_seconds", r.overflow_check},
                      {"nvme_read_bytes", r.read},
                      {"nvme_write_bytes", r.written},
+                     {"runtime_nvme_read_bytes", r.runtime_read},
+                     {"runtime_nvme_write_bytes", r.runtime_written},
                      {"skipped", r.skipped}});
     // The first step records the schedule and fills the pipeline: it is reported, not measured.
     if (i == 0 && steps_.size() > 1) continue;
@@ -656,6 +686,19 @@ void Worker::send_result() {
     series.push_back({m.seconds, m.host, m.pinned, m.device});
   }
   Result<memory::ProcMemory> proc = memory::read_proc_memory();
+  const strata_stats st = runtime_stats();
+  // Strata's own accounting beside the OS figures: what the runtime itself held (its pinned
+  // arena, its device arena, its unpinned scratch) and what its sampler saw.
+  const json accounting = {
+      {"pinned_peak_reserved_bytes", st.pinned.peak_reserved_bytes},
+      {"pinned_peak_in_use_bytes", st.pinned.peak_in_use_bytes},
+      {"device_peak_reserved_bytes", st.device.peak_reserved_bytes},
+      {"host_peak_reserved_bytes", st.host.peak_reserved_bytes},
+      {"nvme_bytes_read", st.nvme_bytes_read},
+      {"nvme_bytes_written", st.nvme_bytes_written},
+      {"os_peak_host_bytes_excluding_emulated_device",
+       st.os_peak_host_bytes_excluding_emulated_device},
+      {"os_peak_rss_bytes", st.os_peak_rss_bytes}};
   json result = {
       {"event", "result"},
       {"name", to_string(strategy_)},
@@ -670,6 +713,7 @@ void Worker::send_result() {
       {"os_vmhwm_bytes", proc ? proc->vm_hwm : 0},
       {"os_peak_host_bytes_unadjusted", peaks.raw_host},
       {"runtime_pinned_peak_bytes", peaks.runtime_pinned},
+      {"strata_accounting", accounting},
       {"deepspeed_blocks_bytes", deepspeed_ ? deepspeed_->bytes() : 0},
       {"deepspeed_overflow_temporary_bytes", last_check_.temporary_bytes},
       {"runtime_zero_infinity_sizes",
@@ -678,6 +722,9 @@ void Worker::send_result() {
                                       : "deepspeed-unscaled-defaults"},
       {"startup_seconds", startup_seconds_},
       {"startup_nvme_write_bytes", startup_written_},
+      {"load_average_start", load_start_},
+      {"load_average_end", load_average()},
+      {"cpus", static_cast<int64_t>(::sysconf(_SC_NPROCESSORS_ONLN))},
       {"final_sync_seconds", final_sync_seconds_},
       {"measured_steps", measured.size()},
       {"nvme_read_bytes", read},
@@ -727,6 +774,7 @@ Status Worker::run() {
   if (!adam) return std::move(adam).take_status();
   adam_ = std::move(*adam);
 
+  load_start_ = load_average();
   const auto startup = Clock::now();
   const ProcIo io_start = read_proc_io();
   STRATA_TRY(create_runtime());

@@ -25,15 +25,11 @@ class ModeledCompute final : public LayerCompute {
     return Status::ok();
   }
   Status backward(std::span<const ComputeTensor> tensors) override {
+    // The GPU would write every gradient within the modelled time; writing them from the CPU
+    // into the emulated device would add time a GPU run does not spend, so the buffers keep what
+    // they hold (finite bf16 values of earlier tensors, or zeros). Modeled mode measures data
+    // movement; --compute cpu produces real gradients.
     wait(modeled_seconds(plan_, compute_parameters(tensors), true));
-    // The gradients' values: small, finite and different every step, so that the optimizer and
-    // the overflow checks see real numbers (a memset-speed fill: the GPU would write them).
-    ++step_;
-    for (const ComputeTensor& t : tensors) {
-      const uint16_t value = optim::float_to_bf16(1e-3f * static_cast<float>(step_ % 7 + 1));
-      auto* g = static_cast<uint16_t*>(t.grad);
-      std::fill(g, g + t.spec->elements(), value);
-    }
     return Status::ok();
   }
 
@@ -46,7 +42,6 @@ class ModeledCompute final : public LayerCompute {
                                   std::chrono::nanoseconds(static_cast<int64_t>(seconds * 1e9)));
   }
   const FinetunePlan& plan_;
-  uint64_t step_ = 0;
 };
 
 // Real fp32 GEMMs over the layer's weights: Y = X W^T forward; dX = dY W and dW = dY^T X backward

@@ -20,7 +20,8 @@ namespace {
 
 // Software prefetch 4 KiB ahead of the 32 elements in flight. The hardware streamers stop at page
 // boundaries and track only so many streams; with p, m, v and g to read and p, m, v to write,
-// asking one page ahead measured 7-14% faster on 50M parameters (2 threads, Sapphire Rapids).
+// asking one page ahead was faster in A/B runs on 50M parameters (2 threads, Emerald Rapids
+// guest), 8 KiB ahead slower; see docs/optimizer.md.
 // Prefetches never fault, so running past the end of a slice is harmless.
 constexpr size_t kPrefetchAhead = 1024;
 

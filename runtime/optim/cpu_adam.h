@@ -45,8 +45,9 @@ class CpuAdam {
   static Result<std::unique_ptr<CpuAdam>> create(const CpuAdamOptions& options = {});
 
   // Updates every slice in place. All arguments are validated before any byte is written, so a
-  // failed call leaves the buffers untouched. Allocates nothing once the number of slices per
-  // call has been seen. Thread-safe; concurrent calls run one after the other.
+  // failed call leaves the buffers untouched. Slices must not overlap one another (each is
+  // checked on its own; two slices sharing memory would race). Allocates nothing once the number
+  // of slices per call has been seen. Thread-safe; concurrent calls run one after the other.
   Status step(const AdamWParams& params, std::span<const AdamWSlice> slices);
 
   // One read-only pass over the gradients: any NaN/infinity, and the sum of squares in double.
