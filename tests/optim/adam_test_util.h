@@ -26,7 +26,9 @@
 
 namespace strata::optim {
 // Lets GoogleTest print "avx512" instead of "1-byte object <02>".
-inline void PrintTo(SimdLevel level, std::ostream* os) { *os << to_string(level); }
+inline void PrintTo(SimdLevel level, std::ostream* os) {
+  *os << to_string(level);
+}
 }  // namespace strata::optim
 
 namespace strata::optim::testing {
