@@ -220,6 +220,9 @@ TEST(EmulatedDevice, ABandwidthLimitSlowsCopiesDown) {
 }
 
 TEST(EmulatedDevice, ItsMemoryIsExcludedFromHostAccountingExactly) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ThreadSanitizer shadows the device's pages with anonymous memory";
+#endif
   constexpr uint64_t kBytes = 128 << 20;
   auto device = open_emulated(256 << 20);
   Result<ProcMemory> before = read_proc_memory();

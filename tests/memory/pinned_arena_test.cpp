@@ -16,8 +16,8 @@
 namespace strata::memory {
 namespace {
 
-// AddressSanitizer replaces mlock with a no-op that reports success: locking cannot be observed.
-#if defined(__SANITIZE_ADDRESS__)
+// The sanitizers replace mlock with a no-op that reports success: locking cannot be observed.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool kMlockIsReal = false;
 #else
 constexpr bool kMlockIsReal = true;
@@ -123,7 +123,7 @@ TEST(PinnedArena, CountsInTheAccountingByKindAndSlabsAsReservedOnly) {
 
 TEST(PinnedArena, LockedPagesAreResidentAndCounted) {
   if (!can_lock(64 << 20)) GTEST_SKIP() << "RLIMIT_MEMLOCK is too small to lock 16 MiB here";
-  if (!kMlockIsReal) GTEST_SKIP() << "mlock is a no-op under AddressSanitizer";
+  if (!kMlockIsReal) GTEST_SKIP() << "mlock is a no-op under the sanitizers";
   auto arena = make_arena(small_options(64 << 20));
   ASSERT_NE(arena, nullptr);
   const uint64_t locked_before = read_proc_memory()->vm_lck;
@@ -276,7 +276,7 @@ int lock_past_the_limit() {
 }
 
 TEST(PinnedArenaDeathTest, AMemlockLimitIsStrataELimitWithTheNumbers) {
-  if (!kMlockIsReal) GTEST_SKIP() << "mlock is a no-op under AddressSanitizer";
+  if (!kMlockIsReal) GTEST_SKIP() << "mlock is a no-op under the sanitizers";
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(_exit(lock_past_the_limit()), ::testing::ExitedWithCode(0), "");
 }
