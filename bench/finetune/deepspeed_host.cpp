@@ -71,7 +71,8 @@ Result<std::unique_ptr<DeepSpeedHostBuffers>> DeepSpeedHostBuffers::create(
     if (pool.tier != sched::Tier::kPinned || pool.reserved_bytes == 0) continue;
     // The optimizer's buffers are separate allocations (each rounded on its own); the parameter
     // slots and the flat gradient buffer are one block each.
-    const uint32_t count = pool.name == "zi-optimizer" ? std::max<uint32_t>(optimizer_buffers, 1) : 1;
+    const uint32_t count =
+        pool.name == "zi-optimizer" ? std::max<uint32_t>(optimizer_buffers, 1) : 1;
     const uint64_t each = pool.reserved_bytes / count;
     for (uint32_t i = 0; i < count; ++i) {
       // Built unpinned (torch.zeros), then copied into a new pinned block (.pin_memory()).
@@ -116,8 +117,8 @@ Result<OverflowCheckResult> deepspeed_overflow_check(std::span<const GradientVie
     auto elementwise = [&](int t) {
       const uint64_t begin = total * static_cast<uint64_t>(t) / threads;
       const uint64_t end = total * static_cast<uint64_t>(t + 1) / threads;
-      size_t g = static_cast<size_t>(
-          std::upper_bound(offsets.begin(), offsets.end(), begin) - offsets.begin() - 1);
+      size_t g = static_cast<size_t>(std::upper_bound(offsets.begin(), offsets.end(), begin) -
+                                     offsets.begin() - 1);
       for (uint64_t i = begin; i < end;) {
         const uint64_t stop = std::min(end, offsets[g + 1]);
         const uint16_t* data = gradients[g].data + (i - offsets[g]);

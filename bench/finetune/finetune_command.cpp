@@ -71,8 +71,8 @@ class LiveMetrics {
       STRATA_TRY(gauge(&set.pinned, "pinned_bytes", "Pinned host memory", "bytes"));
       STRATA_TRY(gauge(&set.device, "device_bytes", "Device memory in use", "bytes"));
       STRATA_TRY(counter(&set.read, "nvme_read_bytes_total", "Bytes read from NVMe", "bytes", 1));
-      STRATA_TRY(counter(&set.written, "nvme_write_bytes_total", "Bytes written to NVMe",
-                         "bytes", 1));
+      STRATA_TRY(
+          counter(&set.written, "nvme_write_bytes_total", "Bytes written to NVMe", "bytes", 1));
       STRATA_TRY(gauge(&set.read_rate, "nvme_read_bytes_per_second",
                        "NVMe read rate over the last interval, bytes per second", ""));
       STRATA_TRY(gauge(&set.write_rate, "nvme_write_bytes_per_second",
@@ -93,17 +93,16 @@ class LiveMetrics {
     set.device->set(m.value("device_bytes", int64_t{0}));
     const uint64_t read = m.value("nvme_read_bytes", uint64_t{0});
     const uint64_t written = m.value("nvme_write_bytes", uint64_t{0});
-    const uint64_t stall_us =
-        static_cast<uint64_t>(m.value("stall_seconds", 0.0) * 1e6);
+    const uint64_t stall_us = static_cast<uint64_t>(m.value("stall_seconds", 0.0) * 1e6);
     const double t = m.value("seconds", 0.0);
     if (read >= set.last_read) set.read->add(read - set.last_read);
     if (written >= set.last_written) set.written->add(written - set.last_written);
     if (stall_us >= set.last_stall_us) set.stall_us->add(stall_us - set.last_stall_us);
     if (t > set.last_t) {
-      set.read_rate->set(static_cast<int64_t>(static_cast<double>(read - set.last_read) /
-                                              (t - set.last_t)));
-      set.write_rate->set(static_cast<int64_t>(
-          static_cast<double>(written - set.last_written) / (t - set.last_t)));
+      set.read_rate->set(
+          static_cast<int64_t>(static_cast<double>(read - set.last_read) / (t - set.last_t)));
+      set.write_rate->set(
+          static_cast<int64_t>(static_cast<double>(written - set.last_written) / (t - set.last_t)));
     }
     set.last_read = read;
     set.last_written = written;
@@ -152,8 +151,8 @@ class Progress {
     } else if (phase != "startup" && (step != last_step_ || strategy != last_strategy_)) {
       last_step_ = step;
       last_strategy_ = strategy;
-      std::fprintf(stderr, "[%s] step %u/%u started (%.0f%%, %.1f s)\n", strategy.c_str(),
-                   step + 1, steps, 100 * fraction, seconds());
+      std::fprintf(stderr, "[%s] step %u/%u started (%.0f%%, %.1f s)\n", strategy.c_str(), step + 1,
+                   steps, 100 * fraction, seconds());
     }
   }
   void start(Strategy s) {
@@ -181,8 +180,8 @@ class Progress {
 };
 
 // Starts a worker for `strategy`, follows its events until it exits, returns its result.
-Result<StrategyResult> run_strategy(const FinetunePlan& plan, Strategy strategy,
-                                    Progress& progress, LiveMetrics* metrics) {
+Result<StrategyResult> run_strategy(const FinetunePlan& plan, Strategy strategy, Progress& progress,
+                                    LiveMetrics* metrics) {
   StrategyResult out;
   out.strategy = strategy;
   if (!plan.options.trace_path.empty()) {
@@ -268,12 +267,10 @@ Result<StrategyResult> run_strategy(const FinetunePlan& plan, Strategy strategy,
   }
   if (WIFSIGNALED(wstatus)) {
     progress.failed();
-    return Status::error(STRATA_E_INTERNAL, std::string(to_string(strategy)) +
-                                                " worker was killed by signal " +
-                                                std::to_string(WTERMSIG(wstatus)) +
-                                                (WTERMSIG(wstatus) == SIGKILL
-                                                     ? " (out of memory?)"
-                                                     : ""));
+    return Status::error(STRATA_E_INTERNAL,
+                         std::string(to_string(strategy)) + " worker was killed by signal " +
+                             std::to_string(WTERMSIG(wstatus)) +
+                             (WTERMSIG(wstatus) == SIGKILL ? " (out of memory?)" : ""));
   }
   if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0 || !have_result) {
     progress.failed();
@@ -322,7 +319,8 @@ int run_parent(const FinetunePlan& plan) {
     projection = std::move(*p);
   }
   if (plan.options.json) {
-    std::printf("%s\n", results_json(plan, results, project ? &projection : nullptr).dump(2).c_str());
+    std::printf("%s\n",
+                results_json(plan, results, project ? &projection : nullptr).dump(2).c_str());
   } else {
     std::printf("%s", results_table(plan, results, project ? &projection : nullptr).c_str());
   }
@@ -382,7 +380,7 @@ void add_finetune_command(CLI::App& bench) {
   cmd->add_option("--mfu", o->mfu, "Fraction of the preset's dense bf16 rate achieved")
       ->capture_default_str();
   cmd->add_option("--pinned-budget", o->pinned_budget,
-                  "Strata's pinned budget, e.g. 512M (default: twice the largest tensor's "
+                  "Strata's pinned budget, e.g. 512M (default: four times the largest tensor's "
                   "optimizer working set)");
   cmd->add_option("--device-budget", o->device_budget,
                   "Device budget for both strategies (default: weights and gradients of four "
@@ -398,6 +396,10 @@ void add_finetune_command(CLI::App& bench) {
   cmd->add_option("--worker", o->worker)->group("");
   cmd->add_option("--worker-fd", o->worker_fd)->group("");
   cmd->add_option("--worker-trace", o->worker_trace)->group("");
+  // A repeated option takes its last value (a script's defaults, then the user's override).
+  for (CLI::Option* option : cmd->get_options()) {
+    option->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  }
   cmd->callback([o] {
     int rc = 1;
     try {

@@ -52,9 +52,12 @@ Result<Strategy> parse_strategy(const std::string& name) {
 
 const char* to_string(ComputeMode mode) {
   switch (mode) {
-    case ComputeMode::kModeled: return "modeled";
-    case ComputeMode::kCpu: return "cpu";
-    case ComputeMode::kGpu: return "gpu";
+    case ComputeMode::kModeled:
+      return "modeled";
+    case ComputeMode::kCpu:
+      return "cpu";
+    case ComputeMode::kGpu:
+      return "gpu";
   }
   return "?";
 }
@@ -100,8 +103,7 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
     return invalid_argument("--steps " + std::to_string(options.steps) + " is outside 1.." +
                             std::to_string(kMaxSteps));
   }
-  if (options.seq < 1 || options.batch < 1 ||
-      uint64_t{options.seq} * options.batch > kMaxTokens) {
+  if (options.seq < 1 || options.batch < 1 || uint64_t{options.seq} * options.batch > kMaxTokens) {
     return invalid_argument("--seq and --batch must be >= 1 with seq x batch <= " +
                             std::to_string(kMaxTokens) + " tokens");
   }
@@ -128,8 +130,8 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
       static_cast<double>(plan.parameters) / static_cast<double>(parameter_count(*model));
 
   if (plan.compute == ComputeMode::kCpu) {
-    const double flops = 6.0 * static_cast<double>(plan.parameters) *
-                         static_cast<double>(plan.tokens);
+    const double flops =
+        6.0 * static_cast<double>(plan.parameters) * static_cast<double>(plan.tokens);
     if (flops > kMaxCpuFlopsPerStep) {
       char text[256];
       std::snprintf(text, sizeof text,
@@ -142,17 +144,15 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
 
   // NVMe directory: one swap file per worker, removed when the worker ends.
   std::error_code ec;
-  const std::filesystem::path dir =
-      options.nvme_dir.empty() ? std::filesystem::temp_directory_path(ec)
-                               : std::filesystem::path(options.nvme_dir);
+  const std::filesystem::path dir = options.nvme_dir.empty()
+                                        ? std::filesystem::temp_directory_path(ec)
+                                        : std::filesystem::path(options.nvme_dir);
   if (!std::filesystem::is_directory(dir, ec) || ::access(dir.c_str(), W_OK) != 0) {
     return invalid_argument("--nvme '" + dir.string() + "' is not a writable directory");
   }
   plan.options.nvme_dir = dir.string();
 
-  // Budgets. Strata's pinned budget: room for the optimizer's working set (gradient, fp32
-  // master, m, v and the new bf16 weights: 16 bytes per element) of the largest tensor twice
-  // over, one being updated while the next is read. Everything else streams through it.
+  // Budgets (see default_strata_pinned_budget for Strata's pinned one).
   uint64_t largest_param = 0, largest_layer_params = 0;
   std::vector<uint64_t> layer_params(plan.model.num_hidden_layers + 1, 0);
   std::vector<uint64_t> param_elements;
@@ -164,7 +164,7 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
   }
   for (uint64_t p : layer_params) largest_layer_params = std::max(largest_layer_params, p);
   if (options.pinned_budget.empty()) {
-    plan.strata_pinned_budget = align_up(2 * 16 * largest_param, kBudgetGranule);
+    plan.strata_pinned_budget = default_strata_pinned_budget(largest_param);
   } else {
     Result<uint64_t> b = budget_option(options.pinned_budget, "--pinned-budget");
     if (!b) return std::move(b).take_status();
@@ -176,8 +176,8 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
   // layers), for both strategies alike; budgets of one or two layers run into the device arena's
   // fragmentation (a large gradient finds no contiguous range although the pool has room).
   if (options.device_budget.empty()) {
-    plan.device_budget = align_up(
-        std::max(4 * 4 * largest_layer_params, 4 * 4 * largest_param), kBudgetGranule);
+    plan.device_budget =
+        align_up(std::max(4 * 4 * largest_layer_params, 4 * 4 * largest_param), kBudgetGranule);
   } else {
     Result<uint64_t> b = budget_option(options.device_budget, "--device-budget");
     if (!b) return std::move(b).take_status();
@@ -188,9 +188,8 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
   plan.nvme_capacity = align_up(2 * plan.totals.bytes + 256 * kMiB, kMiB);
   const std::filesystem::space_info space = std::filesystem::space(dir, ec);
   if (!ec && space.available < plan.nvme_capacity) {
-    return invalid_argument("--nvme '" + dir.string() + "' has " +
-                            format_bytes(space.available) + " free; this model needs " +
-                            format_bytes(plan.nvme_capacity) +
+    return invalid_argument("--nvme '" + dir.string() + "' has " + format_bytes(space.available) +
+                            " free; this model needs " + format_bytes(plan.nvme_capacity) +
                             " (lower --scale or --layers, or point --nvme elsewhere)");
   }
 
@@ -202,7 +201,8 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
   sched::ZeroInfinityOptions z;
   z.param_buffer_count = kDeepSpeedParamBufferCount;
   z.param_buffer_elements = std::max<uint64_t>(
-      1, static_cast<uint64_t>(std::llround(kDeepSpeedParamBufferElements * plan.parameter_factor)));
+      1,
+      static_cast<uint64_t>(std::llround(kDeepSpeedParamBufferElements * plan.parameter_factor)));
   z.optimizer_buffer_count = kDeepSpeedOptimizerBufferCount;
   const uint64_t scaled_sub_group = std::max<uint64_t>(
       1, static_cast<uint64_t>(std::llround(kDeepSpeedSubGroupElements * plan.parameter_factor)));
@@ -217,18 +217,19 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
 
 std::vector<std::string> worker_arguments(const FinetuneOptions& o, Strategy strategy, int fd,
                                           const std::string& trace_path) {
-  std::vector<std::string> args = {"bench",     "finetune",          "--model",
-                                   o.model,     "--scale",           exact(o.scale),
-                                   "--layers",  std::to_string(o.layers),
-                                   "--seq",     std::to_string(o.seq),
-                                   "--batch",   std::to_string(o.batch),
-                                   "--steps",   std::to_string(o.steps),
-                                   "--nvme",    o.nvme_dir,
-                                   "--compute", o.compute,
-                                   "--gpu",     o.gpu,
-                                   "--mfu",     exact(o.mfu),
-                                   "--strategy", to_string(strategy),
-                                   "--worker",  to_string(strategy),
+  std::vector<std::string> args = {"bench",       "finetune",
+                                   "--model",     o.model,
+                                   "--scale",     exact(o.scale),
+                                   "--layers",    std::to_string(o.layers),
+                                   "--seq",       std::to_string(o.seq),
+                                   "--batch",     std::to_string(o.batch),
+                                   "--steps",     std::to_string(o.steps),
+                                   "--nvme",      o.nvme_dir,
+                                   "--compute",   o.compute,
+                                   "--gpu",       o.gpu,
+                                   "--mfu",       exact(o.mfu),
+                                   "--strategy",  to_string(strategy),
+                                   "--worker",    to_string(strategy),
                                    "--worker-fd", std::to_string(fd)};
   if (!o.pinned_budget.empty()) args.insert(args.end(), {"--pinned-budget", o.pinned_budget});
   if (!o.device_budget.empty()) args.insert(args.end(), {"--device-budget", o.device_budget});
@@ -236,9 +237,13 @@ std::vector<std::string> worker_arguments(const FinetuneOptions& o, Strategy str
   return args;
 }
 
+uint64_t default_strata_pinned_budget(uint64_t largest_parameter_elements) {
+  return align_up(4 * kOptimizerBytesPerElement * largest_parameter_elements, kBudgetGranule);
+}
+
 double modeled_seconds(const FinetunePlan& plan, uint64_t parameters, bool backward) {
-  const double flops = (backward ? 4.0 : 2.0) * static_cast<double>(parameters) *
-                       static_cast<double>(plan.tokens);
+  const double flops =
+      (backward ? 4.0 : 2.0) * static_cast<double>(parameters) * static_cast<double>(plan.tokens);
   return flops / (plan.gpu.bf16_dense_tflops * 1e12 * plan.options.mfu);
 }
 

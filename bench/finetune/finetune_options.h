@@ -66,7 +66,7 @@ struct FinetuneOptions {
   std::string trace_path;
   std::string plot_path;
   std::string project_gpu;
-  int metrics_port = -1;  // -1: no endpoint; 0: an ephemeral port (printed on stderr)
+  int metrics_port = -1;      // -1: no endpoint; 0: an ephemeral port (printed on stderr)
   std::string pinned_budget;  // "" : automatic (see Plan::strata_pinned_budget)
   std::string device_budget;  // "" : automatic
   // Hidden: set by the parent when it starts a worker process.
@@ -103,8 +103,20 @@ struct FinetunePlan {
 Result<FinetunePlan> make_plan(const FinetuneOptions& options);
 
 // The worker's command line (after the program name): the same experiment, one strategy.
-std::vector<std::string> worker_arguments(const FinetuneOptions& options, Strategy strategy,
-                                          int fd, const std::string& trace_path);
+std::vector<std::string> worker_arguments(const FinetuneOptions& options, Strategy strategy, int fd,
+                                          const std::string& trace_path);
+
+// Bytes per parameter element the optimizer holds while it updates a tensor: the bf16 gradient,
+// the fp32 master, m and v, and the new bf16 weights.
+inline constexpr uint64_t kOptimizerBytesPerElement = 2 + 4 + 4 + 4 + 2;
+
+// Strata's pinned budget unless --pinned-budget says otherwise: room for the optimizer working
+// set of the largest tensor four times over. The optimizer streams tensor by tensor; with this
+// room the next tensors' states are read while the last ones' are written back, and part of the
+// gradients backward produces can wait in pinned memory for the optimizer instead of making a
+// round trip to NVMe. (Twice the working set is the least that keeps the optimizer pipelined;
+// docs/results.md has the step time against the budget.)
+uint64_t default_strata_pinned_budget(uint64_t largest_parameter_elements);
 
 // Seconds of modelled compute for `parameters` over `tokens` at the preset's bf16 rate x MFU:
 // 2 FLOPs per parameter and token forward, 4 backward.

@@ -52,7 +52,9 @@ Status write_text_file(const std::string& path, const std::string& text) {
   return Status::ok();
 }
 
-std::string gb(uint64_t bytes) { return fixed(static_cast<double>(bytes) / 1e9, 3) + " GB"; }
+std::string gb(uint64_t bytes) {
+  return fixed(static_cast<double>(bytes) / 1e9, 3) + " GB";
+}
 
 json strategy_summary(const json& r) {
   json out = json::object();
@@ -102,7 +104,7 @@ Result<json> project_full_scale(const FinetunePlan& plan) {
                              : 0,
                          uint64_t{1} << 30);
   // Strata's pinned budget follows the same rule as the measured run.
-  const uint64_t pinned_budget = align_up(2 * 16 * largest, uint64_t{64} << 20);
+  const uint64_t pinned_budget = default_strata_pinned_budget(largest);
 
   json policies = json::array();
   sched::SimulationResult results[kStrategyCount];
@@ -118,7 +120,8 @@ Result<json> project_full_scale(const FinetunePlan& plan) {
       c.memory = std::move(*zero);
     }
     Result<sched::SimulationResult> r = sched::simulate(inventory, c);
-    if (!r) return std::move(r).take_status().with_context(std::string("simulating ") + to_string(s));
+    if (!r)
+      return std::move(r).take_status().with_context(std::string("simulating ") + to_string(s));
     results[static_cast<int>(s)] = *r;
     policies.push_back({{"name", to_string(s)},
                         {"peak_host_bytes", r->peak_host_bytes},
@@ -130,19 +133,19 @@ Result<json> project_full_scale(const FinetunePlan& plan) {
   }
   const auto& a = results[0];
   const auto& b = results[1];
-  return json{{"gpu", gpu->name},
-              {"model", full.name},
-              {"parameters", parameter_count(full)},
-              {"nvme", nvme->name},
-              {"tokens_per_step", plan.tokens},
-              {"device_budget_bytes", device_budget},
-              {"strata_pinned_budget_bytes", pinned_budget},
-              {"strategies", std::move(policies)},
-              {"host_reduction",
-               b.peak_host_bytes > 0 ? 1.0 - static_cast<double>(a.peak_host_bytes) /
-                                                 static_cast<double>(b.peak_host_bytes)
-                                     : 0.0},
-              {"step_time_ratio", b.step_seconds > 0 ? a.step_seconds / b.step_seconds : 0.0}};
+  return json{
+      {"gpu", gpu->name},
+      {"model", full.name},
+      {"parameters", parameter_count(full)},
+      {"nvme", nvme->name},
+      {"tokens_per_step", plan.tokens},
+      {"device_budget_bytes", device_budget},
+      {"strata_pinned_budget_bytes", pinned_budget},
+      {"strategies", std::move(policies)},
+      {"host_reduction", b.peak_host_bytes > 0 ? 1.0 - static_cast<double>(a.peak_host_bytes) /
+                                                           static_cast<double>(b.peak_host_bytes)
+                                               : 0.0},
+      {"step_time_ratio", b.step_seconds > 0 ? a.step_seconds / b.step_seconds : 0.0}};
 }
 
 json results_json(const FinetunePlan& plan, const std::vector<StrategyResult>& results,
@@ -152,40 +155,39 @@ json results_json(const FinetunePlan& plan, const std::vector<StrategyResult>& r
   const auto [host_reduction, step_ratio] =
       ratios(find(results, Strategy::kStrata), find(results, Strategy::kZeroInfinity));
   const FinetuneOptions& o = plan.options;
-  json out = {
-      {"model", plan.full_model.name},
-      {"scaled",
-       {{"scale", o.scale},
-        {"layers", plan.model.num_hidden_layers},
-        {"full_layers", plan.full_model.num_hidden_layers},
-        {"hidden_size", plan.model.hidden_size},
-        {"intermediate_size", plan.model.intermediate_size},
-        {"parameters", plan.parameters},
-        {"full_parameters", parameter_count(plan.full_model)},
-        {"tensors", plan.totals.tensors},
-        {"state_bytes", plan.totals.bytes}}},
-      {"config",
-       {{"steps", o.steps},
-        {"seq", o.seq},
-        {"batch", o.batch},
-        {"compute", o.compute},
-        {"gpu", plan.gpu.name},
-        {"mfu", o.mfu},
-        {"nvme_dir", o.nvme_dir},
-        {"strata_pinned_budget_bytes", plan.strata_pinned_budget},
-        {"device_budget_bytes", plan.device_budget},
-        {"deepspeed",
-         {{"param_buffer_count", plan.zero_options.param_buffer_count},
-          {"param_buffer_elements", plan.zero_options.param_buffer_elements},
-          {"optimizer_buffer_count", plan.zero_options.optimizer_buffer_count},
-          {"sub_group_elements", plan.zero_options.sub_group_elements},
-          {"parameter_factor", plan.parameter_factor},
-          {"aio_block_bytes", kDeepSpeedAioBlockBytes},
-          {"aio_queue_depth", kDeepSpeedAioQueueDepth},
-          {"aio_threads", kDeepSpeedAioThreads}}}}},
-      {"strategies", std::move(strategies)},
-      {"host_reduction", host_reduction},
-      {"step_time_ratio", step_ratio}};
+  json out = {{"model", plan.full_model.name},
+              {"scaled",
+               {{"scale", o.scale},
+                {"layers", plan.model.num_hidden_layers},
+                {"full_layers", plan.full_model.num_hidden_layers},
+                {"hidden_size", plan.model.hidden_size},
+                {"intermediate_size", plan.model.intermediate_size},
+                {"parameters", plan.parameters},
+                {"full_parameters", parameter_count(plan.full_model)},
+                {"tensors", plan.totals.tensors},
+                {"state_bytes", plan.totals.bytes}}},
+              {"config",
+               {{"steps", o.steps},
+                {"seq", o.seq},
+                {"batch", o.batch},
+                {"compute", o.compute},
+                {"gpu", plan.gpu.name},
+                {"mfu", o.mfu},
+                {"nvme_dir", o.nvme_dir},
+                {"strata_pinned_budget_bytes", plan.strata_pinned_budget},
+                {"device_budget_bytes", plan.device_budget},
+                {"deepspeed",
+                 {{"param_buffer_count", plan.zero_options.param_buffer_count},
+                  {"param_buffer_elements", plan.zero_options.param_buffer_elements},
+                  {"optimizer_buffer_count", plan.zero_options.optimizer_buffer_count},
+                  {"sub_group_elements", plan.zero_options.sub_group_elements},
+                  {"parameter_factor", plan.parameter_factor},
+                  {"aio_block_bytes", kDeepSpeedAioBlockBytes},
+                  {"aio_queue_depth", kDeepSpeedAioQueueDepth},
+                  {"aio_threads", kDeepSpeedAioThreads}}}}},
+              {"strategies", std::move(strategies)},
+              {"host_reduction", host_reduction},
+              {"step_time_ratio", step_ratio}};
   if (projection != nullptr) out["projection"] = *projection;
   return out;
 }
@@ -194,37 +196,44 @@ std::string results_table(const FinetunePlan& plan, const std::vector<StrategyRe
                           const json* projection) {
   const FinetuneOptions& o = plan.options;
   std::ostringstream s;
-  s << "strata bench finetune: " << plan.full_model.name << " x" << fixed(o.scale, 3)
-    << " width, " << plan.model.num_hidden_layers << " of " << plan.full_model.num_hidden_layers
+  s << "strata bench finetune: " << plan.full_model.name << " x" << fixed(o.scale, 3) << " width, "
+    << plan.model.num_hidden_layers << " of " << plan.full_model.num_hidden_layers
     << " layers: " << fixed(static_cast<double>(plan.parameters) / 1e6, 1) << "M parameters, "
     << format_bytes(plan.totals.bytes) << " of model states on NVMe (" << o.nvme_dir << ")\n";
   s << o.steps << " steps (step time: median after the first), seq " << o.seq << " x batch "
-    << o.batch << ", compute " << o.compute << " (" << plan.gpu.name << ", MFU "
-    << fixed(o.mfu, 2) << "); pinned budget " << format_bytes(plan.strata_pinned_budget)
-    << " (strata), device budget " << format_bytes(plan.device_budget) << "\n\n";
+    << o.batch << ", compute " << o.compute << " (" << plan.gpu.name << ", MFU " << fixed(o.mfu, 2)
+    << "); pinned budget " << format_bytes(plan.strata_pinned_budget) << " (strata), device budget "
+    << format_bytes(plan.device_budget) << "\n\n";
   Table table({"strategy", "peak host", "peak pinned", "peak device", "step (s)", "NVMe rd GB/s",
                "NVMe wr GB/s", "stall", "VmHWM"});
   for (const StrategyResult& r : results) {
     const json& j = r.result;
-    table.add_row({to_string(r.strategy), gb(j["peak_host_bytes"].get<uint64_t>()),
-                   gb(j["peak_pinned_bytes"].get<uint64_t>()),
-                   gb(j["peak_device_bytes"].get<uint64_t>()),
-                   fixed(j["step_seconds"].get<double>(), 2),
-                   fixed(j["nvme_read_gbps"].get<double>(), 3),
-                   fixed(j["nvme_write_gbps"].get<double>(), 3),
-                   fixed(100.0 * j["stall_fraction"].get<double>(), 1) + "%",
-                   gb(j["os_vmhwm_bytes"].get<uint64_t>())});
+    table.add_row(
+        {to_string(r.strategy), gb(j["peak_host_bytes"].get<uint64_t>()),
+         gb(j["peak_pinned_bytes"].get<uint64_t>()), gb(j["peak_device_bytes"].get<uint64_t>()),
+         fixed(j["step_seconds"].get<double>(), 2), fixed(j["nvme_read_gbps"].get<double>(), 3),
+         fixed(j["nvme_write_gbps"].get<double>(), 3),
+         fixed(100.0 * j["stall_fraction"].get<double>(), 1) + "%",
+         gb(j["os_vmhwm_bytes"].get<uint64_t>())});
   }
   s << table.render();
   const auto [host_reduction, step_ratio] =
       ratios(find(results, Strategy::kStrata), find(results, Strategy::kZeroInfinity));
   if (!host_reduction.is_null() && !step_ratio.is_null()) {
-    s << "\nstrata vs zero-infinity: peak host -"
-      << fixed(100.0 * host_reduction.get<double>(), 1) << "% (host_reduction "
-      << fixed(host_reduction.get<double>(), 3) << "), step time x"
+    s << "\nstrata vs zero-infinity: peak host -" << fixed(100.0 * host_reduction.get<double>(), 1)
+      << "% (host_reduction " << fixed(host_reduction.get<double>(), 3) << "), step time x"
       << fixed(step_ratio.get<double>(), 3) << " (step_time_ratio)\n";
   }
-  if (const json* z = find(results, Strategy::kZeroInfinity)) {
+  const json* strata_result = find(results, Strategy::kStrata);
+  const json* zero_result = find(results, Strategy::kZeroInfinity);
+  if (strata_result != nullptr && zero_result != nullptr) {
+    const double a = (*strata_result)["peak_host_bytes_during_steps"].get<double>();
+    const double b = (*zero_result)["peak_host_bytes_during_steps"].get<double>();
+    s << "peak host during the training steps only (start-up left out): strata " << gb(a)
+      << ", zero-infinity " << gb(b) << " (-" << fixed(b > 0 ? 100.0 * (1.0 - a / b) : 0.0, 1)
+      << "%)\n";
+  }
+  if (const json* z = zero_result) {
     s << "zero-infinity: DeepSpeed blocks " << gb((*z)["deepspeed_blocks_bytes"].get<uint64_t>())
       << " pinned for the whole run, overflow-check temporaries "
       << gb((*z)["deepspeed_overflow_temporary_bytes"].get<uint64_t>())
@@ -242,8 +251,8 @@ std::string results_table(const FinetunePlan& plan, const std::vector<StrategyRe
     for (const json& r : p["strategies"]) {
       t.add_row({r["name"].get<std::string>(), gb(r["peak_host_bytes"].get<uint64_t>()),
                  gb(r["peak_pinned_bytes"].get<uint64_t>()),
-                 gb(r["peak_device_bytes"].get<uint64_t>()), fixed(r["step_seconds"].get<double>(), 2),
-                 r["bottleneck"].get<std::string>()});
+                 gb(r["peak_device_bytes"].get<uint64_t>()),
+                 fixed(r["step_seconds"].get<double>(), 2), r["bottleneck"].get<std::string>()});
     }
     s << t.render() << "projected host_reduction " << fixed(p["host_reduction"].get<double>(), 3)
       << ", step_time_ratio " << fixed(p["step_time_ratio"].get<double>(), 3) << "\n";
@@ -259,9 +268,15 @@ Status merge_traces(const std::vector<StrategyResult>& results, const std::strin
     Result<json> worker = read_json_file(r.trace_path);
     if (!worker) return std::move(worker).take_status();
     const std::string name = to_string(r.strategy);
-    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 0},
+    events.push_back({{"name", "process_name"},
+                      {"ph", "M"},
+                      {"pid", pid},
+                      {"tid", 0},
                       {"args", {{"name", name}}}});
-    events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"tid", 0},
+    events.push_back({{"name", "process_sort_index"},
+                      {"ph", "M"},
+                      {"pid", pid},
+                      {"tid", 0},
                       {"args", {{"sort_index", pid}}}});
     // The runtime's spans: "nvme read", "nvme write", "h2d copy", "d2h copy" tracks, on the
     // runtime's clock, moved onto the worker's.
@@ -280,14 +295,19 @@ Status merge_traces(const std::vector<StrategyResult>& results, const std::strin
       const std::string track = span["track"].get<std::string>();
       auto [it, added] = tids.emplace(track, 100 + static_cast<int>(tids.size()));
       if (added) {
-        events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", it->second},
+        events.push_back({{"name", "thread_name"},
+                          {"ph", "M"},
+                          {"pid", pid},
+                          {"tid", it->second},
                           {"args", {{"name", track}}}});
-        events.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", pid},
-                          {"tid", it->second}, {"args", {{"sort_index", it->second}}}});
+        events.push_back({{"name", "thread_sort_index"},
+                          {"ph", "M"},
+                          {"pid", pid},
+                          {"tid", it->second},
+                          {"args", {{"sort_index", it->second}}}});
       }
-      json e = {{"name", span["name"]}, {"cat", track},       {"ph", "X"},
-                {"ts", span["ts"]},     {"dur", span["dur"]}, {"pid", pid},
-                {"tid", it->second}};
+      json e = {{"name", span["name"]}, {"cat", track}, {"ph", "X"},        {"ts", span["ts"]},
+                {"dur", span["dur"]},   {"pid", pid},   {"tid", it->second}};
       if (span.contains("bytes")) e["args"] = {{"bytes", span["bytes"]}};
       events.push_back(std::move(e));
     }

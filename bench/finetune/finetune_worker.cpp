@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <strata/strata.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,8 +15,6 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <strata/strata.h>
 
 #include "common/unique_fd.h"
 #include "finetune/deepspeed_host.h"
@@ -32,10 +31,10 @@ using Clock = std::chrono::steady_clock;
 using json = nlohmann::ordered_json;
 
 // Explicit limits.
-constexpr size_t kMaxSpans = size_t{1} << 20;     // this worker's own trace spans
-constexpr size_t kSeriesPoints = 2000;            // memory samples sent for the plot
+constexpr size_t kMaxSpans = size_t{1} << 20;  // this worker's own trace spans
+constexpr size_t kSeriesPoints = 2000;         // memory samples sent for the plot
 constexpr auto kSampleInterval = std::chrono::milliseconds(5);
-constexpr uint32_t kSeriesEvery = 4;              // one series point per 20 ms
+constexpr uint32_t kSeriesEvery = 4;  // one series point per 20 ms
 constexpr auto kMetricsInterval = std::chrono::milliseconds(250);
 // A wait inside acquire shorter than this is bookkeeping, not a stall worth a trace span.
 constexpr uint64_t kMinWaitSpanUs = 50;
@@ -78,7 +77,8 @@ ProcIo read_proc_io() {
   const ssize_t n = ::read(fd.get(), text, sizeof text - 1);
   if (n <= 0) return io;
   text[n] = '\0';
-  if (const char* r = std::strstr(text, "\nread_bytes:")) io.read = std::strtoull(r + 12, nullptr, 10);
+  if (const char* r = std::strstr(text, "\nread_bytes:"))
+    io.read = std::strtoull(r + 12, nullptr, 10);
   if (const char* w = std::strstr(text, "\nwrite_bytes:")) {
     io.written = std::strtoull(w + 13, nullptr, 10);
   }
@@ -131,11 +131,20 @@ std::vector<Unit> build_units(const std::vector<TensorSpec>& inventory, uint32_t
     for (size_t j = i + 1; j < inventory.size() && inventory[j].kind != TensorKind::kParameter;
          ++j) {
       switch (inventory[j].kind) {
-        case TensorKind::kGradient: e.grad = j; break;
-        case TensorKind::kMasterWeight: e.master = j; break;
-        case TensorKind::kAdamM: e.adam_m = j; break;
-        case TensorKind::kAdamV: e.adam_v = j; break;
-        default: break;
+        case TensorKind::kGradient:
+          e.grad = j;
+          break;
+        case TensorKind::kMasterWeight:
+          e.master = j;
+          break;
+        case TensorKind::kAdamM:
+          e.adam_m = j;
+          break;
+        case TensorKind::kAdamV:
+          e.adam_v = j;
+          break;
+        default:
+          break;
       }
     }
     if (t.layer >= 0) {
@@ -162,7 +171,10 @@ double median(std::vector<double> v) {
 // DeepSpeed's unscaled defaults, which the result then reports.
 template <typename Config>
 bool set_zero_infinity_sizes(Config& config, const sched::ZeroInfinityOptions& z) {
-  if constexpr (requires { config.zero_sub_group_elements; config.zero_param_buffer_elements; }) {
+  if constexpr (requires {
+                  config.zero_sub_group_elements;
+                  config.zero_param_buffer_elements;
+                }) {
     config.zero_sub_group_elements = z.sub_group_elements;
     config.zero_param_buffer_elements = z.param_buffer_elements;
     return true;
@@ -215,8 +227,7 @@ class Worker {
     if (rc == STRATA_OK) return Status::ok();
     return Status::error(rc, std::string(what) + ": " + strata_last_error(rt_));
   }
-  void span(const char* track, std::string name, uint64_t begin, uint64_t end,
-            int64_t bytes = -1) {
+  void span(const char* track, std::string name, uint64_t begin, uint64_t end, int64_t bytes = -1) {
     if (trace_path_.empty() || spans_.size() >= kMaxSpans) return;
     spans_.push_back({track, std::move(name), begin, end, bytes});
   }
@@ -342,7 +353,8 @@ Status Worker::create_runtime() {
 Status Worker::register_tensors() {
   handles_.assign(plan_.inventory.size(), STRATA_TENSOR_NONE);
   for (size_t i = 0; i < plan_.inventory.size(); ++i) {
-    STRATA_TRY(check(strata_tensor_register(rt_, &descs_[i], &handles_[i]), "strata_tensor_register"));
+    STRATA_TRY(
+        check(strata_tensor_register(rt_, &descs_[i], &handles_[i]), "strata_tensor_register"));
   }
   return Status::ok();
 }
@@ -359,8 +371,8 @@ Result<strata_acquired> Worker::acquire(size_t tensor, strata_tier tier, uint32_
     span("acquire wait", plan_.inventory[tensor].name, begin, end);
   }
   if (rc != STRATA_OK) {
-    return Status::error(rc, "strata_acquire '" + plan_.inventory[tensor].name +
-                                 "': " + strata_last_error(rt_));
+    return Status::error(
+        rc, "strata_acquire '" + plan_.inventory[tensor].name + "': " + strata_last_error(rt_));
   }
   return a;
 }
@@ -406,7 +418,8 @@ Status Worker::initialize_tensors() {
 }
 
 Status Worker::forward(const Unit& unit) {
-  STRATA_TRY(check(strata_layer_begin(rt_, STRATA_PHASE_FORWARD, unit.layer), "strata_layer_begin"));
+  STRATA_TRY(
+      check(strata_layer_begin(rt_, STRATA_PHASE_FORWARD, unit.layer), "strata_layer_begin"));
   std::vector<ComputeTensor> tensors;
   for (const ParamEntry& e : unit.params) {
     Result<strata_acquired> a = acquire(e.param, STRATA_TIER_DEVICE, 0);
@@ -427,7 +440,8 @@ Status Worker::forward(const Unit& unit) {
 }
 
 Status Worker::backward(const Unit& unit) {
-  STRATA_TRY(check(strata_layer_begin(rt_, STRATA_PHASE_BACKWARD, unit.layer), "strata_layer_begin"));
+  STRATA_TRY(
+      check(strata_layer_begin(rt_, STRATA_PHASE_BACKWARD, unit.layer), "strata_layer_begin"));
   std::vector<ComputeTensor> tensors;
   for (const ParamEntry& e : unit.params) {
     Result<strata_acquired> a = acquire(e.param, STRATA_TIER_DEVICE, 0);
@@ -512,7 +526,8 @@ Status Worker::deepspeed_check() {
 }
 
 Status Worker::optimizer(const Unit& unit, bool first_unit) {
-  STRATA_TRY(check(strata_layer_begin(rt_, STRATA_PHASE_OPTIMIZER, unit.layer), "strata_layer_begin"));
+  STRATA_TRY(
+      check(strata_layer_begin(rt_, STRATA_PHASE_OPTIMIZER, unit.layer), "strata_layer_begin"));
   if (first_unit && strategy_ == Strategy::kZeroInfinity) STRATA_TRY(deepspeed_check());
   optim::AdamWParams hp;
   hp.lr = 1e-5;
@@ -637,8 +652,8 @@ Status Worker::step(uint32_t index) {
 Status Worker::write_trace(const std::string& runtime_trace) {
   json spans = json::array();
   for (const Span& s : spans_) {
-    json e = {{"track", s.track}, {"name", s.name}, {"ts", s.begin_us},
-              {"dur", s.end_us - s.begin_us}};
+    json e = {
+        {"track", s.track}, {"name", s.name}, {"ts", s.begin_us}, {"dur", s.end_us - s.begin_us}};
     if (s.bytes >= 0) e["bytes"] = s.bytes;
     spans.push_back(std::move(e));
   }
@@ -657,6 +672,7 @@ Status Worker::write_trace(const std::string& runtime_trace) {
 
 void Worker::send_result() {
   const MemoryPeaks peaks = sampler_->peaks();
+  const MemoryPeaks during_steps = sampler_->window_peaks();
   std::vector<double> measured;
   uint64_t read = 0, written = 0;
   double seconds = 0, stall = 0;
@@ -689,16 +705,15 @@ void Worker::send_result() {
   const strata_stats st = runtime_stats();
   // Strata's own accounting beside the OS figures: what the runtime itself held (its pinned
   // arena, its device arena, its unpinned scratch) and what its sampler saw.
-  const json accounting = {
-      {"pinned_peak_reserved_bytes", st.pinned.peak_reserved_bytes},
-      {"pinned_peak_in_use_bytes", st.pinned.peak_in_use_bytes},
-      {"device_peak_reserved_bytes", st.device.peak_reserved_bytes},
-      {"host_peak_reserved_bytes", st.host.peak_reserved_bytes},
-      {"nvme_bytes_read", st.nvme_bytes_read},
-      {"nvme_bytes_written", st.nvme_bytes_written},
-      {"os_peak_host_bytes_excluding_emulated_device",
-       st.os_peak_host_bytes_excluding_emulated_device},
-      {"os_peak_rss_bytes", st.os_peak_rss_bytes}};
+  const json accounting = {{"pinned_peak_reserved_bytes", st.pinned.peak_reserved_bytes},
+                           {"pinned_peak_in_use_bytes", st.pinned.peak_in_use_bytes},
+                           {"device_peak_reserved_bytes", st.device.peak_reserved_bytes},
+                           {"host_peak_reserved_bytes", st.host.peak_reserved_bytes},
+                           {"nvme_bytes_read", st.nvme_bytes_read},
+                           {"nvme_bytes_written", st.nvme_bytes_written},
+                           {"os_peak_host_bytes_excluding_emulated_device",
+                            st.os_peak_host_bytes_excluding_emulated_device},
+                           {"os_peak_rss_bytes", st.os_peak_rss_bytes}};
   json result = {
       {"event", "result"},
       {"name", to_string(strategy_)},
@@ -710,16 +725,17 @@ void Worker::send_result() {
       {"nvme_read_gbps", seconds > 0 ? static_cast<double>(read) / seconds / 1e9 : 0.0},
       {"nvme_write_gbps", seconds > 0 ? static_cast<double>(written) / seconds / 1e9 : 0.0},
       {"stall_fraction", seconds > 0 ? stall / seconds : 0.0},
+      {"peak_host_bytes_during_steps", during_steps.host},
+      {"peak_pinned_bytes_during_steps", during_steps.pinned},
       {"os_vmhwm_bytes", proc ? proc->vm_hwm : 0},
       {"os_peak_host_bytes_unadjusted", peaks.raw_host},
       {"runtime_pinned_peak_bytes", peaks.runtime_pinned},
       {"strata_accounting", accounting},
       {"deepspeed_blocks_bytes", deepspeed_ ? deepspeed_->bytes() : 0},
       {"deepspeed_overflow_temporary_bytes", last_check_.temporary_bytes},
-      {"runtime_zero_infinity_sizes",
-       strategy_ == Strategy::kStrata ? "n/a"
-       : zero_sizes_applied_          ? "scaled"
-                                      : "deepspeed-unscaled-defaults"},
+      {"runtime_zero_infinity_sizes", strategy_ == Strategy::kStrata ? "n/a"
+                                      : zero_sizes_applied_          ? "scaled"
+                                                            : "deepspeed-unscaled-defaults"},
       {"startup_seconds", startup_seconds_},
       {"startup_nvme_write_bytes", startup_written_},
       {"load_average_start", load_start_},
@@ -763,8 +779,8 @@ Status Worker::run() {
     d.kind = static_cast<strata_tensor_kind>(t.kind);
     d.layer = t.layer;
     // ZeRO-Infinity keeps every gradient in its flat host buffer; everything else lives on NVMe.
-    d.home_tier = t.kind == TensorKind::kGradient && gradients_pinned ? STRATA_TIER_PINNED
-                                                                      : STRATA_TIER_NVME;
+    d.home_tier =
+        t.kind == TensorKind::kGradient && gradients_pinned ? STRATA_TIER_PINNED : STRATA_TIER_NVME;
     descs_.push_back(d);
   }
   Result<std::unique_ptr<LayerCompute>> compute = make_layer_compute(plan_);
@@ -794,6 +810,9 @@ Status Worker::run() {
   startup_seconds_ = std::chrono::duration<double>(Clock::now() - startup).count();
   startup_written_ = read_proc_io().written - io_start.written;
 
+  // Peaks over the training steps alone, beside the whole run's: start-up (DeepSpeed's double
+  // copy of its buffers, loading the weights) has its own spike.
+  sampler_->start_window();
   for (uint32_t s = 0; s < plan_.options.steps; ++s) STRATA_TRY(step(s));
   const auto sync_start = Clock::now();
   STRATA_TRY(check(strata_sync(rt_), "strata_sync"));

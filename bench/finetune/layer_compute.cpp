@@ -62,7 +62,8 @@ class CpuCompute final : public LayerCompute {
     block_.resize(kBlockRows * max_in_);
     row_.resize(max_in_);
     // Fixed activations and upstream gradients: deterministic, small, varied.
-    for (size_t i = 0; i < x_.size(); ++i) x_[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+    for (size_t i = 0; i < x_.size(); ++i)
+      x_[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
   }
 
   Status forward(std::span<const ComputeTensor> tensors) override {
@@ -184,9 +185,12 @@ uint64_t compute_parameters(std::span<const ComputeTensor> tensors) {
 
 Result<std::unique_ptr<LayerCompute>> make_layer_compute(const FinetunePlan& plan) {
   switch (plan.compute) {
-    case ComputeMode::kModeled: return std::unique_ptr<LayerCompute>(new ModeledCompute(plan));
-    case ComputeMode::kCpu: return std::unique_ptr<LayerCompute>(new CpuCompute(plan));
-    case ComputeMode::kGpu: return make_gpu_compute(plan);
+    case ComputeMode::kModeled:
+      return std::unique_ptr<LayerCompute>(new ModeledCompute(plan));
+    case ComputeMode::kCpu:
+      return std::unique_ptr<LayerCompute>(new CpuCompute(plan));
+    case ComputeMode::kGpu:
+      return make_gpu_compute(plan);
   }
   return invalid_argument("unknown compute mode");
 }

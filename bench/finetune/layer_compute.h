@@ -21,9 +21,9 @@ namespace strata::bench::finetune {
 // One weight of the layer being computed, as acquired from Strata on the device tier.
 struct ComputeTensor {
   const TensorSpec* spec = nullptr;
-  const void* weight = nullptr;      // bf16, spec->shape
-  void* grad = nullptr;              // bf16, same shape; backward only (acquired with DISCARD)
-  void* ready_event = nullptr;       // CUDA: wait on it before reading weight; else nullptr
+  const void* weight = nullptr;  // bf16, spec->shape
+  void* grad = nullptr;          // bf16, same shape; backward only (acquired with DISCARD)
+  void* ready_event = nullptr;   // CUDA: wait on it before reading weight; else nullptr
 };
 
 class LayerCompute {

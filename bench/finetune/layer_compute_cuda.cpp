@@ -78,11 +78,11 @@ class GpuCompute final : public LayerCompute {
       const int out = static_cast<int>(t.spec->shape[0]), in = static_cast<int>(t.spec->shape[1]);
       const int n = static_cast<int>(tokens_);
       // Row-major Y[T x out] = X[T x in] W[out x in]^T, as column-major Y^T = W X^T.
-      STRATA_TRY(cublas_status(
-          cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, t.weight,
-                       CUDA_R_16BF, in, x_, CUDA_R_16BF, in, &beta, y_, CUDA_R_16BF, out,
-                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-          "forward GEMM"));
+      STRATA_TRY(
+          cublas_status(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha,
+                                     t.weight, CUDA_R_16BF, in, x_, CUDA_R_16BF, in, &beta, y_,
+                                     CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                        "forward GEMM"));
     }
     return Status::ok();
   }
@@ -99,17 +99,17 @@ class GpuCompute final : public LayerCompute {
       const int out = static_cast<int>(t.spec->shape[0]), in = static_cast<int>(t.spec->shape[1]);
       const int n = static_cast<int>(tokens_);
       // dX[T x in] = dY[T x out] W[out x in]: column-major dX^T = W^T(col) dY^T.
-      STRATA_TRY(cublas_status(
-          cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &alpha, t.weight,
-                       CUDA_R_16BF, in, y_, CUDA_R_16BF, out, &beta, dx_, CUDA_R_16BF, in,
-                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-          "backward dX GEMM"));
+      STRATA_TRY(
+          cublas_status(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &alpha,
+                                     t.weight, CUDA_R_16BF, in, y_, CUDA_R_16BF, out, &beta, dx_,
+                                     CUDA_R_16BF, in, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                        "backward dX GEMM"));
       // dW[out x in] = dY^T X: column-major dW^T = X^T(col) dY.
-      STRATA_TRY(cublas_status(
-          cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &alpha, x_, CUDA_R_16BF,
-                       in, y_, CUDA_R_16BF, out, &beta, t.grad, CUDA_R_16BF, in,
-                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-          "backward dW GEMM"));
+      STRATA_TRY(
+          cublas_status(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &alpha, x_,
+                                     CUDA_R_16BF, in, y_, CUDA_R_16BF, out, &beta, t.grad,
+                                     CUDA_R_16BF, in, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                        "backward dW GEMM"));
     }
     return Status::ok();
   }
@@ -123,9 +123,8 @@ class GpuCompute final : public LayerCompute {
   }
   Status wait(const ComputeTensor& t) {
     if (t.ready_event == nullptr) return Status::ok();
-    return cuda_status(
-        cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(t.ready_event), 0),
-        "cudaStreamWaitEvent");
+    return cuda_status(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(t.ready_event), 0),
+                       "cudaStreamWaitEvent");
   }
 
   uint64_t tokens_ = 0;

@@ -53,7 +53,9 @@ MemorySampler::MemorySampler(std::chrono::microseconds interval, uint32_t series
   thread_ = std::thread([this] { run(); });
 }
 
-MemorySampler::~MemorySampler() { stop(); }
+MemorySampler::~MemorySampler() {
+  stop();
+}
 
 void MemorySampler::stop() {
   {
@@ -107,12 +109,14 @@ void MemorySampler::sample_now() {
   bool report = false;
   {
     std::lock_guard lock(mutex_);
-    peaks_.host = std::max(peaks_.host, r.host);
-    peaks_.pinned = std::max(peaks_.pinned, r.pinned);
-    peaks_.device = std::max(peaks_.device, r.device);
-    peaks_.raw_host = std::max(peaks_.raw_host, r.raw_host);
-    peaks_.runtime_pinned =
-        std::max(peaks_.runtime_pinned, r.locked > blocks_locked ? r.locked - blocks_locked : 0);
+    for (MemoryPeaks* p : {&peaks_, &window_}) {
+      p->host = std::max(p->host, r.host);
+      p->pinned = std::max(p->pinned, r.pinned);
+      p->device = std::max(p->device, r.device);
+      p->raw_host = std::max(p->raw_host, r.raw_host);
+      p->runtime_pinned =
+          std::max(p->runtime_pinned, r.locked > blocks_locked ? r.locked - blocks_locked : 0);
+    }
     last_ = r;
     if (samples_++ % series_every_ == 0 && series_.size() < kMaxSeries) series_.push_back(r);
     const auto now = std::chrono::steady_clock::now();
@@ -137,6 +141,19 @@ void MemorySampler::run() {
 MemoryPeaks MemorySampler::peaks() const {
   std::lock_guard lock(mutex_);
   return peaks_;
+}
+
+void MemorySampler::start_window() {
+  {
+    std::lock_guard lock(mutex_);
+    window_ = MemoryPeaks{};
+  }
+  sample_now();
+}
+
+MemoryPeaks MemorySampler::window_peaks() const {
+  std::lock_guard lock(mutex_);
+  return window_;
 }
 
 MemoryReading MemorySampler::last() const {

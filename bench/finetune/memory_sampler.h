@@ -28,12 +28,12 @@
 namespace strata::bench::finetune {
 
 struct MemoryReading {
-  double seconds = 0;         // since the sampler started
-  uint64_t host = 0;          // as defined above (ZeRO-Infinity: blocks counted once)
+  double seconds = 0;  // since the sampler started
+  uint64_t host = 0;   // as defined above (ZeRO-Infinity: blocks counted once)
   uint64_t pinned = 0;
-  uint64_t device = 0;        // the emulated device's resident memory
-  uint64_t raw_host = 0;      // RSS excluding the device, without the adjustment
-  uint64_t locked = 0;        // VmLck
+  uint64_t device = 0;    // the emulated device's resident memory
+  uint64_t raw_host = 0;  // RSS excluding the device, without the adjustment
+  uint64_t locked = 0;    // VmLck
 };
 
 struct MemoryPeaks {
@@ -67,6 +67,9 @@ class MemorySampler {
   void stop();
 
   MemoryPeaks peaks() const;
+  // Peaks since the last start_window() (e.g. over the training steps, leaving start-up out).
+  void start_window();
+  MemoryPeaks window_peaks() const;
   MemoryReading last() const;
   // The series, max-pooled down to at most `max_points` points.
   std::vector<MemoryReading> series(size_t max_points) const;
@@ -88,6 +91,7 @@ class MemorySampler {
   std::condition_variable wake_;
   bool stop_ = false;
   MemoryPeaks peaks_;
+  MemoryPeaks window_;
   MemoryReading last_;
   std::vector<MemoryReading> series_;
   uint64_t samples_ = 0;

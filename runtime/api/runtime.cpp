@@ -60,8 +60,12 @@ Result<sched::MemoryPlan> zero_infinity_plan(const strata_config& c) {
     spec.shape = {(d.bytes + dtype_size(spec.dtype) - 1) / dtype_size(spec.dtype)};
     inventory.push_back(std::move(spec));
   }
-  return sched::zero_infinity_memory_plan(inventory, sched::ZeroInfinityOptions{},
-                                          c.device_budget_bytes);
+  sched::ZeroInfinityOptions options;
+  if (c.zero_sub_group_elements != 0) options.sub_group_elements = c.zero_sub_group_elements;
+  if (c.zero_param_buffer_elements != 0) {
+    options.param_buffer_elements = c.zero_param_buffer_elements;
+  }
+  return sched::zero_infinity_memory_plan(inventory, options, c.device_budget_bytes);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // clear errors for bad arguments. (Qwen2.5-0.5B cannot shrink that far: its 7:1 grouped-query
 // ratio keeps at least 7 heads of 64, and its 152K vocabulary then dominates.)
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,8 +22,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "model/test_dir.h"
 #include "telemetry/loopback_http.h"
@@ -87,10 +86,9 @@ CliRun run_cli(const std::vector<std::string>& args,
 
 std::vector<std::string> tiny(const std::filesystem::path& dir,
                               std::vector<std::string> extra = {}) {
-  std::vector<std::string> args = {"bench",  "finetune", "--model", "llama-2-7b",   "--scale",
-                                   "0.05",   "--layers", "2",       "--steps",      "2",
-                                   "--seq",  "64",       "--batch", "1",            "--nvme",
-                                   dir.string()};
+  std::vector<std::string> args = {
+      "bench",   "finetune", "--model", "llama-2-7b", "--scale", "0.05", "--layers", "2",
+      "--steps", "2",        "--seq",   "64",         "--batch", "1",    "--nvme",   dir.string()};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }
@@ -107,9 +105,9 @@ TEST(FinetuneBench, JsonHasEveryKeyFromTwoSeparateWorkerProcesses) {
   ASSERT_EQ(j["strategies"].size(), 2u);
   std::set<int64_t> pids;
   for (const json& s : j["strategies"]) {
-    for (const char* key : {"name", "peak_host_bytes", "peak_pinned_bytes", "peak_device_bytes",
-                            "step_seconds", "nvme_read_gbps", "nvme_write_gbps",
-                            "stall_fraction"}) {
+    for (const char* key :
+         {"name", "peak_host_bytes", "peak_pinned_bytes", "peak_device_bytes", "step_seconds",
+          "nvme_read_gbps", "nvme_write_gbps", "stall_fraction"}) {
       EXPECT_TRUE(s.contains(key)) << s["name"] << " lacks " << key;
     }
     EXPECT_GT(s["peak_host_bytes"].get<double>(), 0) << s["name"];
@@ -148,7 +146,8 @@ TEST(FinetuneBench, TraceIsChromeJsonWithReadWriteCopyComputeAndOptimizerTracks)
   const auto trace = dir / "trace.json";
   const auto nvme = dir / "nvme";
   std::filesystem::create_directories(nvme);
-  const CliRun r = run_cli(tiny(nvme, {"--trace", trace.string()}));
+  // A pinned budget well below the model's 35 MB of states, so that Strata streams from NVMe.
+  const CliRun r = run_cli(tiny(nvme, {"--trace", trace.string(), "--pinned-budget", "12M"}));
   ASSERT_EQ(r.code, 0) << r.err;
   std::ifstream in(trace);
   const json j = json::parse(in);
@@ -198,7 +197,8 @@ TEST(FinetuneBench, MetricsEndpointIsScrapedWhileItRuns) {
   auto on_stderr = [&](const std::string& err) {
     if (port.load() != 0) return;
     std::smatch m;
-    if (!std::regex_search(err, m, std::regex("metrics: http://127\\.0\\.0\\.1:([0-9]+)/metrics"))) {
+    if (!std::regex_search(err, m,
+                           std::regex("metrics: http://127\\.0\\.0\\.1:([0-9]+)/metrics"))) {
       return;
     }
     port = std::stoi(m[1]);

@@ -131,6 +131,12 @@ typedef struct strata_config {
    * uniform slots and optimizer buffers are sized for the largest tensor and sub-group. */
   const struct strata_tensor_desc* planned_tensors;
   size_t planned_tensor_count;
+
+  /* Policy ZERO_INFINITY only: DeepSpeed's sub_group_size and offload_param.buffer_size in
+   * elements (0 = DeepSpeed's defaults, 1e9 and 1e8). Benchmarks on scaled-down models scale
+   * them with the model so the baseline keeps its full-size proportions. */
+  uint64_t zero_sub_group_elements;
+  uint64_t zero_param_buffer_elements;
 } strata_config;
 
 /* Fills *config with defaults (and config->struct_size). Any thread.
