@@ -56,7 +56,10 @@ RealBackend::~RealBackend() {
   std::lock_guard lock(buffers_mutex_);
   for (auto& [token, data] : device_buffers_) (void)device_.free(data);
   device_buffers_.clear();
+  for (auto& [token, buffer] : pinned_)
+    pinned_recycler_.give_back(std::move(buffer), TensorKind::kOther);
   pinned_.clear();
+  pinned_recycler_.trim();
   for (auto& [token, extent] : extents_) (void)store_.free(extent);
   extents_.clear();
 }
@@ -76,7 +79,7 @@ Result<sched::Buffer> RealBackend::allocate(sched::Tier tier, uint64_t bytes) {
   if (tier == sched::Tier::kPinned) {
     // The extent store moves whole aligned blocks, so the buffer covers the padded length too.
     const uint64_t padded = align_up(bytes, store_.alignment());
-    auto buffer = arena_.allocate(padded, TensorKind::kOther);
+    auto buffer = pinned_recycler_.take(padded, TensorKind::kOther);
     if (!buffer) return std::move(buffer).take_status();
     std::lock_guard lock(buffers_mutex_);
     const uint64_t token = next_token_++;
@@ -98,8 +101,10 @@ Result<sched::Buffer> RealBackend::allocate(sched::Tier tier, uint64_t bytes) {
 void RealBackend::free(sched::Tier tier, const sched::Buffer& buffer) {
   std::lock_guard lock(buffers_mutex_);
   if (tier == sched::Tier::kPinned) {
-    const size_t erased = pinned_.erase(buffer.token);
-    STRATA_ASSERT(erased == 1);
+    auto it = pinned_.find(buffer.token);
+    STRATA_ASSERT(it != pinned_.end());
+    pinned_recycler_.give_back(std::move(it->second), TensorKind::kOther);
+    pinned_.erase(it);
     return;
   }
   auto it = device_buffers_.find(buffer.token);
@@ -175,8 +180,8 @@ void RealBackend::on_nvme_done(storage::ExtentIo* io, void* context) {
   sched::post_completion(done, std::move(status));
 }
 
-Status RealBackend::read(const sched::Extent& from, const sched::Buffer& to_pinned,
-                         uint64_t bytes, sched::Completion done) {
+Status RealBackend::read(const sched::Extent& from, const sched::Buffer& to_pinned, uint64_t bytes,
+                         sched::Completion done) {
   auto extent = find_extent(from.token);
   if (!extent) return std::move(extent).take_status();
   auto op = take_nvme_op();
@@ -198,8 +203,8 @@ Status RealBackend::read(const sched::Extent& from, const sched::Buffer& to_pinn
   return status;
 }
 
-Status RealBackend::write(const sched::Buffer& from_pinned, const sched::Extent& to,
-                          uint64_t bytes, sched::Completion done) {
+Status RealBackend::write(const sched::Buffer& from_pinned, const sched::Extent& to, uint64_t bytes,
+                          sched::Completion done) {
   auto extent = find_extent(to.token);
   if (!extent) return std::move(extent).take_status();
   auto op = take_nvme_op();
@@ -212,8 +217,9 @@ Status RealBackend::write(const sched::Buffer& from_pinned, const sched::Extent&
   o->io.on_complete = &RealBackend::on_nvme_done;
   o->io.context = o;
   link_started(o->link);
-  const Status status = store_.write_async(extent.value(), from_pinned.data, bytes, &o->io,
-                                           io_index(from_pinned, align_up(bytes, store_.alignment())));
+  const Status status =
+      store_.write_async(extent.value(), from_pinned.data, bytes, &o->io,
+                         io_index(from_pinned, align_up(bytes, store_.alignment())));
   if (!status) {
     link_finished(o->link, 0, o->begin_us, nullptr);
     return_nvme_op(o);
@@ -262,9 +268,8 @@ void RealBackend::run_lane(CopyLane& lane) {
   }
 }
 
-Status RealBackend::copy_to_device(const sched::Buffer& from_pinned,
-                                   const sched::Buffer& to_device, uint64_t bytes,
-                                   sched::Completion done) {
+Status RealBackend::copy_to_device(const sched::Buffer& from_pinned, const sched::Buffer& to_device,
+                                   uint64_t bytes, sched::Completion done) {
   return start_copy(h2d_, to_device.data, from_pinned.data, bytes, done);
 }
 

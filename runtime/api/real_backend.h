@@ -18,6 +18,7 @@
 
 #include "memory/device.h"
 #include "memory/pinned_arena.h"
+#include "memory/pinned_recycler.h"
 #include "sched/tier_backend.h"
 #include "storage/extent_store.h"
 #include "telemetry/trace_recorder.h"
@@ -117,6 +118,8 @@ class RealBackend final : public sched::TierBackend {
   // Buffers the scheduler holds, by token. Guarded by buffers_mutex_ (calls arrive under the
   // scheduler's lock, but completions come from other threads).
   mutable std::mutex buffers_mutex_;
+  // Pinned buffers come from and go back to the recycler: steady-state steps map nothing.
+  memory::PinnedRecycler pinned_recycler_{arena_};
   std::unordered_map<uint64_t, memory::PinnedBuffer> pinned_;
   std::unordered_map<uint64_t, void*> device_buffers_;
   std::unordered_map<uint64_t, storage::Extent> extents_;

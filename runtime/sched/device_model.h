@@ -32,6 +32,9 @@ struct DeviceModel {
   double cpu_optimizer_params_per_s = 2.0e9;
   // A host-side overflow check (ZeRO-Infinity's isinf / isnan passes), elements per second.
   double host_overflow_check_elements_per_s = 7.0e9;
+  // The framework's own time per phase outside compute and waits: releasing, bookkeeping,
+  // launching (a Python training loop's hooks). Not a resource: nothing else waits for it.
+  double phase_overhead_seconds = 0;
 
   // All rates > 0, latencies and times >= 0, all finite.
   Status validate() const;
@@ -49,6 +52,8 @@ struct Measurements {
   // Parameters the CPU optimizer updated, and the seconds it computed for (excluding waits).
   double optimizer_params = 0;
   double optimizer_seconds = 0;
+  // Mean seconds per phase the framework spent outside compute and acquire. < 0: keep the base.
+  double phase_overhead_seconds = -1;
 };
 
 // The base model with every measured quantity replaced by its measurement: a link's rate is

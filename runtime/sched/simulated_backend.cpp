@@ -22,7 +22,7 @@ Status DeviceModel::validate() const {
     }
   }
   const double times[] = {nvme_latency_s, pcie_latency_s, forward_seconds_per_layer,
-                          backward_seconds_per_layer};
+                          backward_seconds_per_layer, phase_overhead_seconds};
   for (double t : times) {
     if (!(t >= 0) || !std::isfinite(t)) {
       return invalid_argument("device model: latencies and compute times must be finite, >= 0");
@@ -49,6 +49,9 @@ Result<DeviceModel> calibrate(const Measurements& measured, const DeviceModel& b
   }
   if (measured.optimizer_params > 0 && measured.optimizer_seconds > 0) {
     model.cpu_optimizer_params_per_s = measured.optimizer_params / measured.optimizer_seconds;
+  }
+  if (measured.phase_overhead_seconds >= 0) {
+    model.phase_overhead_seconds = measured.phase_overhead_seconds;
   }
   STRATA_TRY(model.validate());
   return model;

@@ -185,7 +185,7 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
           break;
       }
       if (measuring) busy[static_cast<int>(resource)] += seconds;
-      backend.run_until(backend.now() + seconds);
+      backend.run_until(backend.now() + seconds + model.phase_overhead_seconds);
 
       for (const StepAccess& a : phase.accesses) {
         Status released = scheduler.release(a.access.tensor, a.release_dirty);
