@@ -11,6 +11,10 @@ void add_io_command(CLI::App& bench);
 // Adds `bench adam` (CPU AdamW updates/s beside a triad bandwidth bound and torch.optim.AdamW).
 void add_adam_command(CLI::App& bench);
 
+// Adds `bench optimizer` (the optimizer step over NVMe states: pipelined against serial per
+// sub-group, beside each stage alone).
+void add_optimizer_command(CLI::App& bench);
+
 // Adds `bench pool` (pinned bytes reserved vs in flight: strata, zero-infinity and pow2 pools).
 void add_pool_command(CLI::App& bench);
 

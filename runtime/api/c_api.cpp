@@ -56,10 +56,13 @@ int guarded(strata_runtime* rt, const char* function, F&& body) noexcept {
 
 Result<sched::Tier> memory_tier(strata_tier tier, const char* what) {
   switch (tier) {
-    case STRATA_TIER_DEVICE: return sched::Tier::kDevice;
-    case STRATA_TIER_PINNED: return sched::Tier::kPinned;
+    case STRATA_TIER_DEVICE:
+      return sched::Tier::kDevice;
+    case STRATA_TIER_PINNED:
+      return sched::Tier::kPinned;
     case STRATA_TIER_HOST:
-    case STRATA_TIER_NVME: break;
+    case STRATA_TIER_NVME:
+      break;
   }
   return invalid_argument(std::string(what) + ": tier " + std::to_string(tier) +
                           " is not DEVICE or PINNED");
@@ -67,19 +70,26 @@ Result<sched::Tier> memory_tier(strata_tier tier, const char* what) {
 
 Result<sched::Tier> home_tier(strata_tier tier) {
   switch (tier) {
-    case STRATA_TIER_DEVICE: return sched::Tier::kDevice;
-    case STRATA_TIER_PINNED: return sched::Tier::kPinned;
-    case STRATA_TIER_NVME: return sched::Tier::kNvme;
-    case STRATA_TIER_HOST: break;
+    case STRATA_TIER_DEVICE:
+      return sched::Tier::kDevice;
+    case STRATA_TIER_PINNED:
+      return sched::Tier::kPinned;
+    case STRATA_TIER_NVME:
+      return sched::Tier::kNvme;
+    case STRATA_TIER_HOST:
+      break;
   }
   return invalid_argument("home tier " + std::to_string(tier) + " is not DEVICE, PINNED or NVME");
 }
 
 Result<sched::PhaseKind> phase_kind(strata_phase phase) {
   switch (phase) {
-    case STRATA_PHASE_FORWARD: return sched::PhaseKind::kForward;
-    case STRATA_PHASE_BACKWARD: return sched::PhaseKind::kBackward;
-    case STRATA_PHASE_OPTIMIZER: return sched::PhaseKind::kOptimizer;
+    case STRATA_PHASE_FORWARD:
+      return sched::PhaseKind::kForward;
+    case STRATA_PHASE_BACKWARD:
+      return sched::PhaseKind::kBackward;
+    case STRATA_PHASE_OPTIMIZER:
+      return sched::PhaseKind::kOptimizer;
   }
   return invalid_argument("phase " + std::to_string(phase) + " is unknown");
 }
@@ -119,10 +129,9 @@ Status copy_tensor(Runtime& rt, sched::TensorHandle handle, void* caller, uint64
   // nothing to read first.
   const bool whole = write && ((offset == 0 && bytes == info->bytes) ||
                                info->residency == sched::Residency::kUnwritten);
-  auto acquired = rt.scheduler().acquire(handle, sched::Tier::kPinned,
-                                         whole ? sched::AccessMode::kOverwrite
-                                               : sched::AccessMode::kRead,
-                                         kAcquireTimeout);
+  auto acquired = rt.scheduler().acquire(
+      handle, sched::Tier::kPinned,
+      whole ? sched::AccessMode::kOverwrite : sched::AccessMode::kRead, kAcquireTimeout);
   if (!acquired) return std::move(acquired).take_status();
   auto* data = static_cast<unsigned char*>(acquired->data) + offset;
   if (write) {
@@ -133,14 +142,62 @@ Status copy_tensor(Runtime& rt, sched::TensorHandle handle, void* caller, uint64
   return rt.scheduler().release(handle, /*dirty=*/write);
 }
 
+// Structs the caller passes in: at least this library's size (no older version exists yet), and
+// fields of a newer header that this library does not know must be zero (their defaults).
+Status check_struct_in(const void* s, size_t struct_size, size_t known, const char* what) {
+  if (struct_size < known || struct_size > 65536) {
+    return invalid_argument(std::string(what) + ".struct_size is " + std::to_string(struct_size) +
+                            ": set it to sizeof(" + what + ") (its _init function does)");
+  }
+  const auto* extra = static_cast<const unsigned char*>(s) + known;
+  for (size_t i = 0; i < struct_size - known; ++i) {
+    if (extra[i] != 0) {
+      return unsupported(std::string(what) + " sets fields this library (" + strata_version() +
+                         ") does not know; use a newer libstrata");
+    }
+  }
+  return Status::ok();
+}
+
+optim::GroupSettings group_settings(const strata_optimizer_group& g) {
+  optim::GroupSettings s;
+  s.lr = g.lr;
+  s.beta1 = g.beta1;
+  s.beta2 = g.beta2;
+  s.eps = g.eps;
+  s.weight_decay = g.weight_decay;
+  s.decoupled = g.decoupled_weight_decay != 0;
+  return s;
+}
+
+Result<optim::StateKind> state_kind(strata_optimizer_state state) {
+  switch (state) {
+    case STRATA_OPTIMIZER_MASTER:
+      return optim::StateKind::kMaster;
+    case STRATA_OPTIMIZER_EXP_AVG:
+      return optim::StateKind::kExpAvg;
+    case STRATA_OPTIMIZER_EXP_AVG_SQ:
+      return optim::StateKind::kExpAvgSq;
+  }
+  return invalid_argument("optimizer state " + std::to_string(static_cast<int>(state)) +
+                          " is not MASTER, EXP_AVG or EXP_AVG_SQ");
+}
+
+// The runtime's optimizer, made on first use.
+#define STRATA_OPTIMIZER(rt, name)                               \
+  auto name##_made = (rt).optimizer();                           \
+  if (!name##_made) return std::move(name##_made).take_status(); \
+  optim::TieredOptimizer& name = *name##_made.value()
+
 }  // namespace
 }  // namespace strata::api
 
-using strata::Status;
 using strata::invalid_argument;
+using strata::Status;
 using strata::api::guarded;
 using strata::api::Runtime;
 namespace sched = strata::sched;
+namespace optim = strata::optim;
 
 extern "C" {
 
@@ -153,9 +210,10 @@ int strata_runtime_create(const strata_config* config, strata_runtime** out) {
   *out = nullptr;
   Status status;
   try {
-    auto runtime = config == nullptr ? strata::Result<std::unique_ptr<Runtime>>(
-                                           invalid_argument("config is NULL"))
-                                     : Runtime::create(*config);
+    auto runtime =
+        config == nullptr
+            ? strata::Result<std::unique_ptr<Runtime>>(invalid_argument("config is NULL"))
+            : Runtime::create(*config);
     if (runtime) {
       auto* rt = new strata_runtime{std::move(runtime.value())};
       std::lock_guard lock(strata::api::live_mutex());
@@ -194,18 +252,15 @@ const char* strata_last_error(const strata_runtime* rt) {
   return rt->impl->last_error();
 }
 
-int strata_tensor_register(strata_runtime* rt, const strata_tensor_desc* desc,
-                           strata_tensor* out) {
+int strata_tensor_register(strata_runtime* rt, const strata_tensor_desc* desc, strata_tensor* out) {
   return guarded(rt, "strata_tensor_register", [&](Runtime& r) -> Status {
     if (desc == nullptr || out == nullptr) return invalid_argument("desc or out is NULL");
     *out = STRATA_TENSOR_NONE;
-    STRATA_TRY(strata::api::check_size_struct(desc->struct_size,
-                                              offsetof(strata_tensor_desc, home_tier) +
-                                                  sizeof(strata_tier),
-                                              "strata_tensor_desc"));
+    STRATA_TRY(strata::api::check_size_struct(
+        desc->struct_size, offsetof(strata_tensor_desc, home_tier) + sizeof(strata_tier),
+        "strata_tensor_desc"));
     if (desc->bytes == 0 || desc->bytes > strata::api::kMaxTensorBytes) {
-      return invalid_argument("tensor bytes " + std::to_string(desc->bytes) +
-                              " is zero or absurd");
+      return invalid_argument("tensor bytes " + std::to_string(desc->bytes) + " is zero or absurd");
     }
     if (desc->dtype < STRATA_DTYPE_F32 || desc->dtype > STRATA_DTYPE_U8) {
       return invalid_argument("dtype " + std::to_string(desc->dtype) + " is unknown");
@@ -217,7 +272,8 @@ int strata_tensor_register(strata_runtime* rt, const strata_tensor_desc* desc,
     auto home = strata::api::home_tier(desc->home_tier);
     if (!home) return std::move(home).take_status();
     strata::TensorSpec spec;
-    if (desc->name != nullptr) spec.name.assign(desc->name, strnlen(desc->name, strata::api::kMaxNameBytes));
+    if (desc->name != nullptr)
+      spec.name.assign(desc->name, strnlen(desc->name, strata::api::kMaxNameBytes));
     spec.dtype = static_cast<strata::DType>(desc->dtype);
     spec.kind = static_cast<strata::TensorKind>(desc->kind);
     spec.layer = desc->layer;
@@ -350,10 +406,9 @@ int strata_acquire(strata_runtime* rt, strata_tensor tensor, strata_tier tier, u
                    strata_acquired* out) {
   return guarded(rt, "strata_acquire", [&](Runtime& r) -> Status {
     if (out == nullptr) return invalid_argument("out is NULL");
-    STRATA_TRY(strata::api::check_size_struct(out->struct_size,
-                                              offsetof(strata_acquired, ready_event) +
-                                                  sizeof(void*),
-                                              "strata_acquired"));
+    STRATA_TRY(strata::api::check_size_struct(
+        out->struct_size, offsetof(strata_acquired, ready_event) + sizeof(void*),
+        "strata_acquired"));
     if ((flags & ~STRATA_ACQUIRE_DISCARD) != 0) {
       return invalid_argument("unknown flags " + std::to_string(flags));
     }
@@ -364,11 +419,11 @@ int strata_acquire(strata_runtime* rt, strata_tensor tensor, strata_tier tier, u
     if (!info) return std::move(info).take_status();
     // A tensor with no contents yet (a fresh strata_malloc) has nothing to load: its bytes are
     // undefined until written, as malloc's are.
-    const bool nothing_to_read = (flags & STRATA_ACQUIRE_DISCARD) != 0 ||
-                                 info->residency == sched::Residency::kUnwritten;
+    const bool nothing_to_read =
+        (flags & STRATA_ACQUIRE_DISCARD) != 0 || info->residency == sched::Residency::kUnwritten;
     const auto mode = nothing_to_read ? sched::AccessMode::kOverwrite : sched::AccessMode::kRead;
-    auto acquired = r.scheduler().acquire(handle, where.value(), mode,
-                                          strata::api::kAcquireTimeout);
+    auto acquired =
+        r.scheduler().acquire(handle, where.value(), mode, strata::api::kAcquireTimeout);
     if (!acquired) return std::move(acquired).take_status();
     out->data = acquired->data;
     out->bytes = acquired->bytes;
@@ -397,9 +452,8 @@ int strata_prefetch(strata_runtime* rt, strata_tensor tensor, strata_tier tier) 
 }
 
 int strata_sync(strata_runtime* rt) {
-  return guarded(rt, "strata_sync", [&](Runtime& r) {
-    return r.scheduler().flush(strata::api::kAcquireTimeout);
-  });
+  return guarded(rt, "strata_sync",
+                 [&](Runtime& r) { return r.scheduler().flush(strata::api::kAcquireTimeout); });
 }
 
 int strata_get_stats(strata_runtime* rt, strata_stats* out) {
@@ -425,6 +479,196 @@ int strata_export_trace(strata_runtime* rt, const char* path) {
                            "tracing is off: create the runtime with config.trace_events > 0");
     }
     return r.trace().export_chrome_trace(path);
+  });
+}
+
+int strata_tensor_discard(strata_runtime* rt, strata_tensor tensor) {
+  return guarded(rt, "strata_tensor_discard", [&](Runtime& r) -> Status {
+    return r.scheduler().discard(sched::TensorHandle::from_u64(tensor));
+  });
+}
+
+int strata_optimizer_group_init(strata_optimizer_group* group) {
+  if (group == nullptr) return STRATA_E_INVALID;
+  *group = strata_optimizer_group{};
+  group->struct_size = sizeof *group;
+  const optim::GroupSettings defaults;  // torch.optim.AdamW's
+  group->lr = defaults.lr;
+  group->beta1 = defaults.beta1;
+  group->beta2 = defaults.beta2;
+  group->eps = defaults.eps;
+  group->weight_decay = defaults.weight_decay;
+  group->decoupled_weight_decay = defaults.decoupled ? 1 : 0;
+  return STRATA_OK;
+}
+
+int strata_optimizer_add_group(strata_runtime* rt, const strata_optimizer_group* group,
+                               uint32_t* index) {
+  return guarded(rt, "strata_optimizer_add_group", [&](Runtime& r) -> Status {
+    if (group == nullptr || index == nullptr) return invalid_argument("group or index is NULL");
+    STRATA_TRY(strata::api::check_struct_in(group, group->struct_size, sizeof *group,
+                                            "strata_optimizer_group"));
+    STRATA_OPTIMIZER(r, optimizer);
+    auto added = optimizer.add_group(strata::api::group_settings(*group));
+    if (!added) return std::move(added).take_status();
+    *index = added.value();
+    return Status::ok();
+  });
+}
+
+int strata_optimizer_set_group(strata_runtime* rt, uint32_t index,
+                               const strata_optimizer_group* group) {
+  return guarded(rt, "strata_optimizer_set_group", [&](Runtime& r) -> Status {
+    if (group == nullptr) return invalid_argument("group is NULL");
+    STRATA_TRY(strata::api::check_struct_in(group, group->struct_size, sizeof *group,
+                                            "strata_optimizer_group"));
+    STRATA_OPTIMIZER(r, optimizer);
+    return optimizer.set_group(index, strata::api::group_settings(*group));
+  });
+}
+
+int strata_optimizer_get_group(strata_runtime* rt, uint32_t index, strata_optimizer_group* out) {
+  return guarded(rt, "strata_optimizer_get_group", [&](Runtime& r) -> Status {
+    if (out == nullptr) return invalid_argument("out is NULL");
+    if (out->struct_size < sizeof *out || out->struct_size > 65536) {
+      return invalid_argument("strata_optimizer_group.struct_size is " +
+                              std::to_string(out->struct_size) +
+                              ": set it to sizeof(strata_optimizer_group)");
+    }
+    STRATA_OPTIMIZER(r, optimizer);
+    auto group = optimizer.group(index);
+    if (!group) return std::move(group).take_status();
+    out->lr = group->lr;
+    out->beta1 = group->beta1;
+    out->beta2 = group->beta2;
+    out->eps = group->eps;
+    out->weight_decay = group->weight_decay;
+    out->decoupled_weight_decay = group->decoupled ? 1 : 0;
+    return Status::ok();
+  });
+}
+
+int strata_optimizer_add_param(strata_runtime* rt, uint32_t group, strata_tensor param,
+                               strata_tensor grad) {
+  return guarded(rt, "strata_optimizer_add_param", [&](Runtime& r) -> Status {
+    STRATA_OPTIMIZER(r, optimizer);
+    return optimizer.add_param(group, sched::TensorHandle::from_u64(param),
+                               sched::TensorHandle::from_u64(grad));
+  });
+}
+
+int strata_optimizer_options_init(strata_optimizer_options* options) {
+  if (options == nullptr) return STRATA_E_INVALID;
+  *options = strata_optimizer_options{};
+  options->struct_size = sizeof *options;
+  const optim::TieredOptimizerOptions defaults;
+  options->max_grad_norm = defaults.max_grad_norm;
+  options->check_overflow = defaults.check_overflow ? 1 : 0;
+  options->overlap_backward = defaults.overlap_backward ? 1 : 0;
+  options->sub_group_bytes = defaults.sub_group_bytes;
+  return STRATA_OK;
+}
+
+int strata_optimizer_configure(strata_runtime* rt, const strata_optimizer_options* options) {
+  return guarded(rt, "strata_optimizer_configure", [&](Runtime& r) -> Status {
+    if (options == nullptr) return invalid_argument("options is NULL");
+    STRATA_TRY(strata::api::check_struct_in(options, options->struct_size, sizeof *options,
+                                            "strata_optimizer_options"));
+    if ((options->check_overflow != 0 && options->check_overflow != 1) ||
+        (options->overlap_backward != 0 && options->overlap_backward != 1)) {
+      return invalid_argument("check_overflow and overlap_backward must be 0 or 1");
+    }
+    optim::TieredOptimizerOptions o;
+    o.max_grad_norm = options->max_grad_norm;
+    o.check_overflow = options->check_overflow != 0;
+    o.overlap_backward = options->overlap_backward != 0;
+    o.sub_group_bytes = options->sub_group_bytes;
+    STRATA_OPTIMIZER(r, optimizer);
+    return optimizer.configure(o);
+  });
+}
+
+int strata_optimizer_grad_ready(strata_runtime* rt, strata_tensor param) {
+  return guarded(rt, "strata_optimizer_grad_ready", [&](Runtime& r) -> Status {
+    STRATA_OPTIMIZER(r, optimizer);
+    return optimizer.grad_ready(sched::TensorHandle::from_u64(param));
+  });
+}
+
+int strata_optimizer_step(strata_runtime* rt, double loss_scale, strata_optimizer_result* result) {
+  return guarded(rt, "strata_optimizer_step", [&](Runtime& r) -> Status {
+    if (result != nullptr &&
+        (result->struct_size < sizeof *result || result->struct_size > 65536)) {
+      return invalid_argument("strata_optimizer_result.struct_size is " +
+                              std::to_string(result->struct_size) +
+                              ": set it to sizeof(strata_optimizer_result)");
+    }
+    STRATA_OPTIMIZER(r, optimizer);
+    auto report = optimizer.step(loss_scale);
+    if (!report) return std::move(report).take_status();
+    if (result != nullptr) {
+      result->found_nonfinite = report->found_nonfinite ? 1 : 0;
+      result->grad_norm = report->grad_norm;
+      result->step = report->step;
+      result->read_wait_seconds = report->read_wait_seconds;
+      result->update_seconds = report->update_seconds;
+      result->write_wait_seconds = report->write_wait_seconds;
+    }
+    return Status::ok();
+  });
+}
+
+int strata_optimizer_get_step(strata_runtime* rt, int64_t* step) {
+  return guarded(rt, "strata_optimizer_get_step", [&](Runtime& r) -> Status {
+    if (step == nullptr) return invalid_argument("step is NULL");
+    STRATA_OPTIMIZER(r, optimizer);
+    *step = optimizer.step_count();
+    return Status::ok();
+  });
+}
+
+int strata_optimizer_set_step(strata_runtime* rt, int64_t step) {
+  return guarded(rt, "strata_optimizer_set_step", [&](Runtime& r) -> Status {
+    STRATA_OPTIMIZER(r, optimizer);
+    return optimizer.set_step_count(step);
+  });
+}
+
+int strata_optimizer_read_state(strata_runtime* rt, strata_tensor param,
+                                strata_optimizer_state state, void* dst, uint64_t bytes) {
+  return guarded(rt, "strata_optimizer_read_state", [&](Runtime& r) -> Status {
+    if (dst == nullptr) return invalid_argument("dst is NULL");
+    auto kind = strata::api::state_kind(state);
+    if (!kind) return std::move(kind).take_status();
+    STRATA_OPTIMIZER(r, optimizer);
+    return optimizer.read_state(sched::TensorHandle::from_u64(param), kind.value(), dst, bytes);
+  });
+}
+
+int strata_optimizer_write_state(strata_runtime* rt, strata_tensor param,
+                                 strata_optimizer_state state, const void* src, uint64_t bytes) {
+  return guarded(rt, "strata_optimizer_write_state", [&](Runtime& r) -> Status {
+    if (src == nullptr) return invalid_argument("src is NULL");
+    auto kind = strata::api::state_kind(state);
+    if (!kind) return std::move(kind).take_status();
+    STRATA_OPTIMIZER(r, optimizer);
+    return optimizer.write_state(sched::TensorHandle::from_u64(param), kind.value(), src, bytes);
+  });
+}
+
+int strata_optimizer_export(strata_runtime* rt, const char* path) {
+  return guarded(rt, "strata_optimizer_export", [&](Runtime& r) -> Status {
+    if (path == nullptr || path[0] == '\0') return invalid_argument("path is empty");
+    STRATA_OPTIMIZER(r, optimizer);
+    return optimizer.export_checkpoint(path);
+  });
+}
+
+int strata_optimizer_import(strata_runtime* rt, const char* path) {
+  return guarded(rt, "strata_optimizer_import", [&](Runtime& r) -> Status {
+    if (path == nullptr || path[0] == '\0') return invalid_argument("path is empty");
+    STRATA_OPTIMIZER(r, optimizer);
+    return optimizer.import_checkpoint(path);
   });
 }
 

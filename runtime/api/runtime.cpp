@@ -23,18 +23,24 @@ constexpr size_t kMinConfigSize = offsetof(strata_config, numa_node) + sizeof(in
 
 io::IoEngineKind engine_kind(strata_io_engine engine) {
   switch (engine) {
-    case STRATA_IO_URING: return io::IoEngineKind::kUring;
-    case STRATA_IO_PSYNC: return io::IoEngineKind::kPsync;
-    case STRATA_IO_AUTO: break;
+    case STRATA_IO_URING:
+      return io::IoEngineKind::kUring;
+    case STRATA_IO_PSYNC:
+      return io::IoEngineKind::kPsync;
+    case STRATA_IO_AUTO:
+      break;
   }
   return io::IoEngineKind::kAuto;
 }
 
 memory::DeviceBackend device_backend(strata_device_backend backend) {
   switch (backend) {
-    case STRATA_DEVICE_CUDA: return memory::DeviceBackend::kCuda;
-    case STRATA_DEVICE_EMULATED: return memory::DeviceBackend::kEmulated;
-    case STRATA_DEVICE_AUTO: break;
+    case STRATA_DEVICE_CUDA:
+      return memory::DeviceBackend::kCuda;
+    case STRATA_DEVICE_EMULATED:
+      return memory::DeviceBackend::kEmulated;
+    case STRATA_DEVICE_AUTO:
+      break;
   }
   return memory::DeviceBackend::kAuto;
 }
@@ -42,8 +48,9 @@ memory::DeviceBackend device_backend(strata_device_backend backend) {
 // DeepSpeed's buffers are sized from the model, so this policy needs the planned tensors.
 Result<sched::MemoryPlan> zero_infinity_plan(const strata_config& c) {
   if (c.planned_tensors == nullptr || c.planned_tensor_count == 0) {
-    return invalid_argument("set config.planned_tensors: ZeRO-Infinity sizes its uniform slots "
-                            "for the largest tensor, as DeepSpeed's buffer_size must be");
+    return invalid_argument(
+        "set config.planned_tensors: ZeRO-Infinity sizes its uniform slots "
+        "for the largest tensor, as DeepSpeed's buffer_size must be");
   }
   std::vector<TensorSpec> inventory;
   inventory.reserve(c.planned_tensor_count);
@@ -81,7 +88,8 @@ Result<strata_config> normalize_config(const strata_config* in) {
   // Newer, larger structs: the fields this library does not know must be zero (their defaults).
   if (in->struct_size > sizeof c) {
     const auto* extra = reinterpret_cast<const unsigned char*>(in) + sizeof c;
-    if (std::any_of(extra, extra + (in->struct_size - sizeof c), [](unsigned char b) { return b; })) {
+    if (std::any_of(extra, extra + (in->struct_size - sizeof c),
+                    [](unsigned char b) { return b; })) {
       return unsupported("config sets fields this library (" + std::string(strata_version()) +
                          ") does not know; use a newer libstrata");
     }
@@ -92,8 +100,9 @@ Result<strata_config> normalize_config(const strata_config* in) {
   const bool has_path = c.nvme_path != nullptr && c.nvme_path[0] != '\0';
   const bool has_device = c.raw_device != nullptr && c.raw_device[0] != '\0';
   if (has_path == has_device) {
-    return invalid_argument("set exactly one of config.nvme_path (a directory for the swap file) "
-                            "and config.raw_device (a block device)");
+    return invalid_argument(
+        "set exactly one of config.nvme_path (a directory for the swap file) "
+        "and config.raw_device (a block device)");
   }
   if (c.queue_depth == 0 || c.queue_depth > kMaxQueueDepth) {
     return invalid_argument("config.queue_depth " + std::to_string(c.queue_depth) +
@@ -153,11 +162,13 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in) {
   auto engine = io::make_io_engine(engine_kind(c.io_engine), io_options);
   if (!engine) return std::move(engine).take_status().with_context("I/O engine");
   rt->engine_ = std::move(engine.value());
-  // Fault injection (tests, drills): off unless STRATA_FAULTS names rules; see io/fault_injection.h.
+  // Fault injection (tests, drills): off unless STRATA_FAULTS names rules; see
+  // io/fault_injection.h.
   auto faults = io::fault_plan_from_env();
   if (!faults) return std::move(faults).take_status().with_context("STRATA_FAULTS");
   if (!faults->empty()) {
-    auto wrapped = io::FaultInjectingEngine::wrap(std::move(rt->engine_), std::move(faults.value()));
+    auto wrapped =
+        io::FaultInjectingEngine::wrap(std::move(rt->engine_), std::move(faults.value()));
     if (!wrapped) return std::move(wrapped).take_status().with_context("STRATA_FAULTS");
     rt->engine_ = std::move(wrapped.value());
   }
@@ -171,8 +182,8 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in) {
   if (!device_file) return std::move(device_file).take_status().with_context("NVMe tier");
   storage::ExtentStoreOptions store_options;
   store_options.verify_checksums = c.verify_checksums != 0;
-  auto store = storage::ExtentStore::open(std::move(device_file.value()), *rt->engine_,
-                                          store_options);
+  auto store =
+      storage::ExtentStore::open(std::move(device_file.value()), *rt->engine_, store_options);
   if (!store) return std::move(store).take_status().with_context("NVMe tier");
   rt->store_ = std::move(store.value());
 
@@ -216,8 +227,8 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in) {
 
   RealBackendOptions backend_options;
   backend_options.trace = rt->trace_.get();
-  rt->backend_ = std::make_unique<RealBackend>(*rt->store_, *rt->arena_, *rt->device_,
-                                               backend_options);
+  rt->backend_ =
+      std::make_unique<RealBackend>(*rt->store_, *rt->arena_, *rt->device_, backend_options);
 
   sched::SchedulerConfig sched_config;
   if (c.policy == STRATA_POLICY_ZERO_INFINITY) {
@@ -231,8 +242,8 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in) {
   // backend's preallocated operations.
   const uint32_t nvme_inflight = std::clamp<uint32_t>(c.queue_depth, 4, 64);
   sched_config.max_inflight = {nvme_inflight, nvme_inflight, 8, 8};
-  auto scheduler = sched::Scheduler::create(sched_config, *rt->backend_,
-                                            rt->completions_->get_executor());
+  auto scheduler =
+      sched::Scheduler::create(sched_config, *rt->backend_, rt->completions_->get_executor());
   if (!scheduler) return std::move(scheduler).take_status().with_context("scheduler");
   rt->scheduler_ = std::move(scheduler.value());
   // Read during creation only: the caller's array need not outlive the call.
@@ -242,6 +253,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in) {
 }
 
 Runtime::~Runtime() {
+  optimizer_.reset();
   scheduler_.reset();
   backend_.reset();
   if (completions_) completions_->join();
@@ -252,6 +264,20 @@ Runtime::~Runtime() {
   if (store_) (void)store_->close();
   store_.reset();
   engine_.reset();
+}
+
+Result<optim::TieredOptimizer*> Runtime::optimizer() {
+  std::lock_guard lock(optimizer_mutex_);
+  if (!optimizer_) {
+    optim::TieredOptimizerConfig config;
+    config.pinned_budget_bytes = config_.pinned_budget_bytes;
+    config.adam.threads = static_cast<int>(config_.optimizer_threads);
+    config.timeout = kAcquireTimeout;
+    auto made = optim::TieredOptimizer::create(*scheduler_, config);
+    if (!made) return std::move(made).take_status();
+    optimizer_ = std::move(made.value());
+  }
+  return optimizer_.get();
 }
 
 void Runtime::set_last_error(const char* function, const Status& status) {

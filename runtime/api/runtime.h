@@ -19,6 +19,7 @@
 #include "memory/accounting.h"
 #include "memory/device.h"
 #include "memory/pinned_arena.h"
+#include "optim/tiered_optimizer.h"
 #include "sched/scheduler.h"
 #include "storage/extent_store.h"
 #include "telemetry/trace_recorder.h"
@@ -47,6 +48,8 @@ class Runtime {
   io::IoEngine& engine() { return *engine_; }
   telemetry::TraceRecorder& trace() { return *trace_; }
   memory::HostMemorySampler& sampler() { return *sampler_; }
+  // The optimizer, made on first use: its CPU threads exist only for runtimes that train.
+  Result<optim::TieredOptimizer*> optimizer();
 
   // Per-thread last error: each thread sees the context of its own last failure on this runtime.
   void set_last_error(const char* function, const Status& status);
@@ -56,7 +59,7 @@ class Runtime {
   Runtime() = default;
 
   strata_config config_{};
-  std::string nvme_path_;    // owned copies of the config's strings
+  std::string nvme_path_;  // owned copies of the config's strings
   std::string raw_device_;
   // Built in this order, destroyed in reverse: the scheduler first (it waits for transfers in
   // flight), the engine last (everything above submits to it).
@@ -70,6 +73,8 @@ class Runtime {
   std::unique_ptr<boost::asio::thread_pool> completions_;
   std::unique_ptr<RealBackend> backend_;
   std::unique_ptr<sched::Scheduler> scheduler_;
+  std::mutex optimizer_mutex_;
+  std::unique_ptr<optim::TieredOptimizer> optimizer_;  // uses the scheduler: destroyed first
 
   mutable std::mutex errors_mutex_;
   std::unordered_map<std::thread::id, std::string> errors_;

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   strata::bench::add_io_command(*bench);
   strata::bench::add_pool_command(*bench);
   strata::bench::add_adam_command(*bench);
+  strata::bench::add_optimizer_command(*bench);
   strata::bench::add_finetune_command(*bench);
 
   try {

@@ -215,6 +215,7 @@ Result<TensorInfo> Scheduler::describe(TensorHandle tensor) const {
   info.name = r.spec.name;
   info.bytes = r.bytes;
   info.kind = r.spec.kind;
+  info.dtype = r.spec.dtype;
   info.layer = r.spec.layer;
   info.home = r.home;
   info.residency = r.residency.state();

@@ -70,6 +70,7 @@ struct TensorInfo {
   std::string name;
   uint64_t bytes = 0;
   TensorKind kind = TensorKind::kOther;
+  DType dtype = DType::kUInt8;
   int32_t layer = -1;
   Tier home = Tier::kNvme;
   Residency residency = Residency::kUnwritten;

@@ -292,6 +292,13 @@ STRATA_API int strata_acquire(strata_runtime* rt, strata_tensor tensor, strata_t
 STRATA_API int strata_release(strata_runtime* rt, strata_tensor tensor, uint32_t flags,
                               void* device_stream);
 
+/* Declares the tensor's contents dead (gradients once the optimizer has consumed them, scratch
+ * space): its buffers are freed on every tier and nothing is written back. Until it is written
+ * again (strata_tensor_write, or an acquire with STRATA_ACQUIRE_DISCARD then a release), reading
+ * it fails with STRATA_E_STATE rather than returning stale bytes. Deferred while a transfer of it
+ * is in flight; STRATA_E_STATE while it is acquired. Any thread. */
+STRATA_API int strata_tensor_discard(strata_runtime* rt, strata_tensor tensor);
+
 /* Asks for the tensor to be brought toward tier ahead of time. Never blocks. Any thread. */
 STRATA_API int strata_prefetch(strata_runtime* rt, strata_tensor tensor, strata_tier tier);
 
@@ -348,6 +355,117 @@ typedef struct strata_stats {
 
 /* Fills *out (set out->struct_size first). Any thread. */
 STRATA_API int strata_get_stats(strata_runtime* rt, strata_stats* out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Optimizer: Adam / AdamW on the CPU over states that live on NVMe
+ *
+ * The optimizer owns the fp32 master weights and the Adam moments (m, v) of every parameter put
+ * under it. They are tensors of its own (kinds MASTER_WEIGHT, ADAM_M, ADAM_V, home tier NVMe),
+ * split into sub-groups that fit the pinned budget. strata_optimizer_step streams them: the read
+ * of sub-group i+1, the update of sub-group i and the write-back of sub-group i-1 overlap. After
+ * the update, the new weights are written into the parameter tensor in its own dtype, and the
+ * gradient is discarded (strata_tensor_discard): the next backward acquires it with
+ * STRATA_ACQUIRE_DISCARD.
+ *
+ * Thread rules: the strata_optimizer_* calls come from one thread at a time (the training
+ * thread); they may run concurrently with acquire / release of other tensors.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct strata_optimizer_group {
+  size_t struct_size; /* sizeof(strata_optimizer_group) */
+  double lr;           /* >= 0 */
+  double beta1;        /* [0, 1) */
+  double beta2;        /* [0, 1) */
+  double eps;          /* >= 0 */
+  double weight_decay; /* >= 0 */
+  int decoupled_weight_decay; /* 1: AdamW (p -= lr * wd * p); 0: Adam (g += wd * p) */
+} strata_optimizer_group;
+
+/* torch.optim.AdamW's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2,
+ * decoupled. Any thread. */
+STRATA_API int strata_optimizer_group_init(strata_optimizer_group* group);
+
+/* Adds a parameter group (torch's param_groups); *index receives its index, from 0. */
+STRATA_API int strata_optimizer_add_group(strata_runtime* rt, const strata_optimizer_group* group,
+                                          uint32_t* index);
+/* Changes a group's settings between steps (learning-rate schedulers). */
+STRATA_API int strata_optimizer_set_group(strata_runtime* rt, uint32_t index,
+                                          const strata_optimizer_group* group);
+STRATA_API int strata_optimizer_get_group(strata_runtime* rt, uint32_t index,
+                                          strata_optimizer_group* out);
+
+/* Puts a parameter under the optimizer in a group. param: KIND_PARAMETER, dtype F32, BF16 or
+ * F16, contents written; grad: KIND_GRADIENT, the same element count, dtype F32, BF16 or F16.
+ * The master weights start as the parameter's contents (widened to fp32), m and v as zeros.
+ * STRATA_E_STATE if the parameter is already under the optimizer or has no contents. */
+STRATA_API int strata_optimizer_add_param(strata_runtime* rt, uint32_t group, strata_tensor param,
+                                          strata_tensor grad);
+
+typedef struct strata_optimizer_options {
+  size_t struct_size;     /* sizeof(strata_optimizer_options) */
+  double max_grad_norm;   /* clip the unscaled global gradient norm to this; 0 = no clipping */
+  int check_overflow;     /* 1: skip the whole step when a gradient holds inf or nan */
+  /* 1: strata_optimizer_grad_ready starts a parameter's update at once, overlapping the rest of
+   * backward. Needs max_grad_norm == 0 and check_overflow == 0 (nothing global to wait for). */
+  int overlap_backward;
+  uint64_t sub_group_bytes; /* per state tensor; 0 = sized from the pinned budget */
+} strata_optimizer_options;
+
+/* Defaults: no clipping, check_overflow 1, overlap_backward 0, sub_group_bytes 0. */
+STRATA_API int strata_optimizer_options_init(strata_optimizer_options* options);
+/* Sets the options; sub_group_bytes only before the first add_param. */
+STRATA_API int strata_optimizer_configure(strata_runtime* rt,
+                                          const strata_optimizer_options* options);
+
+/* The gradient of param is final for this step (its layer's backward is done). The optimizer
+ * folds it into the overflow check and norm while it is still resident and, with
+ * overlap_backward, updates the parameter now. Optional: strata_optimizer_step handles any
+ * parameter not announced. */
+STRATA_API int strata_optimizer_grad_ready(strata_runtime* rt, strata_tensor param);
+
+typedef struct strata_optimizer_result {
+  size_t struct_size;    /* sizeof(strata_optimizer_result) */
+  int found_nonfinite;   /* 1: a gradient held inf/nan; nothing was updated, step unchanged */
+  double grad_norm;      /* the unscaled global L2 norm of the gradients, before clipping */
+  int64_t step;          /* the step count after this call */
+  /* Where the step's wall time went, for tuning: waiting for NVMe reads of states, updating,
+   * waiting for write-backs. */
+  double read_wait_seconds;
+  double update_seconds;
+  double write_wait_seconds;
+} strata_optimizer_result;
+
+/* One optimizer step over every parameter: gradients are divided by loss_scale (1 = none),
+ * clipped, and applied with bias correction for the new step count. result may be NULL. */
+STRATA_API int strata_optimizer_step(strata_runtime* rt, double loss_scale,
+                                     strata_optimizer_result* result);
+
+/* The step count (torch's state['step']): 0 before the first step. */
+STRATA_API int strata_optimizer_get_step(strata_runtime* rt, int64_t* step);
+STRATA_API int strata_optimizer_set_step(strata_runtime* rt, int64_t step);
+
+typedef enum strata_optimizer_state {
+  STRATA_OPTIMIZER_MASTER = 0,    /* fp32 master weights */
+  STRATA_OPTIMIZER_EXP_AVG = 1,   /* Adam m, fp32 */
+  STRATA_OPTIMIZER_EXP_AVG_SQ = 2 /* Adam v, fp32 */
+} strata_optimizer_state;
+
+/* Copies one state of one parameter (element count x 4 bytes) out of / into Strata. */
+STRATA_API int strata_optimizer_read_state(strata_runtime* rt, strata_tensor param,
+                                           strata_optimizer_state state, void* dst,
+                                           uint64_t bytes);
+STRATA_API int strata_optimizer_write_state(strata_runtime* rt, strata_tensor param,
+                                            strata_optimizer_state state, const void* src,
+                                            uint64_t bytes);
+
+/* Writes every parameter's states, the groups and the step count to path, in the documented
+ * checkpoint format (docs/optimizer.md: header, version, per-record checksums). Atomic: a
+ * temporary file beside path is written, fsynced and renamed over it; an interrupted export
+ * leaves the previous file intact. */
+STRATA_API int strata_optimizer_export(strata_runtime* rt, const char* path);
+/* Reads a checkpoint written by strata_optimizer_export into the parameters already under the
+ * optimizer, matched by name and element count; STRATA_E_CORRUPT on a bad checksum,
+ * STRATA_E_INVALID on a mismatch, and nothing is changed unless the whole file is good. */
+STRATA_API int strata_optimizer_import(strata_runtime* rt, const char* path);
 
 /* ---------------------------------------------------------------------------------------------
  * PyTorch pluggable allocator

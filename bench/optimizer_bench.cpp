@@ -1,0 +1,289 @@
+// `strata bench optimizer`: the optimizer step over states on NVMe, pipelined (read of sub-group
+// i+1, update of i, write-back of i-1 at once) against the same step done serially per sub-group
+// (read, then update, then write and wait), in the same process over the same tensors. Beside
+// them, each stage alone: reading every state, writing every state, and the update measured on
+// data already in memory. A pipeline runs at the pace of its slowest stage at best, so the figure
+// of merit is pipelined / slowest stage (close to 1 is good) and the speed-up over serial.
+//
+// Setup: N parameters in bf16 tensors of --param-elements each, bf16 gradients, fp32 master / m / v
+// on NVMe (12 bytes per parameter). Every measurement is repeated --repeats times, interleaved,
+// and the median is reported. Steps are timed up to the moment every state is back on NVMe.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "api/runtime.h"
+#include "bench_commands.h"
+#include "common/units.h"
+#include "optim/half_convert.h"
+#include "optim/tiered_optimizer.h"
+#include "report.h"
+
+namespace strata::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct OptimizerBenchArgs {
+  std::string params = "200M";
+  std::string param_elements = "16M";
+  std::string pinned_budget = "256MiB";
+  std::string nvme = "/tmp";
+  int threads = 0;
+  int repeats = 3;
+  bool json = false;
+};
+
+std::optional<uint64_t> parse_count(const std::string& text) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || !(value > 0)) return std::nullopt;
+  const std::string suffix(end);
+  double scale = 1;
+  if (suffix == "K" || suffix == "k") {
+    scale = 1e3;
+  } else if (suffix == "M" || suffix == "m") {
+    scale = 1e6;
+  } else if (suffix == "G" || suffix == "g") {
+    scale = 1e9;
+  } else if (!suffix.empty()) {
+    return std::nullopt;
+  }
+  if (value * scale > 1e12) return std::nullopt;
+  return static_cast<uint64_t>(value * scale);
+}
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+int fail(const char* what, const Status& status) {
+  std::fprintf(stderr, "strata bench optimizer: %s: %s: %s\n", what, strata_strerror(status.code()),
+               status.message().c_str());
+  return 1;
+}
+
+// Fills a tensor through a pinned acquire: bf16 values 1e-3 * (1 + (i + salt) % 7).
+Status fill_bf16(sched::Scheduler& s, sched::TensorHandle h, uint64_t elements, uint32_t salt) {
+  auto a =
+      s.acquire(h, sched::Tier::kPinned, sched::AccessMode::kOverwrite, std::chrono::seconds(300));
+  if (!a) return std::move(a).take_status();
+  auto* data = static_cast<uint16_t*>(a->data);
+  uint16_t pattern[7];
+  for (uint32_t k = 0; k < 7; ++k) pattern[k] = optim::float_to_bf16(1e-3f * (1 + k));
+  for (uint64_t i = 0; i < elements; ++i) data[i] = pattern[(i + salt) % 7];
+  return s.release(h, /*dirty=*/true);
+}
+
+int run_optimizer_bench(const OptimizerBenchArgs& args) {
+  const auto n = parse_count(args.params);
+  const auto per_tensor = parse_count(args.param_elements);
+  const auto budget = parse_bytes(args.pinned_budget);
+  if (!n || !per_tensor || !budget) {
+    std::fprintf(stderr,
+                 "strata bench optimizer: bad --params, --param-elements or "
+                 "--pinned-budget\n");
+    return 2;
+  }
+  strata_config config;
+  strata_config_init(&config);
+  config.nvme_path = args.nvme.c_str();
+  // States, parameters and gradients on NVMe, with room for write-backs to new extents.
+  config.nvme_capacity_bytes = *n * 16 * 2 + (256ull << 20);
+  config.pinned_budget_bytes = *budget;
+  config.device_budget_bytes = 64ull << 20;
+  config.device_backend = STRATA_DEVICE_EMULATED;
+  config.optimizer_threads = static_cast<uint32_t>(args.threads);
+  auto created = api::Runtime::create(config);
+  if (!created) return fail("runtime", created.status());
+  api::Runtime& rt = *created.value();
+  sched::Scheduler& s = rt.scheduler();
+  auto made = rt.optimizer();
+  if (!made) return fail("optimizer", made.status());
+  optim::TieredOptimizer& opt = *made.value();
+  // Like for like with the baseline pass: no overflow-check pass over the gradients.
+  optim::TieredOptimizerOptions options;
+  options.check_overflow = false;
+  if (Status st = opt.configure(options); !st.is_ok()) return fail("configure", st);
+  if (auto g = opt.add_group(optim::GroupSettings{}); !g) return fail("group", g.status());
+
+  struct Tensors {
+    sched::TensorHandle param, grad;
+    uint64_t elements;
+  };
+  std::vector<Tensors> tensors;
+  for (uint64_t first = 0; first < *n; first += *per_tensor) {
+    const uint64_t e = std::min(*per_tensor, *n - first);
+    const std::string name = "layers." + std::to_string(tensors.size()) + ".weight";
+    TensorSpec spec;
+    spec.name = name;
+    spec.dtype = DType::kBFloat16;
+    spec.kind = TensorKind::kParameter;
+    spec.shape = {e};
+    auto p = s.register_tensor(spec);
+    spec.name = name + ".grad";
+    spec.kind = TensorKind::kGradient;
+    auto g = s.register_tensor(spec);
+    if (!p || !g) return fail("register", p ? g.status() : p.status());
+    if (Status st = fill_bf16(s, *p, e, 0); !st.is_ok()) return fail("parameter", st);
+    if (Status st = opt.add_param(0, *p, *g); !st.is_ok()) return fail("add_param", st);
+    tensors.push_back({*p, *g, e});
+  }
+  const auto timeout = std::chrono::seconds(600);
+  auto write_gradients = [&]() -> Status {
+    for (const Tensors& t : tensors) STRATA_TRY(fill_bf16(s, t.grad, t.elements, 3));
+    return s.flush(timeout);
+  };
+  if (Status st = s.flush(timeout); !st.is_ok()) return fail("flush", st);
+
+  // The update alone, from memory: CpuAdam over sub-group-sized arrays, as many times as the
+  // step has sub-groups (at least 16M elements per call so caches do not flatter it).
+  const uint64_t sub = opt.sub_group_elements();
+  const uint64_t chunk = std::min<uint64_t>(*n, std::max<uint64_t>(sub, 16u << 20));
+  std::vector<float> p(chunk, 0.5f), m(chunk, 0.0f), v(chunk, 0.0f);
+  std::vector<uint16_t> g(chunk, optim::float_to_bf16(1e-3f)), out(chunk);
+  auto update_alone = [&]() {
+    const auto t = Clock::now();
+    optim::AdamWParams a;
+    for (uint64_t done = 0; done < *n; done += chunk) {
+      optim::AdamWSlice slice{
+          p.data(),         m.data(),   v.data(),         g.data(),
+          DType::kBFloat16, out.data(), DType::kBFloat16, std::min(chunk, *n - done)};
+      (void)opt.adam().step(a, {&slice, 1});
+    }
+    return seconds_since(t);
+  };
+
+  std::vector<double> read_s, write_s, update_s, pipelined_s, serial_s;
+  uint64_t pipelined_read_bytes = 0, pipelined_written_bytes = 0, read_pass_bytes = 0;
+  for (int r = 0; r < args.repeats; ++r) {
+    // Write alone: every state acquired to be overwritten (zeros), written back, all on NVMe.
+    auto t = Clock::now();
+    auto pass =
+        opt.run_pass({/*read=*/false, /*update=*/false, /*write=*/true, /*overlap=*/true}, 1.0f);
+    if (!pass) return fail("write pass", pass.status());
+    if (Status st = s.flush(timeout); !st.is_ok()) return fail("flush", st);
+    write_s.push_back(seconds_since(t));
+    // Read alone.
+    const uint64_t read_before = rt.store().stats().bytes_read;
+    t = Clock::now();
+    pass = opt.run_pass({/*read=*/true, /*update=*/false, /*write=*/false, /*overlap=*/true}, 1.0f);
+    if (!pass) return fail("read pass", pass.status());
+    read_s.push_back(seconds_since(t));
+    read_pass_bytes = rt.store().stats().bytes_read - read_before;
+    update_s.push_back(update_alone());
+    // The pipelined step, to the last write-back.
+    if (Status st = write_gradients(); !st.is_ok()) return fail("gradients", st);
+    const auto store_before = rt.store().stats();
+    t = Clock::now();
+    auto step = opt.step(1.0);
+    if (!step) return fail("step", step.status());
+    if (Status st = s.flush(timeout); !st.is_ok()) return fail("flush", st);
+    pipelined_s.push_back(seconds_since(t));
+    const auto store_after = rt.store().stats();
+    pipelined_read_bytes = store_after.bytes_read - store_before.bytes_read;
+    pipelined_written_bytes = store_after.bytes_written - store_before.bytes_written;
+    // The serial baseline: per sub-group read, update, write and wait; no prefetch.
+    if (Status st = write_gradients(); !st.is_ok()) return fail("gradients", st);
+    t = Clock::now();
+    pass = opt.run_pass({/*read=*/true, /*update=*/true, /*write=*/true, /*overlap=*/false}, 1.0f);
+    if (!pass) return fail("serial step", pass.status());
+    if (Status st = s.flush(timeout); !st.is_ok()) return fail("flush", st);
+    serial_s.push_back(seconds_since(t));
+  }
+
+  const double read = median(read_s), write = median(write_s), update = median(update_s);
+  const double pipelined = median(pipelined_s), serial = median(serial_s);
+  const char* slowest = "read";
+  double slowest_s = read;
+  if (update > slowest_s) slowest = "update", slowest_s = update;
+  if (write > slowest_s) slowest = "write", slowest_s = write;
+  const uint64_t state_bytes = *n * 12;
+
+  nlohmann::json j;
+  j["params"] = *n;
+  j["param_tensors"] = tensors.size();
+  j["pinned_budget_bytes"] = *budget;
+  j["sub_group_elements"] = sub;
+  j["sub_groups"] = opt.sub_group_count();
+  j["threads"] = opt.adam().threads();
+  j["simd"] = optim::to_string(opt.adam().simd_level());
+  j["repeats"] = args.repeats;
+  j["state_bytes"] = state_bytes;
+  j["read_s"] = read;
+  j["read_pass_nvme_bytes"] = read_pass_bytes;
+  j["update_s"] = update;
+  j["write_s"] = write;
+  j["slowest_stage"] = slowest;
+  j["slowest_stage_s"] = slowest_s;
+  j["pipelined_step_s"] = pipelined;
+  j["pipelined_nvme_bytes_read"] = pipelined_read_bytes;
+  j["pipelined_nvme_bytes_written"] = pipelined_written_bytes;
+  j["serial_step_s"] = serial;
+  j["pipelined_vs_slowest"] = pipelined / slowest_s;
+  j["speedup_vs_serial"] = serial / pipelined;
+  j["read_s_all"] = read_s;
+  j["update_s_all"] = update_s;
+  j["write_s_all"] = write_s;
+  j["pipelined_step_s_all"] = pipelined_s;
+  j["serial_step_s_all"] = serial_s;
+  if (args.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf(
+      "%llu parameters in %zu tensors, %zu sub-groups of %llu elements, pinned budget "
+      "%llu bytes, %d threads (%s); medians of %d\n",
+      static_cast<unsigned long long>(*n), tensors.size(), opt.sub_group_count(),
+      static_cast<unsigned long long>(sub), static_cast<unsigned long long>(*budget),
+      opt.adam().threads(), optim::to_string(opt.adam().simd_level()), args.repeats);
+  Table table({"measurement", "seconds", "GB/s of states"});
+  table.add_row({"read alone (NVMe)", fixed(read, 3), fixed(gbps(state_bytes, read))});
+  table.add_row({"update alone (memory)", fixed(update, 3), fixed(gbps(state_bytes, update))});
+  table.add_row({"write alone (NVMe)", fixed(write, 3), fixed(gbps(state_bytes, write))});
+  table.add_row({"pipelined step", fixed(pipelined, 3), fixed(gbps(state_bytes, pipelined))});
+  table.add_row({"serial step", fixed(serial, 3), fixed(gbps(state_bytes, serial))});
+  std::printf("%s", table.render().c_str());
+  std::printf("slowest stage: %s; pipelined / slowest stage: %.2f; speed-up over serial: %.2fx\n",
+              slowest, pipelined / slowest_s, serial / pipelined);
+  return 0;
+}
+
+}  // namespace
+
+void add_optimizer_command(CLI::App& bench) {
+  auto args = std::make_shared<OptimizerBenchArgs>();
+  CLI::App* cmd = bench.add_subcommand(
+      "optimizer", "Optimizer step over NVMe states: pipelined vs serial vs each stage alone");
+  cmd->add_option("--params", args->params, "Parameters (K/M/G: decimal)")->capture_default_str();
+  cmd->add_option("--param-elements", args->param_elements,
+                  "Elements per parameter tensor (K/M/G: decimal)")
+      ->capture_default_str();
+  cmd->add_option("--pinned-budget", args->pinned_budget, "Pinned budget (e.g. 256MiB)")
+      ->capture_default_str();
+  cmd->add_option("--nvme", args->nvme, "Directory for the swap file")->capture_default_str();
+  cmd->add_option("--threads", args->threads, "Optimizer threads (0: one per available CPU)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 256));
+  cmd->add_option("--repeats", args->repeats, "Repetitions of every measurement (median)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  cmd->add_flag("--json", args->json, "Print one JSON object instead of a table");
+  cmd->callback([args] {
+    const int rc = run_optimizer_bench(*args);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace strata::bench

@@ -1,0 +1,1009 @@
+#include "optim/tiered_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <unordered_map>
+
+#include "common/align.h"
+#include "optim/checkpoint_file.h"
+#include "optim/half_convert.h"
+
+namespace strata::optim {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using sched::AccessMode;
+using sched::Tier;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Sub-groups sized from the pinned budget: a sixteenth of it per state tensor, so that the three
+// states of the sub-group being updated, those of the next ones being read and those of the
+// previous ones being written fit with room to spare. Capped because past tens of MiB a larger
+// sub-group only delays the start of the overlap; floored so small budgets still move whole
+// pages per request.
+constexpr uint64_t kSubGroupBudgetShare = 16;
+constexpr uint64_t kMinSubGroupBytes = 64 * 1024;
+constexpr uint64_t kMaxSubGroupBytes = 64ull << 20;
+constexpr uint64_t kMaxConfiguredSubGroupBytes = 1ull << 40;
+constexpr uint32_t kMaxLookahead = 16;
+
+bool is_float_dtype(DType d) {
+  return d == DType::kFloat32 || d == DType::kBFloat16 || d == DType::kFloat16;
+}
+
+const char* state_name(int state) {
+  switch (state) {
+    case 0:
+      return "master";
+    case 1:
+      return "exp_avg";
+    default:
+      return "exp_avg_sq";
+  }
+}
+
+TensorKind state_kind(int state) {
+  switch (state) {
+    case 0:
+      return TensorKind::kMasterWeight;
+    case 1:
+      return TensorKind::kAdamM;
+    default:
+      return TensorKind::kAdamV;
+  }
+}
+
+// Widens n parameter values to fp32 (exact for all three dtypes).
+void widen(DType dtype, const void* src, float* dst, uint64_t n) {
+  if (dtype == DType::kFloat32) {
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  const auto* h = static_cast<const uint16_t*>(src);
+  if (dtype == DType::kBFloat16) {
+    for (uint64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(h[i]);
+  } else {
+    for (uint64_t i = 0; i < n; ++i) dst[i] = fp16_to_float(h[i]);
+  }
+}
+
+Status state_error(const Status& status, const std::string& param, size_t sub_group) {
+  return Status(status).with_context("parameter '" + param + "', sub-group " +
+                                     std::to_string(sub_group));
+}
+
+}  // namespace
+
+Status validate(const GroupSettings& g) {
+  const bool finite = std::isfinite(g.lr) && std::isfinite(g.beta1) && std::isfinite(g.beta2) &&
+                      std::isfinite(g.eps) && std::isfinite(g.weight_decay);
+  if (!finite) return invalid_argument("optimizer group: every setting must be finite");
+  if (g.lr < 0) return invalid_argument("optimizer group: lr must be >= 0");
+  if (g.beta1 < 0 || g.beta1 >= 1)
+    return invalid_argument("optimizer group: beta1 must be in [0, 1)");
+  if (g.beta2 < 0 || g.beta2 >= 1)
+    return invalid_argument("optimizer group: beta2 must be in [0, 1)");
+  if (g.eps < 0) return invalid_argument("optimizer group: eps must be >= 0");
+  if (g.weight_decay < 0) return invalid_argument("optimizer group: weight_decay must be >= 0");
+  return Status::ok();
+}
+
+Result<std::unique_ptr<TieredOptimizer>> TieredOptimizer::create(
+    sched::Scheduler& scheduler, const TieredOptimizerConfig& config) {
+  if (config.pinned_budget_bytes < kPageSize) {
+    return invalid_argument("optimizer: the pinned budget must be at least 4096 bytes");
+  }
+  auto adam = CpuAdam::create(config.adam);
+  if (!adam) return std::move(adam).take_status().with_context("optimizer threads");
+  std::unique_ptr<TieredOptimizer> optimizer(
+      new TieredOptimizer(scheduler, config, std::move(adam.value())));
+  optimizer->worker_ = std::thread([raw = optimizer.get()] { raw->worker_loop(); });
+  return optimizer;
+}
+
+TieredOptimizer::TieredOptimizer(sched::Scheduler& scheduler, const TieredOptimizerConfig& config,
+                                 std::unique_ptr<CpuAdam> adam)
+    : scheduler_(scheduler), config_(config), adam_(std::move(adam)) {}
+
+TieredOptimizer::~TieredOptimizer() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    queue_.clear();
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Groups and options
+
+Result<uint32_t> TieredOptimizer::add_group(const GroupSettings& group) {
+  STRATA_TRY(validate(group));
+  std::unique_lock lock(mu_);
+  wait_idle_locked(lock);
+  if (groups_.size() >= kMaxCheckpointGroups) {
+    return Status::error(STRATA_E_LIMIT,
+                         "optimizer: at most " + std::to_string(kMaxCheckpointGroups) + " groups");
+  }
+  groups_.push_back(group);
+  return static_cast<uint32_t>(groups_.size() - 1);
+}
+
+Status TieredOptimizer::set_group(uint32_t index, const GroupSettings& group) {
+  STRATA_TRY(validate(group));
+  std::unique_lock lock(mu_);
+  wait_idle_locked(lock);
+  if (index >= groups_.size()) {
+    return invalid_argument("optimizer group " + std::to_string(index) + " does not exist (" +
+                            std::to_string(groups_.size()) + " groups)");
+  }
+  groups_[index] = group;
+  return Status::ok();
+}
+
+Result<GroupSettings> TieredOptimizer::group(uint32_t index) {
+  std::lock_guard lock(mu_);
+  if (index >= groups_.size()) {
+    return invalid_argument("optimizer group " + std::to_string(index) + " does not exist (" +
+                            std::to_string(groups_.size()) + " groups)");
+  }
+  return groups_[index];
+}
+
+Status TieredOptimizer::configure(const TieredOptimizerOptions& options) {
+  if (!std::isfinite(options.max_grad_norm) || options.max_grad_norm < 0) {
+    return invalid_argument("max_grad_norm must be finite and >= 0");
+  }
+  if (options.overlap_backward && (options.max_grad_norm != 0 || options.check_overflow)) {
+    return invalid_argument(
+        "overlap_backward needs max_grad_norm == 0 and check_overflow == 0: clipping and the "
+        "overflow check need every gradient before any update");
+  }
+  if (options.sub_group_bytes != 0 &&
+      (options.sub_group_bytes < kPageSize || options.sub_group_bytes % sizeof(float) != 0 ||
+       options.sub_group_bytes > kMaxConfiguredSubGroupBytes)) {
+    return invalid_argument("sub_group_bytes " + std::to_string(options.sub_group_bytes) +
+                            " must be 0 or a multiple of 4 between 4096 and 2^40");
+  }
+  std::unique_lock lock(mu_);
+  wait_idle_locked(lock);
+  if (options.sub_group_bytes != options_.sub_group_bytes && !params_.empty()) {
+    return Status::error(STRATA_E_STATE,
+                         "sub_group_bytes can change only before the first add_param");
+  }
+  if (options.overlap_backward != options_.overlap_backward && overlapped_this_step_) {
+    return Status::error(STRATA_E_STATE,
+                         "overlap_backward cannot change while a step's updates are under way");
+  }
+  options_ = options;
+  return Status::ok();
+}
+
+TieredOptimizerOptions TieredOptimizer::options() {
+  std::lock_guard lock(mu_);
+  return options_;
+}
+
+uint64_t TieredOptimizer::effective_sub_group_bytes() const {
+  if (options_.sub_group_bytes != 0) return options_.sub_group_bytes;
+  const uint64_t share = config_.pinned_budget_bytes / kSubGroupBudgetShare / kPageSize * kPageSize;
+  return std::clamp(share, kMinSubGroupBytes, kMaxSubGroupBytes);
+}
+
+uint64_t TieredOptimizer::sub_group_elements() {
+  std::lock_guard lock(mu_);
+  return effective_sub_group_bytes() / sizeof(float);
+}
+
+size_t TieredOptimizer::sub_group_count() {
+  std::lock_guard lock(mu_);
+  size_t n = 0;
+  for (const Param& p : params_) n += p.sub_groups.size();
+  return n;
+}
+
+size_t TieredOptimizer::param_count() {
+  std::lock_guard lock(mu_);
+  return params_.size();
+}
+
+uint32_t TieredOptimizer::lookahead() const {
+  // Sub-groups that fit beside the largest parameter and gradient, less the one being updated
+  // and the one being written back.
+  uint64_t largest = 0, unit = 0;
+  for (const Param& p : params_) {
+    largest =
+        std::max(largest, p.elements * (dtype_size(p.param_dtype) + dtype_size(p.grad_dtype)));
+    for (const SubGroup& s : p.sub_groups) unit = std::max(unit, s.elements * 4 * kStateKinds);
+  }
+  if (unit == 0 || largest >= config_.pinned_budget_bytes) return 1;
+  const uint64_t fit = (config_.pinned_budget_bytes - largest) / unit;
+  return static_cast<uint32_t>(std::clamp<uint64_t>(fit > 2 ? fit - 2 : 1, 1, kMaxLookahead));
+}
+
+AdamWParams TieredOptimizer::adam_params(uint32_t group, int64_t step, float grad_scale) const {
+  const GroupSettings& g = groups_[group];
+  AdamWParams a;
+  a.lr = g.lr;
+  a.beta1 = g.beta1;
+  a.beta2 = g.beta2;
+  a.eps = g.eps;
+  a.weight_decay = g.weight_decay;
+  a.decoupled = g.decoupled;
+  a.step = step;
+  a.grad_scale = grad_scale;
+  return a;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameters
+
+Result<uint32_t> TieredOptimizer::find_param(sched::TensorHandle param) {
+  for (uint32_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].param == param) return i;
+  }
+  auto info = scheduler_.describe(param);
+  if (!info) return std::move(info).take_status();
+  return Status::error(STRATA_E_STATE, "tensor '" + info->name +
+                                           "' is not under the optimizer "
+                                           "(strata_optimizer_add_param)");
+}
+
+Status TieredOptimizer::add_param(uint32_t group, sched::TensorHandle param,
+                                  sched::TensorHandle grad) {
+  std::unique_lock lock(mu_);
+  wait_idle_locked(lock);
+  if (group >= groups_.size()) {
+    return invalid_argument("optimizer group " + std::to_string(group) +
+                            " does not exist: strata_optimizer_add_group first");
+  }
+  auto pinfo = scheduler_.describe(param);
+  if (!pinfo) return std::move(pinfo).take_status().with_context("param");
+  auto ginfo = scheduler_.describe(grad);
+  if (!ginfo) return std::move(ginfo).take_status().with_context("grad");
+  const std::string& name = pinfo->name;
+  if (param == grad) return invalid_argument("param and grad are the same tensor");
+  if (pinfo->kind != TensorKind::kParameter) {
+    return invalid_argument("tensor '" + name + "' is not of kind PARAMETER");
+  }
+  if (ginfo->kind != TensorKind::kGradient) {
+    return invalid_argument("tensor '" + ginfo->name + "' is not of kind GRADIENT");
+  }
+  if (!is_float_dtype(pinfo->dtype) || !is_float_dtype(ginfo->dtype)) {
+    return invalid_argument("parameter '" + name + "' (" + to_string(pinfo->dtype) +
+                            ") and its gradient (" + to_string(ginfo->dtype) +
+                            ") must be F32, BF16 or F16");
+  }
+  const uint32_t psize = dtype_size(pinfo->dtype), gsize = dtype_size(ginfo->dtype);
+  if (pinfo->bytes % psize != 0 || ginfo->bytes % gsize != 0) {
+    return invalid_argument("parameter '" + name +
+                            "' or its gradient is not a whole number of "
+                            "elements of its dtype");
+  }
+  const uint64_t elements = pinfo->bytes / psize;
+  if (ginfo->bytes / gsize != elements) {
+    return invalid_argument("parameter '" + name + "' has " + std::to_string(elements) +
+                            " elements, its gradient '" + ginfo->name + "' " +
+                            std::to_string(ginfo->bytes / gsize));
+  }
+  for (const Param& p : params_) {
+    if (p.param == param) {
+      return Status::error(STRATA_E_STATE,
+                           "parameter '" + name + "' is already under the optimizer");
+    }
+    if (p.grad == grad || p.param == grad || p.grad == param) {
+      return invalid_argument("tensor '" + ginfo->name + "' already belongs to parameter '" +
+                              p.name + "'");
+    }
+  }
+  if (pinfo->residency == sched::Residency::kUnwritten) {
+    return Status::error(STRATA_E_STATE, "parameter '" + name + "' has no contents yet");
+  }
+  if (pinfo->uses != 0)
+    return Status::error(STRATA_E_STATE, "parameter '" + name + "' is acquired");
+
+  const uint64_t sub_elements = effective_sub_group_bytes() / sizeof(float);
+  // The parameter and its gradient are held in pinned memory while their sub-groups stream, so
+  // they and two sub-groups' states must fit the budget together.
+  const uint64_t need = pinfo->bytes + ginfo->bytes +
+                        2 * kStateKinds * sizeof(float) * std::min(sub_elements, elements);
+  if (need > config_.pinned_budget_bytes) {
+    return Status::error(STRATA_E_PINNED_BUDGET,
+                         "parameter '" + name + "' needs " + std::to_string(need) +
+                             " pinned bytes to be updated (itself, its gradient and two "
+                             "sub-groups of states); the budget is " +
+                             std::to_string(config_.pinned_budget_bytes));
+  }
+
+  Param p;
+  p.param = param;
+  p.grad = grad;
+  p.name = name;
+  p.elements = elements;
+  p.param_dtype = pinfo->dtype;
+  p.grad_dtype = ginfo->dtype;
+  p.group = group;
+  // Registration first, then contents: on any failure every tensor made here is unregistered.
+  std::vector<sched::TensorHandle> made;
+  auto undo = [&](Status status) {
+    for (const auto& h : made) (void)scheduler_.unregister_tensor(h);
+    return std::move(status).with_context("adding parameter '" + name + "'");
+  };
+  for (uint64_t offset = 0; offset < elements; offset += sub_elements) {
+    SubGroup s;
+    s.offset = offset;
+    s.elements = std::min(sub_elements, elements - offset);
+    for (int k = 0; k < kStateKinds; ++k) {
+      TensorSpec spec;
+      spec.name = name + "." + state_name(k) + "[" + std::to_string(p.sub_groups.size()) + "]";
+      spec.dtype = DType::kFloat32;
+      spec.kind = state_kind(k);
+      spec.layer = pinfo->layer;
+      spec.shape = {s.elements};
+      sched::RegisterOptions options;
+      options.home = Tier::kNvme;
+      options.bytes = s.elements * sizeof(float);
+      auto handle = scheduler_.register_tensor(spec, options);
+      if (!handle) return undo(std::move(handle).take_status());
+      s.states[k] = handle.value();
+      made.push_back(handle.value());
+    }
+    p.sub_groups.push_back(s);
+  }
+  auto source = scheduler_.acquire(param, Tier::kPinned, AccessMode::kRead, config_.timeout);
+  if (!source) return undo(std::move(source).take_status());
+  Status status;
+  for (const SubGroup& s : p.sub_groups) {
+    void* data[kStateKinds] = {};
+    int acquired = 0;
+    for (; acquired < kStateKinds; ++acquired) {
+      auto a = scheduler_.acquire(s.states[acquired], Tier::kPinned, AccessMode::kOverwrite,
+                                  config_.timeout);
+      if (!a) {
+        status = std::move(a).take_status();
+        break;
+      }
+      data[acquired] = a->data;
+    }
+    if (status.is_ok()) {
+      widen(p.param_dtype,
+            static_cast<const unsigned char*>(source->data) + s.offset * dtype_size(p.param_dtype),
+            static_cast<float*>(data[0]), s.elements);
+      std::memset(data[1], 0, s.elements * sizeof(float));
+      std::memset(data[2], 0, s.elements * sizeof(float));
+    }
+    Status released = release_states(s, acquired, /*dirty=*/true);
+    if (status.is_ok()) status = std::move(released);
+    if (!status.is_ok()) break;
+  }
+  Status released = scheduler_.release(param, /*dirty=*/false);
+  if (status.is_ok()) status = std::move(released);
+  if (!status.is_ok()) return undo(std::move(status));
+  params_.push_back(std::move(p));
+  return Status::ok();
+}
+
+Status TieredOptimizer::release_states(const SubGroup& s, int acquired, bool dirty) {
+  Status first;
+  for (int k = 0; k < acquired; ++k) {
+    Status status = scheduler_.release(s.states[k], dirty);
+    if (first.is_ok() && !status.is_ok()) first = std::move(status);
+  }
+  return first;
+}
+
+Status TieredOptimizer::check_gradient(const Param& p) {
+  auto pinfo = scheduler_.describe(p.param);
+  if (!pinfo) {
+    return std::move(pinfo).take_status().with_context(
+        "parameter '" + p.name + "' (unregistered while under the optimizer?)");
+  }
+  if (pinfo->uses != 0) {
+    return Status::error(STRATA_E_STATE, "parameter '" + p.name +
+                                             "' is acquired: release it "
+                                             "before the optimizer updates it");
+  }
+  auto ginfo = scheduler_.describe(p.grad);
+  if (!ginfo) {
+    return std::move(ginfo).take_status().with_context("gradient of '" + p.name + "'");
+  }
+  if (ginfo->residency == sched::Residency::kUnwritten) {
+    return Status::error(STRATA_E_STATE, "the gradient of '" + p.name +
+                                             "' has no contents: backward has not written it "
+                                             "since the last step");
+  }
+  if (ginfo->uses != 0) {
+    return Status::error(STRATA_E_STATE, "the gradient of '" + p.name + "' is acquired");
+  }
+  return Status::ok();
+}
+
+Result<GradStats> TieredOptimizer::measure_gradient(const Param& p) {
+  auto g = scheduler_.acquire(p.grad, Tier::kPinned, AccessMode::kRead, config_.timeout);
+  if (!g) return std::move(g).take_status().with_context("gradient of '" + p.name + "'");
+  const GradSlice slice{g->data, p.grad_dtype, p.elements};
+  auto stats = adam_->grad_stats({&slice, 1});
+  Status released = scheduler_.release(p.grad, /*dirty=*/false);
+  if (!stats) return std::move(stats).take_status();
+  if (!released.is_ok()) return released;
+  return stats;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The pipeline
+
+Status TieredOptimizer::update_unit(const Param& p, const SubGroup& s,
+                                    void* const states[kStateKinds], const void* grad,
+                                    void* param_data, int64_t step, float grad_scale) {
+  AdamWSlice slice;
+  slice.param = static_cast<float*>(states[0]);
+  slice.m = static_cast<float*>(states[1]);
+  slice.v = static_cast<float*>(states[2]);
+  slice.grad = static_cast<const unsigned char*>(grad) + s.offset * dtype_size(p.grad_dtype);
+  slice.grad_dtype = p.grad_dtype;
+  auto* out = static_cast<unsigned char*>(param_data) + s.offset * dtype_size(p.param_dtype);
+  // A 16-bit parameter is written by the update pass itself; an fp32 one is the master copy.
+  if (p.param_dtype != DType::kFloat32) {
+    slice.param_out = out;
+    slice.param_out_dtype = p.param_dtype;
+  }
+  slice.n = s.elements;
+  STRATA_TRY(adam_->step(adam_params(p.group, step, grad_scale), {&slice, 1}));
+  if (p.param_dtype == DType::kFloat32) std::memcpy(out, states[0], s.elements * sizeof(float));
+  return Status::ok();
+}
+
+namespace {
+
+// The loader's hand-over of one sub-group: its three states, acquired (pinned, so they cannot be
+// evicted) or the error that stopped the loader.
+struct Loaded {
+  bool ready = false;
+  int acquired = 0;
+  void* data[kStateKinds] = {};
+  Status status;
+};
+
+}  // namespace
+
+Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShape& shape,
+                                  int64_t step, float grad_scale, StepReport* report) {
+  const AccessMode state_mode = shape.read ? AccessMode::kRead : AccessMode::kOverwrite;
+  // With overlap, a loader thread acquires up to `window` sub-groups ahead of the update: their
+  // reads run while this thread updates, and because they are held, the only room the scheduler
+  // can make for them is that of sub-groups already updated and released, which it writes back
+  // first (write-behind). Hints alone would not do: the scheduler may evict a hinted sub-group
+  // before it is used to make room for the next hint.
+  const uint32_t window = shape.overlap ? lookahead() : 0;
+  std::vector<Loaded> loaded(units.size());
+  std::mutex loader_mu;
+  std::condition_variable loader_cv;
+  size_t consumed = 0;  // units the update loop has taken
+  bool stop = false;
+  auto load = [&](size_t j, Loaded& out) {
+    const SubGroup& s = params_[units[j].param].sub_groups[units[j].sub_group];
+    for (const auto& state : s.states) (void)scheduler_.prefetch(state, Tier::kPinned);
+    for (; out.acquired < kStateKinds; ++out.acquired) {
+      auto a =
+          scheduler_.acquire(s.states[out.acquired], Tier::kPinned, state_mode, config_.timeout);
+      if (!a) {
+        out.status = std::move(a).take_status();
+        return;
+      }
+      out.data[out.acquired] = a->data;
+    }
+  };
+  std::thread loader;
+  if (window > 0) {
+    loader = std::thread([&] {
+      for (size_t j = 0; j < units.size(); ++j) {
+        {
+          std::unique_lock lock(loader_mu);
+          loader_cv.wait(lock, [&] { return stop || j < consumed + window; });
+          if (stop) return;
+        }
+        Loaded result;
+        load(j, result);
+        const bool failed = !result.status.is_ok();
+        {
+          std::lock_guard lock(loader_mu);
+          loaded[j] = result;
+          loaded[j].ready = true;
+        }
+        loader_cv.notify_all();
+        if (failed) return;
+      }
+    });
+  }
+  // Whatever happens, the loader stops and the sub-groups it holds beyond the last one taken are
+  // released unchanged.
+  auto stop_loader = [&] {
+    if (!loader.joinable()) return;
+    {
+      std::lock_guard lock(loader_mu);
+      stop = true;
+    }
+    loader_cv.notify_all();
+    loader.join();
+    for (size_t j = consumed; j < units.size(); ++j) {
+      if (loaded[j].ready && loaded[j].acquired > 0) {
+        (void)release_states(params_[units[j].param].sub_groups[units[j].sub_group],
+                             loaded[j].acquired, /*dirty=*/false);
+      }
+      loaded[j].acquired = 0;
+    }
+  };
+
+  // The parameter whose tensors are held, and them.
+  uint32_t held = UINT32_MAX;
+  void* param_data = nullptr;
+  const void* grad_data = nullptr;
+  bool param_held = false, grad_held = false;
+  auto release_held = [&](bool updated) {
+    Status first;
+    if (param_held) first = scheduler_.release(params_[held].param, /*dirty=*/updated);
+    param_held = false;
+    if (grad_held) {
+      Status s = scheduler_.release(params_[held].grad, /*dirty=*/false);
+      if (first.is_ok()) first = std::move(s);
+      // The gradient is consumed: nothing of it needs to reach NVMe, and reading it before the
+      // next backward writes it is an error rather than stale data.
+      if (updated) {
+        Status d = scheduler_.discard(params_[held].grad);
+        if (first.is_ok()) first = std::move(d);
+      }
+    }
+    grad_held = false;
+    held = UINT32_MAX;
+    return first;
+  };
+  auto fail = [&](Status status, bool updated) {
+    stop_loader();
+    (void)release_held(updated);
+    return status;
+  };
+
+  for (size_t i = 0; i < units.size(); ++i) {
+    const Unit& u = units[i];
+    const Param& p = params_[u.param];
+    const SubGroup& s = p.sub_groups[u.sub_group];
+    auto started = Clock::now();
+    if (shape.update && held != u.param) {
+      Status done = release_held(/*updated=*/true);
+      if (!done.is_ok()) return fail(std::move(done), false);
+      held = u.param;
+      auto g = scheduler_.acquire(p.grad, Tier::kPinned, AccessMode::kRead, config_.timeout);
+      if (!g) {
+        held = UINT32_MAX;
+        return fail(std::move(g).take_status().with_context("gradient of '" + p.name + "'"), false);
+      }
+      grad_held = true;
+      grad_data = g->data;
+      auto a = scheduler_.acquire(p.param, Tier::kPinned, AccessMode::kRead, config_.timeout);
+      if (!a)
+        return fail(std::move(a).take_status().with_context("parameter '" + p.name + "'"), false);
+      param_held = true;
+      param_data = a->data;
+    }
+    Loaded current;
+    if (window > 0) {
+      std::unique_lock lock(loader_mu);
+      loader_cv.wait(lock, [&] { return loaded[i].ready; });
+      current = loaded[i];
+      loaded[i].acquired = 0;  // ours now
+      consumed = i + 1;
+    } else {
+      load(i, current);
+    }
+    loader_cv.notify_all();
+    report->read_wait_seconds += seconds_since(started);
+    Status status = std::move(current.status);
+    if (status.is_ok()) {
+      started = Clock::now();
+      if (!shape.read) {
+        for (void* d : current.data) std::memset(d, 0, s.elements * sizeof(float));
+      }
+      if (shape.update) {
+        status = update_unit(p, s, current.data, grad_data, param_data, step, grad_scale);
+      }
+      report->update_seconds += seconds_since(started);
+    }
+    Status released = release_states(s, current.acquired, /*dirty=*/shape.write && status.is_ok());
+    if (status.is_ok()) status = std::move(released);
+    if (!status.is_ok()) {
+      // The sub-groups before this one are updated, this one and those after are not: the
+      // parameter tensor holds that mix, which the message says.
+      return fail(state_error(status, p.name, u.sub_group), /*updated=*/u.sub_group > 0);
+    }
+    if (!shape.overlap && shape.write) {
+      // The baseline: this sub-group reaches NVMe before the next one is read.
+      started = Clock::now();
+      Status flushed = scheduler_.flush(config_.timeout);
+      report->write_wait_seconds += seconds_since(started);
+      if (!flushed.is_ok()) return fail(state_error(flushed, p.name, u.sub_group), true);
+    }
+  }
+  stop_loader();
+  STRATA_TRY(release_held(/*updated=*/true));
+  if (shape.write) {
+    // Write-backs already started finish here; the rest stay dirty in pinned memory and are
+    // written when their room is needed (or by strata_sync), overlapping what comes next.
+    const auto started = Clock::now();
+    Status synced = scheduler_.sync(config_.timeout);
+    report->write_wait_seconds += seconds_since(started);
+    STRATA_TRY(std::move(synced).with_context("optimizer write-back"));
+  }
+  return Status::ok();
+}
+
+Result<StepReport> TieredOptimizer::run_pass(const PassShape& shape, float grad_scale) {
+  if (shape.update && (!shape.read || !shape.write)) {
+    return invalid_argument("an update pass must read and write the states");
+  }
+  std::unique_lock lock(mu_);
+  wait_idle_locked(lock);
+  STRATA_TRY(take_worker_error_locked());
+  std::vector<Unit> units;
+  for (uint32_t i = 0; i < params_.size(); ++i) {
+    if (shape.update) STRATA_TRY(check_gradient(params_[i]));
+    for (uint32_t k = 0; k < params_[i].sub_groups.size(); ++k) units.push_back({i, k});
+  }
+  StepReport report;
+  report.step = step_;
+  STRATA_TRY(run_units(units, shape, step_ + 1, grad_scale, &report));
+  return report;
+}
+
+Result<StepReport> TieredOptimizer::step(double loss_scale) {
+  if (!std::isfinite(loss_scale) || loss_scale <= 0) {
+    return invalid_argument("loss_scale must be finite and > 0 (1 = none)");
+  }
+  std::unique_lock lock(mu_);
+  wait_idle_locked(lock);
+  STRATA_TRY(take_worker_error_locked());
+  if (overlapped_this_step_ && loss_scale != last_loss_scale_) {
+    return invalid_argument(
+        "with overlap_backward, updates already made this step divided the "
+        "gradients by the previous step's loss_scale " +
+        std::to_string(last_loss_scale_) + "; a loss scale must stay fixed while overlapping");
+  }
+  if (step_ == INT64_MAX) return Status::error(STRATA_E_STATE, "the step count is at its limit");
+  // Every check before the first byte changes: a refused step leaves everything as it was.
+  for (const Param& p : params_) {
+    if (!p.updated) STRATA_TRY(check_gradient(p));
+  }
+  StepReport report;
+  auto reset_step_flags = [this] {
+    for (Param& p : params_) p.stats_done = p.queued = p.updated = false;
+    overlapped_this_step_ = false;
+  };
+  GradStats total;
+  const bool measure = options_.check_overflow || options_.max_grad_norm > 0;
+  if (measure) {
+    const auto started = Clock::now();
+    // Summed in parameter order whatever order grad_ready came in: the norm, hence the clipping
+    // coefficient, does not depend on the order backward finished layers.
+    for (Param& p : params_) {
+      if (!p.stats_done) {
+        auto stats = measure_gradient(p);
+        if (!stats) return std::move(stats).take_status();
+        p.stats = stats.value();
+        p.stats_done = true;
+      }
+      total.found_nonfinite = total.found_nonfinite || p.stats.found_nonfinite;
+      total.sum_squares += p.stats.sum_squares;
+    }
+    report.read_wait_seconds += seconds_since(started);
+    report.grad_norm = std::sqrt(total.sum_squares) / loss_scale;
+  }
+  if (options_.check_overflow && total.found_nonfinite) {
+    reset_step_flags();
+    report.found_nonfinite = true;
+    report.step = step_;
+    return report;
+  }
+  const float grad_scale = unscale_and_clip(total, loss_scale, options_.max_grad_norm);
+  std::vector<Unit> units;
+  for (uint32_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].updated) continue;
+    for (uint32_t k = 0; k < params_[i].sub_groups.size(); ++k) units.push_back({i, k});
+  }
+  Status status = run_units(units, PassShape{}, step_ + 1, grad_scale, &report);
+  if (!status.is_ok()) {
+    reset_step_flags();
+    return status;
+  }
+  ++step_;
+  last_loss_scale_ = loss_scale;
+  reset_step_flags();
+  report.step = step_;
+  return report;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Overlap with backward
+
+Status TieredOptimizer::grad_ready(sched::TensorHandle param) {
+  std::unique_lock lock(mu_);
+  auto index = find_param(param);
+  if (!index) return std::move(index).take_status();
+  Param& p = params_[*index];
+  if (p.stats_done || p.queued || p.updated) {
+    return Status::error(STRATA_E_STATE,
+                         "the gradient of '" + p.name + "' was already announced this step");
+  }
+  if (options_.overlap_backward) {
+    STRATA_TRY(take_worker_error_locked());
+    STRATA_TRY(check_gradient(p));
+    p.queued = true;
+    overlapped_this_step_ = true;
+    queue_.push_back(*index);
+    cv_.notify_all();
+    return Status::ok();
+  }
+  if (options_.check_overflow || options_.max_grad_norm > 0) {
+    STRATA_TRY(check_gradient(p));
+    auto stats = measure_gradient(p);
+    if (!stats) return std::move(stats).take_status();
+    p.stats = stats.value();
+    p.stats_done = true;
+  }
+  return Status::ok();
+}
+
+void TieredOptimizer::worker_loop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    if (stopping_) return;
+    const uint32_t index = queue_.front();
+    queue_.pop_front();
+    worker_busy_ = true;
+    std::vector<Unit> units;
+    for (uint32_t k = 0; k < params_[index].sub_groups.size(); ++k) units.push_back({index, k});
+    const int64_t step = step_ + 1;
+    const auto grad_scale = static_cast<float>(1.0 / last_loss_scale_);
+    // The training thread's calls that could change what this job reads (add_param, set_group,
+    // configure, ...) wait for worker_busy_ to clear; grad_ready only appends to the queue.
+    lock.unlock();
+    StepReport ignored;
+    Status status = run_units(units, PassShape{}, step, grad_scale, &ignored);
+    lock.lock();
+    if (status.is_ok()) {
+      params_[index].updated = true;
+    } else if (worker_error_.is_ok()) {
+      worker_error_ = std::move(status).with_context("overlapped update");
+    }
+    worker_busy_ = false;
+    cv_.notify_all();
+  }
+}
+
+void TieredOptimizer::wait_idle_locked(std::unique_lock<std::mutex>& lock) {
+  cv_.wait(lock, [this] { return queue_.empty() && !worker_busy_; });
+}
+
+Status TieredOptimizer::take_worker_error_locked() {
+  Status error = std::move(worker_error_);
+  worker_error_ = Status::ok();
+  return error;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Step count and states
+
+int64_t TieredOptimizer::step_count() {
+  std::lock_guard lock(mu_);
+  return step_;
+}
+
+Status TieredOptimizer::set_step_count(int64_t step) {
+  if (step < 0) return invalid_argument("the step count must be >= 0");
+  std::unique_lock lock(mu_);
+  wait_idle_locked(lock);
+  if (overlapped_this_step_) {
+    return Status::error(STRATA_E_STATE, "overlapped updates of this step are under way");
+  }
+  step_ = step;
+  return Status::ok();
+}
+
+Status TieredOptimizer::copy_state(const Param& p, StateKind state, void* dst, const void* src) {
+  const int k = static_cast<int>(state);
+  for (size_t i = 0; i < p.sub_groups.size(); ++i) {
+    const SubGroup& s = p.sub_groups[i];
+    if (i + 1 < p.sub_groups.size()) {
+      (void)scheduler_.prefetch(p.sub_groups[i + 1].states[k], Tier::kPinned);
+    }
+    auto a = scheduler_.acquire(s.states[k], Tier::kPinned,
+                                src != nullptr ? AccessMode::kOverwrite : AccessMode::kRead,
+                                config_.timeout);
+    if (!a) return state_error(std::move(a).take_status(), p.name, i);
+    const uint64_t bytes = s.elements * sizeof(float);
+    if (src != nullptr) {
+      std::memcpy(a->data, static_cast<const unsigned char*>(src) + s.offset * sizeof(float),
+                  bytes);
+    } else {
+      std::memcpy(static_cast<unsigned char*>(dst) + s.offset * sizeof(float), a->data, bytes);
+    }
+    Status released = scheduler_.release(s.states[k], /*dirty=*/src != nullptr);
+    if (!released.is_ok()) return state_error(released, p.name, i);
+  }
+  return Status::ok();
+}
+
+Status TieredOptimizer::read_state(sched::TensorHandle param, StateKind state, void* dst,
+                                   uint64_t bytes) {
+  std::unique_lock lock(mu_);
+  wait_idle_locked(lock);
+  auto index = find_param(param);
+  if (!index) return std::move(index).take_status();
+  const Param& p = params_[*index];
+  if (bytes != p.elements * sizeof(float)) {
+    return invalid_argument("bytes is " + std::to_string(bytes) + "; the " +
+                            state_name(static_cast<int>(state)) + " state of '" + p.name + "' is " +
+                            std::to_string(p.elements * sizeof(float)) + " bytes");
+  }
+  return copy_state(p, state, dst, nullptr);
+}
+
+Status TieredOptimizer::write_state(sched::TensorHandle param, StateKind state, const void* src,
+                                    uint64_t bytes) {
+  std::unique_lock lock(mu_);
+  wait_idle_locked(lock);
+  auto index = find_param(param);
+  if (!index) return std::move(index).take_status();
+  const Param& p = params_[*index];
+  if (bytes != p.elements * sizeof(float)) {
+    return invalid_argument("bytes is " + std::to_string(bytes) + "; the " +
+                            state_name(static_cast<int>(state)) + " state of '" + p.name + "' is " +
+                            std::to_string(p.elements * sizeof(float)) + " bytes");
+  }
+  return copy_state(p, state, nullptr, src);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints
+
+Status TieredOptimizer::export_checkpoint(const std::string& path) {
+  std::unique_lock lock(mu_);
+  wait_idle_locked(lock);
+  auto writer = CheckpointWriter::create(path);
+  if (!writer) return std::move(writer).take_status();
+  CheckpointHeader header;
+  header.step = step_;
+  header.record_count = params_.size();
+  for (const Param& p : params_) header.total_elements += p.elements;
+  for (const GroupSettings& g : groups_) {
+    header.groups.push_back({g.lr, g.beta1, g.beta2, g.eps, g.weight_decay, g.decoupled});
+  }
+  STRATA_TRY((*writer)->write_header(header));
+  for (const Param& p : params_) {
+    STRATA_TRY((*writer)->begin_record(p.name, p.group, p.elements));
+    for (int k = 0; k < kStateKinds; ++k) {
+      for (size_t i = 0; i < p.sub_groups.size(); ++i) {
+        const SubGroup& s = p.sub_groups[i];
+        const SubGroup* next = i + 1 < p.sub_groups.size() ? &p.sub_groups[i + 1]
+                               : k + 1 < kStateKinds       ? &p.sub_groups[0]
+                                                           : nullptr;
+        if (next != nullptr) {
+          (void)scheduler_.prefetch(next->states[i + 1 < p.sub_groups.size() ? k : k + 1],
+                                    Tier::kPinned);
+        }
+        auto a = scheduler_.acquire(s.states[k], Tier::kPinned, AccessMode::kRead, config_.timeout);
+        if (!a) return state_error(std::move(a).take_status(), p.name, i);
+        Status written = (*writer)->append(a->data, s.elements * sizeof(float));
+        Status released = scheduler_.release(s.states[k], /*dirty=*/false);
+        STRATA_TRY(std::move(written));
+        if (!released.is_ok()) return state_error(released, p.name, i);
+      }
+    }
+    STRATA_TRY((*writer)->end_record());
+  }
+  return (*writer)->commit();
+}
+
+Status TieredOptimizer::import_checkpoint(const std::string& path) {
+  std::unique_lock lock(mu_);
+  wait_idle_locked(lock);
+  if (overlapped_this_step_) {
+    return Status::error(STRATA_E_STATE, "overlapped updates of this step are under way");
+  }
+  auto opened = CheckpointReader::open(path);
+  if (!opened) return std::move(opened).take_status();
+  CheckpointReader& reader = *opened.value();
+  // Pass 1: the whole file is read and every checksum checked before anything changes.
+  STRATA_TRY(reader.verify());
+  const CheckpointHeader& header = reader.header();
+  if (header.groups.size() != groups_.size()) {
+    return invalid_argument("checkpoint '" + path + "' has " +
+                            std::to_string(header.groups.size()) + " groups, the optimizer " +
+                            std::to_string(groups_.size()));
+  }
+  if (header.record_count != params_.size()) {
+    return invalid_argument("checkpoint '" + path + "' has " + std::to_string(header.record_count) +
+                            " parameters, the optimizer " + std::to_string(params_.size()));
+  }
+  if (header.step < 0) return invalid_argument("checkpoint '" + path + "' has a negative step");
+  std::vector<GroupSettings> groups;
+  for (const CheckpointGroup& g : header.groups) {
+    GroupSettings settings{g.lr, g.beta1, g.beta2, g.eps, g.weight_decay, g.decoupled};
+    STRATA_TRY(validate(settings).with_context("checkpoint '" + path + "'"));
+    groups.push_back(settings);
+  }
+  // Records match parameters by name (in order among equal names) and must agree on size and
+  // group: a checkpoint of another model is refused, not squeezed in.
+  std::unordered_map<std::string, std::vector<uint32_t>> by_name;
+  for (uint32_t i = params_.size(); i-- > 0;) by_name[params_[i].name].push_back(i);
+  std::vector<uint32_t> target(reader.records().size());
+  for (size_t r = 0; r < reader.records().size(); ++r) {
+    const CheckpointRecord& record = reader.records()[r];
+    auto it = by_name.find(record.name);
+    if (it == by_name.end() || it->second.empty()) {
+      return invalid_argument("checkpoint '" + path + "' has parameter '" + record.name +
+                              "', which is not under the optimizer");
+    }
+    const uint32_t index = it->second.back();
+    it->second.pop_back();
+    const Param& p = params_[index];
+    if (record.elements != p.elements || record.group != p.group) {
+      return invalid_argument("checkpoint '" + path + "': parameter '" + record.name + "' has " +
+                              std::to_string(record.elements) + " elements in group " +
+                              std::to_string(record.group) + ", the optimizer's " +
+                              std::to_string(p.elements) + " in group " + std::to_string(p.group));
+    }
+    target[r] = index;
+  }
+  // Pass 2: stream each record into its parameter's state tensors, one sub-group at a time.
+  for (size_t r = 0; r < reader.records().size(); ++r) {
+    const Param& p = params_[target[r]];
+    int open_state = -1;
+    size_t open_group = 0;
+    float* open_data = nullptr;
+    auto close = [&]() -> Status {
+      if (open_state < 0) return Status::ok();
+      const sched::TensorHandle h = p.sub_groups[open_group].states[open_state];
+      open_state = -1;
+      return scheduler_.release(h, /*dirty=*/true);
+    };
+    Status status = reader.read_states(
+        reader.records()[r],
+        [&](uint32_t state, uint64_t first, const float* data, uint64_t count) -> Status {
+          while (count > 0) {
+            // The sub-group holding element `first`: sub-groups are equal-sized but the last.
+            const size_t g = static_cast<size_t>(first / p.sub_groups[0].elements);
+            const SubGroup& s = p.sub_groups[g];
+            if (open_state != static_cast<int>(state) || open_group != g) {
+              STRATA_TRY(close());
+              auto a = scheduler_.acquire(s.states[state], Tier::kPinned, AccessMode::kOverwrite,
+                                          config_.timeout);
+              if (!a) return state_error(std::move(a).take_status(), p.name, g);
+              open_state = static_cast<int>(state);
+              open_group = g;
+              open_data = static_cast<float*>(a->data);
+            }
+            const uint64_t within = first - s.offset;
+            const uint64_t n = std::min(count, s.elements - within);
+            std::memcpy(open_data + within, data, n * sizeof(float));
+            first += n;
+            data += n;
+            count -= n;
+          }
+          return Status::ok();
+        });
+    Status closed = close();
+    STRATA_TRY(std::move(status));
+    STRATA_TRY(std::move(closed));
+  }
+  groups_ = std::move(groups);
+  step_ = header.step;
+  for (Param& p : params_) p.stats_done = p.queued = p.updated = false;
+  return Status::ok();
+}
+
+}  // namespace strata::optim

@@ -1,0 +1,191 @@
+// TieredOptimizer: Adam / AdamW over optimizer states that live on NVMe, the engine behind the
+// strata_optimizer_* calls. It owns, per parameter, the fp32 master weights and the two moments
+// as scheduler tensors (kinds MASTER_WEIGHT, ADAM_M, ADAM_V, home NVMe), split into sub-groups of
+// at most sub_group_elements() elements so that a few sub-groups fit the pinned budget at once.
+//
+// A step streams the sub-groups through pinned memory: prefetch hints keep the reads of the next
+// sub-groups in flight while CpuAdam updates the current one, and the updated states are released
+// dirty so the scheduler's write-behind writes them back while later ones are read and updated:
+// read of i+1, update of i and write-back of i-1 overlap. The new weights go into the parameter
+// tensor in its own dtype in the same pass, then the gradient is discarded.
+//
+// It reaches the tiers only through the scheduler the Runtime hands it (sched/), and computes
+// with a CpuAdam of its own; it knows nothing of the C API.
+//
+// Thread rules: the public members come from one thread at a time (the training thread). With
+// overlap_backward a worker thread of the optimizer's own updates parameters announced by
+// grad_ready; every other member first waits for that worker to be idle.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "optim/adamw.h"
+#include "optim/cpu_adam.h"
+#include "sched/scheduler.h"
+
+namespace strata::optim {
+
+struct GroupSettings {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+  bool decoupled = true;
+};
+// The ranges torch.optim.AdamW's constructor enforces, and finite values.
+Status validate(const GroupSettings& group);
+
+struct TieredOptimizerOptions {
+  double max_grad_norm = 0;  // 0: no clipping
+  bool check_overflow = true;
+  bool overlap_backward = false;  // needs max_grad_norm == 0 and !check_overflow
+  uint64_t sub_group_bytes = 0;   // per state tensor; 0: sized from the pinned budget
+};
+
+enum class StateKind : uint8_t { kMaster = 0, kExpAvg = 1, kExpAvgSq = 2 };
+inline constexpr int kStateKinds = 3;
+
+struct StepReport {
+  bool found_nonfinite = false;
+  double grad_norm = 0;
+  int64_t step = 0;
+  double read_wait_seconds = 0;   // acquires of states, parameters and gradients
+  double update_seconds = 0;      // CpuAdam and the weight copy-out
+  double write_wait_seconds = 0;  // waiting for write-backs at the end of the step
+};
+
+// What one pass over every sub-group does; a step is {read, update, write, overlap}. The other
+// combinations exist for `strata bench optimizer`, which measures each stage alone and the step
+// without overlap, over the same tensors and the same code path.
+struct PassShape {
+  bool read = true;     // load the states (false: acquire them to be overwritten, with zeros)
+  bool update = true;   // run Adam on them (needs read and write)
+  bool write = true;    // release them dirty, so they reach NVMe again
+  bool overlap = true;  // prefetch ahead and write behind; false: read, update, write, wait
+};
+
+struct TieredOptimizerConfig {
+  uint64_t pinned_budget_bytes = 0;  // the runtime's: sub-groups are sized from it
+  CpuAdamOptions adam;
+  std::chrono::nanoseconds timeout = std::chrono::seconds(300);  // per acquire / flush
+};
+
+class TieredOptimizer {
+ public:
+  static Result<std::unique_ptr<TieredOptimizer>> create(sched::Scheduler& scheduler,
+                                                         const TieredOptimizerConfig& config);
+  // Stops the worker. State tensors stay registered: the scheduler frees them when it goes.
+  ~TieredOptimizer();
+  TieredOptimizer(const TieredOptimizer&) = delete;
+  TieredOptimizer& operator=(const TieredOptimizer&) = delete;
+
+  Result<uint32_t> add_group(const GroupSettings& group);
+  Status set_group(uint32_t index, const GroupSettings& group);
+  Result<GroupSettings> group(uint32_t index);
+
+  Status configure(const TieredOptimizerOptions& options);
+  TieredOptimizerOptions options();
+
+  // Registers the parameter's state tensors and fills them (master from the parameter, m = v = 0).
+  Status add_param(uint32_t group, sched::TensorHandle param, sched::TensorHandle grad);
+  Status grad_ready(sched::TensorHandle param);
+  Result<StepReport> step(double loss_scale);
+
+  int64_t step_count();
+  Status set_step_count(int64_t step);
+
+  Status read_state(sched::TensorHandle param, StateKind state, void* dst, uint64_t bytes);
+  Status write_state(sched::TensorHandle param, StateKind state, const void* src, uint64_t bytes);
+
+  Status export_checkpoint(const std::string& path);
+  Status import_checkpoint(const std::string& path);
+
+  // ---- For `strata bench optimizer` and tools ----
+  // One pass of the given shape over every sub-group of every parameter, with the hyperparameters
+  // of the next step (the step count does not change). An update pass needs gradients, as a step.
+  Result<StepReport> run_pass(const PassShape& shape, float grad_scale);
+  uint64_t sub_group_elements();
+  size_t sub_group_count();
+  size_t param_count();
+  CpuAdam& adam() { return *adam_; }
+
+ private:
+  struct SubGroup {
+    uint64_t offset = 0;  // first element within the parameter
+    uint64_t elements = 0;
+    sched::TensorHandle states[kStateKinds];
+  };
+  struct Param {
+    sched::TensorHandle param;
+    sched::TensorHandle grad;
+    std::string name;
+    uint64_t elements = 0;
+    DType param_dtype = DType::kFloat32;
+    DType grad_dtype = DType::kFloat32;
+    uint32_t group = 0;
+    std::vector<SubGroup> sub_groups;
+    bool stats_done = false;  // grad_ready measured its gradient this step
+    GradStats stats;
+    bool queued = false;   // handed to the overlap worker this step
+    bool updated = false;  // the overlap worker updated it this step
+  };
+  // A job of the pipeline: one sub-group of one parameter.
+  struct Unit {
+    uint32_t param = 0;
+    uint32_t sub_group = 0;
+  };
+
+  TieredOptimizer(sched::Scheduler& scheduler, const TieredOptimizerConfig& config,
+                  std::unique_ptr<CpuAdam> adam);
+
+  Result<uint32_t> find_param(sched::TensorHandle param);  // index, or an error
+  Status check_gradient(const Param& p);                   // present, has contents, not acquired
+  Result<GradStats> measure_gradient(const Param& p);
+  uint64_t effective_sub_group_bytes() const;
+  uint32_t lookahead() const;
+  AdamWParams adam_params(uint32_t group, int64_t step, float grad_scale) const;
+  // The pipeline over `units`, in order. Parameters and gradients are acquired on their first
+  // unit and released after their last; units of one parameter are consecutive.
+  Status run_units(const std::vector<Unit>& units, const PassShape& shape, int64_t step,
+                   float grad_scale, StepReport* report);
+  Status update_unit(const Param& p, const SubGroup& s, void* const states[kStateKinds],
+                     const void* grad, void* param_data, int64_t step, float grad_scale);
+  Status release_states(const SubGroup& s, int acquired, bool dirty);
+  // Copies one state of one parameter out of (dst) or into (src) its sub-group tensors.
+  Status copy_state(const Param& p, StateKind state, void* dst, const void* src);
+  void worker_loop();
+  void wait_idle_locked(std::unique_lock<std::mutex>& lock);
+  Status take_worker_error_locked();
+
+  sched::Scheduler& scheduler_;
+  const TieredOptimizerConfig config_;
+  std::unique_ptr<CpuAdam> adam_;
+
+  // Guards everything below; the worker holds it only between jobs.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  TieredOptimizerOptions options_;
+  std::vector<GroupSettings> groups_;
+  std::vector<Param> params_;
+  int64_t step_ = 0;
+  double last_loss_scale_ = 1.0;  // what overlap updates divide by (static loss scale)
+  bool overlapped_this_step_ = false;
+
+  std::deque<uint32_t> queue_;  // parameters for the overlap worker
+  bool worker_busy_ = false;
+  bool stopping_ = false;
+  Status worker_error_;  // the first failure of an overlap update, reported by the next call
+  std::thread worker_;
+};
+
+}  // namespace strata::optim
