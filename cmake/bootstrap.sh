@@ -29,3 +29,13 @@ fi
 
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${STRATA_CMAKE_ARGS:-} >/dev/null
 cmake --build "$BUILD_DIR" -j "$(nproc)"
+
+# `import strata` from any shell with Debian's /usr/bin/python3 (the one with python3-torch): a
+# .pth file in its local site-packages names bindings/python, which is pure Python and finds
+# build/runtime/libstrata.so beside itself (or $STRATA_LIBRARY).
+site_dir=$(/usr/bin/python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null || true)
+if [ -n "$site_dir" ] && { mkdir -p "$site_dir" 2>/dev/null && [ -w "$site_dir" ]; }; then
+  echo "$PWD/bindings/python" > "$site_dir/strata.pth"
+else
+  echo "strata: for 'import strata', export PYTHONPATH=$PWD/bindings/python" >&2
+fi
