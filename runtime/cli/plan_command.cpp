@@ -142,28 +142,38 @@ void print_text(const Plan& plan) {
               r.nvme.label.c_str(), bench::fixed(r.nvme.read_gbps, 1).c_str(),
               bench::fixed(r.nvme.write_gbps, 1).c_str());
   const OffloadEstimate& st = p.stages;
-  std::printf("  step           %s, %s tokens/s, bound by %s\n",
+  std::printf("  step           %s, %s tokens/s, bound by %s%s\n",
               human_seconds(p.step_seconds).c_str(), bench::fixed(p.tokens_per_s, 0).c_str(),
-              p.bottleneck.c_str());
-  std::printf("  stages         compute %s, PCIe %s, NVMe %s, CPU Adam %s\n",
+              p.bottleneck.c_str(), st.model == "simulated" ? " (simulated)" : "");
+  std::printf("  busy           compute %s, PCIe %s, NVMe %s, CPU Adam %s",
               human_seconds(st.compute_seconds).c_str(), human_seconds(st.pcie_seconds).c_str(),
               human_seconds(st.nvme_seconds).c_str(),
               human_seconds(st.cpu_optimizer_seconds).c_str());
+  if (st.model == "simulated") {
+    std::printf(", GPU stalled %s", human_seconds(st.stall_seconds).c_str());
+  }
+  std::printf("\n");
 
-  const OffloadEstimate& sn = p.strata_nvme;
-  const OffloadEstimate& zi = p.zero_infinity;
+  const OffloadEstimate& sn = plan.strata_nvme;
+  const OffloadEstimate& zi = plan.zero_infinity;
   std::printf(
-      "\nNVMe offload of this job, Strata vs ZeRO-Infinity (analytic, see docs/planner.md):\n");
+      "\nNVMe offload of this job on %s, Strata vs ZeRO-Infinity (simulated step, "
+      "docs/planner.md):\n",
+      p.choice.gpu.name.c_str());
   bench::Table versus({"", "Strata", "ZeRO-Infinity", "ratio"});
   auto ratio = [](double a, double b) { return b > 0 ? bench::fixed(a / b, 2) : std::string("-"); };
   versus.add_row({"peak host RAM", format_bytes(sn.host_bytes), format_bytes(zi.host_bytes),
                   ratio(static_cast<double>(sn.host_bytes), static_cast<double>(zi.host_bytes))});
-  versus.add_row({"least host RAM", format_bytes(sn.working_set_bytes),
-                  format_bytes(zi.working_set_bytes),
-                  ratio(static_cast<double>(sn.working_set_bytes),
-                        static_cast<double>(zi.working_set_bytes))});
+  versus.add_row({"pinned budget", format_bytes(sn.pinned_budget_bytes),
+                  format_bytes(zi.pinned_budget_bytes), ""});
   versus.add_row({"step time", human_seconds(sn.step_seconds), human_seconds(zi.step_seconds),
                   ratio(sn.step_seconds, zi.step_seconds)});
+  versus.add_row(
+      {"GPU stalled", human_seconds(sn.stall_seconds), human_seconds(zi.stall_seconds), ""});
+  versus.add_row(
+      {"NVMe read / step", format_bytes(sn.nvme_read_bytes), format_bytes(zi.nvme_read_bytes), ""});
+  versus.add_row({"NVMe written / step", format_bytes(sn.nvme_write_bytes),
+                  format_bytes(zi.nvme_write_bytes), ""});
   versus.add_row({"bound by", sn.bottleneck, zi.bottleneck, ""});
   if (r.host_ram_bytes) {
     versus.add_row({"fits " + format_bytes(*r.host_ram_bytes) + " RAM",
@@ -195,8 +205,8 @@ void print_text(const Plan& plan) {
                         : "none");
   }
   std::printf(
-      "\nAssumed: MFU %s, CPU Adam %s Gparam/s, PCIe %s, NVMe %s. Host and step time of\n"
-      "NVMe offload are analytic estimates, not yet a simulated step.\n",
+      "\nAssumed: MFU %s, CPU Adam %s Gparam/s, PCIe %s, NVMe %s. Host RAM and step time of\n"
+      "NVMe offload come from a simulated step of the scheduler (sched::simulate).\n",
       bench::fixed(r.assume.mfu, 2).c_str(),
       bench::fixed(r.assume.adam_params_per_s / 1e9, 1).c_str(),
       r.assume.pcie_efficiency > 0

@@ -1,11 +1,13 @@
 #include "model/plan.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <thread>
 
 #include "common/units.h"
 #include "model/inventory.h"
@@ -487,6 +489,7 @@ namespace {
 
 struct Rates {
   double compute_seconds = 0;
+  double forward_fraction = 1.0 / 3;  // of compute_seconds, the forward passes
   double pcie_gbps = 0;
 };
 
@@ -494,19 +497,22 @@ Rates rates_for(const PlanRequest& r, const ModelStates& s, const GpuChoice& g) 
   const ModelConfig& m = r.model;
   const double tokens = static_cast<double>(r.seq_len) * r.micro_batch * r.grad_accum;
   const double pmm = static_cast<double>(matmul_parameters_per_token(m));
+  const double adapters = r.method == FinetuneMethod::kFull ? 0.0 : s.trainable_params;
   double flops_per_token = 0;
   if (r.method == FinetuneMethod::kFull) {
     flops_per_token = 6 * pmm;  // forward 2N, backward 4N (input and weight gradients)
   } else {
     // Frozen weights need no weight-gradient GEMM: forward 2N + input gradients 2N; adapters
     // are trained in full (6 per adapter parameter).
-    flops_per_token = 4 * pmm + 6 * static_cast<double>(s.trainable_params);
+    flops_per_token = 4 * pmm + 6 * adapters;
   }
   if (r.checkpointing == Checkpointing::kFull) flops_per_token += 2 * pmm;  // forward again
   const double peak_tflops =
       r.precision == DType::kFloat32 ? g.gpu.tf32_dense_tflops : g.gpu.bf16_dense_tflops;
   Rates rates;
   rates.compute_seconds = flops_per_token * tokens / (peak_tflops * 1e12 * r.assume.mfu);
+  // The recomputed forward belongs to the backward pass (it runs there).
+  rates.forward_fraction = (2 * pmm + 2 * adapters) / flops_per_token;
   if (r.method == FinetuneMethod::kQLora) {
     // Dequantizing the 4-bit weights before each use is memory-bound: read NF4, write bf16.
     const double passes = (r.checkpointing == Checkpointing::kFull ? 3.0 : 2.0) * r.grad_accum;
@@ -519,28 +525,63 @@ Rates rates_for(const PlanRequest& r, const ModelStates& s, const GpuChoice& g) 
   return rates;
 }
 
+// What leaves the GPU under offload: every parameter as stored, and for full fine-tuning its
+// gradient, master and Adam states. QLoRA's quantized layer weights become byte blobs of their
+// NF4 size: the scheduler moves bytes, not elements.
+std::vector<TensorSpec> offload_inventory(const PlanRequest& r) {
+  InventoryOptions options;
+  options.param_dtype = r.precision;
+  if (r.method != FinetuneMethod::kFull) {
+    options.include_gradients = false;
+    options.include_optimizer = false;
+  }
+  std::vector<TensorSpec> inventory = build_inventory(r.model, options);
+  if (r.method == FinetuneMethod::kQLora) {
+    for (TensorSpec& spec : inventory) {
+      if (!is_layer_linear_weight(spec)) continue;
+      spec.shape = {nf4_bytes(spec.elements())};
+      spec.dtype = DType::kUInt8;
+    }
+  }
+  return inventory;
+}
+
+// GPU memory the offloaded states may occupy, per GPU: what gpu_memory() gives the weights
+// (resident share, or streamed units) and, for full fine-tuning, the gradients in flight.
+uint64_t offload_device_budget(const GpuMemory& mem, const PlanRequest& r, const ModelStates& s,
+                               bool params_resident) {
+  uint64_t budget = params_resident ? mem.weights : 2 * s.largest_unit_weight_bytes;
+  if (r.method != FinetuneMethod::kFull) {
+    // Adapters are not in the offload inventory.
+    budget -= params_resident ? s.trainable_params * bytes_of(r.precision) : 0;
+  } else {
+    budget += mem.gradients;
+  }
+  // The device pool rounds each buffer to 256 bytes; a layer has a few dozen tensors.
+  return budget + (uint64_t{1} << 20);
+}
+
 OffloadJob offload_job(const PlanRequest& r, const ModelStates& s, const GpuChoice& g,
-                       const Rates& rates, bool params_resident) {
+                       const Rates& rates, const GpuMemory& mem, bool params_resident) {
   OffloadJob job;
   job.params = s.params;
   job.trainable_params = s.trainable_params;
   job.weight_bytes = s.weight_bytes;
-  job.largest_unit_weight_bytes = s.largest_unit_weight_bytes;
-  job.largest_unit_trainable_params = s.largest_unit_trainable_params;
-  job.largest_weight_elements = s.largest_weight_elements;
   job.trainable_tensor_elements = s.trainable_tensor_elements;
   job.param_bytes = bytes_of(r.precision);
   job.optimizer_on_host = r.method == FinetuneMethod::kFull;
   job.fp16_loss_scaling = r.precision == DType::kFloat16;
   job.params_resident_on_gpu = params_resident;
-  job.grad_accum = r.grad_accum;
+  job.grad_accum = static_cast<uint32_t>(r.grad_accum);
   job.gpus = g.count;
   job.compute_seconds = rates.compute_seconds;
+  job.forward_fraction = rates.forward_fraction;
   job.pcie_gbps = rates.pcie_gbps;
   job.nvme_read_gbps = r.nvme.read_gbps;
   job.nvme_write_gbps = r.nvme.write_gbps;
   job.adam_params_per_s = r.assume.adam_params_per_s;
   job.host_scan_gbps = r.assume.host_scan_gbps;
+  job.device_budget_bytes = offload_device_budget(mem, r, s, params_resident);
   job.host_budget_bytes = r.host_ram_bytes;
   return job;
 }
@@ -590,6 +631,8 @@ GpuMemory gpu_memory(const PlanRequest& r, const ModelStates& s, const GpuChoice
   return mem;
 }
 
+// Memory and offload choice of one GPU, without the time and host figures of NVMe offload (those
+// are simulated: finish_nvme_plan).
 GpuPlan plan_with_offload(const PlanRequest& r, const ModelStates& s, const GpuChoice& g,
                           Offload offload) {
   GpuPlan plan;
@@ -605,30 +648,28 @@ GpuPlan plan_with_offload(const PlanRequest& r, const ModelStates& s, const GpuC
     plan.params_resident = false;
     plan.memory = gpu_memory(r, s, g, offload, false);
   }
-
-  const OffloadJob job = offload_job(r, s, g, rates, plan.params_resident);
-  OffloadJob nvme_job = job;
-  // The comparison with ZeRO-Infinity is for the NVMe configuration of the same job.
-  if (offload != Offload::kNvme) {
-    nvme_job.params_resident_on_gpu =
-        gpu_memory(r, s, g, Offload::kNvme, true).total() <= gpu_capacity;
-  }
-  plan.strata_nvme = estimate_nvme_offload(nvme_job);
-  plan.zero_infinity = estimate_zero_infinity_offload(nvme_job);
+  plan.job = offload_job(r, s, g, rates, plan.memory, plan.params_resident);
 
   switch (offload) {
     case Offload::kNone:
+      plan.stages.policy = "none";
       plan.stages.compute_seconds = rates.compute_seconds;
       plan.stages.step_seconds = rates.compute_seconds;
       plan.stages.bottleneck = "compute";
       break;
     case Offload::kCpu:
-      plan.stages = estimate_cpu_offload(job);
+      plan.stages = estimate_cpu_offload(plan.job);
       break;
     case Offload::kNvme:
-      plan.stages = plan.strata_nvme;
-      break;
+      break;  // simulated later, once per GPU that needs it
   }
+  plan.fits_gpu = plan.memory.total() <= gpu_capacity;
+  return plan;
+}
+
+// Step time, tokens/s, cost and the host fit, from plan.stages.
+void finish_plan(const PlanRequest& r, GpuPlan& plan) {
+  const GpuChoice& g = plan.choice;
   plan.host_bytes = plan.stages.host_bytes;
   plan.nvme_bytes = plan.stages.nvme_bytes;
   plan.step_seconds = plan.stages.step_seconds;
@@ -641,34 +682,102 @@ GpuPlan plan_with_offload(const PlanRequest& r, const ModelStates& s, const GpuC
   for (int tier = 0; tier < 3; ++tier) {
     plan.usd_per_mtok[tier] = plan.hours_per_mtok * prices[tier] * g.count;
   }
-
-  plan.fits_gpu = plan.memory.total() <= gpu_capacity;
+  plan.why_not.clear();
   if (!plan.fits_gpu) {
     plan.why_not =
-        "GPU needs " + format_gib(plan.memory.total()) + " of " + format_gib(gpu_capacity);
+        "GPU needs " + format_gib(plan.memory.total()) + " of " + format_gib(g.gpu.memory_bytes());
   }
+  plan.fits_host = true;
   if (r.host_ram_bytes) {
-    plan.zero_infinity_fits_host = plan.zero_infinity.host_bytes <= *r.host_ram_bytes;
     plan.fits_host = plan.host_bytes <= *r.host_ram_bytes;
     if (!plan.fits_host) {
       plan.why_not += std::string(plan.why_not.empty() ? "" : "; ") + "host needs " +
                       format_gib(plan.host_bytes) + " of " + format_gib(*r.host_ram_bytes);
     }
   }
-  return plan;
 }
 
-GpuPlan plan_for_gpu(const PlanRequest& r, const ModelStates& s, const GpuChoice& g) {
+// No offload asked for: the first that fits of none and cpu, else nvme (simulated afterwards).
+// CPU offload is only chosen when --host-ram says the states fit in RAM; without it, NVMe offload
+// is the choice that needs the least RAM.
+GpuPlan choose_offload(const PlanRequest& r, const ModelStates& s, const GpuChoice& g) {
   if (r.offload) return plan_with_offload(r, s, g, *r.offload);
-  // No offload asked for: the first that fits. CPU offload is only chosen when --host-ram says
-  // the states fit in RAM; without it, NVMe offload is the choice that needs the least RAM.
   GpuPlan none = plan_with_offload(r, s, g, Offload::kNone);
+  finish_plan(r, none);
   if (none.fits()) return none;
   if (r.host_ram_bytes) {
     GpuPlan cpu = plan_with_offload(r, s, g, Offload::kCpu);
+    finish_plan(r, cpu);
     if (cpu.fits()) return cpu;
   }
   return plan_with_offload(r, s, g, Offload::kNvme);
+}
+
+// The NVMe configuration of plan's job (the same job with weights resident if they fit).
+OffloadJob nvme_job_of(const PlanRequest& r, const ModelStates& s, const GpuPlan& plan) {
+  if (plan.offload == Offload::kNvme) return plan.job;
+  const GpuChoice& g = plan.choice;
+  const bool resident = gpu_memory(r, s, g, Offload::kNvme, true).total() <= g.gpu.memory_bytes();
+  const GpuMemory mem = gpu_memory(r, s, g, Offload::kNvme, resident);
+  return offload_job(r, s, g, rates_for(r, s, g), mem, resident);
+}
+
+// Runs the NVMe-offload simulations of `jobs` (Strata's plan, or ZeRO-Infinity's where
+// `zero_infinity[k]`) on up to hardware_concurrency threads; results in the order of `jobs`.
+// Each simulation owns its scheduler and virtual clock, so they share nothing.
+// Whether two jobs simulate alike: same inventory (the callers share one), same rates and
+// budgets. GPU presets that differ only in what the simulation does not see (memory size,
+// price) then share a simulation.
+bool same_simulation(const OffloadJob& a, const OffloadJob& b, bool zero_a, bool zero_b) {
+  return zero_a == zero_b && a.inventory.size() == b.inventory.size() &&
+         a.params_resident_on_gpu == b.params_resident_on_gpu && a.gpus == b.gpus &&
+         a.compute_seconds == b.compute_seconds && a.forward_fraction == b.forward_fraction &&
+         a.pcie_gbps == b.pcie_gbps && a.device_budget_bytes == b.device_budget_bytes &&
+         a.host_budget_bytes == b.host_budget_bytes;
+}
+
+// Runs the NVMe-offload simulations of `jobs` (Strata's plan, or ZeRO-Infinity's where
+// `zero_infinity[k]`) on up to hardware_concurrency threads; results in the order of `jobs`.
+// Each simulation owns its scheduler and virtual clock, so they share nothing. All jobs come
+// from one request (one inventory, one NVMe array, one CPU rate).
+std::vector<Result<OffloadEstimate>> simulate_all(const std::vector<OffloadJob>& jobs,
+                                                  const std::vector<bool>& zero_infinity) {
+  std::vector<size_t> distinct;             // indices into jobs that are simulated
+  std::vector<size_t> source(jobs.size());  // which distinct job answers each job
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    source[k] = distinct.size();
+    for (size_t d = 0; d < distinct.size(); ++d) {
+      const size_t j = distinct[d];
+      if (same_simulation(jobs[j], jobs[k], zero_infinity[j], zero_infinity[k])) source[k] = d;
+    }
+    if (source[k] == distinct.size()) distinct.push_back(k);
+  }
+  std::vector<Result<OffloadEstimate>> simulated(distinct.size(),
+                                                 Status::error(STRATA_E_INVALID, "not simulated"));
+  auto run = [&](size_t d) {
+    const size_t k = distinct[d];
+    simulated[d] = zero_infinity[k] ? simulate_zero_infinity_offload(jobs[k])
+                                    : simulate_strata_nvme_offload(jobs[k]);
+  };
+  const size_t threads =
+      std::min<size_t>(distinct.size(), std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 1) {
+    for (size_t d = 0; d < distinct.size(); ++d) run(d);
+  } else {
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> pool;
+    pool.reserve(threads);
+    for (size_t t = 0; t < threads; ++t) {
+      pool.emplace_back([&] {
+        for (size_t d = next++; d < distinct.size(); d = next++) run(d);
+      });
+    }
+    for (std::thread& thread : pool) thread.join();
+  }
+  std::vector<Result<OffloadEstimate>> results;
+  results.reserve(jobs.size());
+  for (size_t k = 0; k < jobs.size(); ++k) results.push_back(simulated[source[k]]);
+  return results;
 }
 
 }  // namespace
@@ -682,7 +791,30 @@ Result<Plan> make_plan(const PlanRequest& request) {
   if (gpus.empty()) {
     for (const GpuPreset& gpu : gpu_presets()) gpus.push_back({gpu, 1});
   }
-  for (const GpuChoice& g : gpus) plan.gpus.push_back(plan_for_gpu(request, plan.states, g));
+  for (const GpuChoice& g : gpus) plan.gpus.push_back(choose_offload(request, plan.states, g));
+
+  // NVMe offload: every GPU that uses it gets its step simulated (the inventory is shared, the
+  // device model is the GPU's). Simulations are independent: they run side by side.
+  const std::vector<TensorSpec> inventory = offload_inventory(request);
+  std::vector<size_t> nvme;
+  std::vector<OffloadJob> jobs;
+  for (size_t i = 0; i < plan.gpus.size(); ++i) {
+    if (plan.gpus[i].offload != Offload::kNvme) continue;
+    plan.gpus[i].job.inventory = inventory;
+    nvme.push_back(i);
+    jobs.push_back(plan.gpus[i].job);
+  }
+  std::vector<Result<OffloadEstimate>> simulated =
+      simulate_all(jobs, std::vector<bool>(jobs.size(), false));
+  for (size_t k = 0; k < nvme.size(); ++k) {
+    if (!simulated[k]) {
+      return std::move(simulated[k])
+          .take_status()
+          .with_context("planning " + plan.gpus[nvme[k]].choice.gpu.name);
+    }
+    plan.gpus[nvme[k]].stages = std::move(*simulated[k]);
+  }
+  for (GpuPlan& g : plan.gpus) finish_plan(request, g);
 
   for (int tier = 0; tier < 3; ++tier) {
     CheapestOption& best = plan.cheapest[tier];
@@ -698,6 +830,30 @@ Result<Plan> make_plan(const PlanRequest& request) {
     for (size_t i = 0; i < plan.gpus.size(); ++i) {
       if (plan.gpus[i].choice.gpu.name == plan.cheapest[1].gpu) plan.primary = i;
     }
+  }
+
+  // Strata against ZeRO-Infinity, both on NVMe, for the headline GPU.
+  const GpuPlan& p = plan.gpus[plan.primary];
+  OffloadJob job = nvme_job_of(request, plan.states, p);
+  job.inventory = inventory;
+  std::vector<OffloadJob> pair = {job, job};
+  std::vector<bool> zero = {false, true};
+  if (p.offload == Offload::kNvme) {
+    plan.strata_nvme = p.stages;
+    pair.resize(1);
+    zero = {true};
+  }
+  std::vector<Result<OffloadEstimate>> compared = simulate_all(pair, zero);
+  for (size_t k = 0; k < compared.size(); ++k) {
+    if (!compared[k]) {
+      return std::move(compared[k])
+          .take_status()
+          .with_context("comparing with ZeRO-Infinity on " + p.choice.gpu.name);
+    }
+    (zero[k] ? plan.zero_infinity : plan.strata_nvme) = std::move(*compared[k]);
+  }
+  if (request.host_ram_bytes) {
+    plan.zero_infinity_fits_host = plan.zero_infinity.host_bytes <= *request.host_ram_bytes;
   }
   return plan;
 }

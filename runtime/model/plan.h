@@ -1,9 +1,9 @@
 // `strata plan`: will a fine-tuning job fit, how fast will it run, what will it cost - per GPU
 // preset, before anyone rents a machine. Every formula and its source is in docs/planner.md.
 //
-// Memory and compute come from closed-form formulas over the model inventory. Host RAM, NVMe
-// traffic and step time under NVMe offload come from plan_offload.h, an analytic stand-in for
-// a simulated step of the scheduler.
+// GPU memory, compute time and CPU offload come from closed-form formulas over the model
+// inventory. Host RAM, NVMe traffic and step time under NVMe offload come from a simulated step
+// of the scheduler (plan_offload.h), for Strata's memory plan and for ZeRO-Infinity's.
 #pragma once
 
 #include <array>
@@ -180,10 +180,8 @@ struct GpuPlan {
   bool fits() const { return fits_gpu && fits_host; }
   std::string why_not;  // empty when it fits
   double hours_per_mtok = 0;
-  std::array<double, 3> usd_per_mtok{};         // low, typical, high
-  OffloadEstimate zero_infinity;                // the same job under ZeRO-Infinity NVMe offload
-  std::optional<bool> zero_infinity_fits_host;  // set when --host-ram was given
-  OffloadEstimate strata_nvme;                  // and under Strata's NVMe policy
+  std::array<double, 3> usd_per_mtok{};  // low, typical, high
+  OffloadJob job;  // what the offload estimate was computed from (inventory: NVMe only)
 };
 
 struct CheapestOption {
@@ -199,9 +197,15 @@ struct Plan {
   std::vector<GpuPlan> gpus;
   size_t primary = 0;                      // the --gpu given first, else the cheapest that fits
   std::array<CheapestOption, 3> cheapest;  // per price tier: low, typical, high
+  // The job on gpus[primary] under NVMe offload, simulated with Strata's memory plan and with
+  // ZeRO-Infinity's (the same as gpus[primary].stages when that plan offloads to NVMe).
+  OffloadEstimate strata_nvme;
+  OffloadEstimate zero_infinity;
+  std::optional<bool> zero_infinity_fits_host;  // set when --host-ram was given
 };
 
-// Plans the job on request.gpus (or every preset). Invalid requests are STRATA_E_INVALID.
+// Plans the job on request.gpus (or every preset). Invalid requests are STRATA_E_INVALID; a
+// simulation that cannot run (a budget that cannot hold one phase) is its error, with the GPU.
 Result<Plan> make_plan(const PlanRequest& request);
 
 inline constexpr const char* kPriceTierNames[3] = {"low", "typical", "high"};

@@ -1,9 +1,12 @@
 #include "model/plan_offload.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "common/align.h"
+#include "sched/memory_plan.h"
+#include "sched/simulator.h"
 
 namespace strata {
 namespace {
@@ -24,30 +27,154 @@ std::pair<double, std::string> slowest(
   return best;
 }
 
-// Traffic every policy shares: weights fetched twice per micro-batch (forward, then backward,
-// whose recomputation under checkpointing reuses the same fetch), gradients sent back once per
-// micro-batch. Weights resident on the GPU only receive the optimizer's update once per step.
-void common_pcie(const OffloadJob& job, OffloadEstimate& e) {
-  const uint64_t trainable_grad_bytes = job.trainable_params * job.param_bytes;
-  uint64_t h2d = 0;
-  uint64_t d2h = 0;
-  if (job.params_resident_on_gpu) {
-    if (job.optimizer_on_host) h2d = trainable_grad_bytes;  // updated weights
-  } else {
-    h2d = 2 * job.grad_accum * job.weight_bytes;
-  }
-  if (job.optimizer_on_host) d2h = job.grad_accum * trainable_grad_bytes;
-  // ZeRO-style partitioning: each GPU moves its share over its own link.
-  e.pcie_h2d_bytes = h2d / job.gpus;
-  e.pcie_d2h_bytes = d2h / job.gpus;
-  // PCIe is full duplex: the two directions overlap.
-  e.pcie_seconds =
-      std::max(seconds(e.pcie_h2d_bytes, job.pcie_gbps), seconds(e.pcie_d2h_bytes, job.pcie_gbps));
-}
-
 uint64_t optimizer_state_bytes_per_param(const OffloadJob& job) {
   // fp32 master (unless the weights are fp32 already), Adam m and v.
   return (job.param_bytes == 4 ? 0 : 4) + 8;
+}
+
+// The planner's names for the simulator's resources ("nvme_read" -> "nvme-read"), so that every
+// offload choice names its bottleneck in one vocabulary.
+std::string planner_name(sched::Resource resource) {
+  switch (resource) {
+    case sched::Resource::kNvmeRead:
+      return "nvme-read";
+    case sched::Resource::kNvmeWrite:
+      return "nvme-write";
+    case sched::Resource::kHostToDevice:
+    case sched::Resource::kDeviceToHost:
+      return "pcie";
+    case sched::Resource::kCompute:
+      return "compute";
+    case sched::Resource::kCpuOptimizer:
+      return "cpu-optimizer";
+  }
+  return "?";
+}
+
+// Transformer-layer equivalents of one forward pass as the simulator counts them
+// (training_step.h): 1 per layer, the tensors after the layers (final norm, LM head) by their
+// elements relative to a layer's, the embedding lookup 0.
+double compute_units(const std::vector<TensorSpec>& inventory) {
+  int32_t layers = 0;
+  uint64_t layered = 0;
+  uint64_t after = 0;
+  bool seen_layer = false;
+  for (const TensorSpec& spec : inventory) {
+    if (spec.kind != TensorKind::kParameter) continue;
+    if (spec.layer >= 0) {
+      layers = std::max(layers, spec.layer + 1);
+      layered += spec.elements();
+      seen_layer = true;
+    } else if (seen_layer) {
+      after += spec.elements();
+    }
+  }
+  if (layers == 0) return 1.0;
+  const double per_layer = static_cast<double>(layered) / layers;
+  return layers + static_cast<double>(after) / per_layer;
+}
+
+uint64_t nvme_home_bytes(const std::vector<TensorSpec>& inventory, uint32_t pinned_home_kinds) {
+  uint64_t total = 0;
+  for (const TensorSpec& spec : inventory) {
+    if ((pinned_home_kinds & sched::kind_bit(spec.kind)) == 0) total += spec.bytes();
+  }
+  return total;
+}
+
+// One simulation of `micro_batches` passes per step: a warm-up step, then one measured.
+Result<sched::SimulationResult> simulate_step(const OffloadJob& job,
+                                              const sched::MemoryPlan& memory,
+                                              uint32_t micro_batches) {
+  sched::SimulationConfig config;
+  config.device = offload_device_model(job);
+  config.memory = memory;
+  config.micro_batches = micro_batches;
+  config.warmup_steps = 1;
+  config.measured_steps = 1;
+  return sched::simulate(job.inventory, config);
+}
+
+Result<OffloadEstimate> run_simulation(const OffloadJob& job, const sched::MemoryPlan& memory,
+                                       uint64_t pinned_budget) {
+  const std::string& policy = memory.policy;
+  const uint32_t simulated_passes = std::min(job.grad_accum, kMaxSimulatedMicroBatches);
+  Result<sched::SimulationResult> simulated = simulate_step(job, memory, simulated_passes);
+  if (!simulated) {
+    return std::move(simulated).take_status().with_context("simulating " + policy +
+                                                           " NVMe offload");
+  }
+  if (job.grad_accum > simulated_passes) {
+    // Past the first few micro-batches each one repeats the ones before: extend the step at the
+    // mean rate micro-batches half-way to the limit and beyond added (time, busy time, bytes);
+    // peaks stay. A mean over several, because Strata's caching makes single steps uneven.
+    const uint32_t half = simulated_passes / 2;
+    Result<sched::SimulationResult> shorter = simulate_step(job, memory, half);
+    if (!shorter) {
+      return std::move(shorter).take_status().with_context("simulating " + policy +
+                                                           " NVMe offload");
+    }
+    const double more =
+        static_cast<double>(job.grad_accum - simulated_passes) / (simulated_passes - half);
+    sched::SimulationResult& r = *simulated;
+    const sched::SimulationResult& q = *shorter;
+    r.step_seconds += more * (r.step_seconds - q.step_seconds);
+    r.stall_seconds += more * std::max(0.0, r.stall_seconds - q.stall_seconds);
+    for (int i = 0; i < sched::kResourceCount; ++i) {
+      r.busy_seconds[i] += more * std::max(0.0, r.busy_seconds[i] - q.busy_seconds[i]);
+    }
+    for (int i = 0; i < sched::kLinkCount; ++i) {
+      r.link_bytes[i] += static_cast<uint64_t>(
+          more * static_cast<double>(r.link_bytes[i] - std::min(r.link_bytes[i], q.link_bytes[i])));
+    }
+  }
+  const sched::SimulationResult& r = *simulated;
+  const auto busy = [&](sched::Resource res) { return r.busy_seconds[static_cast<int>(res)]; };
+  const auto moved = [&](sched::Link link) { return r.link_bytes[static_cast<int>(link)]; };
+
+  OffloadEstimate e;
+  e.policy = policy;
+  e.model = "simulated";
+  e.host_bytes = r.peak_host_bytes;
+  e.host_breakdown.push_back({"pinned pools (simulated peak)", r.peak_pinned_bytes});
+  if (r.peak_host_bytes > r.peak_pinned_bytes) {
+    // ZeRO-Infinity: the overflow check's temporaries beside its pinned blocks, or the startup
+    // copy of its largest block, whichever is larger.
+    e.host_breakdown.push_back({"unpinned host memory (overflow-check temporaries or startup copy)",
+                                r.peak_host_bytes - r.peak_pinned_bytes});
+  }
+  e.nvme_bytes = nvme_home_bytes(job.inventory, memory.pinned_home_kinds);
+  e.pcie_h2d_bytes = moved(sched::Link::kHostToDevice) / job.gpus;
+  e.pcie_d2h_bytes = moved(sched::Link::kDeviceToHost) / job.gpus;
+  e.nvme_read_bytes = moved(sched::Link::kNvmeRead);
+  e.nvme_write_bytes = moved(sched::Link::kNvmeWrite);
+  e.compute_seconds = busy(sched::Resource::kCompute);
+  e.pcie_seconds =
+      std::max(busy(sched::Resource::kHostToDevice), busy(sched::Resource::kDeviceToHost));
+  e.nvme_seconds = busy(sched::Resource::kNvmeRead) + busy(sched::Resource::kNvmeWrite);
+  e.cpu_optimizer_seconds = busy(sched::Resource::kCpuOptimizer);
+  e.stall_seconds = r.stall_seconds;
+  e.step_seconds = r.step_seconds;
+  // The busiest resource, as the simulator names it (the drive is one resource for both
+  // directions); recomputed here because the busy times may have been extended above.
+  const sched::Resource nvme_direction =
+      busy(sched::Resource::kNvmeWrite) > busy(sched::Resource::kNvmeRead)
+          ? sched::Resource::kNvmeWrite
+          : sched::Resource::kNvmeRead;
+  std::pair<double, sched::Resource> top{e.nvme_seconds, nvme_direction};
+  for (auto [seconds, resource] :
+       {std::pair{e.pcie_seconds, sched::Resource::kHostToDevice},
+        std::pair{e.compute_seconds, sched::Resource::kCompute},
+        std::pair{e.cpu_optimizer_seconds, sched::Resource::kCpuOptimizer}}) {
+    if (seconds > top.first) top = {seconds, resource};
+  }
+  e.bottleneck = planner_name(top.second);
+  e.pinned_budget_bytes = pinned_budget;
+  e.device_budget_bytes = job.device_budget_bytes * job.gpus;
+  e.peak_pinned_bytes = r.peak_pinned_bytes;
+  e.peak_device_bytes = r.peak_device_bytes;
+  e.transfers = r.transfers;
+  return e;
 }
 
 }  // namespace
@@ -68,8 +195,24 @@ uint64_t zero_largest_sub_group(const std::vector<uint64_t>& tensor_elements,
 
 OffloadEstimate estimate_cpu_offload(const OffloadJob& job) {
   OffloadEstimate e;
+  e.policy = "cpu";
   e.compute_seconds = job.compute_seconds;
-  common_pcie(job, e);
+  // Weights fetched twice per micro-batch (forward, then backward, whose recomputation under
+  // checkpointing reuses the same fetch); resident weights only receive the optimizer's update.
+  // Gradients go to the host once per micro-batch. ZeRO-style partitioning: each GPU moves its
+  // share over its own link, and the two directions overlap (PCIe is full duplex).
+  const uint64_t trainable_grad_bytes = job.trainable_params * job.param_bytes;
+  uint64_t h2d = 0;
+  if (job.params_resident_on_gpu) {
+    if (job.optimizer_on_host) h2d = trainable_grad_bytes;
+  } else {
+    h2d = 2 * uint64_t{job.grad_accum} * job.weight_bytes;
+  }
+  const uint64_t d2h = job.optimizer_on_host ? job.grad_accum * trainable_grad_bytes : 0;
+  e.pcie_h2d_bytes = h2d / job.gpus;
+  e.pcie_d2h_bytes = d2h / job.gpus;
+  e.pcie_seconds =
+      std::max(seconds(e.pcie_h2d_bytes, job.pcie_gbps), seconds(e.pcie_d2h_bytes, job.pcie_gbps));
   auto add = [&](const char* what, uint64_t bytes) {
     if (bytes == 0) return;
     bytes = align_up(bytes, kPageSize);
@@ -78,13 +221,10 @@ OffloadEstimate estimate_cpu_offload(const OffloadJob& job) {
   };
   if (!job.params_resident_on_gpu) add("weights", job.weight_bytes);
   if (job.optimizer_on_host) {
-    add("gradients", job.trainable_params * job.param_bytes);
+    add("gradients", trainable_grad_bytes);
     add("optimizer states", job.trainable_params * optimizer_state_bytes_per_param(job));
     e.cpu_optimizer_seconds = static_cast<double>(job.trainable_params) / job.adam_params_per_s;
   }
-  e.gradients_on_host = job.optimizer_on_host;
-  e.host_gradient_bytes = job.optimizer_on_host ? job.trainable_params * job.param_bytes : 0;
-  e.working_set_bytes = e.host_bytes;
   auto [step, name] = slowest({{e.compute_seconds, "compute"},
                                {e.pcie_seconds, "pcie"},
                                {e.cpu_optimizer_seconds, "cpu-optimizer"}});
@@ -93,186 +233,75 @@ OffloadEstimate estimate_cpu_offload(const OffloadJob& job) {
   return e;
 }
 
-OffloadEstimate estimate_nvme_offload(const OffloadJob& job) {
-  OffloadEstimate e;
-  e.compute_seconds = job.compute_seconds;
-  common_pcie(job, e);
-  const uint64_t b = job.param_bytes;
-  const uint64_t opt_bpp = optimizer_state_bytes_per_param(job);
-
-  // Host working set: exact-size buffers (page-rounded), sized by the shapes that occur.
-  auto add = [&](const char* what, uint64_t bytes) {
-    if (bytes == 0) return;
-    bytes = align_up(bytes, kPageSize);
-    e.host_breakdown.push_back({what, bytes});
-    e.host_bytes += bytes;
-  };
-  if (!job.params_resident_on_gpu) {
-    add("weight staging (layers in flight)", kParamUnitsInFlight * job.largest_unit_weight_bytes);
+uint64_t strata_min_pinned_bytes(const std::vector<TensorSpec>& inventory) {
+  // Units: each layer's tensors together; each tensor outside the layers alone.
+  std::map<int32_t, uint64_t> layer_weights, layer_grads;
+  std::map<std::string, uint64_t> group;  // parameter name -> its optimizer working set
+  uint64_t unit_weights = 0, unit_grads = 0;
+  for (const TensorSpec& spec : inventory) {
+    const uint64_t bytes = align_up(spec.bytes(), kPageSize);
+    group[spec.name.substr(0, spec.name.find('#'))] += bytes;
+    if (spec.kind != TensorKind::kParameter && spec.kind != TensorKind::kGradient) continue;
+    const bool weight = spec.kind == TensorKind::kParameter;
+    if (spec.layer >= 0) {
+      (weight ? layer_weights : layer_grads)[spec.layer] += bytes;
+    } else {
+      uint64_t& unit = weight ? unit_weights : unit_grads;
+      unit = std::max(unit, bytes);
+    }
   }
-  uint64_t largest_trainable = 0;
-  for (uint64_t n : job.trainable_tensor_elements)
-    largest_trainable = std::max(largest_trainable, n);
-  if (job.optimizer_on_host) {
-    add("gradient staging (layers in flight)",
-        kGradUnitsInFlight * job.largest_unit_trainable_params * b);
-    // Per tensor in flight: master/m/v read from NVMe, its gradient, the new low-precision weight.
-    add("optimizer tensors in flight",
-        kOptimizerTensorsInFlight * largest_trainable * (opt_bpp + 2 * b));
+  for (const auto& [layer, bytes] : layer_weights) unit_weights = std::max(unit_weights, bytes);
+  for (const auto& [layer, bytes] : layer_grads) unit_grads = std::max(unit_grads, bytes);
+  uint64_t optimizer_group = 0;
+  if (unit_grads > 0) {  // frozen weights have no optimizer step
+    for (const auto& [name, bytes] : group) optimizer_group = std::max(optimizer_group, bytes);
   }
-  // The overflow check is fused into the gradient stream: no temporaries, no extra pass.
-
-  // Gradients (accumulated over micro-batches) stay on the host as far as the user's RAM has
-  // room, the rest on NVMe beside the optimizer states. They come before cached weights: a byte
-  // of either saves 2 x grad_accum NVMe transfers per step, but half of the gradient's are writes,
-  // which drives do more slowly.
-  e.working_set_bytes = e.host_bytes;
-  const uint64_t grad_bytes = job.optimizer_on_host ? job.trainable_params * b : 0;
-  uint64_t host_grads = 0;
-  if (grad_bytes > 0 && job.host_budget_bytes && *job.host_budget_bytes > e.host_bytes) {
-    host_grads = std::min(grad_bytes, align_down(*job.host_budget_bytes - e.host_bytes, kPageSize));
-    add(host_grads == grad_bytes ? "gradients (exact size)" : "gradients (part)", host_grads);
-  }
-  e.host_gradient_bytes = host_grads;
-  e.gradients_on_host = grad_bytes > 0 && host_grads == grad_bytes;
-  const uint64_t spilled_grads = grad_bytes - host_grads;
-
-  // RAM still left over caches weights, sparing their NVMe reads (each weight is read twice per
-  // micro-batch, so a cached byte saves as much traffic as a gradient byte kept on the host).
-  uint64_t cached_weights = 0;
-  if (!job.params_resident_on_gpu && job.host_budget_bytes &&
-      *job.host_budget_bytes > e.host_bytes) {
-    cached_weights =
-        std::min(job.weight_bytes, align_down(*job.host_budget_bytes - e.host_bytes, kPageSize));
-    add("weights cached in RAM", cached_weights);
-  }
-  e.cached_weight_bytes = cached_weights;
-
-  // NVMe: weights, optimizer states, and gradients when not on the host.
-  const uint64_t optimizer_bytes = job.optimizer_on_host ? job.trainable_params * opt_bpp : 0;
-  e.nvme_bytes = job.weight_bytes + optimizer_bytes + spilled_grads;
-
-  uint64_t reads = 0;
-  uint64_t writes = 0;
-  if (!job.params_resident_on_gpu)
-    reads += 2 * job.grad_accum * (job.weight_bytes - cached_weights);
-  if (job.optimizer_on_host) {
-    reads += optimizer_bytes;
-    writes += optimizer_bytes;
-    if (!job.params_resident_on_gpu) writes += job.trainable_params * b;  // updated weights
-    // Spilled gradients: micro-batch 1 writes them, 2..G read-accumulate-write, the optimizer
-    // reads them once.
-    writes += job.grad_accum * spilled_grads;
-    reads += job.grad_accum * spilled_grads;
-  }
-  e.nvme_read_bytes = reads;
-  e.nvme_write_bytes = writes;
-  // Drives do not sustain their read and write peaks at once: the two add up.
-  e.nvme_seconds = seconds(reads, job.nvme_read_gbps) + seconds(writes, job.nvme_write_gbps);
-  if (job.optimizer_on_host) {
-    e.cpu_optimizer_seconds = static_cast<double>(job.trainable_params) / job.adam_params_per_s;
-  }
-
-  // The scheduler overlaps all stages (prefetch during compute, optimizer per tensor as states
-  // stream), so the slowest stage sets the pace.
-  auto [step, name] = slowest({{e.compute_seconds, "compute"},
-                               {e.pcie_seconds, "pcie"},
-                               {e.nvme_seconds, "nvme"},
-                               {e.cpu_optimizer_seconds, "cpu-optimizer"}});
-  e.step_seconds = step;
-  e.bottleneck = name;
-  return e;
+  return kParamUnitsInFlight * unit_weights + kGradUnitsInFlight * unit_grads +
+         kOptimizerTensorsInFlight * optimizer_group;
 }
 
-OffloadEstimate estimate_zero_infinity_offload(const OffloadJob& job) {
-  OffloadEstimate e;
-  e.compute_seconds = job.compute_seconds;
-  common_pcie(job, e);
-  const uint64_t b = job.param_bytes;
-  const uint64_t opt_bpp = optimizer_state_bytes_per_param(job);
+sched::DeviceModel offload_device_model(const OffloadJob& job) {
+  sched::DeviceModel d;
+  d.nvme_read_bytes_per_s = job.nvme_read_gbps * kGB;
+  d.nvme_write_bytes_per_s = job.nvme_write_gbps * kGB;
+  d.nvme_full_duplex = false;
+  // Each GPU has its own link; the node moves gpus x the per-link rate.
+  d.host_to_device_bytes_per_s = job.pcie_gbps * kGB * job.gpus;
+  d.device_to_host_bytes_per_s = d.host_to_device_bytes_per_s;
+  // All GPUs run their micro-batches at once: a layer takes one GPU's time for it.
+  const double passes = std::max<uint32_t>(job.grad_accum, 1);
+  const double units = compute_units(job.inventory);
+  const double forward = job.compute_seconds * job.forward_fraction / passes / units;
+  const double backward = job.compute_seconds * (1 - job.forward_fraction) / passes / units;
+  d.forward_seconds_per_layer = forward;
+  d.backward_seconds_per_layer = backward;
+  d.cpu_optimizer_params_per_s = job.adam_params_per_s;
+  d.host_overflow_check_elements_per_s = job.host_scan_gbps * kGB / (job.param_bytes + 1);
+  return d;
+}
 
-  // Every pinned allocation goes through PyTorch's caching host allocator: next power of two.
-  uint64_t pinned = 0;
-  auto pin = [&](const char* what, uint64_t bytes) {
-    if (bytes == 0) return;
-    bytes = next_power_of_two(bytes);
-    e.host_breakdown.push_back({what, bytes});
-    pinned += bytes;
-  };
-  if (!job.params_resident_on_gpu) {
-    // buffer_count uniform slots, each >= the largest parameter, in one pinned block.
-    const uint64_t slot = std::max(kZeroParamBufferElements, job.largest_weight_elements);
-    pin("param swap buffers (5 uniform slots)", kZeroParamBufferCount * slot * b);
-  }
-  uint64_t cached_in_cpu = 0;
-  uint64_t largest_sub_group = 0;
-  if (job.optimizer_on_host) {
-    // offload_param.max_in_cpu: trainable weights kept in a pinned flat buffer.
-    if (!job.params_resident_on_gpu) {
-      cached_in_cpu = std::min(kZeroMaxInCpuElements, job.trainable_params);
-      pin("params kept in CPU (max_in_cpu)", cached_in_cpu * b);
-    }
-    largest_sub_group = zero_largest_sub_group(job.trainable_tensor_elements);
-    for (uint64_t i = 0; i < kZeroOptimizerBufferCount; ++i) {
-      pin("optimizer swap buffer (largest sub-group, fp32)", largest_sub_group * 4);
-    }
-    pin("param write-back buffer (largest sub-group)", largest_sub_group * b);
-    pin("flat gradient buffer", job.trainable_params * b);
-  }
-  // Transients on top of the pinned set: the overflow check's per-element temporaries during a
-  // step (bool, plus an fp32 upcast under fp16 loss scaling), and at startup the unpinned
-  // original of the largest buffer, alive while it is copied into pinned memory.
-  const uint64_t overflow_temp =
-      job.optimizer_on_host ? job.trainable_params * (1 + (job.fp16_loss_scaling ? 4 : 0)) : 0;
-  const uint64_t startup_copy = job.optimizer_on_host ? job.trainable_params * b : 0;
-  e.host_bytes = pinned + std::max(overflow_temp, startup_copy);
-  e.working_set_bytes = e.host_bytes;  // fixed by its defaults: it cannot run in less
-  e.gradients_on_host = job.optimizer_on_host;
-  e.host_gradient_bytes = job.optimizer_on_host ? job.trainable_params * b : 0;
-  if (overflow_temp >= startup_copy && overflow_temp > 0) {
-    e.host_breakdown.push_back({"overflow-check temporaries", overflow_temp});
-  } else if (startup_copy > 0) {
-    e.host_breakdown.push_back({"startup double copy (unpinned original)", startup_copy});
-  }
+Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job) {
+  const uint64_t least = strata_min_pinned_bytes(job.inventory);
+  const uint64_t pinned = job.host_budget_bytes
+                              ? std::max(align_down(*job.host_budget_bytes, kPageSize), least)
+                              : least;
+  return run_simulation(job, sched::strata_memory_plan(pinned, job.device_budget_bytes * job.gpus),
+                        pinned);
+}
 
-  const uint64_t optimizer_bytes = job.optimizer_on_host ? job.trainable_params * opt_bpp : 0;
-  e.nvme_bytes = job.weight_bytes + optimizer_bytes;
-
-  // Forward/backward: weights not cached in CPU stream from NVMe.
-  uint64_t fwd_bwd_reads = 0;
-  if (!job.params_resident_on_gpu) {
-    const double uncached = job.params == 0 ? 0.0
-                                            : 1.0 - static_cast<double>(cached_in_cpu) /
-                                                        static_cast<double>(job.params);
-    fwd_bwd_reads = static_cast<uint64_t>(2.0 * job.grad_accum * job.weight_bytes * uncached);
-  }
-  const uint64_t opt_reads = optimizer_bytes;
-  const uint64_t opt_writes =
-      optimizer_bytes + (job.params_resident_on_gpu ? 0 : job.trainable_params * b);
-  e.nvme_read_bytes = fwd_bwd_reads + opt_reads;
-  e.nvme_write_bytes = opt_writes;
-  const double fwd_bwd_nvme = seconds(fwd_bwd_reads, job.nvme_read_gbps);
-  const double opt_nvme =
-      seconds(opt_reads, job.nvme_read_gbps) + seconds(opt_writes, job.nvme_write_gbps);
-  e.nvme_seconds = fwd_bwd_nvme + opt_nvme;
-  if (job.optimizer_on_host) {
-    e.cpu_optimizer_seconds = static_cast<double>(job.trainable_params) / job.adam_params_per_s;
-    // isinf(grads).any() then isnan(grads).any(): two passes, each reading the gradients and
-    // writing a one-byte-per-element temporary.
-    e.serial_seconds = seconds(2 * job.trainable_params * (b + 1), job.host_scan_gbps);
-  }
-
-  // Three phases run one after another: forward/backward (compute, PCIe and parameter swaps
-  // overlap), the sub-group optimizer step (swaps and CPU Adam pipelined), the overflow check.
-  auto [fwd_bwd, fwd_bwd_name] =
-      slowest({{e.compute_seconds, "compute"}, {e.pcie_seconds, "pcie"}, {fwd_bwd_nvme, "nvme"}});
-  auto [opt, opt_name] = slowest({{opt_nvme, "nvme"}, {e.cpu_optimizer_seconds, "cpu-optimizer"}});
-  e.step_seconds = fwd_bwd + opt + e.serial_seconds;
-  auto [_, overall] = slowest({{fwd_bwd, fwd_bwd_name.c_str()},
-                               {opt, opt_name.c_str()},
-                               {e.serial_seconds, "overflow-check"}});
-  e.bottleneck = overall;
-  return e;
+Result<OffloadEstimate> simulate_zero_infinity_offload(const OffloadJob& job) {
+  sched::ZeroInfinityOptions options;
+  // The memory plan sizes its optimizer buffers by min(sub_group_elements, parameters); DeepSpeed
+  // sizes them by its largest sub-group of trainable tensors, which can exceed the setting.
+  options.sub_group_elements = std::max<uint64_t>(
+      1, zero_largest_sub_group(job.trainable_tensor_elements, options.sub_group_elements));
+  // The fp16 loss scaler upcasts to fp32 before its isinf/isnan checks: 4 more bytes an element.
+  if (job.fp16_loss_scaling) options.overflow_temp_bytes_per_element += 4;
+  Result<sched::MemoryPlan> plan =
+      sched::zero_infinity_memory_plan(job.inventory, options, job.device_budget_bytes * job.gpus);
+  if (!plan) return std::move(plan).take_status().with_context("zero-infinity memory plan");
+  const uint64_t pinned = sched::reserved_bytes(*plan, sched::Tier::kPinned);
+  return run_simulation(job, *plan, pinned);
 }
 
 }  // namespace strata

@@ -1,12 +1,11 @@
-// Host memory, NVMe bytes and step time of NVMe offload, for Strata's policy and for DeepSpeed
-// ZeRO-Infinity's, as the planner uses them.
+// Host memory, NVMe space and step time of offloading model states, as the planner uses them.
 //
-// ANALYTIC STAND-IN. The runtime's answer to "how much host RAM and how long a step" is a
-// simulated step of the real scheduler (runtime/sched/), which replays the same placement and
-// prefetch policies on modelled devices. Until the planner calls it, these two functions answer
-// from closed-form formulas (docs/planner.md, "NVMe offload"). They are the only place the
-// planner gets these numbers from: swapping in the simulator means reimplementing these two
-// functions over the same inputs and outputs, nothing else.
+// CPU offload is closed-form: exact-size states in RAM, PCIe and CPU Adam overlapping compute.
+// NVMe offload is a simulated training step: sched::simulate runs the real Scheduler, with
+// Strata's memory plan or DeepSpeed ZeRO-Infinity's (sched/memory_plan.h), over the job's tensor
+// inventory on devices modelled from the GPU preset, the NVMe array and the CPU optimizer rate.
+// The host RAM it reports is the simulated peak (pinned pools plus the plan's unpinned host
+// memory); the step time is the simulated clock. docs/planner.md, "NVMe offload", explains both.
 #pragma once
 
 #include <cstdint>
@@ -14,32 +13,40 @@
 #include <string>
 #include <vector>
 
+#include "common/status.h"
+#include "model/tensor_spec.h"
+#include "sched/device_model.h"
+
 namespace strata {
 
 // What the offload estimators need to know about a job, independent of the policy.
 struct OffloadJob {
-  // Sizes, from the model inventory.
+  // What lives off the GPU, in forward order (build_inventory's): every parameter as stored (a
+  // QLoRA layer weight is its NF4 bytes, kUInt8), and for full fine-tuning each one's gradient,
+  // fp32 master and Adam m and v. (Q)LoRA adapters and their states stay on the GPU.
+  std::vector<TensorSpec> inventory;
   uint64_t params = 0;            // all parameters
   uint64_t trainable_params = 0;  // = params for full fine-tuning; adapters for (Q)LoRA
-  uint64_t weight_bytes = 0;      // stored weights forward/backward read (bf16; 4-bit for QLoRA)
-  uint64_t largest_unit_weight_bytes = 0;           // biggest layer (or embedding/head), stored
-  uint64_t largest_unit_trainable_params = 0;       // biggest layer's trainable parameters
-  uint64_t largest_weight_elements = 0;             // biggest single weight tensor
+  uint64_t weight_bytes = 0;      // stored weights forward/backward read
   std::vector<uint64_t> trainable_tensor_elements;  // trainable tensors in model order
   uint32_t param_bytes = 2;             // bytes per element of weights and gradients (precision)
-  bool optimizer_on_host = true;        // full fine-tuning: CPU Adam; (Q)LoRA: adapters on GPU
+  bool optimizer_on_host = true;        // full fine-tuning: CPU Adam; (Q)LoRA: adapters on the GPU
   bool fp16_loss_scaling = false;       // fp16 training checks gradients for overflow
   bool params_resident_on_gpu = false;  // weights fit on the GPU(s), so they are not streamed
-  uint64_t grad_accum = 1;              // micro-batches per optimizer step
-  uint32_t gpus = 1;
+  uint32_t grad_accum = 1;              // micro-batches per optimizer step
+  uint32_t gpus = 1;                    // one node; states partitioned ZeRO-3 style
 
   // Rates.
-  double compute_seconds = 0;  // GPU time of one step (all micro-batches)
-  double pcie_gbps = 0;        // achievable host<->device rate per GPU per direction
-  double nvme_read_gbps = 0;   // aggregate over drives
+  double compute_seconds = 0;         // GPU time of one step (all micro-batches), per GPU
+  double forward_fraction = 1.0 / 3;  // the part of compute_seconds that is forward passes
+  double pcie_gbps = 0;               // achievable host<->device rate per GPU per direction
+  double nvme_read_gbps = 0;          // aggregate over drives
   double nvme_write_gbps = 0;
-  double adam_params_per_s = 0;               // CPU optimizer rate
-  double host_scan_gbps = 0;                  // single-pass host memory scan rate (overflow checks)
+  double adam_params_per_s = 0;  // CPU optimizer rate
+  double host_scan_gbps = 0;     // single-pass host memory scan rate (overflow checks)
+  // Per GPU: the GPU memory the offloaded states may occupy (the plan's weights, gradient and
+  // streaming buffers); the rest of the GPU is activations, logits and the context.
+  uint64_t device_budget_bytes = 0;
   std::optional<uint64_t> host_budget_bytes;  // RAM the job may use, when the user said
 };
 
@@ -50,63 +57,79 @@ struct ByteItem {
 };
 
 struct OffloadEstimate {
-  uint64_t host_bytes = 0;  // peak host RAM the policy uses
-  uint64_t nvme_bytes = 0;  // NVMe space the policy uses
+  std::string policy;              // "cpu", "strata", "zero-infinity"
+  std::string model = "analytic";  // "analytic" (closed form) or "simulated" (sched::simulate)
+  uint64_t host_bytes = 0;         // peak host RAM the policy uses
+  uint64_t nvme_bytes = 0;         // NVMe space the policy uses
   std::vector<ByteItem> host_breakdown;
   // Per optimizer step.
   uint64_t pcie_h2d_bytes = 0;  // per GPU
   uint64_t pcie_d2h_bytes = 0;  // per GPU
   uint64_t nvme_read_bytes = 0;
   uint64_t nvme_write_bytes = 0;
-  double compute_seconds = 0;
-  double pcie_seconds = 0;
-  double nvme_seconds = 0;
-  double cpu_optimizer_seconds = 0;
-  double serial_seconds = 0;  // work nothing overlaps with (ZeRO-Infinity's overflow check)
+  double compute_seconds = 0;        // busy time of each resource
+  double pcie_seconds = 0;           // the busier direction
+  double nvme_seconds = 0;           // read + write (a drive serves one direction at a time)
+  double cpu_optimizer_seconds = 0;  // CPU Adam and, for ZeRO-Infinity, its overflow check
+  double stall_seconds = 0;          // the GPU waiting for data (simulated)
   double step_seconds = 0;
-  std::string bottleneck;            // "compute", "pcie", "nvme", "cpu-optimizer", "overflow-check"
-  bool gradients_on_host = false;    // all of them
-  uint64_t host_gradient_bytes = 0;  // gradients kept in RAM (the rest spill to NVMe)
-  uint64_t cached_weight_bytes = 0;  // weights kept in RAM rather than read from NVMe
-  uint64_t working_set_bytes = 0;    // the least host RAM the policy runs in
-  std::string model = "analytic";    // "analytic" now; "simulated" once the scheduler answers
+  std::string bottleneck;  // "compute", "pcie", "nvme-read", "nvme-write", "cpu-optimizer"
+  // Simulated runs: the budgets the scheduler ran under and the peaks it reached.
+  uint64_t pinned_budget_bytes = 0;
+  uint64_t device_budget_bytes = 0;  // all GPUs
+  uint64_t peak_pinned_bytes = 0;
+  uint64_t peak_device_bytes = 0;  // all GPUs
+  uint64_t transfers = 0;          // simulated, warm-up step included
 };
-
-// Strata's NVMe policy: exact-size (4 KiB-rounded) pinned buffers; an adaptive pool holding
-// kParamUnitsInFlight layers of weights and kGradUnitsInFlight layers of gradients; the
-// optimizer streaming kOptimizerTensorsInFlight tensors' states through host memory; the
-// overflow check fused into the gradient stream (no temporaries). Without host_budget_bytes
-// that working set is all it uses (the least RAM the job can run in). With a budget, it keeps
-// as many gradients on the host as fit (the rest go to NVMe beside their optimizer states),
-// then caches as many weights as the rest of the budget holds. Stages overlap: the step takes
-// as long as its slowest stage.
-OffloadEstimate estimate_nvme_offload(const OffloadJob& job);
-
-// DeepSpeed ZeRO-Infinity with offload_param and offload_optimizer on NVMe and its defaults,
-// as runtime/../offload-baseline.md describes it (five uniform parameter slots, power-of-two
-// pinning, 4 + 1 optimizer swap buffers of the largest sub-group, a flat host gradient
-// buffer, overflow-check temporaries, the startup double copy). Its forward/backward, its
-// optimizer step and its overflow check run one after another.
-OffloadEstimate estimate_zero_infinity_offload(const OffloadJob& job);
 
 // CPU offload (no NVMe): states in host RAM, exact size; PCIe and CPU Adam overlap compute.
 // Host bytes: the streamed weights (when not resident on the GPU), gradients and optimizer
 // states of the trainable parameters.
 OffloadEstimate estimate_cpu_offload(const OffloadJob& job);
 
+// Explicit limit: micro-batches played per simulated step (the scheduler's cost grows with the
+// phases of a step; 70B at 4 micro-batches takes about a second). Beyond it the step is
+// extended linearly at the rate micro-batches kMax/2 + 1 .. kMax added, which a second
+// simulation of kMax/2 gives (docs/planner.md, "Gradient accumulation").
+inline constexpr uint32_t kMaxSimulatedMicroBatches = 4;
+
 inline constexpr int kParamUnitsInFlight = 3;        // read from NVMe, copy to GPU, slack
-inline constexpr int kGradUnitsInFlight = 2;         // copied from GPU, draining to the optimizer
+inline constexpr int kGradUnitsInFlight = 2;         // copied from GPU, draining to NVMe
 inline constexpr int kOptimizerTensorsInFlight = 3;  // reading, updating, writing back
 
-// ZeRO-Infinity defaults (offload-baseline.md).
-inline constexpr uint64_t kZeroParamBufferCount = 5;
-inline constexpr uint64_t kZeroParamBufferElements = 100'000'000;
-inline constexpr uint64_t kZeroMaxInCpuElements = 1'000'000'000;
-inline constexpr uint64_t kZeroOptimizerBufferCount = 4;
-inline constexpr uint64_t kZeroSubGroupElements = 1'000'000'000;
+// The least pinned memory Strata's plan is given: kParamUnitsInFlight units of weights (a unit
+// is a layer, or the embedding or LM head alone), kGradUnitsInFlight units of gradients, and
+// kOptimizerTensorsInFlight of the largest parameter's optimizer working set (its weight,
+// gradient, master, m and v), each buffer 4 KiB-rounded. With --host-ram the pinned budget is
+// the RAM given (never less than this); the scheduler decides what the rest holds.
+uint64_t strata_min_pinned_bytes(const std::vector<TensorSpec>& inventory);
 
-// DeepSpeed's sub-groups: parameters taken in order until a group reaches sub_group_size
-// elements (stage3.py _create_fp16_sub_groups). Returns the largest group's element count.
+// The machine sched::simulate models for `job`: NVMe rates (half duplex), PCIe at the GPU's
+// rate times the GPU count (one link per GPU), per-layer forward and backward times that add up
+// to compute_seconds over the step's layers and LM head, the CPU optimizer rate, and the host
+// overflow-check rate (host_scan_gbps over a bool temporary and the gradient: b + 1 bytes per
+// element).
+sched::DeviceModel offload_device_model(const OffloadJob& job);
+
+// NVMe offload with Strata's memory plan (one exact-size pinned pool of the budget above, one
+// device pool of device_budget_bytes x gpus), simulated: one warm-up step, one measured step of
+// grad_accum forward/backward passes and the optimizer. Errors: the simulator's (a budget that
+// cannot hold a phase is STRATA_E_PINNED_BUDGET / STRATA_E_DEVICE_BUDGET).
+Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job);
+
+// The same job under DeepSpeed ZeRO-Infinity's memory plan with its defaults
+// (sched::zero_infinity_memory_plan: five uniform parameter slots, 4 + 1 optimizer buffers of
+// the largest sub-group, a flat pinned gradient buffer, power-of-two pinning, the overflow
+// check's temporaries and two passes, the startup double copy), through the same simulator.
+// The sub-groups are DeepSpeed's over the trainable tensors (zero_largest_sub_group), so for
+// (Q)LoRA they are the adapters'.
+Result<OffloadEstimate> simulate_zero_infinity_offload(const OffloadJob& job);
+
+inline constexpr uint64_t kZeroSubGroupElements = 1'000'000'000;  // sub_group_size default
+
+// DeepSpeed's sub-groups: parameters taken in order until a group reaches sub_group_elements
+// (stage3.py _create_fp16_sub_groups), so a group can exceed it. Returns the largest group's
+// element count (0 for no tensors).
 uint64_t zero_largest_sub_group(const std::vector<uint64_t>& tensor_elements,
                                 uint64_t sub_group_elements = kZeroSubGroupElements);
 

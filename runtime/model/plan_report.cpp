@@ -10,25 +10,30 @@ json offload_json(const OffloadEstimate& e) {
   for (const ByteItem& item : e.host_breakdown) {
     breakdown.push_back({{"what", item.what}, {"bytes", item.bytes}});
   }
-  return {{"host_bytes", e.host_bytes},
-          {"nvme_bytes", e.nvme_bytes},
-          {"step_seconds", e.step_seconds},
-          {"bottleneck", e.bottleneck},
-          {"compute_seconds", e.compute_seconds},
-          {"pcie_seconds", e.pcie_seconds},
-          {"nvme_seconds", e.nvme_seconds},
-          {"cpu_optimizer_seconds", e.cpu_optimizer_seconds},
-          {"serial_seconds", e.serial_seconds},
-          {"nvme_read_bytes_per_step", e.nvme_read_bytes},
-          {"nvme_write_bytes_per_step", e.nvme_write_bytes},
-          {"pcie_h2d_bytes_per_step", e.pcie_h2d_bytes},
-          {"pcie_d2h_bytes_per_step", e.pcie_d2h_bytes},
-          {"gradients_on_host", e.gradients_on_host},
-          {"host_gradient_bytes", e.host_gradient_bytes},
-          {"cached_weight_bytes", e.cached_weight_bytes},
-          {"working_set_bytes", e.working_set_bytes},
-          {"host_breakdown", breakdown},
-          {"estimate", e.model}};
+  json out = {{"policy", e.policy},
+              {"estimate", e.model},
+              {"host_bytes", e.host_bytes},
+              {"nvme_bytes", e.nvme_bytes},
+              {"step_seconds", e.step_seconds},
+              {"bottleneck", e.bottleneck},
+              {"compute_seconds", e.compute_seconds},
+              {"pcie_seconds", e.pcie_seconds},
+              {"nvme_seconds", e.nvme_seconds},
+              {"cpu_optimizer_seconds", e.cpu_optimizer_seconds},
+              {"nvme_read_bytes_per_step", e.nvme_read_bytes},
+              {"nvme_write_bytes_per_step", e.nvme_write_bytes},
+              {"pcie_h2d_bytes_per_step", e.pcie_h2d_bytes},
+              {"pcie_d2h_bytes_per_step", e.pcie_d2h_bytes},
+              {"host_breakdown", breakdown}};
+  if (e.model == "simulated") {
+    out["stall_seconds"] = e.stall_seconds;
+    out["pinned_budget_bytes"] = e.pinned_budget_bytes;
+    out["peak_pinned_bytes"] = e.peak_pinned_bytes;
+    out["device_budget_bytes"] = e.device_budget_bytes;
+    out["peak_device_bytes"] = e.peak_device_bytes;
+    out["simulated_transfers"] = e.transfers;
+  }
+  return out;
 }
 
 json gpu_json(const GpuPlan& g) {
@@ -67,9 +72,9 @@ json plan_to_json(const Plan& plan) {
         c.found ? json{{"gpu", c.gpu}, {"count", c.count}, {"usd_per_mtok", c.usd_per_mtok}}
                 : json(nullptr);
   }
-  json zero_infinity = offload_json(p.zero_infinity);
+  json zero_infinity = offload_json(plan.zero_infinity);
   zero_infinity["fits_host"] =
-      p.zero_infinity_fits_host ? json(*p.zero_infinity_fits_host) : json(nullptr);
+      plan.zero_infinity_fits_host ? json(*plan.zero_infinity_fits_host) : json(nullptr);
   const GpuMemory& m = p.memory;
   return {
       {"model", r.model.name},
@@ -106,7 +111,7 @@ json plan_to_json(const Plan& plan) {
       {"tokens_per_s", p.tokens_per_s},
       {"bottleneck", p.bottleneck},
       {"stages", offload_json(p.stages)},
-      {"strata_nvme", offload_json(p.strata_nvme)},
+      {"strata_nvme", offload_json(plan.strata_nvme)},
       {"zero_infinity", zero_infinity},
       {"nvme",
        {{"label", r.nvme.label},

@@ -36,6 +36,32 @@ uint64_t total_transfers(const SimulatedBackend& backend) {
   return n;
 }
 
+// The step with its forward and backward phases repeated once per micro-batch before the
+// optimizer phases. Backward overwrites a gradient in the first micro-batch and accumulates into
+// it (reads, then writes) in the others.
+TrainingStep with_micro_batches(TrainingStep step, uint32_t micro_batches) {
+  if (micro_batches <= 1) return step;
+  std::vector<StepPhase> passes, optimizer;
+  for (StepPhase& phase : step.phases) {
+    (phase.compute == ComputeKind::kOptimizer ? optimizer : passes).push_back(std::move(phase));
+  }
+  step.phases.clear();
+  step.phases.reserve(passes.size() * micro_batches + optimizer.size());
+  for (uint32_t m = 0; m < micro_batches; ++m) {
+    for (const StepPhase& phase : passes) {
+      step.phases.push_back(phase);
+      if (m == 0 || phase.compute != ComputeKind::kBackward) continue;
+      for (StepAccess& a : step.phases.back().accesses) {
+        if (a.access.mode == AccessMode::kOverwrite && a.release_dirty) {
+          a.access.mode = AccessMode::kRead;
+        }
+      }
+    }
+  }
+  for (StepPhase& phase : optimizer) step.phases.push_back(std::move(phase));
+  return step;
+}
+
 std::string phase_label(const PhaseKey& key) {
   return std::string(to_string(key.kind)) + " " + std::to_string(key.layer);
 }
@@ -63,6 +89,7 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
                                   const SimulationConfig& config) {
   STRATA_TRY(config.device.validate());
   if (config.measured_steps == 0) return invalid_argument("simulate: measured_steps must be >= 1");
+  if (config.micro_batches == 0) return invalid_argument("simulate: micro_batches must be >= 1");
   if (inventory.empty()) return invalid_argument("simulate: empty inventory");
 
   SimulatedRun run(config.device);
@@ -96,7 +123,7 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
   }
   Result<TrainingStep> planned = plan_training_step(inventory, handles, config.step);
   if (!planned) return std::move(planned).take_status();
-  const TrainingStep& step = *planned;
+  const TrainingStep step = with_micro_batches(std::move(*planned), config.micro_batches);
   Result<AccessSchedule> schedule = schedule_of(step);
   if (!schedule) return std::move(schedule).take_status();
   STRATA_TRY(scheduler.declare_schedule(std::move(*schedule)));

@@ -45,6 +45,9 @@ struct SimulationConfig {
   PrefetchWindow window;
   double clean_headroom = 0.10;
   TrainingStepOptions step;
+  // Gradient accumulation: forward and backward passes per optimizer step (>= 1). After the
+  // first, backward adds into the gradients, so it reads them where the first overwrote them.
+  uint32_t micro_batches = 1;
   uint32_t warmup_steps = 1;    // steps played before measuring (fill the pipeline)
   uint32_t measured_steps = 1;  // steps averaged in the result (>= 1)
   // Explicit limit on simulated transfers, so a pathological configuration fails instead of
