@@ -116,6 +116,10 @@ void RealBackend::free(sched::Tier tier, const sched::Buffer& buffer) {
 Result<sched::Extent> RealBackend::allocate_extent(uint64_t bytes) {
   auto extent = store_.allocate(bytes);
   if (!extent) return std::move(extent).take_status();
+  // The backend sees no tensor kinds: NVMe space in use is counted as OTHER.
+  if (memory::Accounting* accounting = arena_.accounting()) {
+    accounting->use(memory::Tier::kNvme, TensorKind::kOther, extent->capacity);
+  }
   std::lock_guard lock(buffers_mutex_);
   extents_.emplace(extent->id, extent.value());
   return sched::Extent{extent->id, bytes};
@@ -132,6 +136,9 @@ void RealBackend::free_extent(const sched::Extent& extent) {
   }
   const Status status = store_.free(found);
   STRATA_ASSERT(status.is_ok());
+  if (memory::Accounting* accounting = arena_.accounting()) {
+    accounting->unuse(memory::Tier::kNvme, TensorKind::kOther, found.capacity);
+  }
 }
 
 Result<storage::Extent> RealBackend::find_extent(uint64_t token) const {

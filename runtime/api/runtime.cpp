@@ -188,6 +188,9 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in) {
   rt->store_ = std::move(store.value());
 
   rt->accounting_ = std::make_unique<memory::Accounting>();
+  // The NVMe tier's reserved bytes are the swap file or device Strata holds; its in-use bytes are
+  // the live extents (counted by the backend).
+  rt->accounting_->reserve(memory::Tier::kNvme, rt->store_->capacity());
 
   memory::DeviceOptions device_options;
   device_options.backend = device_backend(c.device_backend);

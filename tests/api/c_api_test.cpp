@@ -271,6 +271,11 @@ TEST_F(Runtime, FrameworkStandinTrainsOverTensorsFarLargerThanTheBudgets) {
   EXPECT_GT(stats.device.peak_in_use_bytes, 0u);
   EXPECT_GE(stats.nvme_bytes_written, standin.total_bytes() / 4);
   EXPECT_GT(stats.nvme_bytes_read, 0u);
+  // The NVMe tier: the swap file held, and the live extents of every tensor written in it.
+  EXPECT_EQ(stats.nvme.reserved_bytes, config_.nvme_capacity_bytes);
+  EXPECT_GE(stats.nvme.in_use_bytes, standin.total_bytes() / 2);
+  EXPECT_LE(stats.nvme.in_use_bytes, stats.nvme.reserved_bytes);
+  EXPECT_GE(stats.nvme.peak_in_use_bytes, stats.nvme.in_use_bytes);
   EXPECT_GT(stats.os_peak_rss_bytes, 0u);
   stats.struct_size = 2;
   EXPECT_EQ(strata_get_stats(rt_, &stats), STRATA_E_INVALID);
