@@ -385,6 +385,10 @@ void add_finetune_command(CLI::App& bench) {
   cmd->add_option("--device-budget", o->device_budget,
                   "Device budget for both strategies (default: weights and gradients of four "
                   "layers)");
+  cmd->add_option("--optimizer-overlap", o->optimizer_overlap,
+                  "Strata: update each layer right after its backward (on), or after the whole "
+                  "backward as ZeRO-Infinity does (off)")
+      ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
   cmd->add_option("--trace", o->trace_path, "Write a Chrome trace (both strategies) to FILE");
   cmd->add_option("--plot", o->plot_path, "Write a PNG of host / pinned / device memory to FILE");

@@ -79,6 +79,10 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
     if (!s) return std::move(s).take_status();
     plan.strategies = {*s};
   }
+  if (options.optimizer_overlap != "on" && options.optimizer_overlap != "off") {
+    return invalid_argument("--optimizer-overlap '" + options.optimizer_overlap +
+                            "' is not on or off");
+  }
   Result<ComputeMode> compute = parse_compute_mode(options.compute);
   if (!compute) return std::move(compute).take_status();
   plan.compute = *compute;
@@ -233,6 +237,7 @@ std::vector<std::string> worker_arguments(const FinetuneOptions& o, Strategy str
                                    "--worker-fd", std::to_string(fd)};
   if (!o.pinned_budget.empty()) args.insert(args.end(), {"--pinned-budget", o.pinned_budget});
   if (!o.device_budget.empty()) args.insert(args.end(), {"--device-budget", o.device_budget});
+  args.insert(args.end(), {"--optimizer-overlap", o.optimizer_overlap});
   if (!trace_path.empty()) args.insert(args.end(), {"--worker-trace", trace_path});
   return args;
 }

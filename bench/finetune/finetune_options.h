@@ -69,6 +69,9 @@ struct FinetuneOptions {
   int metrics_port = -1;      // -1: no endpoint; 0: an ephemeral port (printed on stderr)
   std::string pinned_budget;  // "" : automatic (see Plan::strata_pinned_budget)
   std::string device_budget;  // "" : automatic
+  // Strata only: step each layer's parameters as soon as its backward is done (LoHan / Fuyou),
+  // so gradients are consumed where they were produced instead of waiting in pinned memory.
+  std::string optimizer_overlap = "on";
   // Hidden: set by the parent when it starts a worker process.
   std::string worker;  // strategy name
   int worker_fd = -1;

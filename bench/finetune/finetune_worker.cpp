@@ -582,6 +582,11 @@ Status Worker::optimizer(const Unit& unit, bool first_unit) {
     if (stepped) stepped = std::move(released);
     released = release(e.grad, false);
     if (stepped) stepped = std::move(released);
+    // The gradient is dead once applied: without this its dirty copy would be written to NVMe
+    // when its room is needed, a write nobody reads (the next backward overwrites it).
+    if (stepped) {
+      stepped = check(strata_tensor_discard(rt_, handles_[e.grad]), "strata_tensor_discard");
+    }
     STRATA_TRY(std::move(stepped));
   }
   return check(strata_layer_end(rt_, STRATA_PHASE_OPTIMIZER, unit.layer), "strata_layer_end");
@@ -615,15 +620,27 @@ Status Worker::step(uint32_t index) {
     done_units_ += 1;
     progress("forward", index, unit.layer);
   }
+  // Overlapped (Strata's default): each unit's update follows its backward at once, so its
+  // gradients are consumed while still resident and never wait in pinned memory or spill to
+  // NVMe. The overflow check is fused into backward either way; overlapped, a non-finite
+  // gradient skips the update of its unit and of every unit after it (bf16 training, no loss
+  // scale to lower), where ZeRO-Infinity's global check skips the whole step.
+  const bool overlap = strategy_ == Strategy::kStrata && plan_.options.optimizer_overlap == "on";
+  bool first = true;
   for (auto it = units_.rbegin(); it != units_.rend(); ++it) {
     STRATA_TRY(backward(*it));
     done_units_ += 1;
     progress("backward", index, it->layer);
+    if (overlap) {
+      STRATA_TRY(optimizer(*it, first));
+      first = false;
+      done_units_ += 1;
+      progress("optimizer", index, it->layer);
+    }
   }
-  // The optimizer takes the units in the order their gradients became ready (as the simulator's
-  // TrainingStep does): the weights updated last are the first the next forward needs.
-  bool first = true;
-  for (auto it = units_.rbegin(); it != units_.rend(); ++it) {
+  // Otherwise the optimizer takes the units in the order their gradients became ready (as the
+  // simulator's TrainingStep does): the weights updated last are the first the next forward needs.
+  for (auto it = units_.rbegin(); !overlap && it != units_.rend(); ++it) {
     STRATA_TRY(optimizer(*it, first));
     first = false;
     done_units_ += 1;

@@ -251,6 +251,7 @@ TEST(FinetuneBench, BadArgumentsGiveClearErrors) {
       {{"--pinned-budget", "lots"}, "--pinned-budget"},
       {{"--metrics-port", "70000"}, "--metrics-port"},
       {{"--nvme", "/nonexistent/strata"}, "--nvme"},
+      {{"--optimizer-overlap", "maybe"}, "--optimizer-overlap"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = tiny(dir);
