@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,7 @@
 #include "api/runtime.h"
 #include "bench_commands.h"
 #include "common/units.h"
+#include "io/paced_engine.h"
 #include "optim/half_convert.h"
 #include "optim/tiered_optimizer.h"
 #include "report.h"
@@ -34,6 +36,7 @@ struct OptimizerBenchArgs {
   std::string params = "200M";
   std::string param_elements = "16M";
   std::string pinned_budget = "256MiB";
+  std::string model_drive;  // "" : the real device's pace; else io/paced_engine.h's spec
   std::string nvme = "/tmp";
   int threads = 0;
   int repeats = 3;
@@ -105,6 +108,13 @@ int run_optimizer_bench(const OptimizerBenchArgs& args) {
   config.device_budget_bytes = 64ull << 20;
   config.device_backend = STRATA_DEVICE_EMULATED;
   config.optimizer_threads = static_cast<uint32_t>(args.threads);
+  if (!args.model_drive.empty()) {
+    // A modelled full-duplex drive over the real one (io/paced_engine.h), picked up by the
+    // runtime at creation.
+    Result<io::DriveModel> drive = io::parse_drive_model(args.model_drive);
+    if (!drive) return fail("--model-drive", drive.status());
+    ::setenv("STRATA_PACED_DRIVE", args.model_drive.c_str(), 1);
+  }
   auto created = api::Runtime::create(config);
   if (!created) return fail("runtime", created.status());
   api::Runtime& rt = *created.value();
@@ -218,6 +228,7 @@ int run_optimizer_bench(const OptimizerBenchArgs& args) {
   j["sub_group_elements"] = sub;
   j["sub_groups"] = opt.sub_group_count();
   j["threads"] = opt.adam().threads();
+  j["io_engine"] = rt.engine().name();
   j["simd"] = optim::to_string(opt.adam().simd_level());
   j["repeats"] = args.repeats;
   j["state_bytes"] = state_bytes;
@@ -248,6 +259,7 @@ int run_optimizer_bench(const OptimizerBenchArgs& args) {
       static_cast<unsigned long long>(*n), tensors.size(), opt.sub_group_count(),
       static_cast<unsigned long long>(sub), static_cast<unsigned long long>(*budget),
       opt.adam().threads(), optim::to_string(opt.adam().simd_level()), args.repeats);
+  std::printf("I/O: %s\n", rt.engine().name());
   Table table({"measurement", "seconds", "GB/s of states"});
   table.add_row({"read alone (NVMe)", fixed(read, 3), fixed(gbps(state_bytes, read))});
   table.add_row({"update alone (memory)", fixed(update, 3), fixed(gbps(state_bytes, update))});
@@ -279,6 +291,9 @@ void add_optimizer_command(CLI::App& bench) {
   cmd->add_option("--repeats", args->repeats, "Repetitions of every measurement (median)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));
+  cmd->add_option("--model-drive", args->model_drive,
+                  "Pace I/O as a full-duplex drive of these rates over the real one, e.g. "
+                  "read=0.3G,write=0.3G (bytes/s; below what the real device delivers)");
   cmd->add_flag("--json", args->json, "Print one JSON object instead of a table");
   cmd->callback([args] {
     const int rc = run_optimizer_bench(*args);

@@ -8,6 +8,7 @@
 #include "common/units.h"
 #include "io/engine_factory.h"
 #include "io/fault_injection.h"
+#include "io/paced_engine.h"
 #include "sched/memory_plan.h"
 
 namespace strata::api {
@@ -171,6 +172,15 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in) {
         io::FaultInjectingEngine::wrap(std::move(rt->engine_), std::move(faults.value()));
     if (!wrapped) return std::move(wrapped).take_status().with_context("STRATA_FAULTS");
     rt->engine_ = std::move(wrapped.value());
+  }
+  // A modelled drive (benchmarks): off unless STRATA_PACED_DRIVE gives rates; see
+  // io/paced_engine.h.
+  auto drive = io::drive_model_from_env();
+  if (!drive) return std::move(drive).take_status();
+  if (drive->has_value()) {
+    auto paced = io::PacedEngine::wrap(std::move(rt->engine_), **drive);
+    if (!paced) return std::move(paced).take_status().with_context("STRATA_PACED_DRIVE");
+    rt->engine_ = std::move(paced.value());
   }
 
   storage::BackingDeviceOptions backing;
