@@ -112,6 +112,8 @@ Result<json> project_full_scale(const FinetunePlan& plan) {
     sched::SimulationConfig c = config;
     if (s == Strategy::kStrata) {
       c.memory = sched::strata_memory_plan(pinned_budget, device_budget);
+      // As the measured run: each layer's update right after its backward.
+      c.step.optimizer_overlap = plan.options.optimizer_overlap == "on";
     } else {
       // Full size: DeepSpeed's defaults as they are.
       Result<sched::MemoryPlan> zero =

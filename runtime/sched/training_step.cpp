@@ -107,6 +107,31 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
     return StepAccess{{handles[tensor], tier, mode}, dirty, discard};
   };
 
+  // One optimizer phase per parameter of a phase layer, in the order its gradients were made.
+  auto push_optimizer = [&](int32_t pl) {
+    const std::vector<size_t>& members = by_layer[pl + 1];
+    for (auto it = members.rbegin(); it != members.rend(); ++it) {
+      const ParamGroup& group = groups[*it];
+      if (group.grad < 0) continue;  // frozen: no update
+      const Tier tier = options.optimizer_tier;
+      StepPhase phase;
+      phase.key = {PhaseKind::kOptimizer, pl};
+      phase.compute = ComputeKind::kOptimizer;
+      phase.compute_units = static_cast<double>(inventory[group.param].elements());
+      phase.accesses.push_back(access(group.grad, tier, AccessMode::kRead, false, true));
+      for (int state : {group.master, group.m, group.v}) {
+        if (state >= 0)
+          phase.accesses.push_back(access(state, tier, AccessMode::kRead, true, false));
+      }
+      // With an fp32 master the new parameter is written fresh; without one the parameter is the
+      // master and is updated in place.
+      phase.accesses.push_back(
+          access(group.param, tier, group.master >= 0 ? AccessMode::kOverwrite : AccessMode::kRead,
+                 true, false));
+      step.phases.push_back(std::move(phase));
+    }
+  };
+
   for (int32_t pl = -1; pl <= layers; ++pl) {
     const std::vector<size_t>& members = by_layer[pl + 1];
     if (members.empty()) continue;
@@ -137,30 +162,9 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
           access(groups[*it].grad, options.compute_tier, AccessMode::kOverwrite, true, false));
     }
     step.phases.push_back(std::move(phase));
+    if (options.optimizer_overlap) push_optimizer(pl);
   }
-  for (int32_t pl = layers; pl >= -1; --pl) {
-    const std::vector<size_t>& members = by_layer[pl + 1];
-    for (auto it = members.rbegin(); it != members.rend(); ++it) {
-      const ParamGroup& group = groups[*it];
-      if (group.grad < 0) continue;  // frozen: no update
-      const Tier tier = options.optimizer_tier;
-      StepPhase phase;
-      phase.key = {PhaseKind::kOptimizer, pl};
-      phase.compute = ComputeKind::kOptimizer;
-      phase.compute_units = static_cast<double>(inventory[group.param].elements());
-      phase.accesses.push_back(access(group.grad, tier, AccessMode::kRead, false, true));
-      for (int state : {group.master, group.m, group.v}) {
-        if (state >= 0)
-          phase.accesses.push_back(access(state, tier, AccessMode::kRead, true, false));
-      }
-      // With an fp32 master the new parameter is written fresh; without one the parameter is the
-      // master and is updated in place.
-      phase.accesses.push_back(
-          access(group.param, tier, group.master >= 0 ? AccessMode::kOverwrite : AccessMode::kRead,
-                 true, false));
-      step.phases.push_back(std::move(phase));
-    }
-  }
+  for (int32_t pl = layers; pl >= -1 && !options.optimizer_overlap; --pl) push_optimizer(pl);
   if (step.phases.empty())
     return invalid_argument("training step: the inventory has no parameters");
   return step;

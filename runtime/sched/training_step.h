@@ -5,7 +5,8 @@
 //   forward   pre (embedding), layers 0..N-1, post (final norm, LM head): parameters on device
 //   backward  post, layers N-1..0, pre: parameters on device again; gradients produced on device
 //             (acquired with DISCARD, released dirty)
-//   optimizer one phase per parameter, in the order gradients became ready (post, N-1..0, pre):
+//   optimizer one phase per parameter, in the order gradients became ready (post, N-1..0, pre),
+//             after the whole backward, or each right after its layer's backward (overlap):
 //             gradient read on pinned (then discarded), fp32 master / Adam m / v read and written
 //             on pinned, the new low-precision parameter written on pinned (DISCARD)
 //
@@ -53,6 +54,10 @@ struct TrainingStepOptions {
   Tier optimizer_tier = Tier::kPinned;
   // Where forward and backward run.
   Tier compute_tier = Tier::kDevice;
+  // Each layer's optimizer phases right after its backward phase (LoHan / Fuyou; what Strata's
+  // frameworks do without a global overflow check or clipping), instead of after the whole
+  // backward pass (ZeRO-Infinity).
+  bool optimizer_overlap = false;
 };
 
 // `handles[i]` is the registered handle of `inventory[i]`. States are matched to their parameter

@@ -298,3 +298,60 @@ TEST(SimulatedBackend, TransfersQueueOnTheirLinkAndCompleteInVirtualTime) {
 
 }  // namespace
 }  // namespace strata::sched
+
+namespace strata::sched {
+namespace {
+
+// With the optimizer overlapped, each layer's updates follow its backward at once, and the step
+// holds the same phases (same accesses) as the sequential order, only reordered.
+TEST(TrainingStepOrder, OverlappedOptimizerFollowsEachBackwardPhase) {
+  const auto inventory = small_model();
+  std::vector<TensorHandle> handles;
+  for (size_t i = 0; i < inventory.size(); ++i) handles.push_back(TensorHandle::from_u64(i + 1));
+  TrainingStepOptions sequential_options, overlapped_options;
+  overlapped_options.optimizer_overlap = true;
+  Result<TrainingStep> sequential = plan_training_step(inventory, handles, sequential_options);
+  Result<TrainingStep> overlapped = plan_training_step(inventory, handles, overlapped_options);
+  ASSERT_TRUE(sequential.is_ok()) << sequential.status().message();
+  ASSERT_TRUE(overlapped.is_ok()) << overlapped.status().message();
+  ASSERT_EQ(sequential->phases.size(), overlapped->phases.size());
+
+  size_t optimizer_phases = 0;
+  int32_t last_backward = INT32_MIN;
+  for (const StepPhase& phase : overlapped->phases) {
+    if (phase.key.kind == PhaseKind::kBackward) last_backward = phase.key.layer;
+    if (phase.key.kind != PhaseKind::kOptimizer) continue;
+    ++optimizer_phases;
+    EXPECT_EQ(phase.key.layer, last_backward) << "an update ran before its layer's backward";
+  }
+  EXPECT_GT(optimizer_phases, 0u);
+  // Sequential: every optimizer phase comes after the last backward phase.
+  bool seen_optimizer = false;
+  for (const StepPhase& phase : sequential->phases) {
+    if (phase.key.kind == PhaseKind::kOptimizer) seen_optimizer = true;
+    if (phase.key.kind == PhaseKind::kBackward) EXPECT_FALSE(seen_optimizer);
+  }
+}
+
+TEST(Simulator, OverlappedOptimizerMovesFewerGradientBytesUnderATightPinnedBudget) {
+  Watchdog watchdog(60);
+  const auto inventory = small_model();
+  SimulationConfig config = small_config();
+  // Room for about two layers' weights and gradients on the device and in pinned memory.
+  config.memory = strata_memory_plan(GiB, GiB / 2);
+  Result<SimulationResult> sequential = simulate(inventory, config);
+  config.step.optimizer_overlap = true;
+  Result<SimulationResult> overlapped = simulate(inventory, config);
+  ASSERT_TRUE(sequential.is_ok()) << sequential.status().message();
+  ASSERT_TRUE(overlapped.is_ok()) << overlapped.status().message();
+  const auto nvme_bytes = [](const SimulationResult& r) {
+    return r.link_bytes[static_cast<int>(Link::kNvmeRead)] +
+           r.link_bytes[static_cast<int>(Link::kNvmeWrite)];
+  };
+  // Sequential, gradients wait for the optimizer in the 1 GiB pinned pool and spill to NVMe;
+  // overlapped, each is consumed right after it is made.
+  EXPECT_LT(nvme_bytes(*overlapped), nvme_bytes(*sequential));
+}
+
+}  // namespace
+}  // namespace strata::sched
