@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash cmake/bootstrap.sh
-ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 600
+# soak-long (500 steps of the framework stand-in) is left to `ctest -L soak-long`; the short soak
+# (label soak) runs here. docs/reliability.md has both.
+ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 600 -LE soak-long

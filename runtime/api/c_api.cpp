@@ -385,6 +385,10 @@ int strata_declare_schedule(strata_runtime* rt, const strata_schedule_entry* ent
       if (!kind) return std::move(kind).take_status().with_context("entry " + std::to_string(i));
       auto tier = strata::api::memory_tier(entries[i].tier, "strata_declare_schedule");
       if (!tier) return std::move(tier).take_status().with_context("entry " + std::to_string(i));
+      // A handle must name a live tensor: the schedule sizes tables by handle slot, and a
+      // garbage handle asked for gigabytes (found by tests/fuzz/c_api_fuzz).
+      auto info = r.scheduler().describe(sched::TensorHandle::from_u64(entries[i].tensor));
+      if (!info) return std::move(info).take_status().with_context("entry " + std::to_string(i));
       const sched::PhaseKey key{kind.value(), entries[i].layer};
       if (first || !(key == current)) {
         builder.begin_phase(key);

@@ -53,14 +53,28 @@ Result<sched::MemoryPlan> zero_infinity_plan(const strata_config& c) {
         "set config.planned_tensors: ZeRO-Infinity sizes its uniform slots "
         "for the largest tensor, as DeepSpeed's buffer_size must be");
   }
+  // Sizes past these are typos, and the plan's byte arithmetic (and its rounding up to powers
+  // of two) would overflow on them; a swap-buffer size near 2^64 made creation loop forever
+  // (found by tests/fuzz/config_fuzz).
+  constexpr uint64_t kMaxPlannedBytes = uint64_t{1} << 56;
+  constexpr uint64_t kMaxZeroElements = uint64_t{1} << 40;
+  if (c.zero_sub_group_elements > kMaxZeroElements ||
+      c.zero_param_buffer_elements > kMaxZeroElements) {
+    return invalid_argument(
+        "zero_sub_group_elements and zero_param_buffer_elements are limited to " +
+        std::to_string(kMaxZeroElements));
+  }
   std::vector<TensorSpec> inventory;
   inventory.reserve(c.planned_tensor_count);
+  uint64_t planned_bytes = 0;
   for (size_t i = 0; i < c.planned_tensor_count; ++i) {
     const strata_tensor_desc& d = c.planned_tensors[i];
-    if (d.bytes == 0 || d.dtype < STRATA_DTYPE_F32 || d.dtype > STRATA_DTYPE_U8 ||
-        d.kind < STRATA_KIND_PARAMETER || d.kind > STRATA_KIND_OTHER) {
-      return invalid_argument("planned_tensors[" + std::to_string(i) + "] is invalid");
+    if (d.bytes == 0 || d.bytes > kMaxPlannedBytes - planned_bytes || d.dtype < STRATA_DTYPE_F32 ||
+        d.dtype > STRATA_DTYPE_U8 || d.kind < STRATA_KIND_PARAMETER || d.kind > STRATA_KIND_OTHER) {
+      return invalid_argument("planned_tensors[" + std::to_string(i) + "] is invalid (sizes: " +
+                              "each > 0, all together at most 2^56 bytes)");
     }
+    planned_bytes += d.bytes;
     TensorSpec spec;
     spec.dtype = static_cast<DType>(d.dtype);
     spec.kind = static_cast<TensorKind>(d.kind);

@@ -15,7 +15,8 @@ int main(int argc, char** argv) {
   strata::cli::add_doctor_command(app);
   strata::cli::add_plan_command(app);
 
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks that run their competitor side by side");
+  CLI::App* bench =
+      app.add_subcommand("bench", "Benchmarks that run their competitor side by side");
   bench->require_subcommand(1);
   strata::bench::add_io_command(*bench);
   strata::bench::add_pool_command(*bench);

@@ -34,9 +34,11 @@ std::optional<uint64_t> parse_bytes(std::string_view text) {
   char* end = nullptr;
   const long double value = std::strtold(number.c_str(), &end);
   if (end != number.c_str() + number.size() || !std::isfinite(value)) return std::nullopt;
-  const long double bytes = value * static_cast<long double>(multiplier);
-  if (bytes > static_cast<long double>(std::numeric_limits<uint64_t>::max())) return std::nullopt;
-  return static_cast<uint64_t>(std::llround(bytes));
+  // Rounded as long double and converted directly: llround's long long overflows above 2^63
+  // (it turned "10000000000000000000" into 2^63), and 2^64 itself does not fit a uint64_t.
+  const long double bytes = std::roundl(value * static_cast<long double>(multiplier));
+  if (bytes >= 18446744073709551616.0L) return std::nullopt;
+  return static_cast<uint64_t>(bytes);
 }
 
 std::string format_bytes(uint64_t bytes) {

@@ -127,6 +127,15 @@ Result<std::unique_ptr<ThreadPool>> ThreadPool::create(int threads, int numa_nod
                       0) != 0) {
       return Status::error(STRATA_E_INTERNAL, "optimizer threads: hwloc_distrib failed");
     }
+    // hwloc_distrib stores newly allocated bitmaps into raw[] (it does not fill the ones passed):
+    // take their contents and free them. Reading cpusets unchanged lost the distribution (every
+    // worker fell back to the node's first CPU) and leaked the bitmaps (found by LeakSanitizer).
+    for (size_t i = 0; i < cpusets.size(); ++i) {
+      if (raw[i] != cpusets[i].get()) {
+        hwloc_bitmap_copy(cpusets[i].get(), raw[i]);
+        hwloc_bitmap_free(raw[i]);
+      }
+    }
     for (auto& set : cpusets) {
       hwloc_bitmap_and(set.get(), set.get(), node->cpuset);
       if (hwloc_bitmap_iszero(set.get())) hwloc_bitmap_copy(set.get(), node->cpuset);

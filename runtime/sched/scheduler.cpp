@@ -18,6 +18,12 @@ int budget_code(Tier tier) {
   return tier == Tier::kDevice ? STRATA_E_DEVICE_BUDGET : STRATA_E_PINNED_BUDGET;
 }
 
+// What to change, for budget errors that reach the caller of the C API.
+const char* budget_advice(Tier tier) {
+  return tier == Tier::kDevice ? "; raise device_budget_bytes (strata_config)"
+                               : "; raise pinned_budget_bytes (strata_config)";
+}
+
 std::string label(const TensorRecord& r) {
   return "tensor '" + r.spec.name + "' (" + format_bytes(r.bytes) + ")";
 }
@@ -162,7 +168,8 @@ Result<TensorHandle> Scheduler::register_tensor(const TensorSpec& spec,
     if (r.charged[mi] > pool.spec.budget_bytes) {
       return fail(Status::error(budget_code(options.home),
                                 "registering " + label(r) + " at home in pool '" + pool.spec.name +
-                                    "' of " + format_bytes(pool.spec.budget_bytes)));
+                                    "' of " + format_bytes(pool.spec.budget_bytes) +
+                                    budget_advice(options.home)));
     }
   }
   if (options.contents_on_nvme) {
@@ -416,6 +423,20 @@ Result<AcquireAttempt> Scheduler::attempt_locked(uint32_t index, Tier tier, Acce
     return invalid_argument("cannot acquire " + label(r) + " on " + to_string(tier) +
                             ": the memory plan has no pool for kind " + to_string(r.spec.kind));
   }
+  // Device data goes back to NVMe through pinned memory. A tensor larger than the pinned pool
+  // could be placed on the device (with DISCARD nothing is staged) but never written back, and a
+  // flush or an eviction would wait for it forever (found by tests/fuzz/c_api_fuzz).
+  if (tier == Tier::kDevice && r.home == Tier::kNvme) {
+    const int pinned = r.pool[memory_index(Tier::kPinned)];
+    if (pinned != kNoPool &&
+        r.charged[memory_index(Tier::kPinned)] > pools_[pinned].spec.budget_bytes) {
+      return Status::error(
+          STRATA_E_PINNED_BUDGET,
+          "cannot acquire " + label(r) + " on the device: it is staged through pool '" +
+              pools_[pinned].spec.name + "', whose budget is " +
+              format_bytes(pools_[pinned].spec.budget_bytes) + budget_advice(Tier::kPinned));
+    }
+  }
   if (r.discard_pending || r.residency.in_flight()) return pending;
   if (mode == AccessMode::kRead && r.residency.state() == Residency::kUnwritten) {
     // Handing out an uninitialized buffer as "the contents" would be silently wrong data.
@@ -547,7 +568,7 @@ bool Scheduler::flush_done() const {
   for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
     if (!registry_.live(i)) continue;
     const TensorRecord& r = registry_.at(i);
-    if (r.residency.dirty() && r.uses == 0 && !r.failed) return false;
+    if (r.residency.dirty() && r.uses == 0 && !r.failed && r.home == Tier::kNvme) return false;
   }
   return true;
 }
@@ -745,7 +766,7 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
   if (need > budget) {
     *why = Status::error(budget_code(tier), "needs " + format_bytes(need) + " in pool '" +
                                                 pool.spec.name + "', whose budget is " +
-                                                format_bytes(budget));
+                                                format_bytes(budget) + budget_advice(tier));
     return Space::kImpossible;
   }
   const Link cleaning_link = tier == Tier::kPinned ? Link::kNvmeWrite : Link::kDeviceToHost;
@@ -780,11 +801,11 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
         return Space::kImpossible;
       }
       if (potential < need) {
-        *why = Status::error(budget_code(tier), "needs " + format_bytes(need) + " in pool '" +
-                                                    pool.spec.name + "' (budget " +
-                                                    format_bytes(budget) +
-                                                    "), but tensors that never leave it hold " +
-                                                    format_bytes(budget - potential));
+        *why = Status::error(
+            budget_code(tier),
+            "needs " + format_bytes(need) + " in pool '" + pool.spec.name + "' (budget " +
+                format_bytes(budget) + "), but tensors that never leave it hold " +
+                format_bytes(budget - potential) + budget_advice(tier) + " or free some of them");
         return Space::kImpossible;
       }
       return Space::kWaiting;
@@ -1171,6 +1192,11 @@ void Scheduler::flush_step() {
   for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
     if (!registry_.live(i)) continue;
     TensorRecord& r = registry_.at(i);
+    // A tensor at home on the device or in pinned memory (strata_malloc without OFFLOADABLE)
+    // lives there and has no NVMe copy to bring up to date; writing it back anyway could need
+    // more pinned memory than the budget has, and the flush waited for it forever (found by
+    // tests/fuzz/c_api_fuzz).
+    if (r.home != Tier::kNvme) continue;
     if (!r.residency.dirty() || r.uses > 0 || r.failed || r.residency.in_flight()) continue;
     if (r.residency.valid_on(Tier::kPinned)) {
       if (!link_free(Link::kNvmeWrite)) continue;

@@ -49,9 +49,12 @@ Result<uint64_t> free_bytes_of(int dir_fd, const std::string& path) {
 }
 
 Status swap_no_space(uint64_t asked, uint64_t free, const std::string& dir, const char* why) {
-  return Status::error(STRATA_E_NOSPACE, "NVMe swap file: asked " + format_bytes(asked) + " (" +
-                                             std::to_string(asked) + " bytes), free " +
-                                             format_bytes(free) + " on " + dir + why);
+  return Status::error(STRATA_E_NOSPACE,
+                       "NVMe swap file: asked " + format_bytes(asked) + " (" +
+                           std::to_string(asked) + " bytes), free " + format_bytes(free) + " on " +
+                           dir + why +
+                           "; lower nvme_capacity_bytes (strata_config), free space there, or "
+                           "point nvme_path at a larger file system");
 }
 
 }  // namespace

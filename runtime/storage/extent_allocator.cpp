@@ -58,12 +58,15 @@ Status ExtentAllocator::out_of_space(uint64_t length) const {
                          "NVMe tier fragmented: requested " + format_bytes(length) +
                              ", largest free extent " + format_bytes(largest) + ", total free " +
                              format_bytes(free_bytes_) + " in " +
-                             std::to_string(free_by_offset_.size()) + " free extents");
+                             std::to_string(free_by_offset_.size()) +
+                             " free extents; raise nvme_capacity_bytes (strata_config)");
   }
   return Status::error(STRATA_E_NOSPACE, "NVMe tier full: requested " + format_bytes(length) +
                                              ", largest free extent " + format_bytes(largest) +
                                              ", total free " + format_bytes(free_bytes_) + " of " +
-                                             format_bytes(capacity_));
+                                             format_bytes(capacity_) +
+                                             "; raise nvme_capacity_bytes (strata_config) or "
+                                             "unregister tensors");
 }
 
 Result<uint64_t> ExtentAllocator::allocate(uint64_t bytes) {

@@ -1,5 +1,6 @@
 // The C API as a framework sees it: creation and its errors, a table of invalid calls, the
 // framework stand-in over tensors far larger than the budgets, several threads at once.
+#include <gtest/gtest.h>
 #include <strata/strata.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,7 +9,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -22,8 +22,8 @@ namespace fs = std::filesystem;
 
 std::string scratch_dir(const std::string& name) {
   const char* base = std::getenv("STRATA_TEST_DIR");
-  fs::path dir = fs::path(base != nullptr ? base : "/tmp") /
-                 ("api-" + name + "-" + std::to_string(getpid()));
+  fs::path dir =
+      fs::path(base != nullptr ? base : "/tmp") / ("api-" + name + "-" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();
@@ -113,7 +113,8 @@ TEST_F(Runtime, RefusesInvalidConfigsWithAMessage) {
       {"zero device budget", [](strata_config& c) { c.device_budget_bytes = 0; }},
       {"unknown policy", [](strata_config& c) { c.policy = static_cast<strata_policy>(7); }},
       {"unknown engine", [](strata_config& c) { c.io_engine = static_cast<strata_io_engine>(9); }},
-      {"unknown device", [](strata_config& c) { c.device_backend = static_cast<strata_device_backend>(5); }},
+      {"unknown device",
+       [](strata_config& c) { c.device_backend = static_cast<strata_device_backend>(5); }},
   };
   for (const Case& c : cases) {
     strata_config config = config_;
@@ -162,11 +163,15 @@ TEST_F(Runtime, InvalidCallsReturnTheirCodes) {
       {"bogus runtime", strata_step_begin(bogus), STRATA_E_BAD_HANDLE},
       {"null desc", strata_tensor_register(rt_, nullptr, &out), STRATA_E_INVALID},
       {"null out", strata_tensor_register(rt_, &d, nullptr), STRATA_E_INVALID},
-      {"zero handle", strata_acquire(rt_, STRATA_TENSOR_NONE, STRATA_TIER_PINNED, 0, &a), STRATA_E_BAD_HANDLE},
-      {"made-up handle", strata_acquire(rt_, 0xdead00000001ull, STRATA_TIER_PINNED, 0, &a), STRATA_E_BAD_HANDLE},
+      {"zero handle", strata_acquire(rt_, STRATA_TENSOR_NONE, STRATA_TIER_PINNED, 0, &a),
+       STRATA_E_BAD_HANDLE},
+      {"made-up handle", strata_acquire(rt_, 0xdead00000001ull, STRATA_TIER_PINNED, 0, &a),
+       STRATA_E_BAD_HANDLE},
       {"acquire on nvme", strata_acquire(rt_, t, STRATA_TIER_NVME, 0, &a), STRATA_E_INVALID},
-      {"acquire unknown flags", strata_acquire(rt_, t, STRATA_TIER_PINNED, 0x80, &a), STRATA_E_INVALID},
-      {"acquire null out", strata_acquire(rt_, t, STRATA_TIER_PINNED, 0, nullptr), STRATA_E_INVALID},
+      {"acquire unknown flags", strata_acquire(rt_, t, STRATA_TIER_PINNED, 0x80, &a),
+       STRATA_E_INVALID},
+      {"acquire null out", strata_acquire(rt_, t, STRATA_TIER_PINNED, 0, nullptr),
+       STRATA_E_INVALID},
       {"release without acquire", strata_release(rt_, t, 0, nullptr), STRATA_E_STATE},
       {"release unknown flags", strata_release(rt_, t, 0x40, nullptr), STRATA_E_INVALID},
       {"read unwritten", strata_tensor_read(rt_, t, buffer.data(), 0, 10), STRATA_E_STATE},
@@ -236,9 +241,11 @@ TEST_F(Runtime, WrittenBytesReadBackExactly) {
     const strata_tensor t = register_tensor(bytes);
     std::vector<uint8_t> in(bytes), out(bytes);
     strata::testing::fill_expected(in.data(), bytes, bytes, 0);
-    ASSERT_EQ(strata_tensor_write(rt_, t, in.data(), 0, bytes), STRATA_OK) << strata_last_error(rt_);
+    ASSERT_EQ(strata_tensor_write(rt_, t, in.data(), 0, bytes), STRATA_OK)
+        << strata_last_error(rt_);
     ASSERT_EQ(strata_sync(rt_), STRATA_OK) << strata_last_error(rt_);
-    ASSERT_EQ(strata_tensor_read(rt_, t, out.data(), 0, bytes), STRATA_OK) << strata_last_error(rt_);
+    ASSERT_EQ(strata_tensor_read(rt_, t, out.data(), 0, bytes), STRATA_OK)
+        << strata_last_error(rt_);
     EXPECT_EQ(in, out) << bytes;
     // A partial overwrite keeps the rest.
     if (bytes > 10) {
@@ -258,8 +265,8 @@ TEST_F(Runtime, FrameworkStandinTrainsOverTensorsFarLargerThanTheBudgets) {
   ASSERT_EQ(standin.setup(), STRATA_OK) << strata_last_error(rt_);
   ASSERT_GT(standin.total_bytes(), 4 * (config_.pinned_budget_bytes + config_.device_budget_bytes));
   for (int step = 0; step < 3; ++step) {
-    ASSERT_EQ(standin.step(), STRATA_OK) << "step " << step << ": " << strata_last_error(rt_)
-                                         << standin.mismatch();
+    ASSERT_EQ(standin.step(), STRATA_OK)
+        << "step " << step << ": " << strata_last_error(rt_) << standin.mismatch();
   }
   ASSERT_EQ(standin.verify_all(), STRATA_OK) << strata_last_error(rt_) << standin.mismatch();
 
@@ -284,11 +291,14 @@ TEST_F(Runtime, FrameworkStandinTrainsOverTensorsFarLargerThanTheBudgets) {
 TEST_F(Runtime, AllocatorFaceHandsOutResidentAndOffloadableMemory) {
   create();
   strata_tensor fixed = 0, spill = 0;
-  ASSERT_EQ(strata_malloc(rt_, 100000, STRATA_TIER_DEVICE, 0, &fixed), STRATA_OK) << strata_last_error(rt_);
-  ASSERT_EQ(strata_malloc(rt_, 300000, STRATA_TIER_PINNED, STRATA_MALLOC_OFFLOADABLE, &spill), STRATA_OK);
+  ASSERT_EQ(strata_malloc(rt_, 100000, STRATA_TIER_DEVICE, 0, &fixed), STRATA_OK)
+      << strata_last_error(rt_);
+  ASSERT_EQ(strata_malloc(rt_, 300000, STRATA_TIER_PINNED, STRATA_MALLOC_OFFLOADABLE, &spill),
+            STRATA_OK);
   strata_acquired a{};
   a.struct_size = sizeof a;
-  ASSERT_EQ(strata_acquire(rt_, fixed, STRATA_TIER_DEVICE, 0, &a), STRATA_OK) << strata_last_error(rt_);
+  ASSERT_EQ(strata_acquire(rt_, fixed, STRATA_TIER_DEVICE, 0, &a), STRATA_OK)
+      << strata_last_error(rt_);
   void* first = a.data;
   std::memset(a.data, 0x5a, 100000);
   ASSERT_EQ(strata_release(rt_, fixed, STRATA_RELEASE_DIRTY, nullptr), STRATA_OK);
@@ -299,11 +309,13 @@ TEST_F(Runtime, AllocatorFaceHandsOutResidentAndOffloadableMemory) {
   std::vector<strata_tensor> others;
   for (int i = 0; i < 12; ++i) {
     others.push_back(register_tensor(300000));
-    ASSERT_EQ(strata_acquire(rt_, others.back(), STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD, &a), STRATA_OK)
+    ASSERT_EQ(strata_acquire(rt_, others.back(), STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD, &a),
+              STRATA_OK)
         << strata_last_error(rt_);
     ASSERT_EQ(strata_release(rt_, others.back(), STRATA_RELEASE_DIRTY, nullptr), STRATA_OK);
   }
-  ASSERT_EQ(strata_acquire(rt_, spill, STRATA_TIER_PINNED, 0, &a), STRATA_OK) << strata_last_error(rt_);
+  ASSERT_EQ(strata_acquire(rt_, spill, STRATA_TIER_PINNED, 0, &a), STRATA_OK)
+      << strata_last_error(rt_);
   const auto* bytes = static_cast<const uint8_t*>(a.data);
   for (int i = 0; i < 300000; i += 997) ASSERT_EQ(bytes[i], 0x3c) << i;
   ASSERT_EQ(strata_release(rt_, spill, 0, nullptr), STRATA_OK);
@@ -344,7 +356,8 @@ TEST_F(Runtime, SeveralThreadsAcquireAndReleaseAtOnce) {
             return;
           }
           strata::testing::fill_expected(a.data, kBytes, i, round + 1);
-          if (strata_release(rt_, tensors[i], STRATA_RELEASE_DIRTY, nullptr) != STRATA_OK) ++failures;
+          if (strata_release(rt_, tensors[i], STRATA_RELEASE_DIRTY, nullptr) != STRATA_OK)
+            ++failures;
         }
       }
     });

@@ -2,6 +2,10 @@
 // forward, backward and optimizer phases acquire and release tensors exactly as a framework
 // would, with contents that are a pure function of (tensor, step), so every byte read back is
 // checked. Used by the API tests, the soak test and the fault tests.
+//
+// Each tensor remembers the step its contents belong to (StandinTensor::version), so that a step
+// that fails half way (faults injected under the runtime) leaves a model that still says exactly
+// what every tensor must hold, and the next step can go on from there.
 #pragma once
 
 #include <strata/strata.h>
@@ -52,6 +56,7 @@ struct StandinTensor {
   uint64_t bytes = 0;
   uint64_t seed = 0;
   int layer = 0;
+  uint64_t version = 0;  // the step whose contents the tensor holds
 };
 
 struct StandinLayer {
@@ -104,7 +109,7 @@ class FrameworkStandin {
           std::vector<uint8_t> buffer(t.bytes);
           const int rc = strata_tensor_read(rt_, t.handle, buffer.data(), 0, t.bytes);
           if (rc != STRATA_OK) return rc;
-          if (!check(buffer.data(), t, step_)) return STRATA_E_CORRUPT;
+          if (!check(buffer.data(), t)) return STRATA_E_CORRUPT;
         }
       }
     }
@@ -121,6 +126,7 @@ class FrameworkStandin {
     return total;
   }
   uint64_t steps_done() const { return step_; }
+  // Set when bytes read back differed from the model: silently wrong data, never acceptable.
   const std::string& mismatch() const { return mismatch_; }
   const std::vector<StandinLayer>& layers() const { return layers_; }
 
@@ -149,13 +155,22 @@ class FrameworkStandin {
     return STRATA_OK;
   }
 
-  bool check(const void* data, const StandinTensor& t, uint64_t step) {
-    const uint64_t at = first_mismatch(data, t.bytes, t.seed, step);
+  bool check(const void* data, const StandinTensor& t) {
+    const uint64_t at = first_mismatch(data, t.bytes, t.seed, t.version);
     if (at == t.bytes) return true;
     mismatch_ = "tensor seed " + std::to_string(t.seed) + " (layer " + std::to_string(t.layer) +
                 ", " + std::to_string(t.bytes) + " bytes) differs at byte " + std::to_string(at) +
-                " after step " + std::to_string(step);
+                " from its contents of step " + std::to_string(t.version);
     return false;
+  }
+
+  // Releases a tensor the caller wrote, which from then on holds `version`. A release that
+  // reports an earlier write-back failure has still taken the new contents (strata.h: the
+  // previous copy stays valid only until the new one is written).
+  int release_dirty(StandinTensor& t, uint64_t version) {
+    const int rc = strata_release(rt_, t.handle, STRATA_RELEASE_DIRTY, nullptr);
+    if (rc == STRATA_OK || rc == STRATA_E_IO || rc == STRATA_E_NOSPACE) t.version = version;
+    return rc;
   }
 
   int acquire(const StandinTensor& t, strata_tier tier, uint32_t flags, void** data) {
@@ -176,7 +191,7 @@ class FrameworkStandin {
       void* data = nullptr;
       if (rc == STRATA_OK) rc = acquire(p, STRATA_TIER_DEVICE, 0, &data);
       if (rc != STRATA_OK) break;
-      if (!check(data, p, step_)) rc = STRATA_E_CORRUPT;
+      if (!check(data, p)) rc = STRATA_E_CORRUPT;
       const int rel = strata_release(rt_, p.handle, 0, nullptr);
       if (rc == STRATA_OK) rc = rel;
     }
@@ -189,11 +204,11 @@ class FrameworkStandin {
     int rc = strata_layer_begin(rt_, STRATA_PHASE_BACKWARD, l);
     for (size_t i = 0; rc == STRATA_OK && i < layers_[l].params.size(); ++i) {
       const auto& p = layers_[l].params[i];
-      const auto& g = layers_[l].grads[i];
+      auto& g = layers_[l].grads[i];
       void* data = nullptr;
       rc = acquire(p, STRATA_TIER_DEVICE, 0, &data);
       if (rc != STRATA_OK) break;
-      if (!check(data, p, step_)) rc = STRATA_E_CORRUPT;
+      if (!check(data, p)) rc = STRATA_E_CORRUPT;
       int rel = strata_release(rt_, p.handle, 0, nullptr);
       if (rc == STRATA_OK) rc = rel;
       if (rc != STRATA_OK) break;
@@ -201,7 +216,7 @@ class FrameworkStandin {
       rc = acquire(g, STRATA_TIER_DEVICE, STRATA_ACQUIRE_DISCARD, &data);
       if (rc != STRATA_OK) break;
       fill_expected(data, g.bytes, g.seed, step_);
-      rel = strata_release(rt_, g.handle, STRATA_RELEASE_DIRTY, nullptr);
+      rel = release_dirty(g, step_);
       if (rc == STRATA_OK) rc = rel;
     }
     if (rc == STRATA_OK) compute();
@@ -216,17 +231,20 @@ class FrameworkStandin {
       void* grad = nullptr;
       rc = acquire(layer.grads[i], STRATA_TIER_PINNED, 0, &grad);
       if (rc != STRATA_OK) break;
-      if (!check(grad, layer.grads[i], step_)) rc = STRATA_E_CORRUPT;
+      if (!check(grad, layer.grads[i])) rc = STRATA_E_CORRUPT;
       if (rc == STRATA_OK && options_.optimizer_states) {
         for (auto* group : {&layer.master, &layer.adam_m, &layer.adam_v}) {
-          const auto& s = (*group)[i];
+          auto& s = (*group)[i];
           void* state = nullptr;
           rc = acquire(s, STRATA_TIER_PINNED, 0, &state);
           if (rc != STRATA_OK) break;
-          if (!check(state, s, step_)) rc = STRATA_E_CORRUPT;
-          if (rc == STRATA_OK) fill_expected(state, s.bytes, s.seed, step_ + 1);
-          const int rel = strata_release(rt_, s.handle, rc == STRATA_OK ? STRATA_RELEASE_DIRTY : 0, nullptr);
-          if (rc == STRATA_OK) rc = rel;
+          if (!check(state, s)) rc = STRATA_E_CORRUPT;
+          if (rc == STRATA_OK) {
+            fill_expected(state, s.bytes, s.seed, s.version + 1);
+            rc = release_dirty(s, s.version + 1);
+          } else {
+            (void)strata_release(rt_, s.handle, 0, nullptr);
+          }
           if (rc != STRATA_OK) break;
         }
       }
@@ -237,8 +255,9 @@ class FrameworkStandin {
       void* param = nullptr;
       rc = acquire(layer.params[i], STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD, &param);
       if (rc != STRATA_OK) break;
-      fill_expected(param, layer.params[i].bytes, layer.params[i].seed, step_ + 1);
-      rc = strata_release(rt_, layer.params[i].handle, STRATA_RELEASE_DIRTY, nullptr);
+      auto& p = layer.params[i];
+      fill_expected(param, p.bytes, p.seed, p.version + 1);
+      rc = release_dirty(p, p.version + 1);
     }
     const int end = strata_layer_end(rt_, STRATA_PHASE_OPTIMIZER, l);
     return rc == STRATA_OK ? end : rc;

@@ -24,6 +24,16 @@ TEST(ParseBytes, RejectsGarbageAndOverflow) {
   EXPECT_FALSE(parse_bytes("99999999999T"));
 }
 
+// Found by tests/fuzz/config_fuzz (a parsed count printed in decimal must parse back to itself):
+// counts above 2^63 came back as 2^63.
+TEST(ParseBytes, CountsAboveTwoToTheSixtyThreeParseExactly) {
+  EXPECT_EQ(parse_bytes("10000000000000000000"), 10000000000000000000ull);
+  EXPECT_EQ(parse_bytes("18446744073709551615"), 18446744073709551615ull);
+  EXPECT_EQ(parse_bytes("15E"), std::nullopt);
+  EXPECT_FALSE(parse_bytes("18446744073709551616"));
+  EXPECT_FALSE(parse_bytes("16777216T"));  // 2^64
+}
+
 TEST(FormatBytes, PicksTheLargestWholeUnit) {
   EXPECT_EQ(format_bytes(512), "512 B");
   EXPECT_EQ(format_bytes(1536), "1.50 KiB");

@@ -53,20 +53,20 @@ STRATA_API int strata_version_number(void);
  * Status codes
  * ------------------------------------------------------------------------------------------- */
 #define STRATA_OK 0
-#define STRATA_E_INVALID -1        /* an argument is NULL, zero, out of range or inconsistent */
-#define STRATA_E_BAD_HANDLE -2     /* the handle is unknown, released or of another runtime */
-#define STRATA_E_STATE -3          /* the call is not allowed in the object's current state */
-#define STRATA_E_NOMEM -4          /* host memory (malloc / mmap) could not be had */
-#define STRATA_E_PINNED_BUDGET -5  /* the pinned host budget would be exceeded */
-#define STRATA_E_DEVICE_BUDGET -6  /* the device budget would be exceeded */
-#define STRATA_E_NOSPACE -7        /* the NVMe tier (swap file or raw device) is full */
-#define STRATA_E_IO -8             /* a read or write failed (the message has the errno) */
-#define STRATA_E_CORRUPT -9        /* data read back does not match its checksum */
-#define STRATA_E_UNSUPPORTED -10   /* the system lacks what the call needs */
-#define STRATA_E_DEVICE -11        /* the GPU runtime reported an error */
-#define STRATA_E_LIMIT -12         /* an OS limit (file descriptors, memlock) was reached */
-#define STRATA_E_TIMEOUT -13       /* a wait did not finish in time */
-#define STRATA_E_INTERNAL -14      /* a bug in Strata: please report it with the message */
+#define STRATA_E_INVALID (-1)       /* an argument is NULL, zero, out of range or inconsistent */
+#define STRATA_E_BAD_HANDLE (-2)    /* the handle is unknown, released or of another runtime */
+#define STRATA_E_STATE (-3)         /* the call is not allowed in the object's current state */
+#define STRATA_E_NOMEM (-4)         /* host memory (malloc / mmap) could not be had */
+#define STRATA_E_PINNED_BUDGET (-5) /* the pinned host budget would be exceeded */
+#define STRATA_E_DEVICE_BUDGET (-6) /* the device budget would be exceeded */
+#define STRATA_E_NOSPACE (-7)       /* the NVMe tier (swap file or raw device) is full */
+#define STRATA_E_IO (-8)            /* a read or write failed (the message has the errno) */
+#define STRATA_E_CORRUPT (-9)       /* data read back does not match its checksum */
+#define STRATA_E_UNSUPPORTED (-10)  /* the system lacks what the call needs */
+#define STRATA_E_DEVICE (-11)       /* the GPU runtime reported an error */
+#define STRATA_E_LIMIT (-12)        /* an OS limit (file descriptors, memlock) was reached */
+#define STRATA_E_TIMEOUT (-13)      /* a wait did not finish in time */
+#define STRATA_E_INTERNAL (-14)     /* a bug in Strata: please report it with the message */
 
 /* A static, human-readable name for a status code. Any thread. Never NULL. */
 STRATA_API const char* strata_strerror(int code);
@@ -198,13 +198,13 @@ typedef enum strata_tier {
 } strata_tier;
 
 typedef struct strata_tensor_desc {
-  size_t struct_size;      /* sizeof(strata_tensor_desc) */
-  const char* name;        /* copied; need not be unique, but traces read better if it is */
-  uint64_t bytes;          /* > 0 */
+  size_t struct_size; /* sizeof(strata_tensor_desc) */
+  const char* name;   /* copied; need not be unique, but traces read better if it is */
+  uint64_t bytes;     /* > 0 */
   strata_dtype dtype;
   strata_tensor_kind kind;
-  int32_t layer;           /* transformer layer, or -1 for none (embedding, head, ...) */
-  strata_tier home_tier;   /* where the tensor lives when not in use (usually NVME) */
+  int32_t layer;         /* transformer layer, or -1 for none (embedding, head, ...) */
+  strata_tier home_tier; /* where the tensor lives when not in use (usually NVME) */
 } strata_tensor_desc;
 
 /* Registers a tensor. Its contents are undefined until written (strata_tensor_write or an
@@ -337,7 +337,7 @@ typedef struct strata_tier_stats {
 } strata_tier_stats;
 
 typedef struct strata_stats {
-  size_t struct_size; /* sizeof(strata_stats) */
+  size_t struct_size;       /* sizeof(strata_stats) */
   strata_tier_stats host;   /* unpinned host buffers Strata allocates (optimizer scratch, ...) */
   strata_tier_stats pinned; /* pinned host arena: staging buffers and pinned tensors */
   strata_tier_stats device; /* GPU memory (or the emulated device's) */
@@ -371,12 +371,12 @@ STRATA_API int strata_get_stats(strata_runtime* rt, strata_stats* out);
  * thread); they may run concurrently with acquire / release of other tensors.
  * ------------------------------------------------------------------------------------------- */
 typedef struct strata_optimizer_group {
-  size_t struct_size; /* sizeof(strata_optimizer_group) */
-  double lr;           /* >= 0 */
-  double beta1;        /* [0, 1) */
-  double beta2;        /* [0, 1) */
-  double eps;          /* >= 0 */
-  double weight_decay; /* >= 0 */
+  size_t struct_size;         /* sizeof(strata_optimizer_group) */
+  double lr;                  /* >= 0 */
+  double beta1;               /* [0, 1) */
+  double beta2;               /* [0, 1) */
+  double eps;                 /* >= 0 */
+  double weight_decay;        /* >= 0 */
   int decoupled_weight_decay; /* 1: AdamW (p -= lr * wd * p); 0: Adam (g += wd * p) */
 } strata_optimizer_group;
 
@@ -401,9 +401,9 @@ STRATA_API int strata_optimizer_add_param(strata_runtime* rt, uint32_t group, st
                                           strata_tensor grad);
 
 typedef struct strata_optimizer_options {
-  size_t struct_size;     /* sizeof(strata_optimizer_options) */
-  double max_grad_norm;   /* clip the unscaled global gradient norm to this; 0 = no clipping */
-  int check_overflow;     /* 1: skip the whole step when a gradient holds inf or nan */
+  size_t struct_size;   /* sizeof(strata_optimizer_options) */
+  double max_grad_norm; /* clip the unscaled global gradient norm to this; 0 = no clipping */
+  int check_overflow;   /* 1: skip the whole step when a gradient holds inf or nan */
   /* 1: strata_optimizer_grad_ready starts a parameter's update at once, overlapping the rest of
    * backward. Needs max_grad_norm == 0 and check_overflow == 0 (nothing global to wait for). */
   int overlap_backward;
@@ -423,10 +423,10 @@ STRATA_API int strata_optimizer_configure(strata_runtime* rt,
 STRATA_API int strata_optimizer_grad_ready(strata_runtime* rt, strata_tensor param);
 
 typedef struct strata_optimizer_result {
-  size_t struct_size;    /* sizeof(strata_optimizer_result) */
-  int found_nonfinite;   /* 1: a gradient held inf/nan; nothing was updated, step unchanged */
-  double grad_norm;      /* the unscaled global L2 norm of the gradients, before clipping */
-  int64_t step;          /* the step count after this call */
+  size_t struct_size;  /* sizeof(strata_optimizer_result) */
+  int found_nonfinite; /* 1: a gradient held inf/nan; nothing was updated, step unchanged */
+  double grad_norm;    /* the unscaled global L2 norm of the gradients, before clipping */
+  int64_t step;        /* the step count after this call */
   /* Where the step's wall time went, for tuning: waiting for NVMe reads of states, updating,
    * waiting for write-backs. */
   double read_wait_seconds;
@@ -451,8 +451,7 @@ typedef enum strata_optimizer_state {
 
 /* Copies one state of one parameter (element count x 4 bytes) out of / into Strata. */
 STRATA_API int strata_optimizer_read_state(strata_runtime* rt, strata_tensor param,
-                                           strata_optimizer_state state, void* dst,
-                                           uint64_t bytes);
+                                           strata_optimizer_state state, void* dst, uint64_t bytes);
 STRATA_API int strata_optimizer_write_state(strata_runtime* rt, strata_tensor param,
                                             strata_optimizer_state state, const void* src,
                                             uint64_t bytes);

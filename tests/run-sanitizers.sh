@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The reliability stages of CI (issue 8, docs/reliability.md), run by .ci/run after the main
+# suite (tests/run-all.sh, which has set up the machine):
+#   asan  AddressSanitizer + UndefinedBehaviorSanitizer (gcc), the whole ctest suite but the
+#         Python tests and the long soak, leak detection on;
+#   tsan  ThreadSanitizer (gcc), the tests labelled `concurrency`;
+#   fuzz  the libFuzzer targets (clang, with ASan + UBSan) for STRATA_FUZZ_SECONDS each (60).
+# Each has its own build directory (build-asan, build-tsan, build-fuzz) and prints its wall time.
+# STRATA_RELIABILITY_STAGES picks stages ("asan tsan fuzz" by default).
+#
+# Why the Python tests are left out of the sanitizer runs: they load libstrata.so into Debian's
+# uninstrumented python3 (and torch), where the sanitizer runtimes would have to be preloaded and
+# would report the interpreter's own allocations; the library code they reach is the C API the
+# C++ tests drive directly under the sanitizers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+stages=${STRATA_RELIABILITY_STAGES:-"asan tsan fuzz"}
+fuzz_seconds=${STRATA_FUZZ_SECONDS:-60}
+jobs=$(nproc)
+# -O1: the sanitizers' recommended level, and quicker to build than -O2. Assertions stay as in
+# the main build (STRATA_ASSERT does not depend on NDEBUG).
+common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+        "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
+        "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
+        -DSTRATA_CUDA=OFF -DSTRATA_BUILD_BENCHMARKS=OFF)
+summary=()
+
+timed() {
+  local name=$1
+  shift
+  local start=$SECONDS
+  echo "strata: == $name"
+  "$@"
+  summary+=("$name: $((SECONDS - start)) s")
+  echo "strata: == $name done in $((SECONDS - start)) s"
+}
+
+asan_build() {
+  cmake -S . -B build-asan "${common[@]}" -DSTRATA_SANITIZE=address,undefined >/dev/null
+  cmake --build build-asan -j "$jobs"
+}
+asan_test() {
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions=$PWD/.ci/ubsan.supp \
+    ctest --test-dir build-asan --output-on-failure -j "$jobs" --timeout 900 -LE 'python|soak-long' \
+      -E "$asan_excluded"
+}
+# Measures pinned memory as the OS reports locked pages, which ASan's no-op mlock leaves at 0.
+asan_excluded='^FinetuneBench\.JsonHasEveryKeyFromTwoSeparateWorkerProcesses$'
+
+# The concurrency-labelled test binaries (tests/*/CMakeLists.txt: LABELS concurrency); only these
+# are built, which keeps the stage short.
+tsan_targets=(api_test fault_training_test sched_test io_test memory_test optim_test telemetry_test)
+tsan_build() {
+  cmake -S . -B build-tsan "${common[@]}" -DSTRATA_SANITIZE=thread >/dev/null
+  cmake --build build-tsan -j "$jobs" --target "${tsan_targets[@]}"
+}
+tsan_test() {
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    ctest --test-dir build-tsan --output-on-failure -j "$jobs" --timeout 900 -L concurrency \
+      -E "$tsan_excluded"
+}
+# The simulator (in sched_test) is single-threaded planning code whose tests bound its CPU time;
+# under TSan's slowdown those bounds fail (25 s against 10 s) without saying anything about races.
+tsan_excluded='^Simulator\.'
+
+
+fuzz_build() {
+  cmake -S . -B build-fuzz "${common[@]}" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DSTRATA_SANITIZE=address,undefined -DSTRATA_FUZZ=ON >/dev/null
+  cmake --build build-fuzz -j "$jobs" --target c_api_fuzz config_fuzz
+}
+fuzz_run() {
+  local target=$1
+  local corpus=build-fuzz/corpus/$target artifacts=build-fuzz/artifacts/$target/
+  mkdir -p "$corpus" "$artifacts" build-fuzz/test-scratch
+  cp -n tests/fuzz/corpus/${target}_seeds/* "$corpus"/
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  STRATA_TEST_DIR=$PWD/build-fuzz/test-scratch \
+    "build-fuzz/tests/fuzz/$target" -max_total_time="$fuzz_seconds" -timeout=60 \
+      -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$artifacts" "$corpus"
+}
+
+for stage in $stages; do
+  case $stage in
+    asan) timed "asan build" asan_build; timed "asan tests" asan_test ;;
+    tsan) timed "tsan build" tsan_build; timed "tsan tests" tsan_test ;;
+    fuzz)
+      timed "fuzz build" fuzz_build
+      timed "fuzz c_api_fuzz ${fuzz_seconds}s" fuzz_run c_api_fuzz
+      timed "fuzz config_fuzz ${fuzz_seconds}s" fuzz_run config_fuzz
+      ;;
+    *) echo "strata: unknown stage '$stage' (asan, tsan, fuzz)" >&2; exit 2 ;;
+  esac
+done
+printf 'strata: reliability stages: %s\n' "${summary[@]}"
