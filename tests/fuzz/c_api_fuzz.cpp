@@ -295,9 +295,13 @@ class Program {
     *bytes = in_.ConsumeIntegral<uint64_t>() >> in_.ConsumeIntegralInRange(0, 63);
   }
 
-  // Caller memory for a copy: only as large as the range may legitimately be.
+  // Caller memory for a copy: only as large as the range may legitimately be, and never more
+  // than 64 MiB. A copy goes through the pinned tier, whose budget here is at most 1 MiB, so a
+  // larger range can only be refused; if the library accepted one anyway, ASan would report it
+  // overrunning this buffer. (Sizing it by a fuzzed tensor of petabytes crashed the harness.)
   static uint64_t buffer_size(const Tensor* t, uint64_t bytes) {
-    return t != nullptr ? std::min(bytes, t->bytes) : std::min<uint64_t>(bytes, 1 << 20);
+    constexpr uint64_t kMaxCopy = uint64_t{64} << 20;
+    return std::min({bytes, t != nullptr ? t->bytes : uint64_t{1} << 20, kMaxCopy});
   }
 
   void op_write() {
