@@ -17,6 +17,9 @@ cd "$(dirname "$0")/.."
 
 stages=${STRATA_RELIABILITY_STAGES:-"asan tsan fuzz"}
 fuzz_seconds=${STRATA_FUZZ_SECONDS:-60}
+# A fixed seed by default, so that CI explores the same inputs on every run (a failure is
+# reproducible, not a lottery); STRATA_FUZZ_SEED=0 lets libFuzzer pick one.
+fuzz_seed=${STRATA_FUZZ_SEED:-1}
 jobs=$(nproc)
 # -O1: the sanitizers' recommended level, and quicker to build than -O2. Assertions stay as in
 # the main build (STRATA_ASSERT does not depend on NDEBUG).
@@ -78,7 +81,7 @@ fuzz_run() {
   cp -n tests/fuzz/corpus/${target}_seeds/* "$corpus"/
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   STRATA_TEST_DIR=$PWD/build-fuzz/test-scratch \
-    "build-fuzz/tests/fuzz/$target" -max_total_time="$fuzz_seconds" -timeout=60 \
+    "build-fuzz/tests/fuzz/$target" -max_total_time="$fuzz_seconds" -seed="$fuzz_seed" -timeout=60 \
       -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$artifacts" "$corpus"
 }
 
