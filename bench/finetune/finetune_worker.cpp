@@ -640,11 +640,13 @@ Status Worker::step(uint32_t index) {
   }
   // Otherwise the optimizer takes the units in the order their gradients became ready (as the
   // simulator's TrainingStep does): the weights updated last are the first the next forward needs.
-  for (auto it = units_.rbegin(); !overlap && it != units_.rend(); ++it) {
-    STRATA_TRY(optimizer(*it, first));
-    first = false;
-    done_units_ += 1;
-    progress("optimizer", index, it->layer);
+  if (!overlap) {
+    for (auto it = units_.rbegin(); it != units_.rend(); ++it) {
+      STRATA_TRY(optimizer(*it, first));
+      first = false;
+      done_units_ += 1;
+      progress("optimizer", index, it->layer);
+    }
   }
   STRATA_TRY(check(strata_step_end(rt_), "strata_step_end"));
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();

@@ -145,10 +145,7 @@ Status copy_tensor(Runtime& rt, sched::TensorHandle handle, void* caller, uint64
 // Structs the caller passes in: at least this library's size (no older version exists yet), and
 // fields of a newer header that this library does not know must be zero (their defaults).
 Status check_struct_in(const void* s, size_t struct_size, size_t known, const char* what) {
-  if (struct_size < known || struct_size > 65536) {
-    return invalid_argument(std::string(what) + ".struct_size is " + std::to_string(struct_size) +
-                            ": set it to sizeof(" + what + ") (its _init function does)");
-  }
+  STRATA_TRY(check_size_struct(struct_size, known, what));
   const auto* extra = static_cast<const unsigned char*>(s) + known;
   for (size_t i = 0; i < struct_size - known; ++i) {
     if (extra[i] != 0) {
@@ -534,11 +531,8 @@ int strata_optimizer_set_group(strata_runtime* rt, uint32_t index,
 int strata_optimizer_get_group(strata_runtime* rt, uint32_t index, strata_optimizer_group* out) {
   return guarded(rt, "strata_optimizer_get_group", [&](Runtime& r) -> Status {
     if (out == nullptr) return invalid_argument("out is NULL");
-    if (out->struct_size < sizeof *out || out->struct_size > 65536) {
-      return invalid_argument("strata_optimizer_group.struct_size is " +
-                              std::to_string(out->struct_size) +
-                              ": set it to sizeof(strata_optimizer_group)");
-    }
+    STRATA_TRY(
+        strata::api::check_size_struct(out->struct_size, sizeof *out, "strata_optimizer_group"));
     STRATA_OPTIMIZER(r, optimizer);
     auto group = optimizer.group(index);
     if (!group) return std::move(group).take_status();
@@ -601,11 +595,9 @@ int strata_optimizer_grad_ready(strata_runtime* rt, strata_tensor param) {
 
 int strata_optimizer_step(strata_runtime* rt, double loss_scale, strata_optimizer_result* result) {
   return guarded(rt, "strata_optimizer_step", [&](Runtime& r) -> Status {
-    if (result != nullptr &&
-        (result->struct_size < sizeof *result || result->struct_size > 65536)) {
-      return invalid_argument("strata_optimizer_result.struct_size is " +
-                              std::to_string(result->struct_size) +
-                              ": set it to sizeof(strata_optimizer_result)");
+    if (result != nullptr) {
+      STRATA_TRY(strata::api::check_size_struct(result->struct_size, sizeof *result,
+                                                "strata_optimizer_result"));
     }
     STRATA_OPTIMIZER(r, optimizer);
     auto report = optimizer.step(loss_scale);

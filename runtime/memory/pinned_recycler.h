@@ -2,7 +2,7 @@
 //
 // A training step asks for the same buffer sizes every step, and a fresh pinned allocation is
 // expensive: mmap, clearing every page, mlock, GPU and io_uring registration, and the reverse on
-// free - about a millisecond per 4 MiB, paid on the scheduler's path. The recycler keeps what is
+// free, all paid on the scheduler's path. The recycler keeps what is
 // given back, by exact (page-rounded) size, and hands it to the next request of that size, so
 // sizes stay exact (no power-of-two rounding) and steady-state steps make no system call.
 //

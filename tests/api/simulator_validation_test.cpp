@@ -73,8 +73,6 @@ struct RealRun {
   double step_seconds = 0;       // mean over the measured steps
   double stall_seconds = 0;      // per step: waiting in acquire
   double compute_seconds = 0;    // per step: the sleeps
-  double release_seconds = 0;    // per step: release, discard, end of phase
-  double end_step_seconds = 0;   // per step
   double nvme_busy_seconds = 0;  // per step: time with a read or a write in flight
   uint64_t peak_pinned_bytes = 0;
   sched::Measurements measured;
@@ -167,7 +165,6 @@ Result<RealRun> play_real(api::Runtime& runtime, const std::vector<TensorSpec>& 
       }
       if (measuring) run.compute_seconds += took;
 
-      const auto release_start = Clock::now();
       for (const sched::StepAccess& a : phase.accesses) {
         STRATA_TRY(scheduler.release(a.access.tensor, a.release_dirty));
       }
@@ -175,11 +172,8 @@ Result<RealRun> play_real(api::Runtime& runtime, const std::vector<TensorSpec>& 
         if (a.discard_after) STRATA_TRY(scheduler.discard(a.access.tensor));
       }
       STRATA_TRY(scheduler.end_phase(phase.key));
-      if (measuring) run.release_seconds += seconds_since(release_start) / kMeasuredSteps;
     }
-    const auto end_start = Clock::now();
     STRATA_TRY(scheduler.end_step());
-    if (measuring) run.end_step_seconds += seconds_since(end_start) / kMeasuredSteps;
   }
   const double measured_seconds = seconds_since(measure_start);
 
@@ -248,7 +242,7 @@ TEST(SimulatorValidation, StepTimeAndPeakPinnedMatchARealRunWithin15Percent) {
       "real:      step %.3f s, stall %.3f s, compute %.3f s, other %.3f s, nvme busy %.3f s, "
       "peak pinned %.1f MiB\n",
       real->step_seconds, real->stall_seconds, real->compute_seconds,
-      real->release_seconds + real->end_step_seconds, real->nvme_busy_seconds,
+      real->step_seconds - real->stall_seconds - real->compute_seconds, real->nvme_busy_seconds,
       static_cast<double>(real->peak_pinned_bytes) / kMiB);
   std::printf("simulated: step %.3f s, stall %.3f s, peak pinned %.1f MiB\n%s",
               simulated->step_seconds, simulated->stall_seconds,
