@@ -1,5 +1,7 @@
 #include "io/engine_factory.h"
 
+#include <cerrno>
+
 #include "io/psync_engine.h"
 #include "io/uring_engine.h"
 #include "io/uring_probe.h"
@@ -15,10 +17,18 @@ Result<std::unique_ptr<IoEngine>> make_io_engine(IoEngineKind kind,
       if (engine) {
         return std::unique_ptr<IoEngine>(std::move(engine).value());
       }
-      // Options are checked the same way by both engines: no point falling back on bad input.
-      if (kind == IoEngineKind::kUring || engine.status().code() == STRATA_E_INVALID) {
+      // Only io_uring's absence is a reason to fall back. Bad options are checked the same way
+      // by both engines, and a resource limit (descriptors, locked memory) is the user's to
+      // raise: a silent switch to pread/pwrite would hide it behind slower I/O.
+      if (kind == IoEngineKind::kUring || engine.status().code() != STRATA_E_UNSUPPORTED) {
         return std::move(engine).take_status();
       }
+    } else if (support.limit_errno != 0) {
+      return errno_status(STRATA_E_LIMIT,
+                          support.limit_errno == ENOMEM
+                              ? "io_uring_setup (locked memory: raise RLIMIT_MEMLOCK)"
+                              : "io_uring_setup",
+                          support.limit_errno);
     } else if (kind == IoEngineKind::kUring) {
       return unsupported("io_uring is unavailable: " + support.reason + " (kernel " +
                          support.kernel + "); use the psync engine");

@@ -64,6 +64,7 @@ UringSupport probe_uring() {
   }
   if (rc < 0) {
     support.reason = "io_uring_setup failed: " + std::system_category().message(-rc);
+    if (rc == -EMFILE || rc == -ENFILE || rc == -ENOMEM) support.limit_errno = -rc;
     return support;
   }
 
