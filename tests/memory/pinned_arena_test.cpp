@@ -12,16 +12,13 @@
 #include "common/align.h"
 #include "io/io_engine.h"
 #include "memory/device.h"
+#include "sanitizers.h"
 
 namespace strata::memory {
 namespace {
 
 // The sanitizers replace mlock with a no-op that reports success: locking cannot be observed.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kMlockIsReal = false;
-#else
-constexpr bool kMlockIsReal = true;
-#endif
+constexpr bool kMlockIsReal = !strata::testing::kSanitized;
 
 // Whether this process may lock `bytes` more (root has CAP_IPC_LOCK; others need the rlimit).
 bool can_lock(uint64_t bytes) {

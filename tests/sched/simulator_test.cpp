@@ -7,6 +7,7 @@
 
 #include "model/inventory.h"
 #include "model/model_config.h"
+#include "sanitizers.h"
 #include "sched/sched_test_util.h"
 #include "sched/simulated_backend.h"
 
@@ -210,8 +211,10 @@ TEST(Simulator, Llama70BShapedStepSimulatesInUnderTenSeconds) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_TRUE(r.is_ok()) << r.status().message();
   // The simulator is single-threaded: its CPU time is what it costs; wall time on a shared CI
-  // machine adds whatever else runs (the watchdog bounds that).
-  EXPECT_LT(cpu, 10.0);
+  // machine adds whatever else runs (the watchdog bounds that). The bound is the release
+  // build's: sanitizer and coverage instrumentation multiply the cost (12 s under clang's ASan
+  // with libFuzzer coverage), so there the run checks only the results.
+  if (!strata::testing::kSanitized) EXPECT_LT(cpu, 10.0);
   // ~1.1 TB of states moved per step: reads and writes of master, m, v at least.
   EXPECT_GT(r->link_bytes[static_cast<int>(Link::kNvmeRead)], uint64_t{700} << 30);
   EXPECT_LE(r->peak_pinned_bytes, uint64_t{64} << 30);
