@@ -313,6 +313,8 @@ Status Worker::create_runtime() {
     c.queue_depth = kDeepSpeedAioQueueDepth;
     c.worker_threads = kDeepSpeedAioThreads;
     c.verify_checksums = 0;
+    // Its swapper keeps a file per tensor and opens, stats and closes it around every request.
+    c.nvme_layout = STRATA_NVME_FILE_PER_TENSOR;
     c.planned_tensors = descs_.data();
     c.planned_tensor_count = descs_.size();
     zero_sizes_applied_ = set_zero_infinity_sizes(c, plan_.zero_options);

@@ -17,7 +17,7 @@ constexpr const char* kLinkSpanNames[sched::kLinkCount] = {"read", "write", "h2d
 
 }  // namespace
 
-RealBackend::RealBackend(storage::ExtentStore& store, memory::PinnedArena& arena,
+RealBackend::RealBackend(storage::SwapStore& store, memory::PinnedArena& arena,
                          memory::Device& device, const RealBackendOptions& options)
     : store_(store), arena_(arena), device_(device), options_(options) {
   STRATA_ASSERT(options_.max_nvme_ops > 0 && options_.max_copy_ops > 0);

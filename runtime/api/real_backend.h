@@ -20,7 +20,7 @@
 #include "memory/pinned_arena.h"
 #include "memory/pinned_recycler.h"
 #include "sched/tier_backend.h"
-#include "storage/extent_store.h"
+#include "storage/swap_store.h"
 #include "telemetry/trace_recorder.h"
 
 namespace strata::api {
@@ -35,7 +35,7 @@ struct RealBackendOptions {
 
 class RealBackend final : public sched::TierBackend {
  public:
-  RealBackend(storage::ExtentStore& store, memory::PinnedArena& arena, memory::Device& device,
+  RealBackend(storage::SwapStore& store, memory::PinnedArena& arena, memory::Device& device,
               const RealBackendOptions& options);
   // Waits for every transfer it started; the scheduler has already done so when it is destroyed
   // first, which is the intended order.
@@ -109,7 +109,7 @@ class RealBackend final : public sched::TierBackend {
   Result<storage::Extent> find_extent(uint64_t token) const;
   int32_t io_index(const sched::Buffer& pinned, uint64_t bytes) const;
 
-  storage::ExtentStore& store_;
+  storage::SwapStore& store_;
   memory::PinnedArena& arena_;
   memory::Device& device_;
   const RealBackendOptions options_;

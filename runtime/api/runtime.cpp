@@ -10,6 +10,8 @@
 #include "io/fault_injection.h"
 #include "io/paced_engine.h"
 #include "sched/memory_plan.h"
+#include "storage/extent_store.h"
+#include "storage/file_per_tensor_store.h"
 
 namespace strata::api {
 namespace {
@@ -119,6 +121,15 @@ Result<strata_config> normalize_config(const strata_config* in) {
         "set exactly one of config.nvme_path (a directory for the swap file) "
         "and config.raw_device (a block device)");
   }
+  if (c.nvme_layout != STRATA_NVME_EXTENTS && c.nvme_layout != STRATA_NVME_FILE_PER_TENSOR) {
+    return invalid_argument("config.nvme_layout " + std::to_string(c.nvme_layout) +
+                            " is unknown (STRATA_NVME_EXTENTS or STRATA_NVME_FILE_PER_TENSOR)");
+  }
+  if (c.nvme_layout == STRATA_NVME_FILE_PER_TENSOR && has_device) {
+    return invalid_argument(
+        "config.nvme_layout STRATA_NVME_FILE_PER_TENSOR keeps files on a file system: set "
+        "config.nvme_path, not config.raw_device");
+  }
   if (c.queue_depth == 0 || c.queue_depth > kMaxQueueDepth) {
     return invalid_argument("config.queue_depth " + std::to_string(c.queue_depth) +
                             " is outside 1.." + std::to_string(kMaxQueueDepth));
@@ -197,19 +208,30 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in) {
     rt->engine_ = std::move(paced.value());
   }
 
-  storage::BackingDeviceOptions backing;
-  backing.swap_dir = rt->nvme_path_;
-  backing.raw_device = rt->raw_device_;
-  backing.capacity_bytes = c.nvme_capacity_bytes;
-  backing.keep = c.keep_swap_file != 0;
-  auto device_file = storage::BackingDevice::open(backing);
-  if (!device_file) return std::move(device_file).take_status().with_context("NVMe tier");
-  storage::ExtentStoreOptions store_options;
-  store_options.verify_checksums = c.verify_checksums != 0;
-  auto store =
-      storage::ExtentStore::open(std::move(device_file.value()), *rt->engine_, store_options);
-  if (!store) return std::move(store).take_status().with_context("NVMe tier");
-  rt->store_ = std::move(store.value());
+  if (c.nvme_layout == STRATA_NVME_FILE_PER_TENSOR) {
+    storage::FilePerTensorOptions files;
+    files.dir = rt->nvme_path_;
+    files.capacity_bytes = c.nvme_capacity_bytes;
+    files.threads = c.worker_threads != 0 ? c.worker_threads : 1;
+    files.keep = c.keep_swap_file != 0;
+    auto store = storage::FilePerTensorStore::open(files);
+    if (!store) return std::move(store).take_status().with_context("NVMe tier");
+    rt->store_ = std::move(store.value());
+  } else {
+    storage::BackingDeviceOptions backing;
+    backing.swap_dir = rt->nvme_path_;
+    backing.raw_device = rt->raw_device_;
+    backing.capacity_bytes = c.nvme_capacity_bytes;
+    backing.keep = c.keep_swap_file != 0;
+    auto device_file = storage::BackingDevice::open(backing);
+    if (!device_file) return std::move(device_file).take_status().with_context("NVMe tier");
+    storage::ExtentStoreOptions store_options;
+    store_options.verify_checksums = c.verify_checksums != 0;
+    auto store =
+        storage::ExtentStore::open(std::move(device_file.value()), *rt->engine_, store_options);
+    if (!store) return std::move(store).take_status().with_context("NVMe tier");
+    rt->store_ = std::move(store.value());
+  }
 
   rt->accounting_ = std::make_unique<memory::Accounting>();
   // The NVMe tier's reserved bytes are the swap file or device Strata holds; its in-use bytes are

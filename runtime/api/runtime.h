@@ -21,7 +21,7 @@
 #include "memory/pinned_arena.h"
 #include "optim/tiered_optimizer.h"
 #include "sched/scheduler.h"
-#include "storage/extent_store.h"
+#include "storage/swap_store.h"
 #include "telemetry/trace_recorder.h"
 
 namespace strata::api {
@@ -44,7 +44,7 @@ class Runtime {
   memory::Accounting& accounting() { return *accounting_; }
   memory::Device& device() { return *device_; }
   memory::PinnedArena& pinned_arena() { return *arena_; }
-  storage::ExtentStore& store() { return *store_; }
+  storage::SwapStore& store() { return *store_; }
   io::IoEngine& engine() { return *engine_; }
   telemetry::TraceRecorder& trace() { return *trace_; }
   memory::HostMemorySampler& sampler() { return *sampler_; }
@@ -64,7 +64,7 @@ class Runtime {
   // Built in this order, destroyed in reverse: the scheduler first (it waits for transfers in
   // flight), the engine last (everything above submits to it).
   std::unique_ptr<io::IoEngine> engine_;
-  std::unique_ptr<storage::ExtentStore> store_;
+  std::unique_ptr<storage::SwapStore> store_;
   std::unique_ptr<memory::Accounting> accounting_;
   std::unique_ptr<memory::Device> device_;
   std::unique_ptr<memory::PinnedArena> arena_;

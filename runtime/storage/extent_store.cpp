@@ -181,7 +181,7 @@ Status ExtentStore::write_async(const Extent& extent, const void* buffer, uint64
 
 void ExtentStore::on_write_done(io::IoRequest* request, void* context) {
   auto* io = static_cast<ExtentIo*>(context);
-  ExtentStore& store = *io->store;
+  ExtentStore& store = *static_cast<ExtentStore*>(io->store);
   Status status = io::request_status(*request);
   {
     std::lock_guard lock(store.mutex_);
@@ -283,7 +283,7 @@ Status ExtentStore::read_async(const Extent& extent, void* buffer, uint64_t buff
 
 void ExtentStore::on_read_done(io::IoRequest* request, void* context) {
   auto* io = static_cast<ExtentIo*>(context);
-  ExtentStore& store = *io->store;
+  ExtentStore& store = *static_cast<ExtentStore*>(io->store);
   Status status = io::request_status(*request);
   uint64_t actual = 0;
   bool mismatch = false;

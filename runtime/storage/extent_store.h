@@ -40,56 +40,16 @@
 #include "io/io_engine.h"
 #include "storage/backing_device.h"
 #include "storage/extent_allocator.h"
+#include "storage/swap_store.h"
 
 namespace strata::storage {
-
-// A handle to allocated space. Plain data: copy it freely; the store validates it on each call.
-struct Extent {
-  uint64_t id = 0;        // unique within the store, never reused; 0 is no extent
-  uint64_t offset = 0;    // byte offset in the backing device
-  uint64_t capacity = 0;  // bytes reserved: the allocated size rounded up to alignment()
-};
 
 struct ExtentStoreOptions {
   bool verify_checksums = true;
   uint64_t max_extents = ExtentAllocator::kDefaultMaxExtents;
 };
 
-struct ExtentStoreStats {
-  uint64_t writes = 0;         // successful writes
-  uint64_t reads = 0;          // successful (and verified) reads
-  uint64_t bytes_written = 0;  // logical bytes of successful writes
-  uint64_t bytes_read = 0;     // logical bytes of successful reads
-  uint64_t write_errors = 0;
-  uint64_t read_errors = 0;        // I/O errors and checksum mismatches
-  uint64_t checksum_failures = 0;  // reads whose content did not match its checksum
-  uint64_t extents = 0;            // live extents
-  AllocatorStats space;
-};
-
-class ExtentStore;
-
-// The caller-owned state of one asynchronous write or read, so that keeping many in flight costs
-// no allocation. Like io::IoRequest it must stay alive and untouched from the *_async call that
-// accepted it until on_complete has run. It may be reused after that.
-struct ExtentIo {
-  // Set by the caller. Runs exactly once, on an engine thread, when the *_async call returned OK;
-  // must not block for long. The store does not touch `io` after calling it.
-  void (*on_complete)(ExtentIo* io, void* context) = nullptr;
-  void* context = nullptr;
-
-  // Set by the store before on_complete: the outcome and the logical bytes written or read.
-  Status status;
-  uint64_t bytes = 0;
-
-  // The store's own; do not touch.
-  io::IoRequest request;
-  ExtentStore* store = nullptr;
-  uint64_t extent_id = 0;
-  uint64_t expected_checksum = 0;
-};
-
-class ExtentStore {
+class ExtentStore final : public SwapStore {
  public:
   // Registers the device with the engine. The engine must outlive the store.
   static Result<std::unique_ptr<ExtentStore>> open(BackingDevice device, io::IoEngine& engine,
@@ -97,27 +57,27 @@ class ExtentStore {
   ExtentStore(const ExtentStore&) = delete;
   ExtentStore& operator=(const ExtentStore&) = delete;
   // Waits for I/O in flight, then closes the device (removing the swap file unless kept).
-  ~ExtentStore();
+  ~ExtentStore() override;
   // The same, reporting a failure to remove the swap file. The store must not be used after.
-  Status close();
+  Status close() override;
 
   // Reserves space for `bytes` (rounded up to alignment()). STRATA_E_NOSPACE says whether the
   // tier is full or only fragmented; STRATA_E_LIMIT at max_extents.
-  Result<Extent> allocate(uint64_t bytes);
+  Result<Extent> allocate(uint64_t bytes) override;
   // Returns the extent's space. STRATA_E_STATE for an unknown or already freed handle, or when
   // I/O on it is in flight.
-  Status free(const Extent& extent);
+  Status free(const Extent& extent) override;
 
   // Writes bytes (1 .. extent.capacity) from buffer to the extent. buffer_index: a buffer the
   // caller registered with the engine that holds the whole transfer, or -1.
   // Returns an error without calling on_complete when the request is refused up front.
   Status write_async(const Extent& extent, const void* buffer, uint64_t bytes, ExtentIo* io,
-                     int32_t buffer_index = -1);
+                     int32_t buffer_index = -1) override;
   // Reads the extent's recorded content into buffer, which holds buffer_bytes (at least the
   // content rounded up to alignment(); extent.capacity always suffices). io->bytes is the
   // logical length read.
   Status read_async(const Extent& extent, void* buffer, uint64_t buffer_bytes, ExtentIo* io,
-                    int32_t buffer_index = -1);
+                    int32_t buffer_index = -1) override;
 
   // Blocking forms of the above.
   Status write(const Extent& extent, const void* buffer, uint64_t bytes, int32_t buffer_index = -1);
@@ -127,12 +87,12 @@ class ExtentStore {
   // The logical length of the extent's content; STRATA_E_STATE when it has none.
   Result<uint64_t> content_bytes(const Extent& extent) const;
 
-  uint64_t alignment() const { return device_.alignment(); }
-  uint64_t memory_alignment() const { return device_.memory_alignment(); }
-  uint64_t capacity() const { return device_.capacity(); }
+  uint64_t alignment() const override { return device_.alignment(); }
+  uint64_t memory_alignment() const override { return device_.memory_alignment(); }
+  uint64_t capacity() const override { return device_.capacity(); }
   bool verify_checksums() const { return options_.verify_checksums; }
   const BackingDevice& device() const { return device_; }
-  ExtentStoreStats stats() const;
+  ExtentStoreStats stats() const override;
 
  private:
   enum class Content : uint8_t {

@@ -288,6 +288,54 @@ TEST_F(Runtime, FrameworkStandinTrainsOverTensorsFarLargerThanTheBudgets) {
   EXPECT_EQ(strata_get_stats(rt_, &stats), STRATA_E_INVALID);
 }
 
+// ZeRO-Infinity's layout (the finetune benchmark's baseline): the same training, a file per
+// tensor in a private directory, and nothing left behind.
+TEST_F(Runtime, TheFilePerTensorLayoutTrainsTheStandinWithAFilePerSpilledTensor) {
+  config_.nvme_layout = STRATA_NVME_FILE_PER_TENSOR;
+  create();
+  strata::testing::FrameworkStandin standin(rt_, {});
+  ASSERT_EQ(standin.setup(), STRATA_OK) << strata_last_error(rt_);
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_EQ(standin.step(), STRATA_OK)
+        << "step " << step << ": " << strata_last_error(rt_) << standin.mismatch();
+  }
+  ASSERT_EQ(strata_sync(rt_), STRATA_OK) << strata_last_error(rt_);
+  ASSERT_EQ(standin.verify_all(), STRATA_OK) << strata_last_error(rt_) << standin.mismatch();
+
+  std::vector<fs::path> directories;
+  for (const auto& entry : fs::directory_iterator(dir_)) directories.push_back(entry.path());
+  ASSERT_EQ(directories.size(), 1u) << "one private directory, no swap file";
+  EXPECT_NE(directories[0].filename().string().find(".tensors"), std::string::npos);
+  size_t files = 0;
+  for (const auto& entry : fs::directory_iterator(directories[0])) {
+    EXPECT_EQ(entry.path().extension(), ".swp");
+    EXPECT_EQ(fs::status(entry).permissions() & fs::perms::all,
+              fs::perms::owner_read | fs::perms::owner_write);
+    ++files;
+  }
+  EXPECT_GE(files, standin.tensor_count() / 2) << "a file per tensor that went to NVMe";
+
+  strata_stats stats{};
+  stats.struct_size = sizeof stats;
+  ASSERT_EQ(strata_get_stats(rt_, &stats), STRATA_OK) << strata_last_error(rt_);
+  EXPECT_GE(stats.nvme_bytes_written, standin.total_bytes() / 4);
+  EXPECT_GT(stats.nvme_bytes_read, 0u);
+  ASSERT_EQ(strata_runtime_destroy(rt_), STRATA_OK);
+  rt_ = nullptr;
+  EXPECT_TRUE(fs::is_empty(dir_)) << "files left behind";
+}
+
+TEST_F(Runtime, AnUnknownNvmeLayoutOrFilesOnARawDeviceAreRefused) {
+  config_.nvme_layout = static_cast<strata_nvme_layout>(7);
+  EXPECT_EQ(strata_runtime_create(&config_, &rt_), STRATA_E_INVALID);
+  EXPECT_NE(std::string(strata_last_error(nullptr)).find("nvme_layout"), std::string::npos);
+  config_.nvme_layout = STRATA_NVME_FILE_PER_TENSOR;
+  config_.nvme_path = nullptr;
+  config_.raw_device = "/dev/null";
+  EXPECT_EQ(strata_runtime_create(&config_, &rt_), STRATA_E_INVALID);
+  EXPECT_NE(std::string(strata_last_error(nullptr)).find("raw_device"), std::string::npos);
+}
+
 TEST_F(Runtime, AllocatorFaceHandsOutResidentAndOffloadableMemory) {
   create();
   strata_tensor fixed = 0, spill = 0;

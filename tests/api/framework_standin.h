@@ -65,7 +65,8 @@ struct StandinLayer {
 
 class FrameworkStandin {
  public:
-  FrameworkStandin(strata_runtime* rt, StandinOptions options) : rt_(rt), options_(std::move(options)) {}
+  FrameworkStandin(strata_runtime* rt, StandinOptions options)
+      : rt_(rt), options_(std::move(options)) {}
 
   // Registers every tensor and writes its initial contents (step 0). Returns a status code.
   int setup() {
@@ -76,12 +77,16 @@ class FrameworkStandin {
         const uint64_t b = options_.param_bytes[i];
         const std::string base = "layers." + std::to_string(l) + ".w" + std::to_string(i);
         int rc = add(layers_[l].params, base, b, STRATA_KIND_PARAMETER, l, seed++, true);
-        if (rc == STRATA_OK) rc = add(layers_[l].grads, base + "#grad", b, STRATA_KIND_GRADIENT, l, seed++, false);
+        if (rc == STRATA_OK)
+          rc = add(layers_[l].grads, base + "#grad", b, STRATA_KIND_GRADIENT, l, seed++, false);
         if (rc != STRATA_OK) return rc;
         if (!options_.optimizer_states) continue;
-        rc = add(layers_[l].master, base + "#master", 2 * b, STRATA_KIND_MASTER_WEIGHT, l, seed++, true);
-        if (rc == STRATA_OK) rc = add(layers_[l].adam_m, base + "#m", 2 * b, STRATA_KIND_ADAM_M, l, seed++, true);
-        if (rc == STRATA_OK) rc = add(layers_[l].adam_v, base + "#v", 2 * b, STRATA_KIND_ADAM_V, l, seed++, true);
+        rc = add(layers_[l].master, base + "#master", 2 * b, STRATA_KIND_MASTER_WEIGHT, l, seed++,
+                 true);
+        if (rc == STRATA_OK)
+          rc = add(layers_[l].adam_m, base + "#m", 2 * b, STRATA_KIND_ADAM_M, l, seed++, true);
+        if (rc == STRATA_OK)
+          rc = add(layers_[l].adam_v, base + "#v", 2 * b, STRATA_KIND_ADAM_V, l, seed++, true);
         if (rc != STRATA_OK) return rc;
       }
     }
@@ -119,11 +124,22 @@ class FrameworkStandin {
   uint64_t total_bytes() const {
     uint64_t total = 0;
     for (const auto& layer : layers_) {
-      for (const auto* group : {&layer.params, &layer.grads, &layer.master, &layer.adam_m, &layer.adam_v}) {
+      for (const auto* group :
+           {&layer.params, &layer.grads, &layer.master, &layer.adam_m, &layer.adam_v}) {
         for (const auto& t : *group) total += t.bytes;
       }
     }
     return total;
+  }
+  size_t tensor_count() const {
+    size_t count = 0;
+    for (const auto& layer : layers_) {
+      for (const auto* group :
+           {&layer.params, &layer.grads, &layer.master, &layer.adam_m, &layer.adam_v}) {
+        count += group->size();
+      }
+    }
+    return count;
   }
   uint64_t steps_done() const { return step_; }
   // Set when bytes read back differed from the model: silently wrong data, never acceptable.
@@ -138,7 +154,7 @@ class FrameworkStandin {
     desc.name = name.c_str();
     desc.bytes = bytes;
     desc.dtype = kind == STRATA_KIND_PARAMETER || kind == STRATA_KIND_GRADIENT ? STRATA_DTYPE_BF16
-                                                                                : STRATA_DTYPE_F32;
+                                                                               : STRATA_DTYPE_F32;
     desc.kind = kind;
     desc.layer = layer;
     desc.home_tier = STRATA_TIER_NVME;

@@ -186,8 +186,8 @@ TEST_F(Limits, TooFewFileDescriptorsIsALimitErrorNamingRlimitNofile) {
     if (child == 0) _exit(run_with_open_file_limit(config_, free_fds));
     int status = 0;
     ASSERT_EQ(waitpid(child, &status, 0), child);
-    ASSERT_TRUE(WIFEXITED(status)) << "the child died with " << free_fds
-                                   << " descriptors free: status " << status;
+    ASSERT_TRUE(WIFEXITED(status))
+        << "the child died with " << free_fds << " descriptors free: status " << status;
     const int code = WEXITSTATUS(status);
     if (code == kCreatedUnderTheLimit) {
       created = true;

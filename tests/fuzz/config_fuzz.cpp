@@ -204,6 +204,7 @@ void fuzz_runtime_create(FuzzedDataProvider& in) {
   }
   c->zero_sub_group_elements = in.ConsumeBool() ? 0 : pick_size(in, 1, 1 << 20);
   c->zero_param_buffer_elements = in.ConsumeBool() ? 0 : pick_size(in, 1, 1 << 20);
+  c->nvme_layout = static_cast<strata_nvme_layout>(pick(in, 0, 1));
 
   strata_runtime* rt = nullptr;
   const int rc = strata_runtime_create(c, &rt);

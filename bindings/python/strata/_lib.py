@@ -104,6 +104,7 @@ class ConfigStruct(Structure):
         ("planned_tensor_count", c_size_t),
         ("zero_sub_group_elements", c_uint64),
         ("zero_param_buffer_elements", c_uint64),
+        ("nvme_layout", c_int),
     ]
 
 

@@ -91,6 +91,14 @@ typedef enum strata_device_backend {
   STRATA_DEVICE_EMULATED = 2 /* host memory standing in for a GPU (tests, CPU-only machines) */
 } strata_device_backend;
 
+/* How the NVMe tier lays tensors out on a swap directory (config.nvme_layout). */
+typedef enum strata_nvme_layout {
+  STRATA_NVME_EXTENTS = 0,        /* one preallocated swap file whose space Strata manages */
+  STRATA_NVME_FILE_PER_TENSOR = 1 /* ZeRO-Infinity's layout: a file per tensor, opened, stat'ed and
+                                     closed around every request, no checksums. For baselines
+                                     (strata bench finetune); needs nvme_path */
+} strata_nvme_layout;
+
 typedef struct strata_config {
   size_t struct_size; /* sizeof(strata_config) */
 
@@ -137,6 +145,12 @@ typedef struct strata_config {
    * them with the model so the baseline keeps its full-size proportions. */
   uint64_t zero_sub_group_elements;
   uint64_t zero_param_buffer_elements;
+
+  /* The NVMe tier's layout (default STRATA_NVME_EXTENTS). With STRATA_NVME_FILE_PER_TENSOR,
+   * nvme_capacity_bytes bounds the bytes all files may hold (nothing is preallocated),
+   * worker_threads is the number of I/O threads (DeepSpeed's aio thread_count; 0 = 1), and
+   * verify_checksums, STRATA_FAULTS and STRATA_PACED_DRIVE do not apply. */
+  strata_nvme_layout nvme_layout;
 } strata_config;
 
 /* Fills *config with defaults (and config->struct_size). Any thread.

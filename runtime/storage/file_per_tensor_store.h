@@ -1,0 +1,119 @@
+// FilePerTensorStore: the NVMe tier laid out the way DeepSpeed's ZeRO-Infinity lays it out - one
+// swap file per tensor in a directory on a mounted file system, each request opening the file,
+// stat'ing it, transferring with O_DIRECT and closing it again (its aio swapper does open, fstat
+// and close around every read and write). It is the baseline's I/O path for `strata bench
+// finetune`, selected with strata_config.nvme_layout; Strata's own layout is ExtentStore.
+//
+// Files
+//  - The directory must exist. The store makes a private subdirectory in it,
+//    "strata-<pid>-<random>.tensors", mode 0700, created without following links, and one file per
+//    extent inside it, "<id>.swp", mode 0600, O_CREAT|O_EXCL|O_NOFOLLOW on its first write.
+//  - A file is removed when its extent is freed, and the subdirectory on close (unless kept).
+//  - Space is not reserved up front (DeepSpeed does not): capacity_bytes bounds the bytes the
+//    extents may hold, and a disk that fills up anyway is STRATA_E_NOSPACE on the write.
+//  - No checksums: DeepSpeed verifies nothing it reads back.
+//
+// I/O runs on the store's own threads (DeepSpeed's aio thread_count, default 1) with
+// pread/pwrite, one request at a time per thread; completions run on those threads.
+//
+// Thread rules: every member may be called from any thread concurrently.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "common/unique_fd.h"
+#include "storage/swap_store.h"
+
+namespace strata::storage {
+
+struct FilePerTensorOptions {
+  std::string dir;              // an existing directory on a mounted file system
+  uint64_t capacity_bytes = 0;  // bytes all files may hold; 0 = half the free space
+  uint32_t threads = 1;         // I/O threads (1 .. 64)
+  bool keep = false;            // leave the files in place on close
+  bool allow_buffered = false;  // where O_DIRECT is refused (tmpfs), use buffered I/O
+};
+
+class FilePerTensorStore final : public SwapStore {
+ public:
+  static Result<std::unique_ptr<FilePerTensorStore>> open(const FilePerTensorOptions& options);
+  FilePerTensorStore(const FilePerTensorStore&) = delete;
+  FilePerTensorStore& operator=(const FilePerTensorStore&) = delete;
+  ~FilePerTensorStore() override;
+
+  Status close() override;
+  Result<Extent> allocate(uint64_t bytes) override;
+  Status free(const Extent& extent) override;
+  Status write_async(const Extent& extent, const void* buffer, uint64_t bytes, ExtentIo* io,
+                     int32_t buffer_index = -1) override;
+  Status read_async(const Extent& extent, void* buffer, uint64_t buffer_bytes, ExtentIo* io,
+                    int32_t buffer_index = -1) override;
+
+  uint64_t alignment() const override { return kAlignment; }
+  uint64_t memory_alignment() const override { return kAlignment; }
+  uint64_t capacity() const override { return capacity_; }
+  ExtentStoreStats stats() const override;
+
+  // The subdirectory holding the files, and the path one extent's file has (or will have).
+  const std::string& directory() const { return path_; }
+  std::string file_path(const Extent& extent) const;
+
+ private:
+  static constexpr uint64_t kAlignment = 4096;
+
+  struct Record {
+    uint64_t capacity = 0;
+    uint64_t length = 0;    // logical bytes of the last successful write
+    uint32_t readers = 0;   // reads in flight
+    bool writing = false;   // a write in flight
+    bool written = false;   // a write has succeeded: the file holds `length` bytes of content
+    bool has_file = false;  // the file exists (a write was attempted)
+  };
+  struct Request {
+    ExtentIo* io = nullptr;
+    void* buffer = nullptr;
+    uint64_t transfer = 0;  // bytes moved: the logical length rounded up to kAlignment
+    bool write = false;
+    bool create = false;  // the extent's first write: the file must not exist yet
+  };
+
+  FilePerTensorStore(UniqueFd dir_fd, std::string path, uint64_t capacity,
+                     const FilePerTensorOptions& options);
+
+  Result<Record*> find_locked(const Extent& extent);
+  void enqueue_locked(const Request& request, uint64_t id, uint64_t logical_bytes);
+  void io_thread_main();
+  Status transfer(const Request& request, uint64_t id);  // open, fstat, pread/pwrite, close
+  void finish(const Request& request, uint64_t id, Status status);
+  static std::string file_name(uint64_t id);
+
+  UniqueFd dir_fd_;
+  const std::string path_;
+  const uint64_t capacity_;
+  const FilePerTensorOptions options_;
+  bool direct_io_ = true;
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_;  // requests queued, or stopping
+  std::condition_variable idle_;  // in_flight_ dropped to 0
+  std::deque<std::pair<Request, uint64_t>> queue_;
+  std::unordered_map<uint64_t, Record> records_;
+  uint64_t next_id_ = 1;
+  uint64_t used_ = 0;
+  uint64_t in_flight_ = 0;
+  bool stopping_ = false;
+  bool closed_ = false;
+  ExtentStoreStats stats_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace strata::storage
