@@ -841,15 +841,42 @@ bool Scheduler::start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use
     if (pinned_pool == kNoPool) return false;
     // Only a demand (min_next_use 0) may take pinned room that a waiting demand needs.
     if (min_next_use > 0 && (demand_pools_ & (1u << pinned_pool)) != 0) return false;
+    const uint64_t charge = r.charged[memory_index(Tier::kPinned)];
     Status why;
-    if (ensure_space(pinned_pool, r.charged[memory_index(Tier::kPinned)], min_next_use, &why) !=
-        Space::kReady) {
-      return false;
+    Space space = ensure_space(pinned_pool, charge, min_next_use, &why);
+    if (space == Space::kWaiting && min_next_use == 0 && yield_staging_of_advancing(pinned_pool)) {
+      space = ensure_space(pinned_pool, charge, min_next_use, &why);
     }
+    if (space != Space::kReady) return false;
     if (!allocate_buffer(r, Tier::kPinned).is_ok()) return false;
     if (!issue(r, OpKind::kCopyToHost, /*cleaning=*/true, false).is_ok()) return false;
   }
   ++stats_.cleanings;
+  return true;
+}
+
+// A demand for device room may have to write a device victim back through pinned memory, and
+// the pinned room it needs may be held by the demanded tensor's own staged copy: the demand then
+// waited for itself until its timeout (found by tests/fuzz/c_api_fuzz). When nothing else in the
+// pool can ever leave - no cleaning in flight, every other tensor at home there - that copy,
+// which is clean (its data is on NVMe or the device too), gives way and is read again once the
+// victim is out. Anything short of that still resolves by waiting, and yielding there would
+// only reorder transfers.
+bool Scheduler::yield_staging_of_advancing(int pinned_pool) {
+  if (advancing_ == UINT32_MAX) return false;
+  const PoolState& pool = pools_[pinned_pool];
+  if (pool.cleaning > 0) return false;
+  for (uint32_t index : pool.resident) {
+    if (index != advancing_ && registry_.at(index).home != Tier::kPinned) return false;
+  }
+  TensorRecord& r = registry_.at(advancing_);
+  const Tier pinned = Tier::kPinned;
+  if (r.home == pinned || r.pool[memory_index(pinned)] != pinned_pool) return false;
+  if (!r.residency.valid_on(pinned) || r.residency.in_flight() || r.discard_pending) return false;
+  if (r.uses > 0 || needs_cleaning(r, pinned)) return false;
+  if ((r.residency.valid() & static_cast<TierMask>(~tier_bit(pinned))) == 0) return false;
+  drop_copy(r, pinned);
+  ++stats_.evictions;
   return true;
 }
 
@@ -876,6 +903,8 @@ Scheduler::StepResult Scheduler::advance(TensorRecord& r, Tier target, uint64_t 
   const Space space = ensure_space(r.pool[mi], r.charged[mi], min_next_use, &why);
   if (space == Space::kImpossible) return {Step::kError, std::move(why).with_context(label(r))};
   if (space == Space::kWaiting) return {Step::kBlocked, {}};
+  // Making room may have taken the staged copy this transfer starts from.
+  if (target == Tier::kDevice && !r.residency.valid_on(Tier::kPinned)) return {Step::kBlocked, {}};
   // ensure_space may have started a cleaning copy on the same link.
   if (!link_free(link)) return {Step::kLinkBusy, {}};
   Status allocated = allocate_buffer(r, target);
@@ -1203,9 +1232,42 @@ void Scheduler::flush_step() {
       start_cleaning(r, Tier::kPinned, 0);
     } else {
       if (!link_free(Link::kDeviceToHost)) continue;
+      // Device data goes back through pinned memory. When what never leaves the pinned pool
+      // (pinned allocations, tensors at home there) leaves too little room for this tensor, the
+      // flush would wait for it forever (found by tests/fuzz/c_api_fuzz): it fails instead, and
+      // the data stays on the device.
+      const int pinned = r.pool[memory_index(Tier::kPinned)];
+      const uint64_t charge = r.charged[memory_index(Tier::kPinned)];
+      if (pinned != kNoPool) {
+        const PoolState& pool = pools_[pinned];
+        const uint64_t fixed = bytes_at_home(pinned);
+        if (charge > pool.spec.budget_bytes - std::min(fixed, pool.spec.budget_bytes)) {
+          note_async_failure(
+              r,
+              Status::error(STRATA_E_PINNED_BUDGET,
+                            "writing back " + label(r) + " from the device needs " +
+                                format_bytes(charge) + " of pool '" + pool.spec.name +
+                                "' (budget " + format_bytes(pool.spec.budget_bytes) +
+                                "), but tensors that never leave it hold " + format_bytes(fixed) +
+                                budget_advice(Tier::kPinned) + " or free some of them"),
+              /*report_globally=*/true);
+          continue;
+        }
+      }
       start_cleaning(r, Tier::kDevice, 0);
     }
   }
+}
+
+uint64_t Scheduler::bytes_at_home(int pool_index) const {
+  const PoolState& pool = pools_[pool_index];
+  const int mi = memory_index(pool.spec.tier);
+  uint64_t total = 0;
+  for (uint32_t index : pool.resident) {
+    const TensorRecord& r = registry_.at(index);
+    if (r.home == pool.spec.tier) total += r.charged[mi];
+  }
+  return total;
 }
 
 std::string Scheduler::describe_wait(const TensorRecord& r, Tier tier) const {

@@ -336,6 +336,95 @@ TEST_F(Runtime, AnUnknownNvmeLayoutOrFilesOnARawDeviceAreRefused) {
   EXPECT_NE(std::string(strata_last_error(nullptr)).find("raw_device"), std::string::npos);
 }
 
+// Found by c_api_fuzz: a device acquire whose eviction must write a dirty device tensor back
+// through pinned memory, where the acquired tensor's own staged copy and pinned-resident
+// tensors leave too little room.
+TEST_F(Runtime, ADeviceAcquireWhoseEvictionNeedsItsOwnStagingRoomCompletes) {
+  config_.pinned_budget_bytes = 512 << 10;
+  config_.device_budget_bytes = 256 << 10;
+  config_.nvme_capacity_bytes = 1 << 20;
+  config_.block_size = 4096;
+  create();
+  strata_tensor_desc d{};
+  d.struct_size = sizeof d;
+  d.name = "pinned";
+  d.bytes = 10014;
+  d.dtype = STRATA_DTYPE_U8;
+  d.kind = STRATA_KIND_OTHER;
+  d.home_tier = STRATA_TIER_PINNED;
+  strata_tensor small = STRATA_TENSOR_NONE;
+  ASSERT_EQ(strata_tensor_register(rt_, &d, &small), STRATA_OK) << strata_last_error(rt_);
+  strata_tensor resident = STRATA_TENSOR_NONE;
+  ASSERT_EQ(strata_malloc(rt_, 213386, STRATA_TIER_PINNED, 0, &resident), STRATA_OK)
+      << strata_last_error(rt_);
+  ASSERT_EQ(strata_layer_begin(rt_, STRATA_PHASE_BACKWARD, 5), STRATA_OK) << strata_last_error(rt_);
+  const strata_tensor wanted = register_tensor(180317, "wanted");
+  std::vector<uint8_t> bytes(213386);
+  strata::testing::fill_expected(bytes.data(), bytes.size(), 1, 0);
+  ASSERT_EQ(strata_tensor_write(rt_, wanted, bytes.data(), 0, 180317), STRATA_OK);
+  ASSERT_EQ(strata_sync(rt_), STRATA_OK) << strata_last_error(rt_);
+  const strata_tensor dirty = register_tensor(183619, "dirty");
+  ASSERT_EQ(strata_tensor_write(rt_, resident, bytes.data(), 0, 213386), STRATA_OK);
+  ASSERT_EQ(strata_prefetch(rt_, resident, STRATA_TIER_DEVICE), STRATA_OK);
+  ASSERT_EQ(strata_tensor_discard(rt_, dirty), STRATA_OK);
+  strata_acquired a{};
+  a.struct_size = sizeof a;
+  ASSERT_EQ(strata_acquire(rt_, dirty, STRATA_TIER_DEVICE, 0, &a), STRATA_OK)
+      << strata_last_error(rt_);
+  std::memset(a.data, 0x5a, a.bytes);
+  ASSERT_EQ(strata_release(rt_, dirty, STRATA_RELEASE_DIRTY, nullptr), STRATA_OK);
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(strata_acquire(rt_, wanted, STRATA_TIER_DEVICE, 0, &a), STRATA_OK)
+      << strata_last_error(rt_);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  EXPECT_EQ(std::memcmp(a.data, bytes.data(), 180317), 0);
+  ASSERT_EQ(strata_release(rt_, wanted, 0, nullptr), STRATA_OK);
+  std::vector<uint8_t> back(183619);
+  ASSERT_EQ(strata_tensor_read(rt_, dirty, back.data(), 0, back.size()), STRATA_OK)
+      << strata_last_error(rt_);
+  EXPECT_EQ(back, std::vector<uint8_t>(183619, 0x5a)) << "the dirty tensor's bytes survived";
+}
+
+// Found by c_api_fuzz: a dirty tensor on the device goes back to NVMe through pinned memory;
+// when pinned allocations leave too little room for it, a sync fails with the numbers instead of
+// waiting forever, the data stays on the device, and once room is freed the sync succeeds.
+TEST_F(Runtime, ASyncThatCannotWriteATensorBackFailsAndKeepsItsData) {
+  config_.pinned_budget_bytes = 1 << 20;
+  config_.device_budget_bytes = 1 << 20;
+  create();
+  strata_tensor first = STRATA_TENSOR_NONE, second = STRATA_TENSOR_NONE;
+  ASSERT_EQ(strata_malloc(rt_, 313660, STRATA_TIER_PINNED, 0, &first), STRATA_OK);
+  ASSERT_EQ(strata_malloc(rt_, 475530, STRATA_TIER_PINNED, 0, &second), STRATA_OK);
+  // Pinned allocations take their memory when first written.
+  std::vector<uint8_t> fill(475530, 1);
+  ASSERT_EQ(strata_tensor_write(rt_, first, fill.data(), 0, 313660), STRATA_OK);
+  ASSERT_EQ(strata_tensor_write(rt_, second, fill.data(), 0, 475530), STRATA_OK);
+  const strata_tensor big = register_tensor(445763, "big");
+  strata_acquired a{};
+  a.struct_size = sizeof a;
+  ASSERT_EQ(strata_acquire(rt_, big, STRATA_TIER_DEVICE, STRATA_ACQUIRE_DISCARD, &a), STRATA_OK)
+      << strata_last_error(rt_);
+  std::memset(a.data, 0x3c, a.bytes);
+  ASSERT_EQ(strata_release(rt_, big, STRATA_RELEASE_DIRTY, nullptr), STRATA_OK);
+  EXPECT_EQ(strata_sync(rt_), STRATA_E_PINNED_BUDGET);
+  const std::string m = strata_last_error(rt_);
+  EXPECT_NE(m.find("big"), std::string::npos) << m;
+  EXPECT_NE(m.find("pinned_budget_bytes"), std::string::npos) << m;
+  ASSERT_EQ(strata_free(rt_, second), STRATA_OK);
+  // With room freed, the data is where it was.
+  ASSERT_EQ(strata_acquire(rt_, big, STRATA_TIER_DEVICE, 0, &a), STRATA_OK)
+      << strata_last_error(rt_);
+  EXPECT_EQ(
+      std::vector<uint8_t>(static_cast<uint8_t*>(a.data), static_cast<uint8_t*>(a.data) + a.bytes),
+      std::vector<uint8_t>(445763, 0x3c));
+  ASSERT_EQ(strata_release(rt_, big, 0, nullptr), STRATA_OK);
+  ASSERT_EQ(strata_sync(rt_), STRATA_OK) << strata_last_error(rt_);
+  std::vector<uint8_t> back(445763);
+  ASSERT_EQ(strata_tensor_read(rt_, big, back.data(), 0, back.size()), STRATA_OK)
+      << strata_last_error(rt_);
+  EXPECT_EQ(back, std::vector<uint8_t>(445763, 0x3c));
+}
+
 TEST_F(Runtime, AllocatorFaceHandsOutResidentAndOffloadableMemory) {
   create();
   strata_tensor fixed = 0, spill = 0;
