@@ -10,7 +10,8 @@
 // The program never holds acquisitions that could starve its own next acquire: an acquire waits
 // (up to 300 s, by design) for space that only other threads' releases can free, and this
 // program is the only thread. Before a call that acquires, it releases what it holds unless the
-// pools have room for the held bytes and the new tensor together.
+// pools have room for the held bytes and the new tensor together; before strata_sync and the
+// optimizer calls, which acquire or write back tensors of their choosing, it releases everything.
 #include <fuzzer/FuzzedDataProvider.h>
 #include <strata/strata.h>
 #include <unistd.h>
@@ -51,6 +52,15 @@ const std::string& scratch_dir() {
   return dir.path;
 }
 
+// A struct the program passes in, with the bytes after it that a larger struct_size says are
+// there: a caller that claims a newer header's size owns that memory (zero, as the newer
+// fields' defaults, or not).
+template <typename T>
+struct Padded {
+  T value{};
+  unsigned char tail[64] = {};
+};
+
 uint64_t round_up(uint64_t v, uint64_t a) {
   return (v + a - 1) / a * a;
 }
@@ -67,6 +77,9 @@ struct Tensor {
   void* data = nullptr;
   bool modified = false;  // the program wrote into the acquired buffer
   bool discarded = false;
+  // Put under the optimizer (as a parameter or its gradient): an optimizer call may rewrite or
+  // discard it, so its bytes are undefined afterwards and a read may be refused.
+  bool optimized = false;
 };
 
 class Program {
@@ -192,7 +205,7 @@ class Program {
   }
 
   void step() {
-    switch (in_.ConsumeIntegralInRange(0, 17)) {
+    switch (in_.ConsumeIntegralInRange(0, 18)) {
       case 0:
       case 1:
         return op_register();
@@ -217,6 +230,9 @@ class Program {
       case 12:
         return op_loop();
       case 13:
+        // A sync waits for write-backs, which may need the pinned room this program's own
+        // acquisitions hold: like an acquire, it is never made while holding (file comment).
+        release_all();
         return check(strata_sync(rt_), "strata_sync");
       case 14:
         return op_stats();
@@ -224,6 +240,8 @@ class Program {
         return op_schedule();
       case 16:
         return op_trace();
+      case 17:
+        return op_optimizer();
       default:
         return op_loop();
     }
@@ -342,7 +360,8 @@ class Program {
     if (t == nullptr) fail("strata_tensor_read", "accepted a handle that is not live");
     if (bytes > t->bytes || offset > t->bytes - bytes)
       fail("strata_tensor_read", "accepted a bad range");
-    if (t->discarded) fail("strata_tensor_read", "returned the bytes of a discarded tensor");
+    if (t->discarded && !t->optimized)
+      fail("strata_tensor_read", "returned the bytes of a discarded tensor");
     compare(*t, dst.data(), offset, bytes, "strata_tensor_read");
   }
 
@@ -359,6 +378,11 @@ class Program {
                         ? in_.ConsumeIntegralInRange<size_t>(0, 64)
                         : sizeof a;
     if (t != nullptr && t->holds == 0) make_room(t, tier);
+    // Printed before the call too: an acquire that waits forever shows what it waited for.
+    if (verbose_) {
+      std::fprintf(stderr, "c_api_fuzz: strata_acquire %llu tier %d flags %u ...\n",
+                   static_cast<unsigned long long>(h), static_cast<int>(tier), flags);
+    }
     const int rc = strata_acquire(rt_, h, tier, flags, &a);
     check(rc, "strata_acquire " + std::to_string(h) + " tier " + std::to_string(tier) + " flags " +
                   std::to_string(flags));
@@ -405,7 +429,7 @@ class Program {
     Tensor* t = nullptr;
     const strata_tensor h = pick_handle(&t);
     const int rc = strata_tensor_discard(rt_, h);
-    check(rc, "strata_tensor_discard");
+    check(rc, "strata_tensor_discard " + std::to_string(h));
     if (rc != STRATA_OK) return;
     if (t == nullptr || t->holds > 0) fail("strata_tensor_discard", "accepted a bad handle");
     std::fill(t->contents.begin(), t->contents.end(), -1);
@@ -426,7 +450,9 @@ class Program {
   void op_prefetch() {
     Tensor* t = nullptr;
     const strata_tensor h = pick_handle(&t);
-    check(strata_prefetch(rt_, h, pick_tier()), "strata_prefetch");
+    const strata_tier tier = pick_tier();
+    check(strata_prefetch(rt_, h, tier),
+          "strata_prefetch " + std::to_string(h) + " tier " + std::to_string(tier));
   }
 
   // The loop calls in a mostly well-formed order, with wrong phases and layers mixed in.
@@ -439,7 +465,9 @@ class Program {
       case 1:
         return check(strata_step_end(rt_), "strata_step_end");
       case 2:
-        return check(strata_layer_begin(rt_, phase, layer), "strata_layer_begin");
+        return check(strata_layer_begin(rt_, phase, layer), "strata_layer_begin phase " +
+                                                                std::to_string(phase) + " layer " +
+                                                                std::to_string(layer));
       default:
         return check(strata_layer_end(rt_, phase, layer), "strata_layer_end");
     }
@@ -480,6 +508,161 @@ class Program {
     check(strata_export_trace(rt_, in_.ConsumeBool() ? path.c_str() : ""), "strata_export_trace");
   }
 
+  // The optimizer calls, with valid and invalid groups, options, handles, states and paths. The
+  // optimizer acquires the tensors it works on and waits for them, so whatever the program holds
+  // is released first (the program is the only thread: see the file comment).
+  void op_optimizer() {
+    release_all();
+    const int op = in_.ConsumeIntegralInRange(0, 10);
+    if (op <= 2) return op_optimizer_group(op);
+    if (op == 3) return op_optimizer_add_param();
+    if (op == 4) return op_optimizer_configure();
+    if (op == 5 || op == 6) {
+      Tensor* t = nullptr;
+      const strata_tensor h = pick_handle(&t);
+      const int rc = op == 5 ? strata_optimizer_grad_ready(rt_, h)
+                             : strata_optimizer_step(rt_, pick_loss_scale(), pick_result());
+      check(rc, op == 5 ? "strata_optimizer_grad_ready" : "strata_optimizer_step");
+      // Even a failed step may have updated some parameters before it stopped.
+      forget_optimized();
+      return;
+    }
+    if (op == 7) {
+      int64_t step = 0;
+      check(strata_optimizer_get_step(rt_, in_.ConsumeIntegralInRange(0, 15) ? &step : nullptr),
+            "strata_optimizer_get_step");
+      check(strata_optimizer_set_step(rt_, in_.ConsumeIntegral<int64_t>()),
+            "strata_optimizer_set_step");
+      return;
+    }
+    if (op == 8) return op_optimizer_state();
+    const std::string path = scratch_dir() + "/optimizer.ckpt";
+    const char* where = in_.ConsumeIntegralInRange(0, 7) == 0 ? "" : path.c_str();
+    if (op == 9) return check(strata_optimizer_export(rt_, where), "strata_optimizer_export");
+    check(strata_optimizer_import(rt_, where), "strata_optimizer_import");
+    forget_optimized();
+  }
+
+  // Mostly the struct's own size; sometimes a smaller one, or a newer header's larger one whose
+  // extra bytes are zero or not.
+  template <typename T>
+  void pick_struct_size(Padded<T>& padded) {
+    if (in_.ConsumeIntegralInRange(0, 15) != 0) return;
+    padded.value.struct_size = in_.ConsumeIntegralInRange<size_t>(0, sizeof padded);
+    if (in_.ConsumeBool()) padded.tail[in_.ConsumeIntegralInRange<size_t>(0, 63)] = 1;
+  }
+
+  Padded<strata_optimizer_group> pick_group() {
+    Padded<strata_optimizer_group> padded;
+    strata_optimizer_group& g = padded.value;
+    strata_optimizer_group_init(&g);
+    pick_struct_size(padded);
+    if (in_.ConsumeBool()) g.lr = in_.ConsumeFloatingPointInRange(-1.0, 1.0);
+    if (in_.ConsumeIntegralInRange(0, 3) == 0) g.beta1 = in_.ConsumeFloatingPoint<double>();
+    if (in_.ConsumeIntegralInRange(0, 3) == 0) g.beta2 = in_.ConsumeFloatingPoint<double>();
+    if (in_.ConsumeIntegralInRange(0, 3) == 0) g.eps = in_.ConsumeFloatingPoint<double>();
+    if (in_.ConsumeIntegralInRange(0, 3) == 0) g.weight_decay = in_.ConsumeFloatingPoint<double>();
+    g.decoupled_weight_decay = in_.ConsumeIntegralInRange(-1, 2);
+    return padded;
+  }
+
+  void op_optimizer_group(int op) {
+    const uint32_t index = in_.ConsumeIntegralInRange(0u, 4u);
+    if (op == 0) {
+      const Padded<strata_optimizer_group> g = pick_group();
+      uint32_t out = 0;
+      return check(
+          strata_optimizer_add_group(rt_, in_.ConsumeIntegralInRange(0, 15) ? &g.value : nullptr,
+                                     in_.ConsumeIntegralInRange(0, 15) ? &out : nullptr),
+          "strata_optimizer_add_group");
+    }
+    if (op == 1) {
+      const Padded<strata_optimizer_group> g = pick_group();
+      return check(strata_optimizer_set_group(rt_, index, &g.value), "strata_optimizer_set_group");
+    }
+    Padded<strata_optimizer_group> out;
+    out.value.struct_size = in_.ConsumeIntegralInRange(0, 7)
+                                ? sizeof out.value
+                                : in_.ConsumeIntegralInRange<size_t>(0, sizeof out);
+    check(strata_optimizer_get_group(rt_, index, &out.value), "strata_optimizer_get_group");
+  }
+
+  void op_optimizer_add_param() {
+    Tensor* param = nullptr;
+    Tensor* grad = nullptr;
+    const strata_tensor p = pick_handle(&param);
+    const strata_tensor g = pick_handle(&grad);
+    const int rc = strata_optimizer_add_param(rt_, in_.ConsumeIntegralInRange(0u, 4u), p, g);
+    check(rc, "strata_optimizer_add_param");
+    if (rc != STRATA_OK) return;
+    if (param == nullptr || grad == nullptr) {
+      fail("strata_optimizer_add_param", "accepted a handle that is not live");
+    }
+    param->optimized = true;
+    grad->optimized = true;
+  }
+
+  void op_optimizer_configure() {
+    Padded<strata_optimizer_options> padded;
+    strata_optimizer_options& o = padded.value;
+    strata_optimizer_options_init(&o);
+    pick_struct_size(padded);
+    if (in_.ConsumeBool()) o.max_grad_norm = in_.ConsumeFloatingPointInRange(-1.0, 10.0);
+    o.check_overflow = in_.ConsumeIntegralInRange(-1, 2);
+    o.overlap_backward = in_.ConsumeIntegralInRange(-1, 2);
+    if (in_.ConsumeBool()) o.sub_group_bytes = pick_bytes();
+    check(strata_optimizer_configure(rt_, in_.ConsumeIntegralInRange(0, 15) ? &o : nullptr),
+          "strata_optimizer_configure");
+  }
+
+  void op_optimizer_state() {
+    Tensor* t = nullptr;
+    const strata_tensor h = pick_handle(&t);
+    const auto state = static_cast<strata_optimizer_state>(in_.ConsumeIntegralInRange(-1, 3));
+    // Mostly the right size (4 bytes per element of an fp32, bf16 or fp16 parameter), or not.
+    uint64_t bytes = pick_bytes();
+    if (t != nullptr && in_.ConsumeBool()) {
+      bytes = t->bytes * (in_.ConsumeBool() ? 1 : 2);
+    }
+    bytes = std::min<uint64_t>(bytes, uint64_t{64} << 20);
+    std::vector<uint8_t> buffer(bytes);
+    for (auto& b : buffer) b = static_cast<uint8_t>(&b - buffer.data());
+    void* data = in_.ConsumeIntegralInRange(0, 15) && !buffer.empty() ? buffer.data() : nullptr;
+    check(in_.ConsumeBool() ? strata_optimizer_read_state(rt_, h, state, data, bytes)
+                            : strata_optimizer_write_state(rt_, h, state, data, bytes),
+          "strata_optimizer_read_state / write_state");
+  }
+
+  double pick_loss_scale() {
+    switch (in_.ConsumeIntegralInRange(0, 7)) {
+      case 0:
+        return 0.0;
+      case 1:
+        return -1.0;
+      case 2:
+        return in_.ConsumeFloatingPoint<double>();
+      default:
+        return 1.0;
+    }
+  }
+
+  strata_optimizer_result* pick_result() {
+    result_ = {};
+    result_.value.struct_size = in_.ConsumeIntegralInRange(0, 7)
+                                    ? sizeof result_.value
+                                    : in_.ConsumeIntegralInRange<size_t>(0, sizeof result_);
+    return in_.ConsumeIntegralInRange(0, 3) ? &result_.value : nullptr;
+  }
+
+  // After a call that may have updated parameters or discarded gradients: their bytes are
+  // the optimizer's now.
+  void forget_optimized() {
+    for (Tensor& t : tensors_) {
+      if (!t.optimized) continue;
+      std::fill(t.contents.begin(), t.contents.end(), -1);
+    }
+  }
+
   void verify_all() {
     for (Tensor& t : tensors_) {
       if (t.discarded ||
@@ -499,6 +682,7 @@ class Program {
   const uint64_t device_budget_;
   std::vector<Tensor> tensors_;
   std::vector<strata_tensor> dead_;
+  Padded<strata_optimizer_result> result_{};
   const bool verbose_ = std::getenv("C_API_FUZZ_VERBOSE") != nullptr;
 };
 
