@@ -820,7 +820,8 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
   }
 }
 
-bool Scheduler::start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use) {
+bool Scheduler::start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use,
+                               Status* impossible) {
   if (tier == Tier::kPinned) {
     if (!link_free(Link::kNvmeWrite)) return false;
     if (!r.extent.valid()) {
@@ -847,6 +848,7 @@ bool Scheduler::start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use
     if (space == Space::kWaiting && min_next_use == 0 && yield_staging_of_advancing(pinned_pool)) {
       space = ensure_space(pinned_pool, charge, min_next_use, &why);
     }
+    if (space == Space::kImpossible && impossible != nullptr) *impossible = std::move(why);
     if (space != Space::kReady) return false;
     if (!allocate_buffer(r, Tier::kPinned).is_ok()) return false;
     if (!issue(r, OpKind::kCopyToHost, /*cleaning=*/true, false).is_ok()) return false;
@@ -1236,38 +1238,16 @@ void Scheduler::flush_step() {
       // (pinned allocations, tensors at home there) leaves too little room for this tensor, the
       // flush would wait for it forever (found by tests/fuzz/c_api_fuzz): it fails instead, and
       // the data stays on the device.
-      const int pinned = r.pool[memory_index(Tier::kPinned)];
-      const uint64_t charge = r.charged[memory_index(Tier::kPinned)];
-      if (pinned != kNoPool) {
-        const PoolState& pool = pools_[pinned];
-        const uint64_t fixed = bytes_at_home(pinned);
-        if (charge > pool.spec.budget_bytes - std::min(fixed, pool.spec.budget_bytes)) {
-          note_async_failure(
-              r,
-              Status::error(STRATA_E_PINNED_BUDGET,
-                            "writing back " + label(r) + " from the device needs " +
-                                format_bytes(charge) + " of pool '" + pool.spec.name +
-                                "' (budget " + format_bytes(pool.spec.budget_bytes) +
-                                "), but tensors that never leave it hold " + format_bytes(fixed) +
-                                budget_advice(Tier::kPinned) + " or free some of them"),
-              /*report_globally=*/true);
-          continue;
-        }
+      // (A pool held by a tensor whose own failure is unreported is not this tensor's failure:
+      // that report ends the flush first.)
+      Status impossible;
+      if (!start_cleaning(r, Tier::kDevice, 0, &impossible) &&
+          impossible.code() == STRATA_E_PINNED_BUDGET) {
+        note_async_failure(r, std::move(impossible).with_context("writing back " + label(r)),
+                           /*report_globally=*/true);
       }
-      start_cleaning(r, Tier::kDevice, 0);
     }
   }
-}
-
-uint64_t Scheduler::bytes_at_home(int pool_index) const {
-  const PoolState& pool = pools_[pool_index];
-  const int mi = memory_index(pool.spec.tier);
-  uint64_t total = 0;
-  for (uint32_t index : pool.resident) {
-    const TensorRecord& r = registry_.at(index);
-    if (r.home == pool.spec.tier) total += r.charged[mi];
-  }
-  return total;
 }
 
 std::string Scheduler::describe_wait(const TensorRecord& r, Tier tier) const {

@@ -240,10 +240,11 @@ class Scheduler final : public CompletionSink {
   Result<AcquireAttempt> attempt_locked(uint32_t index, Tier tier, AccessMode mode);
   StepResult advance(TensorRecord& r, Tier target, uint64_t min_next_use, bool prefetch);
   Space ensure_space(int pool, uint64_t need, uint64_t min_next_use, Status* why);
-  bool start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use);
+  // Starts writing r's copy on tier back (device data to pinned memory, pinned data to NVMe);
+  // false when it cannot start now. *impossible, when given, receives why if it never can.
+  bool start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use,
+                      Status* impossible = nullptr);
   bool yield_staging_of_advancing(int pinned_pool);
-  // Bytes of a pool held by tensors at home in its tier, which never leave it.
-  uint64_t bytes_at_home(int pool_index) const;
   Status issue(TensorRecord& r, OpKind kind, bool cleaning, bool prefetch);
   void complete_locked(uint32_t id, Status status);
   Status take_async_error();

@@ -22,30 +22,8 @@ namespace strata::storage {
 
 namespace {
 
-// Generated names collide only if a previous run crashed with the same pid and random part, or
-// another process picked it; a few fresh tries settle either case.
-constexpr int kGeneratedNameAttempts = 8;
-
-std::string generated_swap_file_name() {
-  std::random_device entropy;
-  const uint64_t salt = (uint64_t{entropy()} << 32) | entropy();
-  char name[64];
-  std::snprintf(name, sizeof(name), "strata-%d-%016" PRIx64 ".swap", static_cast<int>(::getpid()),
-                salt);
-  return name;
-}
-
 bool is_plain_file_name(const std::string& name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos;
-}
-
-// Free bytes for an unprivileged writer (f_bavail excludes the root reserve).
-Result<uint64_t> free_bytes_of(int dir_fd, const std::string& path) {
-  struct statvfs vfs {};
-  if (::fstatvfs(dir_fd, &vfs) != 0) {
-    return errno_status(STRATA_E_IO, "statvfs of " + path, errno);
-  }
-  return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
 }
 
 Status swap_no_space(uint64_t asked, uint64_t free, const std::string& dir, const char* why) {
@@ -58,6 +36,23 @@ Status swap_no_space(uint64_t asked, uint64_t free, const std::string& dir, cons
 }
 
 }  // namespace
+
+std::string generated_name(const char* suffix) {
+  std::random_device entropy;
+  const uint64_t salt = (uint64_t{entropy()} << 32) | entropy();
+  char name[64];
+  std::snprintf(name, sizeof(name), "strata-%d-%016" PRIx64 "%s", static_cast<int>(::getpid()),
+                salt, suffix);
+  return name;
+}
+
+Result<uint64_t> free_bytes_of(int dir_fd, const std::string& path) {
+  struct statvfs vfs {};
+  if (::fstatvfs(dir_fd, &vfs) != 0) {
+    return errno_status(STRATA_E_IO, "statvfs of " + path, errno);
+  }
+  return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+}
 
 uint64_t default_swap_capacity(uint64_t free_bytes, uint64_t alignment) {
   return align_down(free_bytes / 2, alignment);
@@ -94,7 +89,7 @@ Result<BackingDevice> BackingDevice::open_swap_file(const BackingDeviceOptions& 
                             "' must be a plain name inside the directory");
   }
   for (int attempt = 0;; ++attempt) {
-    device.file_name_ = generated ? generated_swap_file_name() : options.swap_file_name;
+    device.file_name_ = generated ? generated_name(".swap") : options.swap_file_name;
     device.path_ = dir + (dir.back() == '/' ? "" : "/") + device.file_name_;
     // O_EXCL with O_CREAT fails on any existing name, symlinks included (dangling or not), so
     // Strata never writes through a link or into a file it did not create; O_NOFOLLOW says so

@@ -53,6 +53,16 @@ struct BackingDeviceOptions {
 // system (checkpoints, logs, datasets) keeps room to grow. Rounded down to alignment.
 uint64_t default_swap_capacity(uint64_t free_bytes, uint64_t alignment);
 
+// "strata-<pid>-<64 random bits><suffix>": the names of what Strata creates in a directory the
+// user named. Collide only with a crashed run of the same pid and draw, or a name put there on
+// purpose; creators retry with a fresh name, a few times.
+std::string generated_name(const char* suffix);
+inline constexpr int kGeneratedNameAttempts = 8;
+
+// Free bytes on the file system of dir_fd for an unprivileged writer (f_bavail excludes the root
+// reserve); path is for the message.
+Result<uint64_t> free_bytes_of(int dir_fd, const std::string& path);
+
 class BackingDevice {
  public:
   static Result<BackingDevice> open(const BackingDeviceOptions& options);

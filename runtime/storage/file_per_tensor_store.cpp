@@ -2,34 +2,21 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cinttypes>
-#include <cstdio>
-#include <random>
 #include <utility>
 
 #include "common/align.h"
 #include "common/assert.h"
 #include "common/units.h"
+#include "storage/backing_device.h"
 
 namespace strata::storage {
 
 namespace {
 
 constexpr uint32_t kMaxThreads = 64;
-constexpr int kDirectoryNameAttempts = 8;
-
-std::string generated_directory_name() {
-  std::random_device entropy;
-  const uint64_t salt = (uint64_t{entropy()} << 32) | entropy();
-  char name[64];
-  std::snprintf(name, sizeof(name), "strata-%d-%016" PRIx64 ".tensors",
-                static_cast<int>(::getpid()), salt);
-  return name;
-}
 
 // pread/pwrite the whole range, resubmitting short transfers and interrupted calls.
 Status transfer_all(int fd, void* buffer, uint64_t bytes, bool write, const std::string& path) {
@@ -83,14 +70,12 @@ Result<std::unique_ptr<FilePerTensorStore>> FilePerTensorStore::open(
     }
     return errno_status(STRATA_E_IO, "opening NVMe directory " + options.dir, err);
   }
-  struct statvfs vfs {};
-  if (::fstatvfs(parent.get(), &vfs) != 0) {
-    return errno_status(STRATA_E_IO, "statvfs of " + options.dir, errno);
-  }
-  const uint64_t free_bytes = uint64_t{vfs.f_bavail} * vfs.f_frsize;
+  auto free = free_bytes_of(parent.get(), options.dir);
+  if (!free) return std::move(free).take_status();
+  const uint64_t free_bytes = *free;
   const uint64_t capacity = options.capacity_bytes != 0
                                 ? align_down(options.capacity_bytes, kAlignment)
-                                : align_down(free_bytes / 2, kAlignment);
+                                : default_swap_capacity(free_bytes, kAlignment);
   if (capacity == 0) {
     return Status::error(STRATA_E_NOSPACE, "file-per-tensor NVMe tier: no room on " + options.dir +
                                                " (free " + format_bytes(free_bytes) + ")");
@@ -105,11 +90,12 @@ Result<std::unique_ptr<FilePerTensorStore>> FilePerTensorStore::open(
   // A private subdirectory: mkdirat fails on any existing name, links included, and the
   // descriptor opened with O_NOFOLLOW pins the directory that was made.
   for (int attempt = 0;; ++attempt) {
-    const std::string name = generated_directory_name();
+    const std::string name = generated_name(".tensors");
     if (::mkdirat(parent.get(), name.c_str(), 0700) != 0) {
-      if (errno == EEXIST && attempt + 1 < kDirectoryNameAttempts) continue;
-      return errno_status(errno == ENOSPC ? STRATA_E_NOSPACE : STRATA_E_IO,
-                          "creating " + options.dir + "/" + name, errno);
+      const int err = errno;
+      if (err == EEXIST && attempt + 1 < kGeneratedNameAttempts) continue;
+      return errno_status(err == ENOSPC ? STRATA_E_NOSPACE : STRATA_E_IO,
+                          "creating " + options.dir + "/" + name, err);
     }
     UniqueFd dir(
         ::openat(parent.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
@@ -121,24 +107,24 @@ Result<std::unique_ptr<FilePerTensorStore>> FilePerTensorStore::open(
     const std::string path = options.dir + (options.dir.back() == '/' ? "" : "/") + name;
     std::unique_ptr<FilePerTensorStore> store(
         new FilePerTensorStore(std::move(dir), path, capacity, options));
-    // Whether this file system takes O_DIRECT, found once on a probe file.
+    // Whether this file system takes O_DIRECT, found once on a probe file. A refused
+    // open(O_CREAT|O_DIRECT) may have created the file anyway: it goes before anything else.
     const int probe = ::openat(store->dir_fd_.get(), "probe",
                                O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_DIRECT, 0600);
-    if (probe >= 0) {
-      ::close(probe);
-    } else if (errno == EINVAL && options.allow_buffered) {
+    const int probe_errno = errno;
+    if (probe >= 0) ::close(probe);
+    ::unlinkat(store->dir_fd_.get(), "probe", 0);
+    if (probe < 0 && probe_errno == EINVAL && options.allow_buffered) {
       store->direct_io_ = false;
-    } else if (errno == EINVAL) {
+    } else if (probe < 0 && probe_errno == EINVAL) {
       (void)store->close();
       return unsupported("the file system of " + options.dir +
                          " refuses O_DIRECT (tmpfs or a FUSE mount?); put the NVMe tier on a "
                          "local file system");
-    } else {
-      const int err = errno;
+    } else if (probe < 0) {
       (void)store->close();
-      return errno_status(STRATA_E_IO, "creating a file in " + path, err);
+      return errno_status(STRATA_E_IO, "creating a file in " + path, probe_errno);
     }
-    ::unlinkat(store->dir_fd_.get(), "probe", 0);
     return store;
   }
 }
@@ -295,14 +281,14 @@ void FilePerTensorStore::enqueue_locked(const Request& request, uint64_t id,
   request.io->bytes = logical_bytes;
   request.io->extent_id = id;
   request.io->store = this;
-  queue_.emplace_back(request, id);
+  queue_.push_back(request);
   ++in_flight_;
   work_.notify_one();
 }
 
 void FilePerTensorStore::io_thread_main() {
   for (;;) {
-    std::pair<Request, uint64_t> next;
+    Request next;
     {
       std::unique_lock lock(mutex_);
       work_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -310,19 +296,20 @@ void FilePerTensorStore::io_thread_main() {
       next = queue_.front();
       queue_.pop_front();
     }
-    finish(next.first, next.second, transfer(next.first, next.second));
+    finish(next, transfer(next));
   }
 }
 
 // What DeepSpeed's swapper does per request: open the tensor's file, fstat it, transfer, close.
-Status FilePerTensorStore::transfer(const Request& request, uint64_t id) {
-  const std::string name = file_name(id);
+Status FilePerTensorStore::transfer(const Request& request) {
+  const std::string name = file_name(request.io->extent_id);
   int flags = O_RDWR | O_NOFOLLOW | O_CLOEXEC | (direct_io_ ? O_DIRECT : 0);
   if (request.create) flags |= O_CREAT | O_EXCL;
   UniqueFd fd(::openat(dir_fd_.get(), name.c_str(), flags, 0600));
   if (!fd.valid()) {
-    return errno_status(errno == ENOSPC ? STRATA_E_NOSPACE : STRATA_E_IO,
-                        "opening " + path_ + "/" + name, errno);
+    const int err = errno;
+    return errno_status(err == ENOSPC ? STRATA_E_NOSPACE : STRATA_E_IO,
+                        "opening " + path_ + "/" + name, err);
   }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) {
@@ -337,8 +324,9 @@ Status FilePerTensorStore::transfer(const Request& request, uint64_t id) {
                       path_ + "/" + name);
 }
 
-void FilePerTensorStore::finish(const Request& request, uint64_t id, Status status) {
+void FilePerTensorStore::finish(const Request& request, Status status) {
   ExtentIo* io = request.io;
+  const uint64_t id = io->extent_id;
   {
     std::lock_guard lock(mutex_);
     auto it = records_.find(id);

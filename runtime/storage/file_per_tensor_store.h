@@ -92,8 +92,9 @@ class FilePerTensorStore final : public SwapStore {
   Result<Record*> find_locked(const Extent& extent);
   void enqueue_locked(const Request& request, uint64_t id, uint64_t logical_bytes);
   void io_thread_main();
-  Status transfer(const Request& request, uint64_t id);  // open, fstat, pread/pwrite, close
-  void finish(const Request& request, uint64_t id, Status status);
+  // The extent's id travels in request.io->extent_id, set by enqueue_locked.
+  Status transfer(const Request& request);  // open, fstat, pread/pwrite, close
+  void finish(const Request& request, Status status);
   static std::string file_name(uint64_t id);
 
   UniqueFd dir_fd_;
@@ -105,7 +106,7 @@ class FilePerTensorStore final : public SwapStore {
   mutable std::mutex mutex_;
   std::condition_variable work_;  // requests queued, or stopping
   std::condition_variable idle_;  // in_flight_ dropped to 0
-  std::deque<std::pair<Request, uint64_t>> queue_;
+  std::deque<Request> queue_;
   std::unordered_map<uint64_t, Record> records_;
   uint64_t next_id_ = 1;
   uint64_t used_ = 0;

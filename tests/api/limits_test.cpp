@@ -3,10 +3,8 @@
 // change - never a crash. The OS limits are lowered in a child process (a death test), so the
 // test binary itself keeps its limits.
 #include <gtest/gtest.h>
-#include <linux/capability.h>
 #include <strata/strata.h>
 #include <sys/resource.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "capabilities.h"
 #include "sanitizers.h"
 
 namespace {
@@ -200,18 +199,8 @@ TEST_F(Limits, TooFewFileDescriptorsIsALimitErrorNamingRlimitNofile) {
   EXPECT_GE(refused, 3) << "the swap file, the ring and its eventfd each need a descriptor";
 }
 
-// Drops CAP_IPC_LOCK (root ignores RLIMIT_MEMLOCK otherwise): call in a child.
-void drop_ipc_lock() {
-  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct data[2] = {};
-  if (syscall(SYS_capget, &header, data) != 0) return;
-  data[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
-  data[CAP_IPC_LOCK / 32].permitted &= ~(1u << (CAP_IPC_LOCK % 32));
-  syscall(SYS_capset, &header, data);
-}
-
 int run_with_memlock_limit(const strata_config& config) {
-  drop_ipc_lock();
+  strata::testing::drop_ipc_lock();
   const rlimit low{64 << 10, 64 << 10};
   if (setrlimit(RLIMIT_MEMLOCK, &low) != 0) return 30;
   strata_runtime* rt = nullptr;

@@ -1,14 +1,13 @@
 #include "memory/pinned_arena.h"
 
 #include <gtest/gtest.h>
-#include <linux/capability.h>
 #include <sys/resource.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <map>
 
+#include "capabilities.h"
 #include "common/align.h"
 #include "io/io_engine.h"
 #include "memory/device.h"
@@ -239,19 +238,9 @@ TEST(PinnedArena, RegistersWithTheDevice) {
   ASSERT_TRUE(b.is_ok()) << b.status().message();
 }
 
-// Drops CAP_IPC_LOCK (root ignores RLIMIT_MEMLOCK otherwise) in this process: call in a child.
-void drop_ipc_lock() {
-  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct data[2] = {};
-  if (syscall(SYS_capget, &header, data) != 0) return;
-  data[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
-  data[CAP_IPC_LOCK / 32].permitted &= ~(1u << (CAP_IPC_LOCK % 32));
-  syscall(SYS_capset, &header, data);
-}
-
 // Runs in a forked child: the exit code says what happened.
 int lock_past_the_limit() {
-  drop_ipc_lock();
+  strata::testing::drop_ipc_lock();
   const rlimit limit{1 << 20, 1 << 20};
   setrlimit(RLIMIT_MEMLOCK, &limit);
   auto arena = PinnedArena::create(small_options(64 << 20));
