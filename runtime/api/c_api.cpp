@@ -3,6 +3,7 @@
 // and anything else into STRATA_E_INTERNAL.
 #include <strata/strata.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -10,10 +11,8 @@
 #include <unordered_set>
 
 #include "api/runtime.h"
-
-struct strata_runtime {
-  std::unique_ptr<strata::api::Runtime> impl;
-};
+#include "api/runtime_handle.h"
+#include "api/versioned_struct.h"
 
 namespace strata::api {
 namespace {
@@ -30,10 +29,33 @@ std::unordered_set<const strata_runtime*>& live_runtimes() {
   return set;
 }
 thread_local std::string create_error;
+// The owner tag of the last runtime created. Tags go round 1..65535 and skip those of live
+// runtimes, so no two live runtimes share one and a destroyed runtime's tag comes back only
+// after 65,535 creations. Guarded by live_mutex().
+uint16_t last_handle_owner = 0;
+
+// A tag no live runtime holds; STRATA_E_LIMIT when 65,535 runtimes are alive at once.
+Result<uint16_t> next_handle_owner() {
+  constexpr uint32_t kTags = 65535;
+  for (uint32_t tried = 0; tried < kTags; ++tried) {
+    last_handle_owner = static_cast<uint16_t>(last_handle_owner % kTags + 1);
+    const bool taken =
+        std::any_of(live_runtimes().begin(), live_runtimes().end(),
+                    [](const strata_runtime* rt) { return rt->handle_owner == last_handle_owner; });
+    if (!taken) return last_handle_owner;
+  }
+  return Status::error(STRATA_E_LIMIT, "65535 runtimes are alive in this process (the limit)");
+}
 
 bool is_live(const strata_runtime* rt) {
   std::lock_guard lock(live_mutex());
-  return live_runtimes().count(rt) != 0;
+  return live_runtimes().count(rt) != 0 && rt->impl != nullptr;
+}
+
+int fail_create(const Status& status) {
+  create_error = std::string("strata_runtime_create: ") + strata_strerror(status.code()) + ": " +
+                 status.message();
+  return status.code();
 }
 
 template <typename F>
@@ -99,14 +121,6 @@ constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 56;
 constexpr size_t kMaxNameBytes = 4096;
 constexpr size_t kMaxScheduleEntries = size_t{1} << 24;
 
-Status check_size_struct(size_t struct_size, size_t min_size, const char* what) {
-  if (struct_size < min_size || struct_size > 65536) {
-    return invalid_argument(std::string(what) + ".struct_size is " + std::to_string(struct_size) +
-                            ": set it to sizeof(" + what + ")");
-  }
-  return Status::ok();
-}
-
 // strata_tensor_write (write) and strata_tensor_read: through a pinned acquire, wherever the
 // tensor lives.
 Status copy_tensor(Runtime& rt, sched::TensorHandle handle, void* caller, uint64_t offset,
@@ -142,18 +156,16 @@ Status copy_tensor(Runtime& rt, sched::TensorHandle handle, void* caller, uint64
   return rt.scheduler().release(handle, /*dirty=*/write);
 }
 
-// Structs the caller passes in: at least this library's size (no older version exists yet), and
-// fields of a newer header that this library does not know must be zero (their defaults).
-Status check_struct_in(const void* s, size_t struct_size, size_t known, const char* what) {
-  STRATA_TRY(check_size_struct(struct_size, known, what));
-  const auto* extra = static_cast<const unsigned char*>(s) + known;
-  for (size_t i = 0; i < struct_size - known; ++i) {
-    if (extra[i] != 0) {
-      return unsupported(std::string(what) + " sets fields this library (" + strata_version() +
-                         ") does not know; use a newer libstrata");
-    }
-  }
-  return Status::ok();
+strata_optimizer_group default_group() {
+  strata_optimizer_group g{};
+  strata_optimizer_group_init(&g);
+  return g;
+}
+
+strata_optimizer_options default_options() {
+  strata_optimizer_options o{};
+  strata_optimizer_options_init(&o);
+  return o;
 }
 
 optim::GroupSettings group_settings(const strata_optimizer_group& g) {
@@ -207,15 +219,34 @@ int strata_runtime_create(const strata_config* config, strata_runtime** out) {
   *out = nullptr;
   Status status;
   try {
+    // The tag is taken first, by entering the live set with no implementation yet (is_live
+    // refuses such an entry), so two runtimes created at once on two threads get different ones.
+    // The reservation ends with the attempt unless it succeeds, whatever is thrown meanwhile.
+    auto rt = std::make_unique<strata_runtime>();
+    {
+      std::lock_guard lock(strata::api::live_mutex());
+      auto owner = strata::api::next_handle_owner();
+      if (!owner) return strata::api::fail_create(std::move(owner).take_status());
+      rt->handle_owner = owner.value();
+      strata::api::live_runtimes().insert(rt.get());
+    }
+    struct Reservation {
+      strata_runtime* rt;
+      ~Reservation() {
+        if (rt == nullptr) return;
+        std::lock_guard lock(strata::api::live_mutex());
+        strata::api::live_runtimes().erase(rt);
+      }
+    } reservation{rt.get()};
     auto runtime =
         config == nullptr
             ? strata::Result<std::unique_ptr<Runtime>>(invalid_argument("config is NULL"))
-            : Runtime::create(*config);
+            : Runtime::create(*config, rt->handle_owner);
     if (runtime) {
-      auto* rt = new strata_runtime{std::move(runtime.value())};
       std::lock_guard lock(strata::api::live_mutex());
-      strata::api::live_runtimes().insert(rt);
-      *out = rt;
+      rt->impl = std::move(runtime.value());
+      reservation.rt = nullptr;
+      *out = rt.release();
       return STRATA_OK;
     }
     status = std::move(runtime).take_status();
@@ -224,16 +255,18 @@ int strata_runtime_create(const strata_config* config, strata_runtime** out) {
   } catch (...) {
     status = Status::error(STRATA_E_INTERNAL, "unexpected exception");
   }
-  strata::api::create_error = std::string("strata_runtime_create: ") +
-                              strata_strerror(status.code()) + ": " + status.message();
-  return status.code();
+  return strata::api::fail_create(status);
 }
 
 int strata_runtime_destroy(strata_runtime* rt) {
   if (rt == nullptr) return STRATA_OK;
   {
     std::lock_guard lock(strata::api::live_mutex());
-    if (strata::api::live_runtimes().erase(rt) == 0) return STRATA_E_BAD_HANDLE;
+    auto& live = strata::api::live_runtimes();
+    auto it = live.find(rt);
+    // An entry with no implementation is a creation still under way: not a handle anyone holds.
+    if (it == live.end() || rt->impl == nullptr) return STRATA_E_BAD_HANDLE;
+    live.erase(it);
   }
   try {
     delete rt;
@@ -251,11 +284,12 @@ const char* strata_last_error(const strata_runtime* rt) {
 
 int strata_tensor_register(strata_runtime* rt, const strata_tensor_desc* desc, strata_tensor* out) {
   return guarded(rt, "strata_tensor_register", [&](Runtime& r) -> Status {
-    if (desc == nullptr || out == nullptr) return invalid_argument("desc or out is NULL");
+    if (out == nullptr) return invalid_argument("out is NULL");
     *out = STRATA_TENSOR_NONE;
-    STRATA_TRY(strata::api::check_size_struct(
-        desc->struct_size, offsetof(strata_tensor_desc, home_tier) + sizeof(strata_tier),
-        "strata_tensor_desc"));
+    auto read =
+        strata::api::read_struct_in(desc, strata::api::default_tensor_desc(), "strata_tensor_desc");
+    if (!read) return std::move(read).take_status();
+    desc = &read.value();
     if (desc->bytes == 0 || desc->bytes > strata::api::kMaxTensorBytes) {
       return invalid_argument("tensor bytes " + std::to_string(desc->bytes) + " is zero or absurd");
     }
@@ -305,7 +339,15 @@ int strata_tensor_read(strata_runtime* rt, strata_tensor tensor, void* dst, uint
 
 int strata_tensor_unregister(strata_runtime* rt, strata_tensor tensor) {
   return guarded(rt, "strata_tensor_unregister", [&](Runtime& r) -> Status {
-    return r.scheduler().unregister_tensor(sched::TensorHandle::from_u64(tensor));
+    const auto handle = sched::TensorHandle::from_u64(tensor);
+    auto info = r.scheduler().describe(handle);
+    if (!info) return std::move(info).take_status();
+    if (info->allocation) {
+      return Status::error(STRATA_E_STATE, "tensor " + std::to_string(tensor) +
+                                               " is a strata_malloc allocation: free it with "
+                                               "strata_free");
+    }
+    return r.scheduler().unregister_tensor(handle);
   });
 }
 
@@ -328,10 +370,19 @@ int strata_malloc(strata_runtime* rt, uint64_t bytes, strata_tier tier, uint32_t
     spec.kind = strata::TensorKind::kOther;
     sched::RegisterOptions options;
     options.bytes = bytes;
+    options.allocation = true;
     // Offloadable: rests on NVMe when released, like any tensor. Otherwise it lives on its tier.
     options.home = (flags & STRATA_MALLOC_OFFLOADABLE) ? sched::Tier::kNvme : placed.value();
     auto handle = r.scheduler().register_tensor(spec, options);
     if (!handle) return std::move(handle).take_status();
+    // The memory is taken now, on its tier, as malloc's is: a budget that cannot hold it fails
+    // here with the numbers, not at some later acquire. Its contents are undefined (whatever the
+    // buffer held) until written, and an offloadable allocation may be spilled from here on.
+    Status reserved = r.scheduler().reserve(*handle, placed.value(), strata::api::kAcquireTimeout);
+    if (!reserved) {
+      (void)r.scheduler().unregister_tensor(*handle);
+      return std::move(reserved).with_context("strata_malloc of " + std::to_string(bytes) + " bytes");
+    }
     *out = handle->to_u64();
     return Status::ok();
   });
@@ -339,7 +390,15 @@ int strata_malloc(strata_runtime* rt, uint64_t bytes, strata_tier tier, uint32_t
 
 int strata_free(strata_runtime* rt, strata_tensor allocation) {
   return guarded(rt, "strata_free", [&](Runtime& r) -> Status {
-    return r.scheduler().unregister_tensor(sched::TensorHandle::from_u64(allocation));
+    const auto handle = sched::TensorHandle::from_u64(allocation);
+    auto info = r.scheduler().describe(handle);
+    if (!info) return std::move(info).take_status();
+    if (!info->allocation) {
+      return Status::error(STRATA_E_STATE, "tensor '" + info->name +
+                                               "' was registered, not allocated with "
+                                               "strata_malloc: use strata_tensor_unregister");
+    }
+    return r.scheduler().unregister_tensor(handle);
   });
 }
 
@@ -406,30 +465,28 @@ int strata_declare_schedule(strata_runtime* rt, const strata_schedule_entry* ent
 int strata_acquire(strata_runtime* rt, strata_tensor tensor, strata_tier tier, uint32_t flags,
                    strata_acquired* out) {
   return guarded(rt, "strata_acquire", [&](Runtime& r) -> Status {
-    if (out == nullptr) return invalid_argument("out is NULL");
-    STRATA_TRY(strata::api::check_size_struct(
-        out->struct_size, offsetof(strata_acquired, ready_event) + sizeof(void*),
-        "strata_acquired"));
+    STRATA_TRY(strata::api::check_struct_out(out, "strata_acquired"));
     if ((flags & ~STRATA_ACQUIRE_DISCARD) != 0) {
       return invalid_argument("unknown flags " + std::to_string(flags));
     }
     auto where = strata::api::memory_tier(tier, "strata_acquire");
     if (!where) return std::move(where).take_status();
     const auto handle = sched::TensorHandle::from_u64(tensor);
-    auto info = r.scheduler().describe(handle);
-    if (!info) return std::move(info).take_status();
-    // A tensor with no contents yet (a fresh strata_malloc) has nothing to load: its bytes are
-    // undefined until written, as malloc's are.
-    const bool nothing_to_read =
-        (flags & STRATA_ACQUIRE_DISCARD) != 0 || info->residency == sched::Residency::kUnwritten;
-    const auto mode = nothing_to_read ? sched::AccessMode::kOverwrite : sched::AccessMode::kRead;
+    // Without DISCARD the contents are read, and a tensor that has none (never written, or
+    // discarded) is STRATA_E_STATE: handing out whatever the buffer holds as "the contents"
+    // would let an optimizer consume last step's gradient. (A fresh strata_malloc has contents:
+    // undefined ones, taken at the call.)
+    const auto mode = (flags & STRATA_ACQUIRE_DISCARD) != 0 ? sched::AccessMode::kOverwrite
+                                                            : sched::AccessMode::kRead;
     auto acquired =
         r.scheduler().acquire(handle, where.value(), mode, strata::api::kAcquireTimeout);
     if (!acquired) return std::move(acquired).take_status();
-    out->data = acquired->data;
-    out->bytes = acquired->bytes;
+    strata_acquired result{};
+    result.data = acquired->data;
+    result.bytes = acquired->bytes;
     // The backend completes a copy to the device only after its event fired: data is ready.
-    out->ready_event = nullptr;
+    result.ready_event = nullptr;
+    strata::api::write_struct_out(out, result);
     return Status::ok();
   });
 }
@@ -459,15 +516,16 @@ int strata_sync(strata_runtime* rt) {
 
 int strata_get_stats(strata_runtime* rt, strata_stats* out) {
   return guarded(rt, "strata_get_stats", [&](Runtime& r) -> Status {
-    if (out == nullptr) return invalid_argument("out is NULL");
-    const int rc = strata::memory::fill_stats(r.accounting(), &r.device(), &r.sampler(), out);
-    if (rc != STRATA_OK) return invalid_argument("strata_stats.struct_size is invalid");
+    STRATA_TRY(strata::api::check_struct_out(out, "strata_stats"));
+    strata_stats stats{};
+    stats.struct_size = sizeof stats;
+    const int rc = strata::memory::fill_stats(r.accounting(), &r.device(), &r.sampler(), &stats);
+    if (rc != STRATA_OK) return Status::error(rc, "filling strata_stats");
     // NVMe traffic as the extent store counted it (successful, verified transfers only).
     const auto store = r.store().stats();
-    if (out->struct_size >= offsetof(strata_stats, nvme_bytes_written) + sizeof(uint64_t)) {
-      out->nvme_bytes_read = store.bytes_read;
-      out->nvme_bytes_written = store.bytes_written;
-    }
+    stats.nvme_bytes_read = store.bytes_read;
+    stats.nvme_bytes_written = store.bytes_written;
+    strata::api::write_struct_out(out, stats);
     return Status::ok();
   });
 }
@@ -506,11 +564,12 @@ int strata_optimizer_group_init(strata_optimizer_group* group) {
 int strata_optimizer_add_group(strata_runtime* rt, const strata_optimizer_group* group,
                                uint32_t* index) {
   return guarded(rt, "strata_optimizer_add_group", [&](Runtime& r) -> Status {
-    if (group == nullptr || index == nullptr) return invalid_argument("group or index is NULL");
-    STRATA_TRY(strata::api::check_struct_in(group, group->struct_size, sizeof *group,
-                                            "strata_optimizer_group"));
+    if (index == nullptr) return invalid_argument("index is NULL");
+    auto read =
+        strata::api::read_struct_in(group, strata::api::default_group(), "strata_optimizer_group");
+    if (!read) return std::move(read).take_status();
     STRATA_OPTIMIZER(r, optimizer);
-    auto added = optimizer.add_group(strata::api::group_settings(*group));
+    auto added = optimizer.add_group(strata::api::group_settings(*read));
     if (!added) return std::move(added).take_status();
     *index = added.value();
     return Status::ok();
@@ -520,28 +579,28 @@ int strata_optimizer_add_group(strata_runtime* rt, const strata_optimizer_group*
 int strata_optimizer_set_group(strata_runtime* rt, uint32_t index,
                                const strata_optimizer_group* group) {
   return guarded(rt, "strata_optimizer_set_group", [&](Runtime& r) -> Status {
-    if (group == nullptr) return invalid_argument("group is NULL");
-    STRATA_TRY(strata::api::check_struct_in(group, group->struct_size, sizeof *group,
-                                            "strata_optimizer_group"));
+    auto read =
+        strata::api::read_struct_in(group, strata::api::default_group(), "strata_optimizer_group");
+    if (!read) return std::move(read).take_status();
     STRATA_OPTIMIZER(r, optimizer);
-    return optimizer.set_group(index, strata::api::group_settings(*group));
+    return optimizer.set_group(index, strata::api::group_settings(*read));
   });
 }
 
 int strata_optimizer_get_group(strata_runtime* rt, uint32_t index, strata_optimizer_group* out) {
   return guarded(rt, "strata_optimizer_get_group", [&](Runtime& r) -> Status {
-    if (out == nullptr) return invalid_argument("out is NULL");
-    STRATA_TRY(
-        strata::api::check_size_struct(out->struct_size, sizeof *out, "strata_optimizer_group"));
+    STRATA_TRY(strata::api::check_struct_out(out, "strata_optimizer_group"));
     STRATA_OPTIMIZER(r, optimizer);
     auto group = optimizer.group(index);
     if (!group) return std::move(group).take_status();
-    out->lr = group->lr;
-    out->beta1 = group->beta1;
-    out->beta2 = group->beta2;
-    out->eps = group->eps;
-    out->weight_decay = group->weight_decay;
-    out->decoupled_weight_decay = group->decoupled ? 1 : 0;
+    strata_optimizer_group g{};
+    g.lr = group->lr;
+    g.beta1 = group->beta1;
+    g.beta2 = group->beta2;
+    g.eps = group->eps;
+    g.weight_decay = group->weight_decay;
+    g.decoupled_weight_decay = group->decoupled ? 1 : 0;
+    strata::api::write_struct_out(out, g);
     return Status::ok();
   });
 }
@@ -569,9 +628,10 @@ int strata_optimizer_options_init(strata_optimizer_options* options) {
 
 int strata_optimizer_configure(strata_runtime* rt, const strata_optimizer_options* options) {
   return guarded(rt, "strata_optimizer_configure", [&](Runtime& r) -> Status {
-    if (options == nullptr) return invalid_argument("options is NULL");
-    STRATA_TRY(strata::api::check_struct_in(options, options->struct_size, sizeof *options,
-                                            "strata_optimizer_options"));
+    auto read = strata::api::read_struct_in(options, strata::api::default_options(),
+                                            "strata_optimizer_options");
+    if (!read) return std::move(read).take_status();
+    options = &read.value();
     if ((options->check_overflow != 0 && options->check_overflow != 1) ||
         (options->overlap_backward != 0 && options->overlap_backward != 1)) {
       return invalid_argument("check_overflow and overlap_backward must be 0 or 1");
@@ -586,6 +646,21 @@ int strata_optimizer_configure(strata_runtime* rt, const strata_optimizer_option
   });
 }
 
+int strata_optimizer_get_options(strata_runtime* rt, strata_optimizer_options* out) {
+  return guarded(rt, "strata_optimizer_get_options", [&](Runtime& r) -> Status {
+    STRATA_TRY(strata::api::check_struct_out(out, "strata_optimizer_options"));
+    STRATA_OPTIMIZER(r, optimizer);
+    const optim::TieredOptimizerOptions o = optimizer.options();
+    strata_optimizer_options options{};
+    options.max_grad_norm = o.max_grad_norm;
+    options.check_overflow = o.check_overflow ? 1 : 0;
+    options.overlap_backward = o.overlap_backward ? 1 : 0;
+    options.sub_group_bytes = o.sub_group_bytes;
+    strata::api::write_struct_out(out, options);
+    return Status::ok();
+  });
+}
+
 int strata_optimizer_grad_ready(strata_runtime* rt, strata_tensor param) {
   return guarded(rt, "strata_optimizer_grad_ready", [&](Runtime& r) -> Status {
     STRATA_OPTIMIZER(r, optimizer);
@@ -596,19 +671,20 @@ int strata_optimizer_grad_ready(strata_runtime* rt, strata_tensor param) {
 int strata_optimizer_step(strata_runtime* rt, double loss_scale, strata_optimizer_result* result) {
   return guarded(rt, "strata_optimizer_step", [&](Runtime& r) -> Status {
     if (result != nullptr) {
-      STRATA_TRY(strata::api::check_size_struct(result->struct_size, sizeof *result,
-                                                "strata_optimizer_result"));
+      STRATA_TRY(strata::api::check_struct_out(result, "strata_optimizer_result"));
     }
     STRATA_OPTIMIZER(r, optimizer);
     auto report = optimizer.step(loss_scale);
     if (!report) return std::move(report).take_status();
     if (result != nullptr) {
-      result->found_nonfinite = report->found_nonfinite ? 1 : 0;
-      result->grad_norm = report->grad_norm;
-      result->step = report->step;
-      result->read_wait_seconds = report->read_wait_seconds;
-      result->update_seconds = report->update_seconds;
-      result->write_wait_seconds = report->write_wait_seconds;
+      strata_optimizer_result out{};
+      out.found_nonfinite = report->found_nonfinite ? 1 : 0;
+      out.grad_norm = report->grad_norm;
+      out.step = report->step;
+      out.read_wait_seconds = report->read_wait_seconds;
+      out.update_seconds = report->update_seconds;
+      out.write_wait_seconds = report->write_wait_seconds;
+      strata::api::write_struct_out(result, out);
     }
     return Status::ok();
   });

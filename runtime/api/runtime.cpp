@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include "api/versioned_struct.h"
 #include "common/align.h"
 #include "common/units.h"
 #include "io/engine_factory.h"
@@ -21,8 +22,6 @@ constexpr uint32_t kMaxQueueDepth = 4096;
 constexpr uint32_t kMaxBlockSize = 64u << 20;
 constexpr uint32_t kMaxThreads = 256;
 constexpr uint32_t kMaxTraceEvents = 1u << 26;
-// The smallest struct_size any released header had: up to and including numa_node.
-constexpr size_t kMinConfigSize = offsetof(strata_config, numa_node) + sizeof(int);
 
 io::IoEngineKind engine_kind(strata_io_engine engine) {
   switch (engine) {
@@ -70,7 +69,10 @@ Result<sched::MemoryPlan> zero_infinity_plan(const strata_config& c) {
   inventory.reserve(c.planned_tensor_count);
   uint64_t planned_bytes = 0;
   for (size_t i = 0; i < c.planned_tensor_count; ++i) {
-    const strata_tensor_desc& d = c.planned_tensors[i];
+    auto element = read_array_element_in(c.planned_tensors, i, default_tensor_desc(),
+                                         "config.planned_tensors");
+    if (!element) return std::move(element).take_status();
+    const strata_tensor_desc& d = element.value();
     if (d.bytes == 0 || d.bytes > kMaxPlannedBytes - planned_bytes || d.dtype < STRATA_DTYPE_F32 ||
         d.dtype > STRATA_DTYPE_U8 || d.kind < STRATA_KIND_PARAMETER || d.kind > STRATA_KIND_OTHER) {
       return invalid_argument("planned_tensors[" + std::to_string(i) + "] is invalid (sizes: " +
@@ -95,24 +97,11 @@ Result<sched::MemoryPlan> zero_infinity_plan(const strata_config& c) {
 }  // namespace
 
 Result<strata_config> normalize_config(const strata_config* in) {
-  if (in == nullptr) return invalid_argument("config is NULL");
-  if (in->struct_size < kMinConfigSize || in->struct_size > 65536) {
-    return invalid_argument("config.struct_size is " + std::to_string(in->struct_size) +
-                            ": set it to sizeof(strata_config) (strata_config_init does)");
-  }
-  strata_config c{};
-  strata_config_init(&c);
-  // Newer, larger structs: the fields this library does not know must be zero (their defaults).
-  if (in->struct_size > sizeof c) {
-    const auto* extra = reinterpret_cast<const unsigned char*>(in) + sizeof c;
-    if (std::any_of(extra, extra + (in->struct_size - sizeof c),
-                    [](unsigned char b) { return b; })) {
-      return unsupported("config sets fields this library (" + std::string(strata_version()) +
-                         ") does not know; use a newer libstrata");
-    }
-  }
-  std::memcpy(&c, in, std::min(in->struct_size, sizeof c));
-  c.struct_size = sizeof c;
+  strata_config defaults{};
+  strata_config_init(&defaults);
+  auto read = read_struct_in(in, defaults, "strata_config");
+  if (!read) return std::move(read).take_status();
+  strata_config c = read.value();
 
   const bool has_path = c.nvme_path != nullptr && c.nvme_path[0] != '\0';
   const bool has_device = c.raw_device != nullptr && c.raw_device[0] != '\0';
@@ -169,7 +158,7 @@ Result<strata_config> normalize_config(const strata_config* in) {
   return c;
 }
 
-Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in) {
+Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in, uint16_t handle_owner) {
   auto normalized = normalize_config(&in);
   if (!normalized) return std::move(normalized).take_status();
   std::unique_ptr<Runtime> rt(new Runtime());
@@ -280,6 +269,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in) {
       std::make_unique<RealBackend>(*rt->store_, *rt->arena_, *rt->device_, backend_options);
 
   sched::SchedulerConfig sched_config;
+  sched_config.handle_owner = handle_owner;
   if (c.policy == STRATA_POLICY_ZERO_INFINITY) {
     auto plan = zero_infinity_plan(c);
     if (!plan) return std::move(plan).take_status().with_context("policy zero-infinity");

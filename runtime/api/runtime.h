@@ -32,8 +32,10 @@ inline constexpr std::chrono::seconds kAcquireTimeout{300};
 class Runtime {
  public:
   // Validates the config (every field) and builds the tiers. The config may be an older, smaller
-  // struct: missing fields keep their defaults.
-  static Result<std::unique_ptr<Runtime>> create(const strata_config& config);
+  // struct: missing fields keep their defaults. handle_owner tags the tensor handles this runtime
+  // issues (the C API gives each live runtime its own, so handles of another are refused).
+  static Result<std::unique_ptr<Runtime>> create(const strata_config& config,
+                                                 uint16_t handle_owner = 0);
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/owner_process.h"
+
 namespace strata::optim {
 namespace {
 
@@ -54,15 +56,45 @@ Result<HashState> new_hash() {
   return state;
 }
 
-// Temporary names are unique per process and call, so concurrent exports to one directory (or a
-// stale file of a killed exporter with a reused pid) never collide: O_EXCL would refuse them.
+// Temporaries sit beside the checkpoint as ".<name>.tmp.<owner tag>.<counter>". The name is
+// unique per process and call, so concurrent exports to one directory never collide (O_EXCL would
+// refuse them), and the owner tag (pid and start time) lets a later export or import tell a
+// temporary whose writer is gone from one still being written.
+std::string temp_prefix_for(const std::filesystem::path& target) {
+  return "." + target.filename().string() + ".tmp.";
+}
+
 std::string temp_name_for(const std::string& path) {
   static std::atomic<uint64_t> counter{0};
   const std::filesystem::path target(path);
-  const std::string name = "." + target.filename().string() + ".tmp." + std::to_string(getpid()) +
-                           "." + std::to_string(counter.fetch_add(1));
+  const std::string name =
+      temp_prefix_for(target) + owner_tag() + "." + std::to_string(counter.fetch_add(1));
   return (target.parent_path() / name).string();
 }
+
+}  // namespace
+
+uint32_t remove_stale_temporaries(const std::string& path) {
+  const std::filesystem::path target(path);
+  const std::filesystem::path dir =
+      target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path();
+  const std::string prefix = temp_prefix_for(target);
+  uint32_t removed = 0;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    // "<owner tag>.<counter>": the tag is what comes before the last dot.
+    const std::string rest = name.substr(prefix.size());
+    const size_t dot = rest.rfind('.');
+    if (dot == std::string::npos || owner_alive(rest.substr(0, dot))) continue;
+    std::error_code file_ec;
+    if (it->is_regular_file(file_ec) && std::filesystem::remove(it->path(), file_ec)) ++removed;
+  }
+  return removed;
+}
+
+namespace {
 
 Status write_all(int fd, const void* data, uint64_t bytes, const std::string& path) {
   const auto* p = static_cast<const unsigned char*>(data);
@@ -94,6 +126,7 @@ CheckpointWriter::CheckpointWriter(std::string path, std::string temp_path, Uniq
 
 Result<std::unique_ptr<CheckpointWriter>> CheckpointWriter::create(const std::string& path) {
   if (path.empty()) return invalid_argument("checkpoint path is empty");
+  remove_stale_temporaries(path);
   const std::string temp = temp_name_for(path);
   UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   if (!fd.valid()) {
@@ -249,6 +282,7 @@ Status CheckpointWriter::commit() {
 
 Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::string& path) {
   if (path.empty()) return invalid_argument("checkpoint path is empty");
+  remove_stale_temporaries(path);
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) {
     const int e = errno;

@@ -54,6 +54,11 @@ struct CheckpointRecord {
   uint64_t offset = 0;  // file offset of the record's first byte
 };
 
+// Removes the temporaries an export to `path` left when its process died before finishing (killed,
+// crashed): those whose writer is certainly gone (common/owner_process.h), never one still being
+// written. Export and import call it first. Returns how many were removed.
+uint32_t remove_stale_temporaries(const std::string& path);
+
 // Streams one record at a time. Typical use: create, write_header, then per parameter
 // begin_record / append (master, exp_avg, exp_avg_sq: exactly 12 bytes per element in total)
 // / end_record, then commit.

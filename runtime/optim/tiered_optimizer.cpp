@@ -174,7 +174,11 @@ Status TieredOptimizer::configure(const TieredOptimizerOptions& options) {
   wait_idle_locked(lock);
   if (options.sub_group_bytes != options_.sub_group_bytes && !params_.empty()) {
     return Status::error(STRATA_E_STATE,
-                         "sub_group_bytes can change only before the first add_param");
+                         "sub_group_bytes is " + std::to_string(options_.sub_group_bytes) +
+                             " since the first add_param and cannot change to " +
+                             std::to_string(options.sub_group_bytes) +
+                             "; pass the value in force (strata_optimizer_get_options) to "
+                             "change the other options");
   }
   if (options.overlap_backward != options_.overlap_backward && overlapped_this_step_) {
     return Status::error(STRATA_E_STATE,

@@ -79,6 +79,10 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(const SchedulerConfig& conf
   if (config.max_tensors == 0 || config.max_prefetch_hints == 0 || config.max_waiting == 0) {
     return invalid_argument("scheduler: max_tensors, max_prefetch_hints, max_waiting must be > 0");
   }
+  if (config.max_tensors > kMaxHandleIndex + 1) {
+    return invalid_argument("scheduler: max_tensors is limited to " +
+                            std::to_string(kMaxHandleIndex + 1) + " (a handle's index field)");
+  }
   if (!executor) return invalid_argument("scheduler: no completion executor");
   return std::unique_ptr<Scheduler>(new Scheduler(config, backend, std::move(executor)));
 }
@@ -88,7 +92,7 @@ Scheduler::Scheduler(const SchedulerConfig& config, TierBackend& backend,
     : config_(config),
       backend_(backend),
       executor_(std::move(executor)),
-      registry_(config.max_tensors) {
+      registry_(config.max_tensors, config.handle_owner) {
   for (const PoolSpec& spec : config_.memory.pools) {
     PoolState pool;
     pool.spec = spec;
@@ -172,7 +176,9 @@ Result<TensorHandle> Scheduler::register_tensor(const TensorSpec& spec,
                                     budget_advice(options.home)));
     }
   }
-  if (options.contents_on_nvme) {
+  // A tensor that rests on NVMe gets its NVMe space now: over-commit is an error at set-up, with
+  // the numbers, never a write-back failing hours into a run. Write-backs reuse this extent.
+  if (options.home == Tier::kNvme || options.contents_on_nvme) {
     Result<Extent> extent = backend_.allocate_extent(r.bytes);
     if (!extent) {
       return fail(std::move(extent).take_status().with_context("registering " + label(r)));
@@ -207,6 +213,7 @@ Status Scheduler::unregister_tensor(TensorHandle tensor, std::chrono::nanosecond
     if (r.buffer[memory_index(tier)].valid()) free_buffer(r, tier);
   }
   if (r.extent.valid()) backend_.free_extent(r.extent);
+  clear_failure(r);  // its failures were its own: nobody else hears of them now
   registry_.remove(tensor);
   pump();
   cv_.notify_all();
@@ -229,7 +236,8 @@ Result<TensorInfo> Scheduler::describe(TensorHandle tensor) const {
   info.valid = r.residency.valid();
   info.uses = r.uses;
   info.use_tier = r.use_tier;
-  info.has_error = r.failed;
+  info.has_error = r.failed();
+  info.allocation = r.allocation;
   return info;
 }
 
@@ -290,6 +298,11 @@ Status Scheduler::end_step() {
 
 Status Scheduler::begin_phase(PhaseKey key) {
   std::lock_guard lock(mu_);
+  if (!in_step_) {
+    return Status::error(STRATA_E_STATE, std::string("begin_phase(") + to_string(key.kind) + " " +
+                                             std::to_string(key.layer) +
+                                             ") outside a step: call begin_step first");
+  }
   if (in_phase_) {
     return Status::error(STRATA_E_STATE, std::string("begin_phase while phase ") +
                                              to_string(phase_key_.kind) + " " +
@@ -314,6 +327,10 @@ Status Scheduler::begin_phase(PhaseKey key) {
 
 Status Scheduler::end_phase(PhaseKey key) {
   std::lock_guard lock(mu_);
+  if (!in_step_) {
+    return Status::error(STRATA_E_STATE, std::string("end_phase(") + to_string(key.kind) + " " +
+                                             std::to_string(key.layer) + ") outside a step");
+  }
   if (!in_phase_ || !(key == phase_key_)) {
     return Status::error(STRATA_E_STATE, std::string("end_phase(") + to_string(key.kind) + " " +
                                              std::to_string(key.layer) +
@@ -353,6 +370,9 @@ Result<Acquired> Scheduler::acquire(TensorHandle tensor, Tier tier, AccessMode m
       ++r.waiters[mi];
       waiting = true;
       pump();
+      // Look again before sleeping: serving the demand may have shown the wait can never end
+      // (no room that could ever be made, a failed holder), and no completion would wake us.
+      continue;
     }
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
       // The deadline passed; one last look (a completion may have just arrived).
@@ -410,7 +430,9 @@ Result<AcquireAttempt> Scheduler::attempt_locked(uint32_t index, Tier tier, Acce
   const int mi = memory_index(tier);
   const AcquireAttempt pending{AcquireState::kPending, {}};
   const AdvancingGuard guard(advancing_, index);
-  if (r.failed) return take_tensor_error(r);
+  // A failed read has no data to give; a failed write-back left the newest data in memory, and
+  // reading it is fine (sync / end_step report the failure).
+  if (r.failed() && !r.durability_failed()) return take_tensor_error(r);
   if (r.uses > 0 && r.use_tier != tier) {
     return Status::error(STRATA_E_STATE, "cannot acquire " + label(r) + " on " + to_string(tier) +
                                              ": it is acquired on " + to_string(r.use_tier));
@@ -493,10 +515,9 @@ Status Scheduler::release(TensorHandle tensor, bool dirty, void* device_stream) 
   }
   --r.uses;
   r.last_use_tick = ++tick_;
-  Status report = r.failed ? take_tensor_error(r) : Status::ok();
   pump();
   cv_.notify_all();
-  return report;
+  return Status::ok();
 }
 
 Status Scheduler::discard(TensorHandle tensor) {
@@ -513,6 +534,12 @@ Status Scheduler::discard(TensorHandle tensor) {
   pump();
   cv_.notify_all();
   return Status::ok();
+}
+
+Status Scheduler::reserve(TensorHandle tensor, Tier tier, std::chrono::nanoseconds timeout) {
+  Result<Acquired> acquired = acquire(tensor, tier, AccessMode::kOverwrite, timeout);
+  if (!acquired) return std::move(acquired).take_status();
+  return release(tensor, /*dirty=*/false);
 }
 
 Status Scheduler::prefetch(TensorHandle tensor, Tier tier) {
@@ -553,7 +580,7 @@ Status Scheduler::flush(std::chrono::nanoseconds timeout) {
   flushing_ = true;
   pump();
   const bool done = cv_.wait_until(lock, deadline, [this] {
-    return (flush_done() && cleaning_inflight_ == 0) || async_error_.code() != STRATA_OK;
+    return (flush_done() && cleaning_inflight_ == 0) || durability_failures_ > 0;
   });
   flushing_ = false;
   if (!done) {
@@ -568,7 +595,7 @@ bool Scheduler::flush_done() const {
   for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
     if (!registry_.live(i)) continue;
     const TensorRecord& r = registry_.at(i);
-    if (r.residency.dirty() && r.uses == 0 && !r.failed && r.home == Tier::kNvme) return false;
+    if (r.residency.dirty() && r.uses == 0 && !r.failed() && r.home == Tier::kNvme) return false;
   }
   return true;
 }
@@ -666,9 +693,9 @@ void Scheduler::complete_locked(uint32_t id, Status status) {
     // A lost write-back or cleaning copy leaves dirty data pinned in memory: everybody waiting on
     // durability (sync, end_step) must hear of it. A failed read or copy-in only concerns the
     // tensor's next acquirer.
-    const bool global = op.kind == OpKind::kWriteBack || op.cleaning;
+    const bool durability = op.kind == OpKind::kWriteBack || op.cleaning;
     note_async_failure(r, std::move(status).with_context(std::string(what) + " " + label(r)),
-                       global);
+                       durability);
   }
   --inflight_[link];
   --inflight_total_;
@@ -680,46 +707,48 @@ void Scheduler::complete_locked(uint32_t id, Status status) {
   }
 }
 
-void Scheduler::note_async_failure(TensorRecord& r, const Status& status, bool report_globally) {
-  r.error = status;
-  r.failed = true;
-  r.write_failed = report_globally;
-  if (!report_globally) return;
-  if (async_error_.is_ok()) {
-    async_error_ = status;
-  } else {
-    ++async_more_;
+void Scheduler::note_async_failure(TensorRecord& r, const Status& status, bool durability) {
+  clear_failure(r);
+  r.failure = AsyncFailure{status, durability, ++failure_sequence_};
+  if (durability) ++durability_failures_;
+}
+
+void Scheduler::clear_failure(TensorRecord& r) {
+  if (r.durability_failed()) {
+    STRATA_ASSERT(durability_failures_ > 0);
+    --durability_failures_;
   }
+  r.failure.reset();
 }
 
 Status Scheduler::take_tensor_error(TensorRecord& r) {
-  Status error = std::move(r.error);
-  r.error = Status::ok();
-  r.failed = false;
-  r.write_failed = false;
+  STRATA_ASSERT(r.failed());
+  Status error = std::move(r.failure->status);
+  clear_failure(r);
   if (error.is_ok()) error = Status::error(STRATA_E_INTERNAL, label(r) + " failed without a cause");
   return error;
 }
 
 Status Scheduler::take_async_error() {
-  if (async_error_.is_ok()) return Status::ok();
-  Status error = std::move(async_error_);
-  async_error_ = Status::ok();
-  if (async_more_ > 0) {
-    error = Status::error(error.code(), error.message() + " (and " + std::to_string(async_more_) +
-                                            " more asynchronous failures)");
+  if (durability_failures_ == 0) return Status::ok();
+  const AsyncFailure* earliest = nullptr;
+  for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
+    if (!registry_.live(i) || !registry_.at(i).durability_failed()) continue;
+    const AsyncFailure& f = *registry_.at(i).failure;
+    if (earliest == nullptr || f.sequence < earliest->sequence) earliest = &f;
   }
-  async_more_ = 0;
+  STRATA_ASSERT(earliest != nullptr);
+  Status error = earliest->status;
+  if (durability_failures_ > 1) {
+    error = Status::error(error.code(), error.message() + " (and " +
+                                            std::to_string(durability_failures_ - 1) +
+                                            " more tensors whose write-back failed)");
+  }
   // Reported: the failed write-backs may be tried again.
   for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
-    if (!registry_.live(i)) continue;
-    TensorRecord& r = registry_.at(i);
-    if (r.failed && r.write_failed) {
-      r.failed = false;
-      r.write_failed = false;
-      r.error = Status::ok();
-    }
+    if (registry_.live(i) && registry_.at(i).durability_failed()) clear_failure(registry_.at(i));
   }
+  STRATA_ASSERT(durability_failures_ == 0);
   pump();
   return error;
 }
@@ -753,7 +782,7 @@ bool Scheduler::evictable(const TensorRecord& r, Tier tier) const {
   if (r.uses > 0 && r.use_tier == tier) return false;
   if (r.demanded()) return false;
   // Cleaning is a transfer: never on a tensor in use, nor one whose failure is unreported.
-  if (needs_cleaning(r, tier) && (r.uses > 0 || r.failed)) return false;
+  if (needs_cleaning(r, tier) && (r.uses > 0 || r.failed())) return false;
   return true;
 }
 
@@ -782,7 +811,7 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
     const TensorRecord* failed_holder = nullptr;
     for (uint32_t index : pool.resident) {
       const TensorRecord& c = registry_.at(index);
-      if (c.failed && needs_cleaning(c, tier)) {
+      if (c.failed() && needs_cleaning(c, tier)) {
         failed_holder = &c;
       } else if (c.home != tier) {
         potential += c.charged[mi];
@@ -793,11 +822,11 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
     const size_t v = choose_victim(scratch_, min_next_use, link_free(cleaning_link));
     if (v == kNoVictim) {
       if (potential < need && failed_holder != nullptr) {
-        *why =
-            Status::error(failed_holder->error.code(),
-                          "needs " + format_bytes(need) + " in pool '" + pool.spec.name +
-                              "', held by " + label(*failed_holder) +
-                              " until its failure is reported: " + failed_holder->error.message());
+        *why = Status::error(
+            failed_holder->failure->status.code(),
+            "needs " + format_bytes(need) + " in pool '" + pool.spec.name + "', held by " +
+                label(*failed_holder) +
+                " until its failure is reported: " + failed_holder->failure->status.message());
         return Space::kImpossible;
       }
       if (potential < need) {
@@ -816,7 +845,12 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
       ++stats_.evictions;
       continue;
     }
-    if (!start_cleaning(victim, tier, min_next_use)) return Space::kWaiting;
+    if (!start_cleaning(victim, tier, min_next_use)) {
+      // A cleaning that failed outright (no NVMe space for the write-back) marked the victim
+      // failed: look again without it, so that a hard error is never turned into a wait.
+      if (victim.durability_failed()) continue;
+      return Space::kWaiting;
+    }
   }
 }
 
@@ -829,7 +863,7 @@ bool Scheduler::start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use
       if (!extent) {
         note_async_failure(r,
                            std::move(extent).take_status().with_context("writing back " + label(r)),
-                           /*report_globally=*/true);
+                           /*durability=*/true);
         return false;
       }
       r.extent = *extent;
@@ -886,7 +920,11 @@ Scheduler::StepResult Scheduler::advance(TensorRecord& r, Tier target, uint64_t 
                                          bool prefetch) {
   if (r.residency.in_flight()) return {Step::kInFlight, {}};
   if (r.residency.valid_on(target)) return {Step::kResident, {}};
-  if (r.failed || r.discard_pending || r.uses > 0) return {Step::kSkip, {}};
+  // A failed read waits for its report; a failed write-back does not stop copies between the
+  // memory tiers (the data there is the newest).
+  if ((r.failed() && !r.durability_failed()) || r.discard_pending || r.uses > 0) {
+    return {Step::kSkip, {}};
+  }
   if (r.residency.state() == Residency::kUnwritten) return {Step::kSkip, {}};  // nothing to load
   const AdvancingGuard guard(advancing_, r.handle.index);
   const int mi = memory_index(target);
@@ -967,10 +1005,7 @@ Status Scheduler::issue(TensorRecord& r, OpKind kind, bool cleaning, bool prefet
     // caller gets the error directly, so only a lost write-back stays noted for sync/end_step.
     Status copy = submitted;
     complete_locked(id, std::move(copy));
-    if (!r.write_failed) {
-      r.failed = false;
-      r.error = Status::ok();
-    }
+    if (r.failed() && !r.durability_failed()) clear_failure(r);
     return submitted;
   }
   if (!cleaning) ++(prefetch ? stats_.prefetch_transfers : stats_.demand_transfers);
@@ -1056,9 +1091,7 @@ void Scheduler::apply_discard(TensorRecord& r) {
   Status discarded = r.residency.discard(r.spec.name);
   STRATA_ASSERT(discarded.is_ok());
   free_stale_buffers(r);
-  r.failed = false;
-  r.write_failed = false;
-  r.error = Status::ok();
+  clear_failure(r);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1228,7 +1261,7 @@ void Scheduler::flush_step() {
     // more pinned memory than the budget has, and the flush waited for it forever (found by
     // tests/fuzz/c_api_fuzz).
     if (r.home != Tier::kNvme) continue;
-    if (!r.residency.dirty() || r.uses > 0 || r.failed || r.residency.in_flight()) continue;
+    if (!r.residency.dirty() || r.uses > 0 || r.failed() || r.residency.in_flight()) continue;
     if (r.residency.valid_on(Tier::kPinned)) {
       if (!link_free(Link::kNvmeWrite)) continue;
       start_cleaning(r, Tier::kPinned, 0);
@@ -1244,7 +1277,7 @@ void Scheduler::flush_step() {
       if (!start_cleaning(r, Tier::kDevice, 0, &impossible) &&
           impossible.code() == STRATA_E_PINNED_BUDGET) {
         note_async_failure(r, std::move(impossible).with_context("writing back " + label(r)),
-                           /*report_globally=*/true);
+                           /*durability=*/true);
       }
     }
   }

@@ -37,7 +37,10 @@ namespace strata::sched {
 
 struct SchedulerConfig {
   MemoryPlan memory;                // pools and budgets (strata_memory_plan, zero_infinity_...)
-  uint32_t max_tensors = 1u << 20;  // live registrations
+  uint32_t max_tensors = 1u << 20;  // live registrations, at most kMaxHandleIndex + 1
+  // Tags every handle this scheduler issues, so a handle of another runtime is refused. The C
+  // API gives each live runtime its own.
+  uint16_t handle_owner = 0;
   // Transfers in flight per link (indexed by Link). They bound the backend's queues, so no queue
   // anywhere grows with the model; each is 1..kMaxInflightPerLink.
   std::array<uint32_t, kLinkCount> max_inflight = {8, 8, 4, 4};
@@ -77,7 +80,8 @@ struct TensorInfo {
   TierMask valid = 0;
   uint32_t uses = 0;
   Tier use_tier = Tier::kDevice;
-  bool has_error = false;  // an asynchronous failure waits to be reported
+  bool has_error = false;   // an asynchronous failure waits to be reported
+  bool allocation = false;  // made by strata_malloc
 };
 
 struct TierUsage {
@@ -179,6 +183,10 @@ class Scheduler final : public CompletionSink {
   // The contents are dead (e.g. gradients after the optimizer step): buffers freed, nothing
   // written back, the tensor becomes Unwritten. Deferred until a transfer in flight ends.
   Status discard(TensorHandle tensor);
+  // Takes the tensor's buffer on `tier` now (strata_malloc: memory is reserved at the call), by
+  // one acquire with kOverwrite and a release: the contents are then the buffer's (undefined)
+  // and count as written. Errors are acquire's: a budget that can never hold it fails at once.
+  Status reserve(TensorHandle tensor, Tier tier, std::chrono::nanoseconds timeout);
   // A hint: bring the tensor toward `tier` ahead of time, evicting only tensors not needed in
   // the current phase. Never blocks; hints beyond max_prefetch_hints push out the oldest.
   Status prefetch(TensorHandle tensor, Tier tier);
@@ -247,6 +255,8 @@ class Scheduler final : public CompletionSink {
   bool yield_staging_of_advancing(int pinned_pool);
   Status issue(TensorRecord& r, OpKind kind, bool cleaning, bool prefetch);
   void complete_locked(uint32_t id, Status status);
+  // The earliest unreported durability failure of a live tensor (with how many more), and every
+  // such failure cleared so its write-back may be tried again; OK when there is none.
   Status take_async_error();
   void charge(TensorRecord& r, Tier tier, bool add);
   Status allocate_buffer(TensorRecord& r, Tier tier);
@@ -260,7 +270,8 @@ class Scheduler final : public CompletionSink {
   bool link_free(Link link) const {
     return inflight_[static_cast<int>(link)] < config_.max_inflight[static_cast<int>(link)];
   }
-  void note_async_failure(TensorRecord& r, const Status& status, bool report_globally);
+  void note_async_failure(TensorRecord& r, const Status& status, bool durability);
+  void clear_failure(TensorRecord& r);
   Status take_tensor_error(TensorRecord& r);
   Status add_demand(const TensorRecord& r, Tier tier, AccessMode mode);
   void pump();
@@ -298,8 +309,8 @@ class Scheduler final : public CompletionSink {
   size_t hint_count_ = 0;
   std::vector<EvictionCandidate> scratch_;  // reused by ensure_space / clean_ahead
   uint64_t tick_ = 0;
-  Status async_error_;       // first unreported write-back / cleaning failure
-  uint32_t async_more_ = 0;  // further ones since
+  uint64_t failure_sequence_ = 0;     // orders AsyncFailure records
+  uint32_t durability_failures_ = 0;  // live tensors whose durability_failed()
   bool in_step_ = false;
   bool stopping_ = false;
   bool prefetch_enabled_ = true;

@@ -100,7 +100,8 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
   sc.window = config.window;
   sc.clean_headroom = config.clean_headroom;
   sc.record_first_step = false;
-  sc.max_tensors = static_cast<uint32_t>(std::min<size_t>(inventory.size(), UINT32_MAX - 1));
+  sc.max_tensors =
+      static_cast<uint32_t>(std::min<size_t>(inventory.size(), size_t{kMaxHandleIndex} + 1));
   Result<std::unique_ptr<Scheduler>> created =
       Scheduler::create(sc, backend, backend.context().get_executor());
   if (!created) return std::move(created).take_status().with_context("simulate");

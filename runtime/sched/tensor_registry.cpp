@@ -23,7 +23,8 @@ Result<TensorHandle> TensorRegistry::add(const TensorSpec& spec, const RegisterO
   }
   Slot& slot = slots_[index];
   ++slot.generation;
-  STRATA_ASSERT(slot.generation != 0);  // slots are retired before their generation wraps
+  // Slots are retired before their generation outgrows the handle's field.
+  STRATA_ASSERT(slot.generation != 0 && slot.generation <= kMaxHandleGeneration);
   live_generation_[index] = slot.generation;
   ++live_;
 
@@ -32,7 +33,8 @@ Result<TensorHandle> TensorRegistry::add(const TensorSpec& spec, const RegisterO
   r.spec = spec;
   r.bytes = bytes;
   r.home = options.home;
-  r.handle = {index, slot.generation};
+  r.allocation = options.allocation;
+  r.handle = {index, slot.generation, owner_};
   if (options.contents_on_nvme) r.residency = ResidencyState::on_nvme();
   return r.handle;
 }
@@ -44,10 +46,14 @@ void TensorRegistry::remove(TensorHandle handle) {
   slot.record = TensorRecord{};
   --live_;
   // A slot whose generation would wrap is retired, so a handle is never issued twice.
-  if (slot.generation != UINT32_MAX) free_slots_.push_back(handle.index);
+  if (slot.generation != kMaxHandleGeneration) free_slots_.push_back(handle.index);
 }
 
 Result<uint32_t> TensorRegistry::resolve(TensorHandle handle) const {
+  if (handle.owner != owner_) {
+    return Status::error(STRATA_E_BAD_HANDLE, "tensor handle " + std::to_string(handle.to_u64()) +
+                                                  " belongs to another runtime");
+  }
   if (handle.generation == 0 || handle.index >= live_generation_.size() ||
       live_generation_[handle.index] != handle.generation) {
     return Status::error(STRATA_E_BAD_HANDLE,

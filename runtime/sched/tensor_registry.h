@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,9 @@ struct RegisterOptions {
   // Its contents already sit in NVMe space the backend can name (simulation: every tensor of a
   // model in steady state; a restored swap file). Starts OnNvme instead of Unwritten.
   bool contents_on_nvme = false;
+  // A strata_malloc allocation rather than a registered tensor: strata_free takes it,
+  // strata_tensor_unregister refuses it (and the other way round).
+  bool allocation = false;
 };
 
 inline constexpr uint32_t kNoOp = std::numeric_limits<uint32_t>::max();
@@ -43,11 +47,21 @@ constexpr int memory_index(Tier tier) {
   return static_cast<int>(tier);
 }
 
+// A failed read or copy-in has no data to give: the tensor's next acquire reports it. A failed
+// write-back (durability) keeps the data in memory: the next sync, flush or end_step reports it,
+// the earliest first (sequence), after which the write-back may be tried again.
+struct AsyncFailure {
+  Status status;
+  bool durability = false;
+  uint64_t sequence = 0;
+};
+
 struct TensorRecord {
   TensorSpec spec;
   uint64_t bytes = 0;
   Tier home = Tier::kNvme;
   TensorHandle handle;
+  bool allocation = false;  // RegisterOptions::allocation
 
   // Placement, per memory tier: the pool the tensor is charged to (kNoPool: none serves its
   // kind there) and what one buffer costs in it.
@@ -69,12 +83,16 @@ struct TensorRecord {
 
   uint32_t op = kNoOp;           // the transfer in flight (one at a time per tensor)
   bool discard_pending = false;  // discard() came while a transfer was in flight
-  // An asynchronous failure (read, copy, write-back) not yet reported. The next acquire or
-  // release of the tensor returns it once; until then the scheduler does not retry on its own.
-  Status error;
-  bool failed = false;
-  bool write_failed = false;   // the failure was a write-back: also reported by sync / end_step
+  // An asynchronous failure of this tensor not yet reported; until it is, the scheduler does not
+  // retry the transfer on its own. It belongs to the tensor: unregistering or discarding the
+  // tensor forgets it.
+  std::optional<AsyncFailure> failure;
   uint64_t last_use_tick = 0;  // for LRU when no schedule exists yet
+
+  bool failed() const { return failure.has_value(); }
+  // A lost write-back (or the device->pinned copy before one): the newest data is still in
+  // memory and readable; sync / end_step report it.
+  bool durability_failed() const { return failure.has_value() && failure->durability; }
 
   bool demanded(Tier tier) const {
     return waiters[memory_index(tier)] > 0 || polled[memory_index(tier)];
@@ -84,8 +102,9 @@ struct TensorRecord {
 
 class TensorRegistry {
  public:
-  // Explicit limit on live tensors (a 405B model with Adam states has ~6,000).
-  explicit TensorRegistry(uint32_t max_tensors) : max_tensors_(max_tensors) {}
+  // Explicit limit on live tensors (a 405B model with Adam states has ~6,000), at most
+  // kMaxHandleIndex + 1 (a handle's index field). `owner` tags every handle this registry issues.
+  TensorRegistry(uint32_t max_tensors, uint16_t owner) : max_tensors_(max_tensors), owner_(owner) {}
 
   // Adds a record (placement fields left to the caller). STRATA_E_LIMIT past max_tensors,
   // STRATA_E_INVALID for a zero size or a nvme-less home the caller forbids.
@@ -119,6 +138,7 @@ class TensorRegistry {
   std::vector<uint32_t> free_slots_;
   uint32_t live_ = 0;
   uint32_t max_tensors_;
+  uint16_t owner_;
 };
 
 }  // namespace strata::sched

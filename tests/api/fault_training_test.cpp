@@ -22,12 +22,8 @@
 
 #include "api/framework_standin.h"
 #include "api/runtime.h"
+#include "api/runtime_handle.h"
 #include "io/fault_injection.h"
-
-// The C API's handle, as c_api.cpp defines it (an identical definition: one type, not two).
-struct strata_runtime {
-  std::unique_ptr<strata::api::Runtime> impl;
-};
 
 namespace {
 

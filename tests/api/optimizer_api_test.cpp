@@ -723,10 +723,39 @@ TEST_F(Optimizer, AnInterruptedExportNeverReplacesAGoodCheckpoint) {
       }
     }
     last_step = k;
+    // The killed exporter's temporary (there is one whenever the kill came mid-export) was
+    // removed by the import: its writer is gone.
+    for (const auto& entry : fs::directory_iterator(dir_)) {
+      EXPECT_EQ(entry.path().filename().string().rfind(".optim.ckpt.tmp.", 0), std::string::npos)
+          << "round " << round << " left " << entry.path();
+    }
     destroy();
     fs::remove_all(child_dir);
   }
   EXPECT_GE(last_step, 1);
+}
+
+TEST_F(Optimizer, AnExportRemovesStaleTemporariesButNeverOneStillBeingWritten) {
+  create(ModelSetup{});
+  const std::string path = dir_ + "/optim.ckpt";
+  // A writer that is gone: a child that exited and was reaped, so its pid names no process.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  const std::string stale = dir_ + "/.optim.ckpt.tmp." + std::to_string(child) + "-1.0";
+  // A writer still at work: this process (its own tag), and a pid whose start time differs.
+  const std::string live = dir_ + "/.optim.ckpt.tmp." + std::to_string(getpid()) + ".7";
+  const std::string reused = dir_ + "/.optim.ckpt.tmp." + std::to_string(getpid()) + "-1.8";
+  const std::string unrelated = dir_ + "/.other.ckpt.tmp." + std::to_string(child) + "-1.0";
+  for (const std::string& f : {stale, live, reused, unrelated}) std::ofstream(f) << "partial";
+  ASSERT_EQ(strata_optimizer_export(rt_, path.c_str()), STRATA_OK) << strata_last_error(rt_);
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_FALSE(fs::exists(reused)) << "a pid reused by another process is not the writer";
+  EXPECT_TRUE(fs::exists(unrelated)) << "another checkpoint's temporaries are not ours";
+  EXPECT_TRUE(fs::exists(path));
 }
 
 // ---- Refused calls ----

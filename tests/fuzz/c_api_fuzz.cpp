@@ -76,7 +76,9 @@ struct Tensor {
   strata_tier held_tier = STRATA_TIER_PINNED;
   void* data = nullptr;
   bool modified = false;  // the program wrote into the acquired buffer
-  bool discarded = false;
+  // No contents in the library's terms (registered and never written, or discarded): a read or a
+  // read-mode acquire must be refused (STRATA_E_STATE), never answered with stale bytes.
+  bool no_contents = false;
   // Put under the optimizer (as a parameter or its gradient): an optimizer call may rewrite or
   // discard it, so its bytes are undefined afterwards and a read may be refused.
   bool optimized = false;
@@ -249,7 +251,8 @@ class Program {
 
   void op_register() {
     const std::string name = in_.ConsumeRandomLengthString(40);
-    strata_tensor_desc d{};
+    Padded<strata_tensor_desc> padded;
+    strata_tensor_desc& d = padded.value;
     d.struct_size = in_.ConsumeIntegralInRange(0, 15) == 0
                         ? in_.ConsumeIntegralInRange<size_t>(0, 100)
                         : sizeof d;
@@ -265,7 +268,7 @@ class Program {
         strata_tensor_register(rt_, &d, in_.ConsumeIntegralInRange(0, 20) ? &out : nullptr);
     check(rc, "strata_tensor_register bytes " + std::to_string(d.bytes) + " home " +
                   std::to_string(d.home_tier) + " -> " + std::to_string(out));
-    if (rc == STRATA_OK) add(out, d.bytes, d.home_tier);
+    if (rc == STRATA_OK) add(out, d.bytes, d.home_tier, /*allocation=*/false);
   }
 
   void op_malloc() {
@@ -278,11 +281,13 @@ class Program {
     const int rc = strata_malloc(rt_, bytes, tier, flags, &out);
     check(rc, "strata_malloc bytes " + std::to_string(bytes) + " tier " + std::to_string(tier) +
                   " flags " + std::to_string(flags) + " -> " + std::to_string(out));
-    if (rc == STRATA_OK)
-      add(out, bytes, (flags & STRATA_MALLOC_OFFLOADABLE) ? STRATA_TIER_NVME : tier);
+    if (rc == STRATA_OK) {
+      add(out, bytes, (flags & STRATA_MALLOC_OFFLOADABLE) ? STRATA_TIER_NVME : tier,
+          /*allocation=*/true);
+    }
   }
 
-  void add(strata_tensor handle, uint64_t bytes, strata_tier home) {
+  void add(strata_tensor handle, uint64_t bytes, strata_tier home, bool allocation) {
     if (handle == STRATA_TENSOR_NONE) fail("register", "returned OK and handle 0");
     for (const Tensor& t : tensors_) {
       if (t.handle == handle) fail("register", "handed out a live handle twice");
@@ -294,6 +299,7 @@ class Program {
     t.handle = handle;
     t.bytes = bytes;
     t.home = home;
+    t.no_contents = !allocation;  // an allocation's contents are undefined, not absent
     // Registration takes any size up to 2^56 (nothing is allocated); the model only follows
     // tensors small enough to ever be resident here. A larger one has no model (empty) and is
     // never compared.
@@ -340,8 +346,8 @@ class Program {
     if (t == nullptr) fail("strata_tensor_write", "accepted a handle that is not live");
     if (bytes > t->bytes || offset > t->bytes - bytes)
       fail("strata_tensor_write", "accepted a bad range");
-    if (t->discarded) std::fill(t->contents.begin(), t->contents.end(), -1);
-    t->discarded = false;
+    if (t->no_contents) std::fill(t->contents.begin(), t->contents.end(), -1);
+    t->no_contents = false;
     if (t->contents.size() != t->bytes) return;
     for (uint64_t i = 0; i < bytes; ++i) t->contents[offset + i] = src[i];
   }
@@ -360,8 +366,8 @@ class Program {
     if (t == nullptr) fail("strata_tensor_read", "accepted a handle that is not live");
     if (bytes > t->bytes || offset > t->bytes - bytes)
       fail("strata_tensor_read", "accepted a bad range");
-    if (t->discarded && !t->optimized)
-      fail("strata_tensor_read", "returned the bytes of a discarded tensor");
+    if (t->no_contents && !t->optimized)
+      fail("strata_tensor_read", "returned bytes of a tensor with no contents");
     compare(*t, dst.data(), offset, bytes, "strata_tensor_read");
   }
 
@@ -373,7 +379,8 @@ class Program {
                                  : pick_tier();
     uint32_t flags = in_.ConsumeIntegralInRange(0, 3) == 0 ? STRATA_ACQUIRE_DISCARD : 0;
     if (in_.ConsumeIntegralInRange(0, 15) == 0) flags = in_.ConsumeIntegral<uint32_t>();
-    strata_acquired a{};
+    Padded<strata_acquired> padded;
+    strata_acquired& a = padded.value;
     a.struct_size = in_.ConsumeIntegralInRange(0, 15) == 0
                         ? in_.ConsumeIntegralInRange<size_t>(0, 64)
                         : sizeof a;
@@ -398,12 +405,12 @@ class Program {
       std::fill(t->contents.begin(), t->contents.end(), -1);
       t->modified = true;
     } else {
-      // A discarded tensor has nothing to load: like a fresh one, its bytes are undefined (its
-      // model is all -1), so there is nothing to compare.
+      if (t->no_contents && !t->optimized && t->holds == 0)
+        fail("strata_acquire", "acquired a tensor with no contents for reading");
       // A nested acquire of a buffer this program has written into sees its own bytes.
       if (!t->modified) compare(*t, data, 0, t->bytes, "strata_acquire");
     }
-    t->discarded = false;
+    t->no_contents = false;
     ++t->holds;
     t->held_tier = tier;
     t->data = a.data;
@@ -433,7 +440,7 @@ class Program {
     if (rc != STRATA_OK) return;
     if (t == nullptr || t->holds > 0) fail("strata_tensor_discard", "accepted a bad handle");
     std::fill(t->contents.begin(), t->contents.end(), -1);
-    t->discarded = true;
+    t->no_contents = true;
   }
 
   void op_unregister() {
@@ -611,6 +618,17 @@ class Program {
     o.check_overflow = in_.ConsumeIntegralInRange(-1, 2);
     o.overlap_backward = in_.ConsumeIntegralInRange(-1, 2);
     if (in_.ConsumeBool()) o.sub_group_bytes = pick_bytes();
+    if (in_.ConsumeIntegralInRange(0, 3) == 0) {
+      // Read-modify-write, as a scheduler of options would: what get returns configures again.
+      Padded<strata_optimizer_options> now;
+      now.value.struct_size = sizeof now.value;
+      const int rc = strata_optimizer_get_options(rt_, &now.value);
+      check(rc, "strata_optimizer_get_options");
+      if (rc == STRATA_OK && strata_optimizer_configure(rt_, &now.value) != STRATA_OK) {
+        fail("strata_optimizer_configure", "refused the options get_options returned");
+      }
+      return;
+    }
     check(strata_optimizer_configure(rt_, in_.ConsumeIntegralInRange(0, 15) ? &o : nullptr),
           "strata_optimizer_configure");
   }
@@ -665,7 +683,7 @@ class Program {
 
   void verify_all() {
     for (Tensor& t : tensors_) {
-      if (t.discarded ||
+      if (t.no_contents ||
           std::all_of(t.contents.begin(), t.contents.end(), [](int16_t c) { return c < 0; })) {
         continue;
       }

@@ -108,7 +108,7 @@ TEST(AccessSchedule, AccessesOutsideAPhaseGoToAnImplicitOne) {
 }
 
 TEST(TensorRegistry, StaleHandlesAreDetectedAfterSlotReuse) {
-  TensorRegistry registry(4);
+  TensorRegistry registry(4, 0);
   TensorSpec spec;
   spec.name = "a";
   spec.shape = {16};
@@ -127,7 +127,7 @@ TEST(TensorRegistry, StaleHandlesAreDetectedAfterSlotReuse) {
 }
 
 TEST(TensorRegistry, LimitAndZeroSizeAreErrors) {
-  TensorRegistry registry(1);
+  TensorRegistry registry(1, 0);
   TensorSpec spec;
   spec.name = "a";
   spec.shape = {0};

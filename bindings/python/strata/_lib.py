@@ -224,6 +224,7 @@ _PROTOTYPES = {
     "strata_optimizer_add_param": (c_int, [_R, c_uint32, strata_tensor, strata_tensor]),
     "strata_optimizer_options_init": (c_int, [POINTER(OptimizerOptions)]),
     "strata_optimizer_configure": (c_int, [_R, POINTER(OptimizerOptions)]),
+    "strata_optimizer_get_options": (c_int, [_R, POINTER(OptimizerOptions)]),
     "strata_optimizer_grad_ready": (c_int, [_R, strata_tensor]),
     "strata_optimizer_step": (c_int, [_R, c_double, POINTER(OptimizerResult)]),
     "strata_optimizer_get_step": (c_int, [_R, POINTER(c_int64)]),

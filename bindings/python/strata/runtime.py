@@ -321,6 +321,15 @@ class Runtime:
         o.sub_group_bytes = int(sub_group_bytes or 0)
         self._call("strata_optimizer_configure", ctypes.byref(o))
 
+    def optimizer_get_options(self):
+        """The options in force (strata_optimizer_get_options), as optimizer_configure takes them."""
+        o = _lib.OptimizerOptions()
+        o.struct_size = ctypes.sizeof(_lib.OptimizerOptions)
+        self._call("strata_optimizer_get_options", ctypes.byref(o))
+        return {"max_grad_norm": o.max_grad_norm, "check_overflow": bool(o.check_overflow),
+                "overlap_backward": bool(o.overlap_backward),
+                "sub_group_bytes": int(o.sub_group_bytes)}
+
     def optimizer_add_param(self, group, param, grad):
         self._call("strata_optimizer_add_param", int(group), param.handle, grad.handle)
 

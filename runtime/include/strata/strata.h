@@ -11,8 +11,11 @@
  *  - Handles are opaque. Passing NULL, a destroyed handle or a handle of another runtime returns
  *    an error code; it never crashes the caller.
  *  - Structs passed in or out start with `struct_size`, set by the caller to sizeof(the struct)
- *    as compiled against this header. The library accepts older (smaller) structs and fills only
- *    the fields they have, so programs built against an older header keep working.
+ *    as compiled against this header: a multiple of 8 from 8 to 65536 (else STRATA_E_INVALID).
+ *    One rule for all of them (docs/c-api.md, "Versioned structs"): the library reads or writes
+ *    the fields within struct_size; fields an older, smaller struct lacks take their defaults when
+ *    read and are not written; fields of a newer, larger struct that this library does not know
+ *    must be zero when read (else STRATA_E_UNSUPPORTED) and are zeroed when written.
  *  - No C++ exception ever crosses this API.
  *
  * Thread rules are stated on each function. "Any thread" means the call may run concurrently
@@ -221,8 +224,10 @@ typedef struct strata_tensor_desc {
   strata_tier home_tier; /* where the tensor lives when not in use (usually NVME) */
 } strata_tensor_desc;
 
-/* Registers a tensor. Its contents are undefined until written (strata_tensor_write or an
- * acquire / release(DIRTY)). Any thread. */
+/* Registers a tensor. It has no contents until written (strata_tensor_write, or an acquire with
+ * STRATA_ACQUIRE_DISCARD and a release): reading it before is STRATA_E_STATE. A tensor whose home
+ * is NVMe gets its NVMe space now: STRATA_E_NOSPACE here, with the numbers, when the swap file or
+ * device cannot hold it. Any thread. */
 STRATA_API int strata_tensor_register(strata_runtime* rt, const strata_tensor_desc* desc,
                                       strata_tensor* out);
 /* Copies bytes [offset, offset + bytes) of the tensor from / to caller memory, wherever the
@@ -231,8 +236,9 @@ STRATA_API int strata_tensor_write(strata_runtime* rt, strata_tensor tensor, con
                                    uint64_t offset, uint64_t bytes);
 STRATA_API int strata_tensor_read(strata_runtime* rt, strata_tensor tensor, void* dst,
                                   uint64_t offset, uint64_t bytes);
-/* Forgets a tensor and frees its space on every tier. Fails with STRATA_E_STATE while it is
- * acquired. Any thread. */
+/* Forgets a tensor and frees its space on every tier, and any unreported failure of it. Fails
+ * with STRATA_E_STATE while it is acquired, and for a strata_malloc allocation (strata_free).
+ * Any thread. */
 STRATA_API int strata_tensor_unregister(strata_runtime* rt, strata_tensor tensor);
 
 /* ---------------------------------------------------------------------------------------------
@@ -243,10 +249,13 @@ STRATA_API int strata_tensor_unregister(strata_runtime* rt, strata_tensor tensor
  * ------------------------------------------------------------------------------------------- */
 #define STRATA_MALLOC_OFFLOADABLE 1u
 
-/* Any thread. tier is DEVICE or PINNED. */
+/* Any thread. tier is DEVICE or PINNED. The memory is taken at the call: a budget that cannot
+ * hold it beside what never leaves the tier fails here (STRATA_E_PINNED_BUDGET /
+ * STRATA_E_DEVICE_BUDGET, with the numbers). The contents are undefined until written. */
 STRATA_API int strata_malloc(strata_runtime* rt, uint64_t bytes, strata_tier tier, uint32_t flags,
                              strata_tensor* out);
-/* Any thread. Fails with STRATA_E_STATE while acquired. */
+/* Any thread. Fails with STRATA_E_STATE while acquired, and for a registered tensor
+ * (strata_tensor_unregister). */
 STRATA_API int strata_free(strata_runtime* rt, strata_tensor allocation);
 
 /* ---------------------------------------------------------------------------------------------
@@ -266,6 +275,7 @@ typedef enum strata_phase {
 
 STRATA_API int strata_step_begin(strata_runtime* rt);
 STRATA_API int strata_step_end(strata_runtime* rt);
+/* STRATA_E_STATE outside a step (before strata_step_begin, after strata_step_end). */
 STRATA_API int strata_layer_begin(strata_runtime* rt, strata_phase phase, int32_t layer);
 STRATA_API int strata_layer_end(strata_runtime* rt, strata_phase phase, int32_t layer);
 
@@ -293,7 +303,11 @@ typedef struct strata_acquired {
 } strata_acquired;
 
 /* Makes the tensor resident on tier (DEVICE or PINNED) and pins it there until released: waits
- * for any read in flight, never evicts it meanwhile. Acquires nest (a count). Any thread. */
+ * for any read in flight, never evicts it meanwhile. Acquires nest (a count). Without
+ * STRATA_ACQUIRE_DISCARD the contents are loaded, and a tensor that has none (never written, or
+ * discarded) is STRATA_E_STATE. Waits that can never end (the tensor cannot fit beside what never
+ * leaves its pool, or a failed write-back holds the room) fail at once; others time out after
+ * 300 s (STRATA_E_TIMEOUT). Any thread. */
 STRATA_API int strata_acquire(strata_runtime* rt, strata_tensor tensor, strata_tier tier,
                               uint32_t flags, strata_acquired* out);
 
@@ -317,7 +331,8 @@ STRATA_API int strata_tensor_discard(strata_runtime* rt, strata_tensor tensor);
 STRATA_API int strata_prefetch(strata_runtime* rt, strata_tensor tensor, strata_tier tier);
 
 /* Writes every released dirty tensor back to NVMe and waits until no write is in flight;
- * returns the first error among them. Any thread. */
+ * returns the earliest unreported write-back failure of a live tensor (once: the write-back is
+ * retried after). A failed write-back keeps the tensor's data in memory, readable. Any thread. */
 STRATA_API int strata_sync(strata_runtime* rt);
 
 /* Writes a Chrome trace-event JSON file (Perfetto, chrome://tracing) of what the runtime did
@@ -426,9 +441,16 @@ typedef struct strata_optimizer_options {
 
 /* Defaults: no clipping, check_overflow 1, overlap_backward 0, sub_group_bytes 0. */
 STRATA_API int strata_optimizer_options_init(strata_optimizer_options* options);
-/* Sets the options; sub_group_bytes only before the first add_param. */
+/* Sets every option. Each may change between steps, except sub_group_bytes, which sizes the
+ * state tensors and is frozen by the first add_param: after it, pass the value in force (read
+ * it with strata_optimizer_get_options) or the call fails with STRATA_E_STATE and changes
+ * nothing. overlap_backward cannot change while a step's overlapped updates are under way. */
 STRATA_API int strata_optimizer_configure(strata_runtime* rt,
                                           const strata_optimizer_options* options);
+/* The options in force (what the last successful configure set, else the defaults), for a
+ * read-modify-write: get, change a field, configure. sub_group_bytes is as configured (0 =
+ * sized from the pinned budget). */
+STRATA_API int strata_optimizer_get_options(strata_runtime* rt, strata_optimizer_options* out);
 
 /* The gradient of param is final for this step (its layer's backward is done). The optimizer
  * folds it into the overflow check and norm while it is still resident and, with

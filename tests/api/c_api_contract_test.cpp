@@ -1,0 +1,529 @@
+// The C API contract as docs/c-api.md states it, one rule per test, through the public header
+// (fault injection and one look at a tensor's failure flag reach inside; nothing else does):
+// discard semantics, versioned structs, handles of another runtime, budgets and NVMe space
+// reserved when promised, misuse refused, errors that belong to their tensor, waits that can
+// never end failing at once, and optimizer options.
+#include <gtest/gtest.h>
+#include <strata/strata.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "api/runtime_handle.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+class Contract : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* base = std::getenv("STRATA_TEST_DIR");
+    dir_ = (fs::path(base != nullptr ? base : "/tmp") /
+            ("contract-" +
+             std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "-" +
+             std::to_string(getpid())))
+               .string();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    strata_config_init(&config_);
+    config_.nvme_path = dir_.c_str();
+    config_.nvme_capacity_bytes = 64 * kMiB;
+    config_.pinned_budget_bytes = 2 * kMiB;
+    config_.device_budget_bytes = 1 * kMiB;
+    config_.device_backend = STRATA_DEVICE_EMULATED;
+    config_.queue_depth = 8;
+  }
+  void TearDown() override {
+    for (strata_runtime* rt : {rt_, other_}) {
+      if (rt != nullptr) EXPECT_EQ(strata_runtime_destroy(rt), STRATA_OK);
+    }
+    fs::remove_all(dir_);
+  }
+
+  void create(const char* faults = nullptr) {
+    if (faults != nullptr) setenv("STRATA_FAULTS", faults, 1);
+    const int rc = strata_runtime_create(&config_, &rt_);
+    if (faults != nullptr) unsetenv("STRATA_FAULTS");
+    ASSERT_EQ(rc, STRATA_OK) << strata_last_error(nullptr);
+  }
+
+  static strata_tensor_desc desc(uint64_t bytes, const char* name = "t") {
+    strata_tensor_desc d{};
+    d.struct_size = sizeof d;
+    d.name = name;
+    d.bytes = bytes;
+    d.dtype = STRATA_DTYPE_F32;
+    d.kind = STRATA_KIND_PARAMETER;
+    d.layer = 0;
+    d.home_tier = STRATA_TIER_NVME;
+    return d;
+  }
+
+  strata_tensor register_tensor(strata_runtime* rt, uint64_t bytes, const char* name = "t") {
+    const strata_tensor_desc d = desc(bytes, name);
+    strata_tensor t = STRATA_TENSOR_NONE;
+    EXPECT_EQ(strata_tensor_register(rt, &d, &t), STRATA_OK) << strata_last_error(rt);
+    return t;
+  }
+
+  void write_pattern(strata_tensor t, uint64_t bytes, unsigned char value) {
+    std::vector<unsigned char> data(bytes, value);
+    ASSERT_EQ(strata_tensor_write(rt_, t, data.data(), 0, bytes), STRATA_OK)
+        << strata_last_error(rt_);
+  }
+
+  int acquire(strata_tensor t, strata_tier tier, uint32_t flags, void** data = nullptr) {
+    strata_acquired a{};
+    a.struct_size = sizeof a;
+    const int rc = strata_acquire(rt_, t, tier, flags, &a);
+    if (data != nullptr) *data = a.data;
+    return rc;
+  }
+
+  // Waits (bounded) until the tensor carries an asynchronous failure.
+  bool wait_for_failure(strata_tensor t) {
+    const auto deadline = Clock::now() + std::chrono::seconds(20);
+    while (Clock::now() < deadline) {
+      auto info = rt_->impl->scheduler().describe(strata::sched::TensorHandle::from_u64(t));
+      if (info && info->has_error) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return false;
+  }
+
+  std::string error() const { return strata_last_error(rt_); }
+
+  std::string dir_;
+  strata_config config_{};
+  strata_runtime* rt_ = nullptr;
+  strata_runtime* other_ = nullptr;
+};
+
+// ---- 1. Discard and never-written tensors ----------------------------------------------------
+
+TEST_F(Contract, AReadModeAcquireOfADiscardedTensorIsRefusedNotAnsweredWithStaleBytes) {
+  create();
+  const strata_tensor t = register_tensor(rt_, 64 * 1024);
+  write_pattern(t, 64 * 1024, 0x5a);
+  ASSERT_EQ(strata_tensor_discard(rt_, t), STRATA_OK);
+  EXPECT_EQ(acquire(t, STRATA_TIER_PINNED, 0), STRATA_E_STATE);
+  EXPECT_NE(error().find("no contents"), std::string::npos) << error();
+  EXPECT_EQ(acquire(t, STRATA_TIER_DEVICE, 0), STRATA_E_STATE);
+  std::vector<unsigned char> out(64 * 1024);
+  EXPECT_EQ(strata_tensor_read(rt_, t, out.data(), 0, out.size()), STRATA_E_STATE);
+}
+
+TEST_F(Contract, ADiscardedTensorIsReadableAgainOnlyAfterItIsWritten) {
+  create();
+  const strata_tensor t = register_tensor(rt_, 64 * 1024);
+  write_pattern(t, 64 * 1024, 0x11);
+  ASSERT_EQ(strata_tensor_discard(rt_, t), STRATA_OK);
+  // An acquire with DISCARD and a release count as a write, clean or dirty.
+  void* data = nullptr;
+  ASSERT_EQ(acquire(t, STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD, &data), STRATA_OK) << error();
+  std::memset(data, 0x22, 64 * 1024);
+  ASSERT_EQ(strata_release(rt_, t, 0, nullptr), STRATA_OK);
+  std::vector<unsigned char> out(64 * 1024);
+  ASSERT_EQ(strata_tensor_read(rt_, t, out.data(), 0, out.size()), STRATA_OK) << error();
+  EXPECT_EQ(out[0], 0x22);
+  EXPECT_EQ(out.back(), 0x22);
+}
+
+TEST_F(Contract, ARegisteredTensorNeverWrittenCannotBeReadOrAcquiredForReading) {
+  create();
+  const strata_tensor t = register_tensor(rt_, 4096);
+  EXPECT_EQ(acquire(t, STRATA_TIER_PINNED, 0), STRATA_E_STATE);
+  std::vector<unsigned char> out(4096);
+  EXPECT_EQ(strata_tensor_read(rt_, t, out.data(), 0, out.size()), STRATA_E_STATE);
+  EXPECT_EQ(acquire(t, STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD), STRATA_OK) << error();
+  EXPECT_EQ(strata_release(rt_, t, STRATA_RELEASE_DIRTY, nullptr), STRATA_OK);
+}
+
+TEST_F(Contract, AFreshAllocationIsAcquiredWithUndefinedContentsAsMallocIs) {
+  create();
+  for (uint32_t flags : {0u, STRATA_MALLOC_OFFLOADABLE}) {
+    strata_tensor a = STRATA_TENSOR_NONE;
+    ASSERT_EQ(strata_malloc(rt_, 8192, STRATA_TIER_PINNED, flags, &a), STRATA_OK) << error();
+    void* data = nullptr;
+    EXPECT_EQ(acquire(a, STRATA_TIER_PINNED, 0, &data), STRATA_OK) << error();
+    EXPECT_NE(data, nullptr);
+    EXPECT_EQ(strata_release(rt_, a, 0, nullptr), STRATA_OK);
+    // Discarded, it has no contents, like any tensor.
+    ASSERT_EQ(strata_tensor_discard(rt_, a), STRATA_OK);
+    EXPECT_EQ(acquire(a, STRATA_TIER_PINNED, 0), STRATA_E_STATE);
+    EXPECT_EQ(strata_free(rt_, a), STRATA_OK);
+  }
+}
+
+// ---- 2. Versioned structs --------------------------------------------------------------------
+
+// A struct from a newer header: this library's struct, then `extra` bytes of fields it lacks.
+template <typename T>
+struct Newer {
+  T known;
+  unsigned char extra[16];
+};
+
+TEST_F(Contract, EveryInStructWithUnknownNonZeroFieldsIsRefusedAndWithZeroFieldsAccepted) {
+  Newer<strata_config> config{};
+  config.known = config_;
+  config.known.struct_size = sizeof config;
+  config.extra[3] = 1;
+  strata_runtime* rt = nullptr;
+  EXPECT_EQ(strata_runtime_create(&config.known, &rt), STRATA_E_UNSUPPORTED);
+  config.extra[3] = 0;
+  ASSERT_EQ(strata_runtime_create(&config.known, &rt_), STRATA_OK) << strata_last_error(nullptr);
+
+  Newer<strata_tensor_desc> d{};
+  d.known = desc(4096);
+  d.known.struct_size = sizeof d;
+  d.extra[0] = 7;
+  strata_tensor t = STRATA_TENSOR_NONE;
+  EXPECT_EQ(strata_tensor_register(rt_, &d.known, &t), STRATA_E_UNSUPPORTED);
+  EXPECT_NE(error().find("does not know"), std::string::npos) << error();
+  d.extra[0] = 0;
+  EXPECT_EQ(strata_tensor_register(rt_, &d.known, &t), STRATA_OK) << error();
+
+  Newer<strata_optimizer_group> g{};
+  strata_optimizer_group_init(&g.known);
+  g.known.struct_size = sizeof g;
+  g.extra[15] = 1;
+  uint32_t index = 0;
+  EXPECT_EQ(strata_optimizer_add_group(rt_, &g.known, &index), STRATA_E_UNSUPPORTED);
+  g.extra[15] = 0;
+  ASSERT_EQ(strata_optimizer_add_group(rt_, &g.known, &index), STRATA_OK) << error();
+  g.extra[15] = 1;
+  EXPECT_EQ(strata_optimizer_set_group(rt_, index, &g.known), STRATA_E_UNSUPPORTED);
+
+  Newer<strata_optimizer_options> o{};
+  strata_optimizer_options_init(&o.known);
+  o.known.struct_size = sizeof o;
+  o.extra[8] = 1;
+  EXPECT_EQ(strata_optimizer_configure(rt_, &o.known), STRATA_E_UNSUPPORTED);
+  o.extra[8] = 0;
+  EXPECT_EQ(strata_optimizer_configure(rt_, &o.known), STRATA_OK) << error();
+}
+
+TEST_F(Contract, EveryOutStructFromANewerHeaderGetsItsUnknownFieldsZeroed) {
+  create();
+  const strata_tensor t = register_tensor(rt_, 4096);
+  write_pattern(t, 4096, 1);
+
+  Newer<strata_acquired> a{};
+  a.known.struct_size = sizeof a;
+  std::memset(a.extra, 0xab, sizeof a.extra);
+  ASSERT_EQ(strata_acquire(rt_, t, STRATA_TIER_PINNED, 0, &a.known), STRATA_OK) << error();
+  EXPECT_NE(a.known.data, nullptr);
+  EXPECT_EQ(a.known.struct_size, sizeof a);
+  for (unsigned char b : a.extra) EXPECT_EQ(b, 0);
+  ASSERT_EQ(strata_release(rt_, t, 0, nullptr), STRATA_OK);
+
+  Newer<strata_stats> s{};
+  s.known.struct_size = sizeof s;
+  std::memset(s.extra, 0xab, sizeof s.extra);
+  ASSERT_EQ(strata_get_stats(rt_, &s.known), STRATA_OK) << error();
+  EXPECT_GT(s.known.pinned.reserved_bytes + s.known.pinned.in_use_bytes, 0u);
+  for (unsigned char b : s.extra) EXPECT_EQ(b, 0);
+
+  Newer<strata_optimizer_group> g{};
+  strata_optimizer_group_init(&g.known);
+  uint32_t index = 0;
+  ASSERT_EQ(strata_optimizer_add_group(rt_, &g.known, &index), STRATA_OK);
+  g.known.struct_size = sizeof g;
+  std::memset(g.extra, 0xab, sizeof g.extra);
+  ASSERT_EQ(strata_optimizer_get_group(rt_, index, &g.known), STRATA_OK) << error();
+  for (unsigned char b : g.extra) EXPECT_EQ(b, 0);
+
+  Newer<strata_optimizer_options> o{};
+  o.known.struct_size = sizeof o;
+  std::memset(o.extra, 0xab, sizeof o.extra);
+  ASSERT_EQ(strata_optimizer_get_options(rt_, &o.known), STRATA_OK) << error();
+  EXPECT_EQ(o.known.check_overflow, 1);
+  for (unsigned char b : o.extra) EXPECT_EQ(b, 0);
+
+  Newer<strata_optimizer_result> r{};
+  r.known.struct_size = sizeof r;
+  std::memset(r.extra, 0xab, sizeof r.extra);
+  ASSERT_EQ(strata_optimizer_step(rt_, 1.0, &r.known), STRATA_OK) << error();
+  EXPECT_EQ(r.known.step, 1);
+  for (unsigned char b : r.extra) EXPECT_EQ(b, 0);
+}
+
+TEST_F(Contract, AnOlderSmallerOutStructGetsTheFieldsItHasAndNothingBeyond) {
+  create();
+  // strata_stats as a header without the NVMe counters and OS figures would have it.
+  constexpr size_t kOlder = offsetof(strata_stats, nvme_bytes_read);
+  strata_stats s;
+  std::memset(&s, 0xab, sizeof s);
+  s.struct_size = kOlder;
+  ASSERT_EQ(strata_get_stats(rt_, &s), STRATA_OK) << error();
+  EXPECT_EQ(s.struct_size, kOlder);
+  EXPECT_EQ(s.pinned.peak_in_use_bytes, 0u);
+  const auto* tail = reinterpret_cast<const unsigned char*>(&s) + kOlder;
+  for (size_t i = 0; i < sizeof s - kOlder; ++i) ASSERT_EQ(tail[i], 0xab) << "byte " << i;
+
+  // strata_acquired without ready_event.
+  const strata_tensor t = register_tensor(rt_, 4096);
+  write_pattern(t, 4096, 1);
+  strata_acquired a;
+  std::memset(&a, 0xab, sizeof a);
+  a.struct_size = offsetof(strata_acquired, ready_event);
+  ASSERT_EQ(strata_acquire(rt_, t, STRATA_TIER_PINNED, 0, &a), STRATA_OK) << error();
+  EXPECT_EQ(a.bytes, 4096u);
+  const auto* event = reinterpret_cast<const unsigned char*>(&a.ready_event);
+  for (size_t i = 0; i < sizeof a.ready_event; ++i) EXPECT_EQ(event[i], 0xab);
+  EXPECT_EQ(strata_release(rt_, t, 0, nullptr), STRATA_OK);
+}
+
+TEST_F(Contract, AnOlderSmallerInStructTakesTheDefaultsOfWhatItLacks) {
+  create();
+  // strata_tensor_desc up to bytes: an fp32 parameter of no layer, at home on NVMe.
+  strata_tensor_desc d = desc(4096);
+  d.struct_size = offsetof(strata_tensor_desc, dtype);
+  d.dtype = STRATA_DTYPE_U8;  // beyond struct_size: must not be read
+  d.home_tier = STRATA_TIER_HOST;
+  strata_tensor t = STRATA_TENSOR_NONE;
+  ASSERT_EQ(strata_tensor_register(rt_, &d, &t), STRATA_OK) << error();
+  auto info = rt_->impl->scheduler().describe(strata::sched::TensorHandle::from_u64(t));
+  ASSERT_TRUE(info.is_ok());
+  EXPECT_EQ(info->dtype, strata::DType::kFloat32);
+  EXPECT_EQ(info->layer, -1);
+  EXPECT_EQ(info->home, strata::sched::Tier::kNvme);
+}
+
+TEST_F(Contract, AStructSizeThatIsNotAMultipleOfEightOrIsTooSmallIsInvalid) {
+  create();
+  strata_tensor_desc d = desc(4096);
+  strata_tensor t = STRATA_TENSOR_NONE;
+  for (size_t size : {size_t{0}, size_t{4}, sizeof d - 4, size_t{65544}}) {
+    d.struct_size = size;
+    EXPECT_EQ(strata_tensor_register(rt_, &d, &t), STRATA_E_INVALID) << size;
+  }
+  strata_stats s{};
+  s.struct_size = 12;
+  EXPECT_EQ(strata_get_stats(rt_, &s), STRATA_E_INVALID);
+  strata_config c = config_;
+  c.struct_size = 3;
+  strata_runtime* rt = nullptr;
+  EXPECT_EQ(strata_runtime_create(&c, &rt), STRATA_E_INVALID);
+}
+
+// ---- 3. Handles belong to their runtime ------------------------------------------------------
+
+TEST_F(Contract, AHandleUsedWithAnotherRuntimeIsABadHandle) {
+  create();
+  const std::string other_dir = dir_ + "/other";
+  fs::create_directories(other_dir);
+  strata_config other = config_;
+  other.nvme_path = other_dir.c_str();
+  ASSERT_EQ(strata_runtime_create(&other, &other_), STRATA_OK) << strata_last_error(nullptr);
+  const strata_tensor a = register_tensor(rt_, 4096, "a");
+  const strata_tensor b = register_tensor(other_, 4096, "b");
+  EXPECT_NE(a, b);
+  write_pattern(a, 4096, 3);
+  std::vector<unsigned char> out(4096);
+  EXPECT_EQ(strata_tensor_read(other_, a, out.data(), 0, out.size()), STRATA_E_BAD_HANDLE);
+  EXPECT_NE(std::string(strata_last_error(other_)).find("another runtime"), std::string::npos);
+  EXPECT_EQ(strata_tensor_unregister(rt_, b), STRATA_E_BAD_HANDLE);
+  EXPECT_EQ(acquire(b, STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD), STRATA_E_BAD_HANDLE);
+  EXPECT_EQ(strata_tensor_discard(other_, a), STRATA_E_BAD_HANDLE);
+}
+
+// ---- 4. Budgets are reserved at strata_malloc ------------------------------------------------
+
+TEST_F(Contract, AResidentAllocationPastItsBudgetFailsAtTheCallWithTheNumbers) {
+  create();
+  strata_tensor a = STRATA_TENSOR_NONE;
+  EXPECT_EQ(strata_malloc(rt_, 3 * kMiB, STRATA_TIER_PINNED, 0, &a), STRATA_E_PINNED_BUDGET);
+  EXPECT_NE(error().find("2.00 MiB"), std::string::npos) << error();
+  EXPECT_EQ(a, STRATA_TENSOR_NONE);
+  EXPECT_EQ(strata_malloc(rt_, 2 * kMiB, STRATA_TIER_DEVICE, 0, &a), STRATA_E_DEVICE_BUDGET);
+
+  // Two that fit one by one but not together: the second fails at its call, not at an acquire.
+  strata_tensor first = STRATA_TENSOR_NONE;
+  strata_tensor second = STRATA_TENSOR_NONE;
+  ASSERT_EQ(strata_malloc(rt_, 1536 * 1024, STRATA_TIER_PINNED, 0, &first), STRATA_OK) << error();
+  EXPECT_EQ(strata_malloc(rt_, 1 * kMiB, STRATA_TIER_PINNED, 0, &second), STRATA_E_PINNED_BUDGET);
+  EXPECT_NE(error().find("never leave"), std::string::npos) << error();
+  strata_stats s{};
+  s.struct_size = sizeof s;
+  ASSERT_EQ(strata_get_stats(rt_, &s), STRATA_OK);
+  EXPECT_GE(s.pinned.in_use_bytes, 1536u * 1024);  // the first is held from its call on
+  ASSERT_EQ(strata_free(rt_, first), STRATA_OK);
+  EXPECT_EQ(strata_malloc(rt_, 1 * kMiB, STRATA_TIER_PINNED, 0, &second), STRATA_OK) << error();
+}
+
+// ---- 5. NVMe space is reserved at registration -----------------------------------------------
+
+TEST_F(Contract, RegisteringMoreThanTheNvmeTierHoldsFailsAtRegistrationWithTheNumbers) {
+  config_.nvme_capacity_bytes = 16 * kMiB;
+  create();
+  const strata_tensor first = register_tensor(rt_, 10 * kMiB, "first");
+  const strata_tensor_desc d = desc(10 * kMiB, "second");
+  strata_tensor second = STRATA_TENSOR_NONE;
+  EXPECT_EQ(strata_tensor_register(rt_, &d, &second), STRATA_E_NOSPACE);
+  EXPECT_NE(error().find("nvme_capacity_bytes"), std::string::npos) << error();
+  EXPECT_NE(error().find("second"), std::string::npos) << error();
+  strata_stats s{};
+  s.struct_size = sizeof s;
+  ASSERT_EQ(strata_get_stats(rt_, &s), STRATA_OK);
+  EXPECT_GE(s.nvme.in_use_bytes, 10 * kMiB);  // reserved before anything was written
+  ASSERT_EQ(strata_tensor_unregister(rt_, first), STRATA_OK);
+  EXPECT_EQ(strata_tensor_register(rt_, &d, &second), STRATA_OK) << error();
+}
+
+// ---- 6. Misuse is refused --------------------------------------------------------------------
+
+TEST_F(Contract, FreeOfARegisteredTensorAndUnregisterOfAnAllocationAreRefused) {
+  create();
+  const strata_tensor t = register_tensor(rt_, 4096);
+  EXPECT_EQ(strata_free(rt_, t), STRATA_E_STATE);
+  EXPECT_NE(error().find("strata_tensor_unregister"), std::string::npos) << error();
+  strata_tensor a = STRATA_TENSOR_NONE;
+  ASSERT_EQ(strata_malloc(rt_, 4096, STRATA_TIER_PINNED, 0, &a), STRATA_OK);
+  EXPECT_EQ(strata_tensor_unregister(rt_, a), STRATA_E_STATE);
+  EXPECT_NE(error().find("strata_free"), std::string::npos) << error();
+  // Both still there, and each goes the documented way.
+  EXPECT_EQ(strata_tensor_unregister(rt_, t), STRATA_OK);
+  EXPECT_EQ(strata_free(rt_, a), STRATA_OK);
+}
+
+TEST_F(Contract, LayerCallsOutsideAStepAreRefused) {
+  create();
+  EXPECT_EQ(strata_layer_begin(rt_, STRATA_PHASE_FORWARD, 0), STRATA_E_STATE);
+  EXPECT_NE(error().find("outside a step"), std::string::npos) << error();
+  EXPECT_EQ(strata_layer_end(rt_, STRATA_PHASE_FORWARD, 0), STRATA_E_STATE);
+  ASSERT_EQ(strata_step_begin(rt_), STRATA_OK);
+  EXPECT_EQ(strata_layer_begin(rt_, STRATA_PHASE_FORWARD, 0), STRATA_OK);
+  EXPECT_EQ(strata_layer_end(rt_, STRATA_PHASE_FORWARD, 0), STRATA_OK);
+  EXPECT_EQ(strata_step_end(rt_), STRATA_OK);
+}
+
+// ---- 7. Errors belong to the tensor that caused them -----------------------------------------
+
+TEST_F(Contract, AFailedWriteBackOfAnUnregisteredTensorIsNotReportedBySync) {
+  create("write:enospc:count=1");
+  const strata_tensor victim = register_tensor(rt_, 1 * kMiB, "victim");
+  write_pattern(victim, 1 * kMiB, 0x33);
+  // Another tensor needs the pinned room: the victim is written back, and that write fails (the
+  // write of `a` then fails at once: the room is held until the failure is reported).
+  const strata_tensor a = register_tensor(rt_, 1536 * 1024, "a");
+  std::vector<unsigned char> data(1536 * 1024, 0x44);
+  (void)strata_tensor_write(rt_, a, data.data(), 0, data.size());
+  ASSERT_TRUE(wait_for_failure(victim)) << "the injected write-back failure never happened";
+  ASSERT_EQ(strata_tensor_unregister(rt_, victim), STRATA_OK) << error();
+  EXPECT_EQ(strata_sync(rt_), STRATA_OK) << error();
+}
+
+TEST_F(Contract, ATensorWhoseWriteBackFailedIsReadBackWithItsKeptBytesAndSyncReportsOnce) {
+  create("write:enospc:count=1");
+  const strata_tensor t = register_tensor(rt_, 256 * 1024, "kept");
+  write_pattern(t, 256 * 1024, 0x77);
+  EXPECT_EQ(strata_sync(rt_), STRATA_E_NOSPACE);  // the write-back failed, and sync says so
+  EXPECT_NE(error().find("kept"), std::string::npos) << error();
+  // The data stayed in memory: it reads back, and the retried write-back succeeds.
+  std::vector<unsigned char> out(256 * 1024);
+  ASSERT_EQ(strata_tensor_read(rt_, t, out.data(), 0, out.size()), STRATA_OK) << error();
+  EXPECT_EQ(out[0], 0x77);
+  EXPECT_EQ(out.back(), 0x77);
+  EXPECT_EQ(strata_sync(rt_), STRATA_OK) << error();
+}
+
+TEST_F(Contract, ReadingATensorWhoseWriteBackFailedUnreportedGivesItsBytes) {
+  create("write:enospc:count=1");
+  const strata_tensor victim = register_tensor(rt_, 1 * kMiB, "victim");
+  write_pattern(victim, 1 * kMiB, 0x35);
+  const strata_tensor a = register_tensor(rt_, 1536 * 1024, "a");
+  std::vector<unsigned char> data(1536 * 1024, 0x45);
+  (void)strata_tensor_write(rt_, a, data.data(), 0, data.size());
+  ASSERT_TRUE(wait_for_failure(victim));
+  std::vector<unsigned char> out(1 * kMiB);
+  ASSERT_EQ(strata_tensor_read(rt_, victim, out.data(), 0, out.size()), STRATA_OK) << error();
+  EXPECT_EQ(out[12345], 0x35);
+  EXPECT_EQ(strata_sync(rt_), STRATA_E_NOSPACE);  // reported once, to the durability call
+  EXPECT_EQ(strata_sync(rt_), STRATA_OK) << error();
+}
+
+// ---- 8. Waits that can never end fail at once ------------------------------------------------
+
+TEST_F(Contract, AnAcquireThatCanNeverFitBesideResidentAllocationsFailsAtOnce) {
+  create();
+  strata_tensor held = STRATA_TENSOR_NONE;
+  ASSERT_EQ(strata_malloc(rt_, 1536 * 1024, STRATA_TIER_PINNED, 0, &held), STRATA_OK) << error();
+  const strata_tensor t = register_tensor(rt_, 1 * kMiB);
+  const auto start = Clock::now();
+  EXPECT_EQ(acquire(t, STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD), STRATA_E_PINNED_BUDGET);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30)) << "it waited for its timeout";
+  EXPECT_NE(error().find("never leave"), std::string::npos) << error();
+}
+
+TEST_F(Contract, AnAcquireBlockedByAFailedUnreportedWriteBackFailsAtOnceWithItsCause) {
+  // Every write fails: the victim's write-back can never succeed until its failure is reported.
+  create("write:enospc");
+  const strata_tensor victim = register_tensor(rt_, 1536 * 1024, "victim");
+  write_pattern(victim, 1536 * 1024, 0x66);
+  const strata_tensor t = register_tensor(rt_, 1 * kMiB, "wanted");
+  const auto start = Clock::now();
+  const int rc = acquire(t, STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30)) << "it waited for its timeout";
+  EXPECT_EQ(rc, STRATA_E_NOSPACE) << error();
+  EXPECT_NE(error().find("victim"), std::string::npos) << error();
+}
+
+// ---- 9. Optimizer options --------------------------------------------------------------------
+
+TEST_F(Contract, OptimizerOptionsChangeAfterAddParamExceptTheSubGroupSize) {
+  create();
+  strata_optimizer_group g;
+  strata_optimizer_group_init(&g);
+  uint32_t index = 0;
+  ASSERT_EQ(strata_optimizer_add_group(rt_, &g, &index), STRATA_OK);
+  strata_optimizer_options o;
+  strata_optimizer_options_init(&o);
+  o.sub_group_bytes = 64 * 1024;
+  ASSERT_EQ(strata_optimizer_configure(rt_, &o), STRATA_OK) << error();
+  strata_tensor_desc pd = desc(16 * 1024, "p");
+  strata_tensor p = STRATA_TENSOR_NONE;
+  ASSERT_EQ(strata_tensor_register(rt_, &pd, &p), STRATA_OK);
+  write_pattern(p, 16 * 1024, 0);
+  strata_tensor_desc gd = desc(16 * 1024, "p.grad");
+  gd.kind = STRATA_KIND_GRADIENT;
+  strata_tensor grad = STRATA_TENSOR_NONE;
+  ASSERT_EQ(strata_tensor_register(rt_, &gd, &grad), STRATA_OK);
+  ASSERT_EQ(strata_optimizer_add_param(rt_, index, p, grad), STRATA_OK) << error();
+
+  // Read, change one field, write back: allowed.
+  strata_optimizer_options now{};
+  now.struct_size = sizeof now;
+  ASSERT_EQ(strata_optimizer_get_options(rt_, &now), STRATA_OK) << error();
+  EXPECT_EQ(now.sub_group_bytes, 64u * 1024);
+  now.max_grad_norm = 1.0;
+  now.check_overflow = 0;
+  ASSERT_EQ(strata_optimizer_configure(rt_, &now), STRATA_OK) << error();
+  strata_optimizer_options after{};
+  after.struct_size = sizeof after;
+  ASSERT_EQ(strata_optimizer_get_options(rt_, &after), STRATA_OK);
+  EXPECT_EQ(after.max_grad_norm, 1.0);
+  EXPECT_EQ(after.check_overflow, 0);
+
+  // The sub-group size is frozen: refused, with the value in force named, and nothing changed.
+  now.sub_group_bytes = 128 * 1024;
+  now.max_grad_norm = 2.0;
+  EXPECT_EQ(strata_optimizer_configure(rt_, &now), STRATA_E_STATE);
+  EXPECT_NE(error().find("65536"), std::string::npos) << error();
+  ASSERT_EQ(strata_optimizer_get_options(rt_, &after), STRATA_OK);
+  EXPECT_EQ(after.max_grad_norm, 1.0);
+  EXPECT_EQ(after.sub_group_bytes, 64u * 1024);
+}
+
+}  // namespace
