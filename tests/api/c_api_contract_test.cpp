@@ -301,6 +301,15 @@ TEST_F(Contract, AnOlderSmallerInStructTakesTheDefaultsOfWhatItLacks) {
   EXPECT_EQ(info->home, strata::sched::Tier::kNvme);
 }
 
+TEST_F(Contract, AnOlderConfigWithoutTheLayoutFieldGetsTheDefaultLayout) {
+  // A header from before nvme_layout: the field is not read (the garbage there is ignored).
+  strata_config older = config_;
+  older.struct_size = offsetof(strata_config, nvme_layout);
+  older.nvme_layout = static_cast<strata_nvme_layout>(77);
+  ASSERT_EQ(strata_runtime_create(&older, &rt_), STRATA_OK) << strata_last_error(nullptr);
+  EXPECT_EQ(rt_->impl->config().nvme_layout, STRATA_NVME_EXTENTS);
+}
+
 TEST_F(Contract, AStructSizeThatIsNotAMultipleOfEightOrIsTooSmallIsInvalid) {
   create();
   strata_tensor_desc d = desc(4096);

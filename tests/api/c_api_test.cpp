@@ -137,7 +137,8 @@ TEST_F(Runtime, MissingDirectoryIsAClearError) {
 }
 
 TEST_F(Runtime, AcceptsAnOlderSmallerConfigStruct) {
-  config_.struct_size = offsetof(strata_config, numa_node) + sizeof(int);
+  // sizeof a header's strata_config that ended at numa_node (padded to the struct's alignment).
+  config_.struct_size = (offsetof(strata_config, numa_node) + sizeof(int) + 7) / 8 * 8;
   create();
 }
 
@@ -357,6 +358,7 @@ TEST_F(Runtime, ADeviceAcquireWhoseEvictionNeedsItsOwnStagingRoomCompletes) {
   strata_tensor resident = STRATA_TENSOR_NONE;
   ASSERT_EQ(strata_malloc(rt_, 213386, STRATA_TIER_PINNED, 0, &resident), STRATA_OK)
       << strata_last_error(rt_);
+  ASSERT_EQ(strata_step_begin(rt_), STRATA_OK) << strata_last_error(rt_);
   ASSERT_EQ(strata_layer_begin(rt_, STRATA_PHASE_BACKWARD, 5), STRATA_OK) << strata_last_error(rt_);
   const strata_tensor wanted = register_tensor(180317, "wanted");
   std::vector<uint8_t> bytes(213386);
@@ -369,7 +371,8 @@ TEST_F(Runtime, ADeviceAcquireWhoseEvictionNeedsItsOwnStagingRoomCompletes) {
   ASSERT_EQ(strata_tensor_discard(rt_, dirty), STRATA_OK);
   strata_acquired a{};
   a.struct_size = sizeof a;
-  ASSERT_EQ(strata_acquire(rt_, dirty, STRATA_TIER_DEVICE, 0, &a), STRATA_OK)
+  // Discarded, it has no contents to read: it is written whole on the device (DISCARD).
+  ASSERT_EQ(strata_acquire(rt_, dirty, STRATA_TIER_DEVICE, STRATA_ACQUIRE_DISCARD, &a), STRATA_OK)
       << strata_last_error(rt_);
   std::memset(a.data, 0x5a, a.bytes);
   ASSERT_EQ(strata_release(rt_, dirty, STRATA_RELEASE_DIRTY, nullptr), STRATA_OK);

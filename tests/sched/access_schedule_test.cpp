@@ -137,7 +137,7 @@ TEST(TensorRegistry, LimitAndZeroSizeAreErrors) {
   EXPECT_EQ(registry.add(spec, {}).status().code(), STRATA_E_LIMIT);
   RegisterOptions sized;
   sized.bytes = 12345;
-  TensorRegistry other(1);
+  TensorRegistry other(1, 0);
   Result<TensorHandle> c = other.add(spec, sized);
   ASSERT_TRUE(c.is_ok());
   EXPECT_EQ(other.at(c->index).bytes, 12345u);

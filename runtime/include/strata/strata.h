@@ -2,7 +2,8 @@
  * strata.h - the public C API of Strata, a tiered (GPU / pinned host / NVMe) memory runtime for
  * fine-tuning models larger than GPU memory and host RAM.
  *
- * This is the only public header. It is valid C11 and C++.
+ * This is the only public C header (valid C11 and C++); strata/strata.hpp is a header-only C++20
+ * RAII wrapper over it (docs/c-api.md, "C++ wrapper").
  *
  * Conventions
  *  - Every function that can fail returns an int: STRATA_OK (0) or a negative STRATA_E_* code.
