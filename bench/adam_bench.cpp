@@ -24,6 +24,7 @@
 #include "bench_commands.h"
 #include "common/status.h"
 #include "optim/cpu_adam.h"
+#include "progress.h"
 #include "report.h"
 
 namespace strata::bench {
@@ -323,15 +324,25 @@ int run_adam_bench(const AdamBenchArgs& args) {
       args.param_out == "none" ? std::nullopt : std::optional<DType>(*out_dtype);
 
   Workload work(optimizer, args, *n, *grad_dtype, copy);
+  // Three stages, in the order they run: half of Strata's steps, torch's, the other half.
+  ProgressDisplay progress("bench adam: strata", 3, ProgressDisplay::Unit::kCount, "stages",
+                           is_interactive_terminal(args.json));
+  progress.update(0);
   Status status = work.prepare();
   if (status) status = work.run(args.steps / 2);
+  progress.set_label("bench adam: torch");
+  progress.update(1);
   TorchResult torch;
   if (args.torch) {
     torch = time_torch(*n, threads, args.steps);
   } else {
     torch.note = "--no-torch";
   }
+  progress.set_label("bench adam: strata");
+  progress.update(2);
   if (status) status = work.run(args.steps - args.steps / 2);
+  progress.update(3);
+  progress.finish();
   if (!status) {
     std::fprintf(stderr, "strata bench adam: %s\n", status.message().c_str());
     return 1;
