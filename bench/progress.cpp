@@ -11,9 +11,9 @@
 namespace strata::bench {
 namespace {
 
-std::string rate_text(double rate, ProgressDisplay::Unit unit) {
-  return unit == ProgressDisplay::Unit::kBytes ? fixed(rate / 1e9, 2) + " GB/s"
-                                               : fixed(rate, 2) + "/s";
+std::string rate_text(double rate, ProgressDisplay::Unit unit, const std::string& noun) {
+  if (unit == ProgressDisplay::Unit::kBytes) return fixed(rate / 1e9, 2) + " GB/s";
+  return fixed(rate, 2) + (noun.empty() ? "" : " " + noun) + "/s";
 }
 
 std::string eta_text(double eta) {
@@ -48,14 +48,16 @@ std::string human_duration(double seconds) {
 }
 
 std::string ProgressDisplay::bar_line(const std::string& label, double fraction, double rate,
-                                      Unit unit, double elapsed, double eta) {
+                                      Unit unit, const std::string& noun, double elapsed,
+                                      double eta) {
   constexpr int kWidth = 20;
   const int filled = std::clamp(static_cast<int>(fraction * kWidth), 0, kWidth);
   char percent[8];
   std::snprintf(percent, sizeof percent, "%3.0f%%", 100 * fraction);
   return "[" + label + "] [" + std::string(static_cast<size_t>(filled), '#') +
          std::string(static_cast<size_t>(kWidth - filled), '.') + "] " + percent + "  " +
-         rate_text(rate, unit) + "  elapsed " + human_duration(elapsed) + "  ETA " + eta_text(eta);
+         rate_text(rate, unit, noun) + "  elapsed " + human_duration(elapsed) + "  ETA " +
+         eta_text(eta);
 }
 
 std::string ProgressDisplay::plain_line(const std::string& label, double fraction, double done,
@@ -63,7 +65,8 @@ std::string ProgressDisplay::plain_line(const std::string& label, double fractio
                                         Unit unit, double elapsed, double eta) {
   return "[" + label + "] " + fixed(100 * fraction, 0) + "% (" + count_text(done, unit) + " of " +
          count_text(total, unit) + (noun.empty() ? "" : " " + noun) + "), " +
-         rate_text(rate, unit) + ", elapsed " + human_duration(elapsed) + ", ETA " + eta_text(eta);
+         rate_text(rate, unit, noun) + ", elapsed " + human_duration(elapsed) + ", ETA " +
+         eta_text(eta);
 }
 
 ProgressDisplay::ProgressDisplay(std::string label, double total, Unit unit, std::string noun,
@@ -89,7 +92,7 @@ void ProgressDisplay::update(double done, double rate_amount) {
     drawn_ = true;
     // \033[K clears what a longer previous line left to the right.
     std::fprintf(stderr, "\r%s\033[K",
-                 bar_line(label_, fraction, rate, unit_, elapsed, eta).c_str());
+                 bar_line(label_, fraction, rate, unit_, noun_, elapsed, eta).c_str());
     std::fflush(stderr);
     return;
   }

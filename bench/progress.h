@@ -32,7 +32,7 @@ class ProgressDisplay {
 
   // The text of one update, for the tests: elapsed and done as given.
   static std::string bar_line(const std::string& label, double fraction, double rate, Unit unit,
-                              double elapsed, double eta);
+                              const std::string& noun, double elapsed, double eta);
   static std::string plain_line(const std::string& label, double fraction, double done,
                                 double total, const std::string& noun, double rate, Unit unit,
                                 double elapsed, double eta);
