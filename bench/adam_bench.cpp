@@ -7,6 +7,7 @@
 //    /usr/bin/python3 as a subprocess on the same N and torch.set_num_threads(T), when importable.
 // Each side runs 2 warm-up steps, then --steps timed steps; medians are reported (the fastest
 // step too). A step is one update of all N parameters. Ratios come from medians.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -22,7 +23,9 @@
 #include <vector>
 
 #include "bench_commands.h"
+#include "common/interrupt_cleanup.h"
 #include "common/status.h"
+#include "common/unique_fd.h"
 #include "optim/cpu_adam.h"
 #include "progress.h"
 #include "report.h"
@@ -276,6 +279,10 @@ TorchResult time_torch(uint64_t n, int threads, int steps) {
     result.note = "cannot create a temporary script";
     return result;
   }
+  // Removed on Ctrl-C or SIGTERM too (common/interrupt_cleanup.h), not only on the way out.
+  const UniqueFd tmp_dir(::open("/tmp", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  InterruptCleanup on_signal = InterruptCleanup::arm(tmp_dir.get(), path + std::strlen("/tmp/"),
+                                                     InterruptCleanup::What::kFile);
   const size_t length = std::strlen(kTorchScript);
   const bool written = write(fd, kTorchScript, length) == static_cast<ssize_t>(length);
   close(fd);
@@ -290,6 +297,7 @@ TorchResult time_torch(uint64_t n, int threads, int steps) {
       if (pclose(pipe) != 0) output.clear();
     }
   }
+  on_signal.disarm();
   unlink(path);
   const auto parsed = nlohmann::json::parse(output, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded() || !parsed.contains("single") || !parsed.contains("foreach")) {
