@@ -144,6 +144,27 @@ TEST(FinetuneBench, TraceIsChromeJsonWithReadWriteCopyComputeAndOptimizerTracks)
                        (tracks.count("d2h copy") ? tracks.at("d2h copy") : 0);
     EXPECT_GT(copies, 0);
   }
+  // Transfers are named by the tensor they moved, with its kind and layer, never by the link's
+  // word alone; each link has a queue track (transfers in flight).
+  int named = 0, unnamed = 0;
+  std::set<std::string> counters;
+  for (const json& e : j["traceEvents"]) {
+    if (e["ph"] == "C") counters.insert(e["name"].get<std::string>());
+    if (e["ph"] != "X" || e.value("cat", "") != "nvme read") continue;
+    const std::string name = e["name"].get<std::string>();
+    if (name == "read") {
+      ++unnamed;
+      continue;
+    }
+    ++named;
+    ASSERT_TRUE(e.contains("args")) << e.dump();
+    EXPECT_TRUE(e["args"].contains("kind")) << e.dump();
+    EXPECT_TRUE(e["args"].contains("layer")) << e.dump();
+    EXPECT_GT(e["args"]["bytes"].get<int64_t>(), 0) << e.dump();
+  }
+  EXPECT_GT(named, 0);
+  EXPECT_EQ(unnamed, 0);
+  EXPECT_TRUE(counters.count("nvme read in flight")) << counters.size();
   // The workers' partial traces were merged and removed.
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     EXPECT_EQ(entry.path().string().find(".partial"), std::string::npos) << entry.path();
