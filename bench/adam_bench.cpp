@@ -7,6 +7,7 @@
 //    /usr/bin/python3 as a subprocess on the same N and torch.set_num_threads(T), when importable.
 // Each side runs 2 warm-up steps, then --steps timed steps; medians are reported (the fastest
 // step too). A step is one update of all N parameters. Ratios come from medians.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -22,8 +23,11 @@
 #include <vector>
 
 #include "bench_commands.h"
+#include "common/interrupt_cleanup.h"
 #include "common/status.h"
+#include "common/unique_fd.h"
 #include "optim/cpu_adam.h"
+#include "progress.h"
 #include "report.h"
 
 namespace strata::bench {
@@ -275,6 +279,10 @@ TorchResult time_torch(uint64_t n, int threads, int steps) {
     result.note = "cannot create a temporary script";
     return result;
   }
+  // Removed on Ctrl-C or SIGTERM too (common/interrupt_cleanup.h), not only on the way out.
+  const UniqueFd tmp_dir(::open("/tmp", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  InterruptCleanup on_signal = InterruptCleanup::arm(tmp_dir.get(), path + std::strlen("/tmp/"),
+                                                     InterruptCleanup::What::kFile);
   const size_t length = std::strlen(kTorchScript);
   const bool written = write(fd, kTorchScript, length) == static_cast<ssize_t>(length);
   close(fd);
@@ -289,6 +297,7 @@ TorchResult time_torch(uint64_t n, int threads, int steps) {
       if (pclose(pipe) != 0) output.clear();
     }
   }
+  on_signal.disarm();
   unlink(path);
   const auto parsed = nlohmann::json::parse(output, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded() || !parsed.contains("single") || !parsed.contains("foreach")) {
@@ -323,15 +332,25 @@ int run_adam_bench(const AdamBenchArgs& args) {
       args.param_out == "none" ? std::nullopt : std::optional<DType>(*out_dtype);
 
   Workload work(optimizer, args, *n, *grad_dtype, copy);
+  // Three stages, in the order they run: half of Strata's steps, torch's, the other half.
+  ProgressDisplay progress("bench adam: strata", 3, ProgressDisplay::Unit::kCount, "stages",
+                           is_interactive_terminal(args.json));
+  progress.update(0);
   Status status = work.prepare();
   if (status) status = work.run(args.steps / 2);
+  progress.set_label("bench adam: torch");
+  progress.update(1);
   TorchResult torch;
   if (args.torch) {
     torch = time_torch(*n, threads, args.steps);
   } else {
     torch.note = "--no-torch";
   }
+  progress.set_label("bench adam: strata");
+  progress.update(2);
   if (status) status = work.run(args.steps - args.steps / 2);
+  progress.update(3);
+  progress.finish();
   if (!status) {
     std::fprintf(stderr, "strata bench adam: %s\n", status.message().c_str());
     return 1;

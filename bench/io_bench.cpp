@@ -25,13 +25,16 @@
 
 #include "bench_commands.h"
 #include "common/align.h"
+#include "common/interrupt_cleanup.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "common/units.h"
 #include "io/engine_factory.h"
 #include "io/io_engine.h"
 #include "io/io_limits.h"
+#include "progress.h"
 #include "report.h"
+#include "storage/owned_names.h"
 
 extern char** environ;
 
@@ -78,10 +81,14 @@ class BenchFile {
     if (!S_ISDIR(st.st_mode)) {
       return invalid_argument("--path " + dir + " is not a directory");
     }
-    const std::string path = dir + "/strata-bench-io." + std::to_string(::getpid()) + "." +
-                             std::to_string(::time(nullptr));
-    const int fd =
-        ::open(path.c_str(), O_CREAT | O_EXCL | O_NOFOLLOW | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
+    UniqueFd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!dir_fd.valid()) return errno_status(STRATA_E_INVALID, "--path " + dir, errno);
+    // Owner-stamped and locked like a swap file, so that `strata doctor` recognises the file of
+    // a run that was killed outright; a SIGINT / SIGTERM / SIGHUP removes it (on_signal_).
+    const std::string name = storage::generated_name(".bench-io");
+    const std::string path = dir + "/" + name;
+    const int fd = ::openat(dir_fd.get(), name.c_str(),
+                            O_CREAT | O_EXCL | O_NOFOLLOW | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
     if (fd < 0) {
       if (errno == EINVAL) {
         return unsupported("the file system of " + dir +
@@ -89,7 +96,8 @@ class BenchFile {
       }
       return errno_status(STRATA_E_IO, "creating " + path, errno);
     }
-    BenchFile file(path, UniqueFd(fd));
+    BenchFile file(std::move(dir_fd), name, path, UniqueFd(fd));
+    STRATA_TRY(storage::lock_as_owner(file.fd(), path));
     if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(size)); rc != 0) {
       const int code = rc == ENOSPC ? STRATA_E_NOSPACE : STRATA_E_IO;
       return errno_status(code, "preallocating " + format_bytes(size) + " in " + dir, rc);
@@ -98,11 +106,16 @@ class BenchFile {
   }
 
   BenchFile(BenchFile&& other) noexcept
-      : path_(std::exchange(other.path_, {})), fd_(std::move(other.fd_)) {}
+      : dir_fd_(std::move(other.dir_fd_)),
+        name_(std::exchange(other.name_, {})),
+        path_(std::move(other.path_)),
+        fd_(std::move(other.fd_)),
+        on_signal_(std::move(other.on_signal_)) {}
   BenchFile& operator=(BenchFile&&) = delete;
   ~BenchFile() {
-    if (!path_.empty()) {
-      ::unlink(path_.c_str());
+    if (!name_.empty()) {
+      on_signal_.disarm();
+      ::unlinkat(dir_fd_.get(), name_.c_str(), 0);
     }
   }
 
@@ -110,9 +123,17 @@ class BenchFile {
   int fd() const { return fd_.get(); }
 
  private:
-  BenchFile(std::string path, UniqueFd fd) : path_(std::move(path)), fd_(std::move(fd)) {}
+  BenchFile(UniqueFd dir_fd, std::string name, std::string path, UniqueFd fd)
+      : dir_fd_(std::move(dir_fd)),
+        name_(std::move(name)),
+        path_(std::move(path)),
+        fd_(std::move(fd)),
+        on_signal_(InterruptCleanup::arm(dir_fd_.get(), name_, InterruptCleanup::What::kFile)) {}
+  UniqueFd dir_fd_;
+  std::string name_;
   std::string path_;
   UniqueFd fd_;
+  InterruptCleanup on_signal_;
 };
 
 // Anonymous memory for the requests in flight, 2 MiB aligned and, with `huge`, backed by
@@ -519,19 +540,28 @@ void run_io_bench(const IoBenchArgs& args) {
   }
 
   std::vector<double> write_gbps, read_gbps, fio_write_gbps, fio_read_gbps;
+  const uint32_t passes = config.rounds * 2 * (fio.has_value() ? 2 : 1);
+  ProgressDisplay progress("bench io", static_cast<double>(config.size) * passes,
+                           ProgressDisplay::Unit::kBytes, "", is_interactive_terminal(args.json));
+  double moved = 0;
+  progress.update(0);
   auto strata_pass = [&](IoOp op, std::vector<double>& into) {
+    progress.set_label(std::string("bench io: strata ") + (op == IoOp::kWrite ? "write" : "read"));
     auto seconds = (*strata)->run(op);
     if (!seconds) {
       fail(seconds.status());
     }
     into.push_back(gbps(config.size, *seconds));
+    progress.update(moved += static_cast<double>(config.size));
   };
   auto fio_pass = [&](IoOp op, std::vector<double>& into) {
+    progress.set_label(std::string("bench io: fio ") + (op == IoOp::kWrite ? "write" : "read"));
     auto rate = fio->run(config, file->path(), op);
     if (!rate) {
       fail(rate.status());
     }
     into.push_back(*rate);
+    progress.update(moved += static_cast<double>(config.size));
   };
   for (uint32_t round = 0; round < config.rounds; ++round) {
     // Writes before reads, so reads never meet unwritten (all-zero, device-free) extents; who
@@ -550,6 +580,7 @@ void run_io_bench(const IoBenchArgs& args) {
     }
   }
 
+  progress.finish();
   // Ratios pair each Strata pass with the fio pass next to it in time, then take the median:
   // the disk's throughput drifts by tens of percent between rounds, much less within one.
   auto paired_ratio = [](const std::vector<double>& mine, const std::vector<double>& theirs) {

@@ -25,6 +25,7 @@
 #include "io/paced_engine.h"
 #include "optim/half_convert.h"
 #include "optim/tiered_optimizer.h"
+#include "progress.h"
 #include "report.h"
 
 namespace strata::bench {
@@ -177,6 +178,10 @@ int run_optimizer_bench(const OptimizerBenchArgs& args) {
 
   std::vector<double> read_s, write_s, update_s, pipelined_s, serial_s;
   uint64_t pipelined_read_bytes = 0, pipelined_written_bytes = 0, read_pass_bytes = 0;
+  // Five measured passes per repetition; the rate is the state bytes they move.
+  ProgressDisplay progress("bench optimizer", args.repeats, ProgressDisplay::Unit::kCount,
+                           "repetitions", is_interactive_terminal(args.json));
+  progress.update(0);
   for (int r = 0; r < args.repeats; ++r) {
     // Write alone: every state acquired to be overwritten (zeros), written back, all on NVMe.
     auto t = Clock::now();
@@ -211,7 +216,9 @@ int run_optimizer_bench(const OptimizerBenchArgs& args) {
     if (!pass) return fail("serial step", pass.status());
     if (Status st = s.flush(timeout); !st.is_ok()) return fail("flush", st);
     serial_s.push_back(seconds_since(t));
+    progress.update(r + 1);
   }
+  progress.finish();
 
   const double read = median(read_s), write = median(write_s), update = median(update_s);
   const double pipelined = median(pipelined_s), serial = median(serial_s);

@@ -15,6 +15,12 @@ std::string fixed(double value, int decimals) {
   return buffer;
 }
 
+std::string signed_percent(double fraction, int decimals) {
+  const std::string magnitude = fixed(100.0 * (fraction < 0 ? -fraction : fraction), decimals);
+  const bool zero = magnitude.find_first_not_of("0.") == std::string::npos;
+  return (zero ? "" : fraction < 0 ? "-" : "+") + magnitude + "%";
+}
+
 std::string Table::render() const {
   std::vector<size_t> widths;
   for (const auto& row : rows_) {

@@ -24,4 +24,8 @@ class Table {
 // "%.2f" without iostream ceremony.
 std::string fixed(double value, int decimals = 2);
 
+// A relative change as a percentage with its sign written once: 0.032 -> "+3.2%", -0.557 ->
+// "-55.7%", and "0.0%" for anything that rounds to zero (never "-0.0%" or "(--5.3%)").
+std::string signed_percent(double fraction, int decimals = 1);
+
 }  // namespace strata::bench

@@ -11,6 +11,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
   fio clang libclang-rt-14-dev
   python3 python3-numpy python3-torch python3-pytest python3-matplotlib
+  python3-venv python3-pip python3-setuptools python3-wheel
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -18,6 +19,7 @@
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,8 @@
 #include "finetune/finetune_options.h"
 #include "finetune/finetune_output.h"
 #include "finetune/finetune_worker.h"
+#include "output_path.h"
+#include "progress.h"
 #include "report.h"
 #include "telemetry/counters.h"
 #include "telemetry/metrics_server.h"
@@ -42,44 +46,64 @@ constexpr int kWorkerFd = 3;
 // Explicit limit on one line from a worker (the result with its memory series is the longest).
 constexpr size_t kMaxLineBytes = size_t{64} << 20;
 
-// The live numbers a Prometheus scrape sees, one set per strategy.
+// The live numbers a Prometheus scrape sees: one family per quantity, the strategy, tier and
+// direction as labels (docs/telemetry.md lists them).
 class LiveMetrics {
  public:
   static Result<std::unique_ptr<LiveMetrics>> create() {
     auto m = std::unique_ptr<LiveMetrics>(new LiveMetrics());
     for (Strategy s : {Strategy::kStrata, Strategy::kZeroInfinity}) {
-      const std::string p = std::string("strata_finetune_") +
-                            (s == Strategy::kStrata ? "strata" : "zero_infinity") + "_";
-      const std::string who = std::string(" (") + to_string(s) + " worker)";
+      const std::pair<std::string, std::string> strategy{"strategy", to_string(s)};
       Set& set = m->sets_[static_cast<int>(s)];
-      auto gauge = [&](Gauge** out, const std::string& name, const std::string& help,
-                       const std::string& unit) -> Status {
-        Result<Gauge*> g = m->registry_.add_gauge({p + name, help + who, unit});
+      auto gauge = [&](Gauge** out, telemetry::MetricInfo info) -> Status {
+        info.labels.insert(info.labels.begin(), strategy);
+        Result<Gauge*> g = m->registry_.add_gauge(info);
         if (!g) return std::move(g).take_status();
         *out = *g;
         return Status::ok();
       };
-      auto counter = [&](Counter** out, const std::string& name, const std::string& help,
-                         const std::string& unit, double scale) -> Status {
-        Result<Counter*> c = m->registry_.add_counter({p + name, help + who, unit, scale});
+      auto counter = [&](Counter** out, telemetry::MetricInfo info) -> Status {
+        info.labels.insert(info.labels.begin(), strategy);
+        Result<Counter*> c = m->registry_.add_counter(info);
         if (!c) return std::move(c).take_status();
         *out = *c;
         return Status::ok();
       };
-      STRATA_TRY(gauge(&set.host, "host_bytes",
-                       "Host memory the OS charges the worker, emulated device excluded", "bytes"));
-      STRATA_TRY(gauge(&set.pinned, "pinned_bytes", "Pinned host memory", "bytes"));
-      STRATA_TRY(gauge(&set.device, "device_bytes", "Device memory in use", "bytes"));
-      STRATA_TRY(counter(&set.read, "nvme_read_bytes_total", "Bytes read from NVMe", "bytes", 1));
-      STRATA_TRY(
-          counter(&set.written, "nvme_write_bytes_total", "Bytes written to NVMe", "bytes", 1));
-      STRATA_TRY(gauge(&set.read_rate, "nvme_read_bytes_per_second",
-                       "NVMe read rate over the last interval, bytes per second", ""));
-      STRATA_TRY(gauge(&set.write_rate, "nvme_write_bytes_per_second",
-                       "NVMe write rate over the last interval, bytes per second", ""));
-      STRATA_TRY(counter(&set.stall_us, "stall_seconds_total",
-                         "Time the training loop waited inside strata_acquire", "seconds", 1e-6));
-      STRATA_TRY(gauge(&set.running, "running", "1 while the worker runs", ""));
+      const char* kMemory = "strata_finetune_memory_bytes";
+      const char* kMemoryHelp =
+          "Memory a worker holds per tier (host: what the OS charges it, emulated device "
+          "excluded)";
+      STRATA_TRY(gauge(&set.host, {kMemory, kMemoryHelp, "bytes", 1.0, {{"tier", "host"}}}));
+      STRATA_TRY(gauge(&set.pinned, {kMemory, kMemoryHelp, "bytes", 1.0, {{"tier", "pinned"}}}));
+      STRATA_TRY(gauge(&set.device, {kMemory, kMemoryHelp, "bytes", 1.0, {{"tier", "device"}}}));
+      const char* kNvme = "strata_finetune_nvme_bytes_total";
+      const char* kNvmeHelp = "Bytes moved between a worker and NVMe";
+      STRATA_TRY(counter(&set.read, {kNvme, kNvmeHelp, "bytes", 1.0, {{"direction", "read"}}}));
+      STRATA_TRY(counter(&set.written, {kNvme, kNvmeHelp, "bytes", 1.0, {{"direction", "write"}}}));
+      const char* kRate = "strata_finetune_nvme_rate_bytes_per_second";
+      const char* kRateHelp = "NVMe rate of a worker over the last reporting interval";
+      STRATA_TRY(gauge(&set.read_rate, {kRate,
+                                        kRateHelp,
+                                        "bytes_per_second",
+                                        1.0,
+                                        {{"direction", "read"}},
+                                        /*with_peak=*/false}));
+      STRATA_TRY(gauge(&set.write_rate, {kRate,
+                                         kRateHelp,
+                                         "bytes_per_second",
+                                         1.0,
+                                         {{"direction", "write"}},
+                                         /*with_peak=*/false}));
+      STRATA_TRY(counter(&set.stall_us, {"strata_finetune_stall_seconds_total",
+                                         "Time a worker's training loop waited inside "
+                                         "strata_acquire",
+                                         "seconds", 1e-6}));
+      STRATA_TRY(gauge(&set.running, {"strata_finetune_running",
+                                      "1 while the worker runs",
+                                      "",
+                                      1.0,
+                                      {},
+                                      /*with_peak=*/false}));
     }
     return m;
   }
@@ -126,57 +150,86 @@ class LiveMetrics {
   std::array<Set, kStrategyCount> sets_;
 };
 
-// A progress bar on stderr: redrawn in place on a terminal, a line per step otherwise (logs).
+// Each worker's progress on stderr through the shared display (bench/progress.h): a bar with
+// rate, elapsed and ETA on a terminal, plain lines otherwise and with --json.
 class Progress {
  public:
-  Progress() : tty_(::isatty(2) != 0) {}
+  Progress(uint32_t steps, bool json_output)
+      : steps_(steps), interactive_(is_interactive_terminal(json_output)) {}
   void update(const json& p) {
-    const std::string strategy = p.value("strategy", "");
+    if (!display_) return;
     const std::string phase = p.value("phase", "");
-    const uint32_t step = p.value("step", 0u), steps = p.value("steps", 0u);
-    const double fraction = p.value("fraction", 0.0);
-    const auto now = Clock::now();
-    if (tty_) {
-      if (now - last_draw_ < std::chrono::milliseconds(100) && fraction < 1.0) return;
-      last_draw_ = now;
-      constexpr int kWidth = 30;
-      const int filled = static_cast<int>(fraction * kWidth);
-      std::string bar(static_cast<size_t>(filled), '#');
-      bar.append(static_cast<size_t>(kWidth - filled), '.');
-      std::fprintf(stderr, "\r[%-13s] [%s] %3.0f%%  %s%s %u/%u  %-9s layer %-3d %6.1fs ",
-                   strategy.c_str(), bar.c_str(), 100 * fraction,
-                   phase == "startup" ? "startup " : "step", "", phase == "startup" ? 0 : step + 1,
-                   steps, phase.c_str(), p.value("layer", 0), seconds());
-      std::fflush(stderr);
-    } else if (phase != "startup" && (step != last_step_ || strategy != last_strategy_)) {
-      last_step_ = step;
-      last_strategy_ = strategy;
-      std::fprintf(stderr, "[%s] step %u/%u started (%.0f%%, %.1f s)\n", strategy.c_str(), step + 1,
-                   steps, 100 * fraction, seconds());
-    }
+    display_->set_label(strategy_ + (phase == "startup" ? " start-up" : ""));
+    display_->update(p.value("fraction", 0.0) * steps_);
   }
   void start(Strategy s) {
-    start_ = Clock::now();
-    last_step_ = UINT32_MAX;
-    std::fprintf(stderr, "[%s] worker starting\n", to_string(s));
+    strategy_ = to_string(s);
+    started_ = Clock::now();
+    std::fprintf(stderr, "[%s] worker starting\n", strategy_.c_str());
+    display_.emplace(strategy_, steps_, ProgressDisplay::Unit::kCount, "steps", interactive_);
+    display_->update(0);
   }
   void done(Strategy s, const json& r) {
-    if (tty_) std::fprintf(stderr, "\n");
-    std::fprintf(stderr, "[%s] done in %.1f s: peak host %s, step %.2f s\n", to_string(s),
-                 seconds(), format_bytes(r.value("peak_host_bytes", uint64_t{0})).c_str(),
+    if (display_) display_->update(steps_);  // the worker's result: every step is done
+    const double seconds = finish();
+    std::fprintf(stderr, "[%s] done in %s: peak host %s, step %.2f s\n", to_string(s),
+                 human_duration(seconds).c_str(),
+                 format_bytes(r.value("peak_host_bytes", uint64_t{0})).c_str(),
                  r.value("step_seconds", 0.0));
   }
-  void failed() {
-    if (tty_) std::fprintf(stderr, "\n");
+  void failed() { finish(); }
+
+ private:
+  double finish() {
+    if (display_) display_->finish();
+    display_.reset();
+    return std::chrono::duration<double>(Clock::now() - started_).count();
+  }
+  const uint32_t steps_;
+  const bool interactive_;
+  std::string strategy_;
+  std::optional<ProgressDisplay> display_;
+  Clock::time_point started_ = Clock::now();
+};
+
+// Ctrl-C or SIGTERM while a worker runs: the parent passes the signal on to the worker, which
+// removes its swap file and dies of it (common/interrupt_cleanup.h), waits for it, removes the
+// partial traces and then dies of the same signal itself. Without this, SIGTERM to the parent
+// alone would leave the worker's files behind. Process-wide, as signal dispositions are.
+std::atomic<pid_t> current_worker{0};
+volatile std::sig_atomic_t interrupted_by = 0;
+
+void forward_to_worker(int signal_number) {
+  interrupted_by = signal_number;
+  const pid_t worker = current_worker.load();
+  if (worker > 0) ::kill(worker, signal_number);
+}
+
+class SignalForwarding {
+ public:
+  SignalForwarding() {
+    struct sigaction forward {};
+    forward.sa_handler = forward_to_worker;
+    ::sigemptyset(&forward.sa_mask);
+    forward.sa_flags = SA_RESTART;
+    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &forward, &previous_[i]);
+  }
+  ~SignalForwarding() {
+    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &previous_[i], nullptr);
+  }
+  SignalForwarding(const SignalForwarding&) = delete;
+  SignalForwarding& operator=(const SignalForwarding&) = delete;
+
+  // Dies of the signal that arrived, with the default disposition, as if never caught.
+  [[noreturn]] static void die_of(int signal_number) {
+    std::signal(signal_number, SIG_DFL);
+    ::raise(signal_number);
+    ::_exit(128 + signal_number);
   }
 
  private:
-  double seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
-  const bool tty_;
-  Clock::time_point start_ = Clock::now();
-  Clock::time_point last_draw_{};
-  uint32_t last_step_ = UINT32_MAX;
-  std::string last_strategy_;
+  static constexpr std::array<int, 3> kSignals = {SIGINT, SIGTERM, SIGHUP};
+  std::array<struct sigaction, 3> previous_{};
 };
 
 // Starts a worker for `strategy`, follows its events until it exits, returns its result.
@@ -206,8 +259,9 @@ Result<StrategyResult> run_strategy(const FinetunePlan& plan, Strategy strategy,
     return errno_status(STRATA_E_LIMIT, "fork", errno);
   }
   if (child == 0) {
-    // Only async-signal-safe calls until exec. A worker never outlives its parent.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    // Only async-signal-safe calls until exec. A worker never outlives its parent; SIGTERM
+    // rather than SIGKILL, so that it still removes its swap file if the parent is killed.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(126);
     if (fds[1] == kWorkerFd) {
       ::fcntl(kWorkerFd, F_SETFD, 0);
@@ -219,6 +273,8 @@ Result<StrategyResult> run_strategy(const FinetunePlan& plan, Strategy strategy,
     ::_exit(127);
   }
   ::close(fds[1]);
+  current_worker = child;
+  if (interrupted_by != 0) ::kill(child, interrupted_by);  // arrived between fork and here
   progress.start(strategy);
   if (metrics != nullptr) metrics->running(strategy, true);
 
@@ -259,7 +315,16 @@ Result<StrategyResult> run_strategy(const FinetunePlan& plan, Strategy strategy,
   int wstatus = 0;
   while (::waitpid(child, &wstatus, 0) < 0 && errno == EINTR) {
   }
+  current_worker = 0;
   if (metrics != nullptr) metrics->running(strategy, false);
+  if (interrupted_by != 0) {
+    progress.failed();
+    if (!out.trace_path.empty()) {
+      ::unlink(out.trace_path.c_str());
+      ::unlink((out.trace_path + ".runtime.json").c_str());
+    }
+    SignalForwarding::die_of(interrupted_by);
+  }
   if (!status) return status;
   if (!error.empty()) {
     progress.failed();
@@ -304,7 +369,8 @@ int run_parent(const FinetunePlan& plan) {
     std::fprintf(stderr, "metrics: http://%s:%u/metrics\n", server->address().c_str(),
                  server->port());
   }
-  Progress progress;
+  Progress progress(plan.options.steps, plan.options.json);
+  SignalForwarding forwarding;
   std::vector<StrategyResult> results;
   for (Strategy s : plan.strategies) {
     Result<StrategyResult> r = run_strategy(plan, s, progress, metrics.get());
@@ -345,6 +411,15 @@ int run_finetune(const FinetuneOptions& options) {
     if (!s) return fail(s.status(), 2);
     if (options.worker_fd < 0) return fail(invalid_argument("--worker needs --worker-fd"), 2);
     return run_worker(*plan, *s, options.worker_fd, options.worker_trace);
+  }
+  // Every output path is checked before the run, so that a finished benchmark never loses its
+  // result to a path that cannot be written.
+  if (!options.trace_path.empty()) {
+    if (Status ok = check_output_path(options.trace_path, "--trace"); !ok) return fail(ok, 2);
+  }
+  if (!options.plot_path.empty()) {
+    if (Status ok = check_output_path(options.plot_path, "--plot"); !ok) return fail(ok, 2);
+    if (Status ok = check_plot_renderer(); !ok) return fail(ok, 2);
   }
   return run_parent(*plan);
 }

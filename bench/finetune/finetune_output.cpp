@@ -52,10 +52,6 @@ Status write_text_file(const std::string& path, const std::string& text) {
   return Status::ok();
 }
 
-std::string gb(uint64_t bytes) {
-  return fixed(static_cast<double>(bytes) / 1e9, 3) + " GB";
-}
-
 json strategy_summary(const json& r) {
   json out = json::object();
   for (const auto& [key, value] : r.items()) {
@@ -210,20 +206,21 @@ std::string results_table(const FinetunePlan& plan, const std::vector<StrategyRe
                "NVMe wr GB/s", "stall", "VmHWM"});
   for (const StrategyResult& r : results) {
     const json& j = r.result;
-    table.add_row(
-        {to_string(r.strategy), gb(j["peak_host_bytes"].get<uint64_t>()),
-         gb(j["peak_pinned_bytes"].get<uint64_t>()), gb(j["peak_device_bytes"].get<uint64_t>()),
-         fixed(j["step_seconds"].get<double>(), 2), fixed(j["nvme_read_gbps"].get<double>(), 3),
-         fixed(j["nvme_write_gbps"].get<double>(), 3),
-         fixed(100.0 * j["stall_fraction"].get<double>(), 1) + "%",
-         gb(j["os_vmhwm_bytes"].get<uint64_t>())});
+    table.add_row({to_string(r.strategy), format_bytes(j["peak_host_bytes"].get<uint64_t>()),
+                   format_bytes(j["peak_pinned_bytes"].get<uint64_t>()),
+                   format_bytes(j["peak_device_bytes"].get<uint64_t>()),
+                   fixed(j["step_seconds"].get<double>(), 2),
+                   fixed(j["nvme_read_gbps"].get<double>(), 3),
+                   fixed(j["nvme_write_gbps"].get<double>(), 3),
+                   fixed(100.0 * j["stall_fraction"].get<double>(), 1) + "%",
+                   format_bytes(j["os_vmhwm_bytes"].get<uint64_t>())});
   }
   s << table.render();
   const auto [host_reduction, step_ratio] =
       ratios(find(results, Strategy::kStrata), find(results, Strategy::kZeroInfinity));
   if (!host_reduction.is_null() && !step_ratio.is_null()) {
-    s << "\nstrata vs zero-infinity: peak host -" << fixed(100.0 * host_reduction.get<double>(), 1)
-      << "% (host_reduction " << fixed(host_reduction.get<double>(), 3) << "), step time x"
+    s << "\nstrata vs zero-infinity: peak host " << signed_percent(-host_reduction.get<double>())
+      << " (host_reduction " << fixed(host_reduction.get<double>(), 3) << "), step time x"
       << fixed(step_ratio.get<double>(), 3) << " (step_time_ratio)\n";
   }
   const json* strata_result = find(results, Strategy::kStrata);
@@ -231,14 +228,16 @@ std::string results_table(const FinetunePlan& plan, const std::vector<StrategyRe
   if (strata_result != nullptr && zero_result != nullptr) {
     const double a = (*strata_result)["peak_host_bytes_during_steps"].get<double>();
     const double b = (*zero_result)["peak_host_bytes_during_steps"].get<double>();
-    s << "peak host during the training steps only (start-up left out): strata " << gb(a)
-      << ", zero-infinity " << gb(b) << " (-" << fixed(b > 0 ? 100.0 * (1.0 - a / b) : 0.0, 1)
-      << "%)\n";
+    s << "peak host during the training steps only (start-up left out): strata "
+      << format_bytes(static_cast<uint64_t>(a)) << ", zero-infinity "
+      << format_bytes(static_cast<uint64_t>(b)) << " (" << signed_percent(b > 0 ? a / b - 1.0 : 0.0)
+      << ")\n";
   }
   if (const json* z = zero_result) {
-    s << "zero-infinity: DeepSpeed blocks " << gb((*z)["deepspeed_blocks_bytes"].get<uint64_t>())
+    s << "zero-infinity: DeepSpeed blocks "
+      << format_bytes((*z)["deepspeed_blocks_bytes"].get<uint64_t>())
       << " pinned for the whole run, overflow-check temporaries "
-      << gb((*z)["deepspeed_overflow_temporary_bytes"].get<uint64_t>())
+      << format_bytes((*z)["deepspeed_overflow_temporary_bytes"].get<uint64_t>())
       << " per pass; runtime sizes: " << (*z)["runtime_zero_infinity_sizes"].get<std::string>()
       << "\n";
   }
@@ -251,9 +250,9 @@ std::string results_table(const FinetunePlan& plan, const std::vector<StrategyRe
       << p["tokens_per_step"].get<uint64_t>() << " tokens per step\n";
     Table t({"strategy", "peak host", "peak pinned", "peak device", "step (s)", "bottleneck"});
     for (const json& r : p["strategies"]) {
-      t.add_row({r["name"].get<std::string>(), gb(r["peak_host_bytes"].get<uint64_t>()),
-                 gb(r["peak_pinned_bytes"].get<uint64_t>()),
-                 gb(r["peak_device_bytes"].get<uint64_t>()),
+      t.add_row({r["name"].get<std::string>(), format_bytes(r["peak_host_bytes"].get<uint64_t>()),
+                 format_bytes(r["peak_pinned_bytes"].get<uint64_t>()),
+                 format_bytes(r["peak_device_bytes"].get<uint64_t>()),
                  fixed(r["step_seconds"].get<double>(), 2), r["bottleneck"].get<std::string>()});
     }
     s << t.render() << "projected host_reduction " << fixed(p["host_reduction"].get<double>(), 3)
@@ -322,6 +321,38 @@ Status merge_traces(const std::vector<StrategyResult>& results, const std::strin
   return write_text_file(path, out.dump());
 }
 
+namespace {
+
+std::string plot_python() {
+  const char* python = std::getenv("STRATA_PYTHON");
+  return python != nullptr ? python : "/usr/bin/python3";
+}
+
+std::string plot_script() {
+  const char* script = std::getenv("STRATA_PLOT_SCRIPT");
+  return script != nullptr ? script : STRATA_PLOT_SCRIPT;
+}
+
+// Runs argv[0] with its output on stderr (never into --json on stdout); its exit status, or -1.
+int run_quietly(std::vector<std::string> argv) {
+  std::vector<char*> args;
+  for (std::string& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  const pid_t child = ::fork();
+  if (child < 0) return -1;
+  if (child == 0) {
+    ::dup2(2, 1);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
 Status plot_memory(const FinetunePlan& plan, const std::vector<StrategyResult>& results,
                    const std::string& path) {
   json strategies = json::array();
@@ -338,24 +369,25 @@ Status plot_memory(const FinetunePlan& plan, const std::vector<StrategyResult>& 
                      {"strategies", std::move(strategies)}};
   const std::string data_path = path + ".json";
   STRATA_TRY(write_text_file(data_path, data.dump()));
-  const char* python = std::getenv("STRATA_PYTHON");
-  const char* script = std::getenv("STRATA_PLOT_SCRIPT");
-  const std::string py = python != nullptr ? python : "/usr/bin/python3";
-  const std::string sc = script != nullptr ? script : STRATA_PLOT_SCRIPT;
-  const pid_t child = ::fork();
-  if (child < 0) return errno_status(STRATA_E_LIMIT, "starting " + py, errno);
-  if (child == 0) {
-    ::dup2(2, 1);  // the script's chatter never mixes into --json on stdout
-    ::execl(py.c_str(), py.c_str(), sc.c_str(), data_path.c_str(), path.c_str(),
-            static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  int status = 0;
-  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+  const std::string py = plot_python();
+  const std::string sc = plot_script();
+  if (run_quietly({py, sc, data_path, path}) != 0) {
     return unsupported("rendering " + path + " with " + py + " " + sc +
                        " failed (it needs matplotlib); the data is in " + data_path);
+  }
+  return Status::ok();
+}
+
+Status check_plot_renderer() {
+  const std::string py = plot_python();
+  const std::string sc = plot_script();
+  if (::access(sc.c_str(), R_OK) != 0) {
+    return errno_status(STRATA_E_UNSUPPORTED, "--plot: the plot script " + sc, errno);
+  }
+  if (run_quietly({py, "-c", "import matplotlib"}) != 0) {
+    return unsupported("--plot needs " + py +
+                       " with matplotlib (Debian: apt-get install "
+                       "python3-matplotlib; STRATA_PYTHON names another interpreter)");
   }
   return Status::ok();
 }

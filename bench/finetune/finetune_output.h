@@ -34,6 +34,10 @@ std::string results_table(const FinetunePlan& plan, const std::vector<StrategyRe
 // / copy tracks beside the worker's compute / optimizer / overflow-check / acquire-wait tracks.
 Status merge_traces(const std::vector<StrategyResult>& results, const std::string& path);
 
+// Whether plot_memory can work here (the script and an interpreter with matplotlib), checked
+// before a run so that --plot fails at once rather than after the benchmark.
+Status check_plot_renderer();
+
 // Renders host, pinned and device memory over time for each strategy into a PNG with
 // bench/plot_memory.py (matplotlib, Debian's /usr/bin/python3); the data is kept beside it as
 // PATH.json.

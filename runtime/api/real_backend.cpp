@@ -182,8 +182,9 @@ void RealBackend::on_nvme_done(storage::ExtentIo* io, void* context) {
   const sched::Link link = op->link;
   const uint64_t bytes = status.is_ok() ? op->bytes : 0;
   const uint64_t begin_us = op->begin_us;
+  const sched::TransferLabel label = op->label;
   self->return_nvme_op(op);
-  self->link_finished(link, bytes, begin_us, kLinkSpanNames[static_cast<int>(link)]);
+  self->link_finished(link, bytes, begin_us, kLinkSpanNames[static_cast<int>(link)], &label);
   sched::post_completion(done, std::move(status));
 }
 
@@ -196,6 +197,7 @@ Status RealBackend::read(const sched::Extent& from, const sched::Buffer& to_pinn
   NvmeOp* o = op.value();
   o->done = done;
   o->link = sched::Link::kNvmeRead;
+  o->label = sched::TransferLabel::current();
   o->bytes = bytes;
   o->begin_us = now_us();
   o->io.on_complete = &RealBackend::on_nvme_done;
@@ -219,6 +221,7 @@ Status RealBackend::write(const sched::Buffer& from_pinned, const sched::Extent&
   NvmeOp* o = op.value();
   o->done = done;
   o->link = sched::Link::kNvmeWrite;
+  o->label = sched::TransferLabel::current();
   o->bytes = bytes;
   o->begin_us = now_us();
   o->io.on_complete = &RealBackend::on_nvme_done;
@@ -245,7 +248,8 @@ Status RealBackend::start_copy(CopyLane& lane, void* dst, const void* src, uint6
   link_started(lane.link);
   {
     std::lock_guard lock(lane.mutex);
-    lane.queue.push_back(CopyOp{std::move(event.value()), done, bytes, now_us()});
+    lane.queue.push_back(
+        CopyOp{std::move(event.value()), done, sched::TransferLabel::current(), bytes, now_us()});
     ++lane.waiting;
   }
   lane.changed.notify_one();
@@ -266,7 +270,7 @@ void RealBackend::run_lane(CopyLane& lane) {
     Status status = device_.synchronize(op.event);
     op.event.reset();
     link_finished(lane.link, status.is_ok() ? op.bytes : 0, op.begin_us,
-                  kLinkSpanNames[static_cast<int>(lane.link)]);
+                  kLinkSpanNames[static_cast<int>(lane.link)], &op.label);
     {
       std::lock_guard lock(lane.mutex);
       --lane.waiting;
@@ -299,29 +303,47 @@ void RealBackend::on_release(sched::Tier tier, const sched::Buffer& buffer, void
 
 // ---- Link counters ----
 
+// The queue track of each link: transfers in flight, sampled at every change.
+constexpr const char* kLinkQueueNames[sched::kLinkCount] = {
+    "nvme read in flight", "nvme write in flight", "h2d in flight", "d2h in flight"};
+
 void RealBackend::link_started(sched::Link link) {
   LinkState& state = links_[static_cast<int>(link)];
-  std::lock_guard lock(state.mutex);
-  if (state.inflight++ == 0) state.busy_since_us = now_us();
+  uint32_t inflight;
+  {
+    std::lock_guard lock(state.mutex);
+    if (state.inflight++ == 0) state.busy_since_us = now_us();
+    inflight = state.inflight;
+  }
+  if (options_.trace != nullptr) {
+    options_.trace->record_counter(kLinkQueueNames[static_cast<int>(link)], inflight);
+  }
 }
 
 void RealBackend::link_finished(sched::Link link, uint64_t bytes, uint64_t begin_us,
-                                const char* what) {
+                                const char* what, const sched::TransferLabel* label) {
   const int index = static_cast<int>(link);
   LinkState& state = links_[index];
   const uint64_t end_us = now_us();
+  uint32_t inflight;
   {
     std::lock_guard lock(state.mutex);
     STRATA_ASSERT(state.inflight > 0);
     if (--state.inflight == 0) state.busy_us += end_us - state.busy_since_us;
+    inflight = state.inflight;
   }
+  if (options_.trace != nullptr) options_.trace->record_counter(kLinkQueueNames[index], inflight);
   if (bytes > 0) {
     state.bytes.fetch_add(bytes, std::memory_order_relaxed);
     state.transfers.fetch_add(1, std::memory_order_relaxed);
   }
   if (what != nullptr && options_.trace != nullptr) {
-    options_.trace->record_span(kLinkTracks[index], what, begin_us, end_us,
-                                static_cast<int64_t>(bytes));
+    // Named by the tensor it moved (kind and layer in the span's args); the link's word only for
+    // a transfer the scheduler did not label.
+    const bool named = label != nullptr && label->labelled();
+    options_.trace->record_span(kLinkTracks[index], named ? label->name : what, begin_us, end_us,
+                                static_cast<int64_t>(bytes),
+                                named ? label->tensor : telemetry::SpanTensor{});
   }
 }
 

@@ -20,6 +20,7 @@
 #include "memory/pinned_arena.h"
 #include "memory/pinned_recycler.h"
 #include "sched/tier_backend.h"
+#include "sched/transfer_label.h"
 #include "storage/swap_store.h"
 #include "telemetry/trace_recorder.h"
 
@@ -64,6 +65,7 @@ class RealBackend final : public sched::TierBackend {
   struct NvmeOp {
     storage::ExtentIo io;
     sched::Completion done;
+    sched::TransferLabel label;  // the tensor, for the trace span
     sched::Link link = sched::Link::kNvmeRead;
     RealBackend* backend = nullptr;
     uint64_t bytes = 0;
@@ -74,6 +76,7 @@ class RealBackend final : public sched::TierBackend {
   struct CopyOp {
     memory::Event event;
     sched::Completion done;
+    sched::TransferLabel label;
     uint64_t bytes = 0;
     uint64_t begin_us = 0;
   };
@@ -104,7 +107,9 @@ class RealBackend final : public sched::TierBackend {
                     sched::Completion done);
   void run_lane(CopyLane& lane);
   void link_started(sched::Link link);
-  void link_finished(sched::Link link, uint64_t bytes, uint64_t begin_us, const char* what);
+  // what: the span's fallback name (null: no span); label, when it names a tensor, replaces it.
+  void link_finished(sched::Link link, uint64_t bytes, uint64_t begin_us, const char* what,
+                     const sched::TransferLabel* label = nullptr);
   uint64_t now_us() const;
   Result<storage::Extent> find_extent(uint64_t token) const;
   int32_t io_index(const sched::Buffer& pinned, uint64_t bytes) const;

@@ -2,9 +2,13 @@
 // Each check is OK, WARN (works, but slower or riskier than it could be) or FAIL (the requested
 // configuration cannot work); any FAIL makes the exit status non-zero.
 #include <hwloc.h>
+#include <linux/magic.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <sys/utsname.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
@@ -20,6 +24,7 @@
 #include "io/uring_probe.h"
 #include "optim/simd_level.h"
 #include "storage/backing_device.h"
+#include "storage/owned_names.h"
 
 #ifdef STRATA_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -39,9 +44,12 @@ struct Check {
 
 const char* to_string(Verdict v) {
   switch (v) {
-    case Verdict::kOk: return "ok";
-    case Verdict::kWarn: return "warn";
-    case Verdict::kFail: return "FAIL";
+    case Verdict::kOk:
+      return "ok";
+    case Verdict::kWarn:
+      return "warn";
+    case Verdict::kFail:
+      return "FAIL";
   }
   return "?";
 }
@@ -53,6 +61,7 @@ struct DoctorOptions {
   std::string nvme_capacity = "0";
   std::string pinned_budget = "4G";
   bool json = false;
+  bool remove_orphans = false;
 };
 
 Check check_kernel() {
@@ -71,48 +80,181 @@ Check check_io_uring(const std::string& engine) {
                               : "Strata falls back to pread/pwrite; io_uring is faster"};
   }
   std::string flags = s.single_issuer_defer_taskrun ? "SINGLE_ISSUER|DEFER_TASKRUN"
-                      : s.coop_taskrun                ? "COOP_TASKRUN"
-                                                      : "no setup flags";
+                      : s.coop_taskrun              ? "COOP_TASKRUN"
+                                                    : "no setup flags";
   std::string finding = "available, ring flags: " + flags +
                         (s.sparse_buffers ? ", registered buffers" : ", no sparse buffer table");
   return {"io_uring", Verdict::kOk, finding, ""};
 }
 
-std::vector<Check> check_path(const DoctorOptions& o) {
-  std::vector<Check> checks;
-  struct statvfs vfs {};
-  if (statvfs(o.path.c_str(), &vfs) != 0) {
-    checks.push_back({"nvme path", Verdict::kFail, o.path + ": " + std::strerror(errno),
-                      "point --path at an existing directory on the NVMe drive"});
-    return checks;
+// Where the swap file would go, named for what it is: missing, not a directory, not enterable,
+// not writable, read-only, full, in RAM, or refusing O_DIRECT - each with its own fix.
+Check check_directory(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ENOENT) {
+      return {"nvme path", Verdict::kFail, path + " does not exist",
+              "create it (mkdir -p " + path + ") or point --path at a directory on the NVMe drive"};
+    }
+    if (err == EACCES) {
+      return {"nvme path", Verdict::kFail,
+              "permission denied: a directory on the way to " + path + " cannot be entered",
+              "run as a user who can reach it, or choose a directory of your own"};
+    }
+    if (err == ENOTDIR) {
+      return {"nvme path", Verdict::kFail, path + ": a component of the path is not a directory",
+              "point --path at a directory on the NVMe drive"};
+    }
+    return {"nvme path", Verdict::kFail, path + ": " + std::strerror(err),
+            "point --path at a directory on the NVMe drive"};
   }
+  if (!S_ISDIR(st.st_mode)) {
+    const bool block = S_ISBLK(st.st_mode);
+    return {"nvme path", Verdict::kFail,
+            path + " is not a directory (" + (block ? "a block device" : "a file") + ")",
+            block ? "--path names the directory for a swap file; a raw device is given to the "
+                    "runtime as strata_config.raw_device"
+                  : "--path names the directory that will hold the swap file, e.g. the one this "
+                    "file is in"};
+  }
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  const std::string who = "uid " + std::to_string(::geteuid());
+  const std::string owner =
+      " (mode " + std::string(mode) + ", owner uid " + std::to_string(st.st_uid) + ")";
+  if (::access(path.c_str(), X_OK) != 0 && errno == EACCES) {
+    return {"nvme path", Verdict::kFail,
+            "permission denied: " + who + " cannot enter " + path + owner,
+            "chmod u+x / chown it for the user who runs Strata, or choose a directory of your own"};
+  }
+  if (::access(path.c_str(), W_OK) != 0) {
+    const int err = errno;
+    if (err == EROFS) {
+      return {"nvme path", Verdict::kFail, path + " is on a read-only file system",
+              "remount it read-write, or choose a directory on a writable file system"};
+    }
+    if (err == EACCES) {
+      return {"nvme path", Verdict::kFail,
+              path + " is read-only for " + who + owner + ": the swap file cannot be created",
+              "chmod u+w / chown it for the user who runs Strata, or choose a directory of your "
+              "own"};
+    }
+    return {"nvme path", Verdict::kFail, path + ": " + std::strerror(err),
+            "choose a writable directory on the NVMe drive"};
+  }
+  return {"nvme path", Verdict::kOk, path + " is a writable directory", ""};
+}
+
+Check check_free_space(const DoctorOptions& o, const struct statvfs& vfs) {
   const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
   const uint64_t wanted = parse_bytes(o.nvme_capacity).value_or(0);
-  if (wanted > free_bytes) {
-    checks.push_back({"free space", Verdict::kFail,
-                      format_bytes(free_bytes) + " free on " + o.path + ", " +
-                          format_bytes(wanted) + " asked",
-                      "free space, or lower the NVMe capacity"});
-  } else {
-    checks.push_back({"free space", Verdict::kOk, format_bytes(free_bytes) + " free on " + o.path,
-                      ""});
+  if (free_bytes == 0) {
+    return {"free space", Verdict::kFail, "0 B free on " + o.path,
+            "free space there, or point --path at a file system with room for the model states"};
   }
+  if (wanted > free_bytes) {
+    return {
+        "free space", Verdict::kFail,
+        format_bytes(free_bytes) + " free on " + o.path + ", " + format_bytes(wanted) + " asked",
+        "free space, or lower the NVMe capacity"};
+  }
+  return {"free space", Verdict::kOk,
+          format_bytes(free_bytes) + " free on " + o.path +
+              (wanted == 0 ? " (a swap file of half of it by default)" : ""),
+          ""};
+}
 
-  // The real thing, small: create a swap file as the runtime would and read its alignment.
+// A swap file in RAM works but defeats the NVMe tier: its pages count against host memory.
+Check check_file_system(const std::string& path) {
+  struct statfs fs {};
+  if (::statfs(path.c_str(), &fs) != 0) {
+    return {"file system", Verdict::kWarn, std::string("statfs: ") + std::strerror(errno), ""};
+  }
+  const auto type = static_cast<unsigned long>(fs.f_type);
+  if (type == TMPFS_MAGIC || type == RAMFS_MAGIC) {
+    return {"file system", Verdict::kWarn,
+            path + " is on " + (type == TMPFS_MAGIC ? "tmpfs" : "ramfs") +
+                ": the swap file would live in RAM and count against host memory",
+            "point --path at a directory on the NVMe drive (ext4, xfs)"};
+  }
+  char type_hex[24];
+  std::snprintf(type_hex, sizeof type_hex, "0x%lx", type);
+  return {"file system", Verdict::kOk, std::string("not in RAM (f_type ") + type_hex + ")", ""};
+}
+
+Check check_o_direct(const std::string& path) {
+  // The real thing, small: create a swap file as the runtime would and read its alignment. The
+  // name is given explicitly, so the probe leaves orphans to the check below.
   storage::BackingDeviceOptions bo;
-  bo.swap_dir = o.path;
+  bo.swap_dir = path;
+  bo.swap_file_name = storage::generated_name(".swap");
   bo.capacity_bytes = 8u << 20;
   auto dev = storage::BackingDevice::open(bo);
-  if (!dev) {
-    checks.push_back({"O_DIRECT", Verdict::kFail, dev.status().message(),
-                      "use a directory on a file system that supports O_DIRECT (ext4, xfs, "
-                      "btrfs), or a raw device"});
-  } else {
-    checks.push_back({"O_DIRECT", Verdict::kOk,
-                      "works; offset alignment " + std::to_string(dev->alignment()) +
-                          " B, memory alignment " + std::to_string(dev->memory_alignment()) + " B",
-                      ""});
+  if (dev) {
+    return {"O_DIRECT", Verdict::kOk,
+            "works; offset alignment " + std::to_string(dev->alignment()) +
+                " B, memory alignment " + std::to_string(dev->memory_alignment()) + " B",
+            ""};
   }
+  if (dev.status().code() == STRATA_E_UNSUPPORTED) {
+    return {"O_DIRECT", Verdict::kFail, dev.status().message(),
+            "use a directory on a file system that supports O_DIRECT (ext4, xfs, btrfs), or a "
+            "raw device"};
+  }
+  return {"swap file", Verdict::kFail, dev.status().message(),
+          dev.status().code() == STRATA_E_NOSPACE ? "free space there" : ""};
+}
+
+Check check_orphans(const DoctorOptions& o) {
+  Result<std::vector<storage::Orphan>> found = storage::find_orphans(o.path);
+  if (!found) return {"orphans", Verdict::kWarn, found.status().message(), ""};
+  if (found->empty()) {
+    return {"orphans", Verdict::kOk, "no swap files left by processes that have exited", ""};
+  }
+  uint64_t bytes = 0;
+  std::string names;
+  int removed = 0;
+  std::string failures;
+  for (const storage::Orphan& orphan : *found) {
+    bytes += orphan.bytes;
+    names += (names.empty() ? "" : ", ") + orphan.name + " (pid " +
+             std::to_string(orphan.owner.pid) + ", " + format_bytes(orphan.bytes) + ")";
+    if (o.remove_orphans) {
+      const Status gone = storage::remove_orphan(o.path, orphan.name);
+      if (gone) {
+        ++removed;
+      } else {
+        failures += (failures.empty() ? "" : "; ") + gone.message();
+      }
+    }
+  }
+  const std::string count = std::to_string(found->size());
+  if (o.remove_orphans) {
+    return {"orphans", failures.empty() ? Verdict::kOk : Verdict::kWarn,
+            "removed " + std::to_string(removed) + " of " + count + " left by exited processes (" +
+                format_bytes(bytes) + "): " + names,
+            failures};
+  }
+  return {"orphans", Verdict::kWarn,
+          count + " left by processes that no longer exist, " + format_bytes(bytes) + ": " + names,
+          "remove them: strata doctor --path " + o.path + " --remove-orphans"};
+}
+
+std::vector<Check> check_path(const DoctorOptions& o) {
+  std::vector<Check> checks;
+  checks.push_back(check_directory(o.path));
+  if (checks.back().verdict == Verdict::kFail) return checks;
+  struct statvfs vfs {};
+  if (statvfs(o.path.c_str(), &vfs) != 0) {
+    checks.push_back({"free space", Verdict::kFail, o.path + ": " + std::strerror(errno), ""});
+    return checks;
+  }
+  checks.push_back(check_free_space(o, vfs));
+  checks.push_back(check_file_system(o.path));
+  checks.push_back(check_orphans(o));
+  if (checks[1].verdict == Verdict::kFail) return checks;  // nothing to probe with
+  checks.push_back(check_o_direct(o.path));
   return checks;
 }
 
@@ -158,7 +300,8 @@ Check check_numa() {
   std::string finding = std::to_string(nodes) + " node" + (nodes == 1 ? "" : "s") + ":";
   for (int i = 0; i < nodes; ++i) {
     hwloc_obj_t node = hwloc_get_obj_by_type(topology, HWLOC_OBJ_NUMANODE, i);
-    finding += " #" + std::to_string(node->os_index) + " " + format_bytes(node->attr->numanode.local_memory);
+    finding += " #" + std::to_string(node->os_index) + " " +
+               format_bytes(node->attr->numanode.local_memory);
   }
   const int cores = hwloc_get_nbobjs_by_type(topology, HWLOC_OBJ_CORE);
   finding += ", " + std::to_string(cores) + " cores";
@@ -221,9 +364,10 @@ int run_doctor(const DoctorOptions& o) {
     nlohmann::json out;
     out["ok"] = !failed;
     for (const auto& c : checks) {
-      out["checks"].push_back(
-          {{"name", c.name}, {"verdict", to_string(c.verdict)}, {"finding", c.finding},
-           {"advice", c.advice}});
+      out["checks"].push_back({{"name", c.name},
+                               {"verdict", to_string(c.verdict)},
+                               {"finding", c.finding},
+                               {"advice", c.advice}});
     }
     std::printf("%s\n", out.dump(2).c_str());
   } else {
@@ -231,8 +375,16 @@ int run_doctor(const DoctorOptions& o) {
       std::printf("%-11s %-4s  %s\n", c.name.c_str(), to_string(c.verdict), c.finding.c_str());
       if (!c.advice.empty()) std::printf("%-17s -> %s\n", "", c.advice.c_str());
     }
-    std::printf("\n%s\n", failed ? "This configuration cannot work: change what is marked FAIL."
-                                 : "Ready.");
+    int warnings = 0;
+    for (const auto& c : checks) warnings += c.verdict == Verdict::kWarn ? 1 : 0;
+    if (failed) {
+      std::printf("\nThis configuration cannot work: change what is marked FAIL.\n");
+    } else if (warnings > 0) {
+      std::printf("\nReady, with %d warning%s: see what is marked warn.\n", warnings,
+                  warnings == 1 ? "" : "s");
+    } else {
+      std::printf("\nReady.\n");
+    }
   }
   return failed ? 1 : 0;
 }
@@ -242,18 +394,24 @@ int run_doctor(const DoctorOptions& o) {
 void add_doctor_command(CLI::App& app) {
   auto options = std::make_shared<DoctorOptions>();
   CLI::App* cmd = app.add_subcommand("doctor", "Check this machine before a long run");
-  cmd->add_option("--path", options->path, "Directory for the NVMe swap file")->capture_default_str();
+  cmd->add_option("--path", options->path, "Directory for the NVMe swap file")
+      ->capture_default_str();
   cmd->add_option("--engine", options->engine, "I/O engine that will be asked for")
       ->check(CLI::IsMember({"auto", "uring", "psync"}))
       ->capture_default_str();
   cmd->add_option("--device", options->device, "Device backend that will be asked for")
       ->check(CLI::IsMember({"auto", "cuda", "emulated"}))
       ->capture_default_str();
-  cmd->add_option("--nvme-capacity", options->nvme_capacity, "Swap file size that will be asked for")
+  cmd->add_option("--nvme-capacity", options->nvme_capacity,
+                  "Swap file size that will be asked for")
       ->capture_default_str();
-  cmd->add_option("--pinned-budget", options->pinned_budget, "Pinned host budget that will be asked for")
+  cmd->add_option("--pinned-budget", options->pinned_budget,
+                  "Pinned host budget that will be asked for")
       ->capture_default_str();
   cmd->add_flag("--json", options->json, "Print one JSON object");
+  cmd->add_flag("--remove-orphans", options->remove_orphans,
+                "Remove swap files under --path left by processes that no longer exist (never "
+                "one whose owner is alive)");
   cmd->callback([options] {
     for (const std::string* size : {&options->nvme_capacity, &options->pinned_budget}) {
       if (!parse_bytes(*size)) throw CLI::ValidationError("not a byte size: " + *size);

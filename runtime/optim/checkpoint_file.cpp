@@ -1,6 +1,7 @@
 #include "optim/checkpoint_file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -13,6 +14,7 @@
 #include <filesystem>
 
 #include "common/owner_process.h"
+#include "common/unique_fd.h"
 
 namespace strata::optim {
 namespace {
@@ -56,10 +58,10 @@ Result<HashState> new_hash() {
   return state;
 }
 
-// Temporaries sit beside the checkpoint as ".<name>.tmp.<owner tag>.<counter>". The name is
-// unique per process and call, so concurrent exports to one directory never collide (O_EXCL would
-// refuse them), and the owner tag (pid and start time) lets a later export or import tell a
-// temporary whose writer is gone from one still being written.
+// Temporaries sit beside the checkpoint as ".<name>.tmp.<stamp>.<counter>". The name is unique
+// per process and call, so concurrent exports to one directory never collide (O_EXCL would refuse
+// them), and the writer's stamp (common/owner_process.h) with the flock it holds on the file lets
+// a later export or import tell a temporary whose writer is gone from one still being written.
 std::string temp_prefix_for(const std::filesystem::path& target) {
   return "." + target.filename().string() + ".tmp.";
 }
@@ -67,8 +69,8 @@ std::string temp_prefix_for(const std::filesystem::path& target) {
 std::string temp_name_for(const std::string& path) {
   static std::atomic<uint64_t> counter{0};
   const std::filesystem::path target(path);
-  const std::string name =
-      temp_prefix_for(target) + owner_tag() + "." + std::to_string(counter.fetch_add(1));
+  const std::string name = temp_prefix_for(target) + format_stamp(this_process_stamp()) + "." +
+                           std::to_string(counter.fetch_add(1));
   return (target.parent_path() / name).string();
 }
 
@@ -84,12 +86,19 @@ uint32_t remove_stale_temporaries(const std::string& path) {
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
-    // "<owner tag>.<counter>": the tag is what comes before the last dot.
+    // "<stamp>.<counter>": the stamp is what comes before the last dot. A name that does not
+    // parse (another program's, an older Strata's) is never touched.
     const std::string rest = name.substr(prefix.size());
     const size_t dot = rest.rfind('.');
-    if (dot == std::string::npos || owner_alive(rest.substr(0, dot))) continue;
-    std::error_code file_ec;
-    if (it->is_regular_file(file_ec) && std::filesystem::remove(it->path(), file_ec)) ++removed;
+    if (dot == std::string::npos) continue;
+    const std::optional<OwnerStamp> owner = parse_stamp(std::string_view(rest).substr(0, dot));
+    if (!owner || owner_alive(*owner)) continue;
+    // The writer's lock covers what the stamp cannot see (a writer in another pid namespace).
+    UniqueFd fd(::open(it->path().c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    struct stat st {};
+    if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) continue;
+    if (::unlink(it->path().c_str()) == 0) ++removed;
   }
   return removed;
 }
@@ -135,6 +144,12 @@ Result<std::unique_ptr<CheckpointWriter>> CheckpointWriter::create(const std::st
                      : e == ENOSPC               ? STRATA_E_NOSPACE
                                                  : STRATA_E_IO;
     return errno_status(code, "creating '" + temp + "' beside checkpoint '" + path + "'", e);
+  }
+  // Held until the file is renamed or removed: a remover in any pid namespace sees it is in use.
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    ::unlink(temp.c_str());
+    return errno_status(STRATA_E_IO, "locking '" + temp + "'", e);
   }
   std::unique_ptr<CheckpointWriter> writer(new CheckpointWriter(path, temp, std::move(fd)));
   writer->buffer_.resize(kIoBufferBytes);

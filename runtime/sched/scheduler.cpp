@@ -5,6 +5,7 @@
 
 #include "common/assert.h"
 #include "common/units.h"
+#include "sched/transfer_label.h"
 
 namespace strata::sched {
 
@@ -985,6 +986,7 @@ Status Scheduler::issue(TensorRecord& r, OpKind kind, bool cleaning, bool prefet
   const Buffer& pinned = r.buffer[memory_index(Tier::kPinned)];
   const Buffer& device = r.buffer[memory_index(Tier::kDevice)];
   const Completion done{this, id};
+  const ScopedTransferLabel labelled(r.spec);  // names the backend's trace span
   Status submitted;
   switch (kind) {
     case OpKind::kRead:

@@ -11,7 +11,6 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
-#include <random>
 #include <utility>
 
 #include "common/align.h"
@@ -36,15 +35,6 @@ Status swap_no_space(uint64_t asked, uint64_t free, const std::string& dir, cons
 }
 
 }  // namespace
-
-std::string generated_name(const char* suffix) {
-  std::random_device entropy;
-  const uint64_t salt = (uint64_t{entropy()} << 32) | entropy();
-  char name[64];
-  std::snprintf(name, sizeof(name), "strata-%d-%016" PRIx64 "%s", static_cast<int>(::getpid()),
-                salt, suffix);
-  return name;
-}
 
 Result<uint64_t> free_bytes_of(int dir_fd, const std::string& path) {
   struct statvfs vfs {};
@@ -88,6 +78,9 @@ Result<BackingDevice> BackingDevice::open_swap_file(const BackingDeviceOptions& 
     return invalid_argument("swap file name '" + options.swap_file_name +
                             "' must be a plain name inside the directory");
   }
+  // Swap files of processes that died without removing them would otherwise hold their space
+  // until someone noticed; only dead owners' files with a free lock go (owned_names.h).
+  if (generated) (void)remove_orphans(device.dir_fd_.get());
   for (int attempt = 0;; ++attempt) {
     device.file_name_ = generated ? generated_name(".swap") : options.swap_file_name;
     device.path_ = dir + (dir.back() == '/' ? "" : "/") + device.file_name_;
@@ -119,6 +112,10 @@ Result<BackingDevice> BackingDevice::open_swap_file(const BackingDeviceOptions& 
   }
   // From here on, any early return destroys `device`, which removes the half-made file.
   device.owns_file_ = true;
+  device.generated_name_ = generated;
+  device.on_signal_ =
+      InterruptCleanup::arm(device.dir_fd_.get(), device.file_name_, InterruptCleanup::What::kFile);
+  STRATA_TRY(lock_as_owner(device.fd_.get(), device.path_));
 
   const int flags = ::fcntl(device.fd_.get(), F_GETFL);
   if (flags < 0) return errno_status(STRATA_E_IO, "fcntl of " + device.path_, errno);
@@ -181,6 +178,7 @@ Result<BackingDevice> BackingDevice::open_swap_file(const BackingDeviceOptions& 
   }
   device.capacity_ = capacity;
   device.keep_ = options.keep;  // only a complete swap file is ever kept
+  if (device.keep_) device.on_signal_.disarm();
   return device;
 }
 
@@ -288,6 +286,7 @@ Status BackingDevice::probe_alignment() {
 Status BackingDevice::remove_swap_file() {
   if (!owns_file_) return Status::ok();
   owns_file_ = false;
+  on_signal_.disarm();
   struct stat ours {};
   struct stat at_path {};
   if (::fstat(fd_.get(), &ours) != 0) return errno_status(STRATA_E_IO, "fstat of " + path_, errno);
@@ -304,9 +303,21 @@ Status BackingDevice::remove_swap_file() {
   return Status::ok();
 }
 
+Status BackingDevice::rename_kept_file() {
+  if (!owns_file_ || !generated_name_) return Status::ok();
+  const std::string kept = file_name_ + ".kept";
+  if (::renameat(dir_fd_.get(), file_name_.c_str(), dir_fd_.get(), kept.c_str()) != 0) {
+    return errno_status(STRATA_E_IO, "renaming the kept swap file " + path_, errno);
+  }
+  path_ += ".kept";
+  file_name_ = kept;
+  return Status::ok();
+}
+
 Status BackingDevice::close() {
-  Status status = keep_ ? Status::ok() : remove_swap_file();
+  Status status = keep_ ? rename_kept_file() : remove_swap_file();
   owns_file_ = false;
+  on_signal_.disarm();
   fd_.reset();
   dir_fd_.reset();
   return status;
@@ -323,7 +334,9 @@ BackingDevice::BackingDevice(BackingDevice&& other) noexcept
       direct_io_(other.direct_io_),
       raw_device_(other.raw_device_),
       keep_(other.keep_),
-      owns_file_(std::exchange(other.owns_file_, false)) {}
+      owns_file_(std::exchange(other.owns_file_, false)),
+      generated_name_(other.generated_name_),
+      on_signal_(std::move(other.on_signal_)) {}
 
 BackingDevice& BackingDevice::operator=(BackingDevice&& other) noexcept {
   if (this != &other) {
@@ -339,6 +352,8 @@ BackingDevice& BackingDevice::operator=(BackingDevice&& other) noexcept {
     raw_device_ = other.raw_device_;
     keep_ = other.keep_;
     owns_file_ = std::exchange(other.owns_file_, false);
+    generated_name_ = other.generated_name_;
+    on_signal_ = std::move(other.on_signal_);
   }
   return *this;
 }

@@ -10,7 +10,10 @@
 //    startup ("asked X, free Y on PATH") rather than as an I/O error in the middle of a step.
 //  - The file is removed when the BackingDevice is destroyed, unless keep is set. Removal goes
 //    through the directory descriptor and only if the name still refers to the file that was
-//    created, so a file someone put in its place is not removed.
+//    created, so a file someone put in its place is not removed. If the process dies of SIGINT,
+//    SIGTERM or SIGHUP first, common/interrupt_cleanup.h removes it; if it dies of anything else
+//    (SIGKILL, a crash), the next runtime or `strata doctor` on the same directory recognises
+//    the orphan by its name and its free owner lock (storage/owned_names.h).
 //
 // Raw device mode
 //  - Only a path given explicitly; it must be a block device (S_ISBLK). It is opened with O_EXCL,
@@ -25,8 +28,10 @@
 #include <cstdint>
 #include <string>
 
+#include "common/interrupt_cleanup.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
+#include "storage/owned_names.h"
 
 namespace strata::storage {
 
@@ -35,9 +40,10 @@ struct BackingDeviceOptions {
   std::string swap_dir;
   std::string raw_device;
 
-  // Name of the swap file inside swap_dir. Empty: "strata-<pid>-<random>.swap", retried with a
-  // new random part if that name exists. A name given here is never retried: if it exists, open
-  // fails.
+  // Name of the swap file inside swap_dir. Empty: an owner-stamped name (storage/owned_names.h,
+  // "strata-<pid>-<boot>-<start>-<random>.swap"), retried with a new random part if that name
+  // exists; orphans of dead owners in swap_dir are removed first. A name given here is never
+  // retried: if it exists, open fails.
   std::string swap_file_name;
 
   // Swap file: bytes to preallocate, 0 = half of the file system's free space.
@@ -45,19 +51,15 @@ struct BackingDeviceOptions {
   // Rounded down to the direct-I/O alignment.
   uint64_t capacity_bytes = 0;
 
-  bool keep = false;            // swap file: leave it in place on close
+  // Swap file: leave it in place on close. A generated name is then renamed to "<name>.kept", so
+  // that it is no longer taken for an orphan once this process has exited.
+  bool keep = false;
   bool allow_buffered = false;  // fall back to buffered I/O where O_DIRECT is refused
 };
 
 // The swap file size used when none is given: half the free space, so that the rest of the file
 // system (checkpoints, logs, datasets) keeps room to grow. Rounded down to alignment.
 uint64_t default_swap_capacity(uint64_t free_bytes, uint64_t alignment);
-
-// "strata-<pid>-<64 random bits><suffix>": the names of what Strata creates in a directory the
-// user named. Collide only with a crashed run of the same pid and draw, or a name put there on
-// purpose; creators retry with a fresh name, a few times.
-std::string generated_name(const char* suffix);
-inline constexpr int kGeneratedNameAttempts = 8;
 
 // Free bytes on the file system of dir_fd for an unprivileged writer (f_bavail excludes the root
 // reserve); path is for the message.
@@ -94,6 +96,7 @@ class BackingDevice {
   static Result<BackingDevice> open_raw_device(const BackingDeviceOptions& options);
   Status probe_alignment();
   Status remove_swap_file();
+  Status rename_kept_file();
 
   UniqueFd fd_;
   UniqueFd dir_fd_;        // swap file mode: the directory, for unlinkat
@@ -105,7 +108,9 @@ class BackingDevice {
   bool direct_io_ = false;
   bool raw_device_ = false;
   bool keep_ = false;
-  bool owns_file_ = false;  // swap file created by us and not yet removed
+  bool owns_file_ = false;       // swap file created by us and not yet removed
+  bool generated_name_ = false;  // file_name_ is owner-stamped (an orphan once we are gone)
+  InterruptCleanup on_signal_;   // armed while owns_file_ and not keep_
 };
 
 }  // namespace strata::storage

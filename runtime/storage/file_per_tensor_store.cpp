@@ -87,6 +87,7 @@ Result<std::unique_ptr<FilePerTensorStore>> FilePerTensorStore::open(
                                                "; lower nvme_capacity_bytes or free space there");
   }
 
+  (void)remove_orphans(parent.get());
   // A private subdirectory: mkdirat fails on any existing name, links included, and the
   // descriptor opened with O_NOFOLLOW pins the directory that was made.
   for (int attempt = 0;; ++attempt) {
@@ -105,8 +106,17 @@ Result<std::unique_ptr<FilePerTensorStore>> FilePerTensorStore::open(
       return errno_status(STRATA_E_IO, "opening " + options.dir + "/" + name, err);
     }
     const std::string path = options.dir + (options.dir.back() == '/' ? "" : "/") + name;
+    InterruptCleanup on_signal =
+        InterruptCleanup::arm(parent.get(), name, InterruptCleanup::What::kDirectory);
+    if (Status locked = lock_as_owner(dir.get(), path); !locked) {
+      on_signal.disarm();
+      ::unlinkat(parent.get(), name.c_str(), AT_REMOVEDIR);
+      return locked;
+    }
     std::unique_ptr<FilePerTensorStore> store(
         new FilePerTensorStore(std::move(dir), path, capacity, options));
+    store->parent_fd_ = std::move(parent);
+    store->on_signal_ = std::move(on_signal);
     // Whether this file system takes O_DIRECT, found once on a probe file. A refused
     // open(O_CREAT|O_DIRECT) may have created the file anyway: it goes before anything else.
     const int probe = ::openat(store->dir_fd_.get(), "probe",
@@ -153,7 +163,15 @@ Status FilePerTensorStore::close() {
   work_.notify_all();
   for (std::thread& t : threads_) t.join();
   threads_.clear();
-  if (options_.keep) return Status::ok();
+  on_signal_.disarm();
+  if (options_.keep) {
+    // Renamed out of the owner-stamped pattern: once this process is gone, a kept directory must
+    // not be taken for an orphan.
+    if (::rename(path_.c_str(), (path_ + ".kept").c_str()) != 0) {
+      return errno_status(STRATA_E_IO, "renaming the kept directory " + path_, errno);
+    }
+    return Status::ok();
+  }
   Status status = Status::ok();
   for (const auto& [id, record] : records_) {
     if (record.has_file && ::unlinkat(dir_fd_.get(), file_name(id).c_str(), 0) != 0 &&

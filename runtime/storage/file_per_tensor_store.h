@@ -5,10 +5,14 @@
 // finetune`, selected with strata_config.nvme_layout; Strata's own layout is ExtentStore.
 //
 // Files
-//  - The directory must exist. The store makes a private subdirectory in it,
-//    "strata-<pid>-<random>.tensors", mode 0700, created without following links, and one file per
-//    extent inside it, "<id>.swp", mode 0600, O_CREAT|O_EXCL|O_NOFOLLOW on its first write.
-//  - A file is removed when its extent is freed, and the subdirectory on close (unless kept).
+//  - The directory must exist. The store makes a private subdirectory in it, with an
+//    owner-stamped name (storage/owned_names.h, "strata-<pid>-<boot>-<start>-<random>.tensors"),
+//    mode 0700, created without following links, and one file per extent inside it, "<id>.swp",
+//    mode 0600, O_CREAT|O_EXCL|O_NOFOLLOW on its first write. It holds the subdirectory's owner
+//    lock while open; orphans of dead owners in the directory are removed before it makes one.
+//  - A file is removed when its extent is freed, and the subdirectory on close (unless kept: then
+//    it is renamed to "<name>.kept", which is no longer an owner-stamped name), or
+//    when the process dies of SIGINT, SIGTERM or SIGHUP (common/interrupt_cleanup.h).
 //  - Space is not reserved up front (DeepSpeed does not): capacity_bytes bounds the bytes the
 //    extents may hold, and a disk that fills up anyway is STRATA_E_NOSPACE on the write.
 //  - No checksums: DeepSpeed verifies nothing it reads back.
@@ -29,6 +33,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/interrupt_cleanup.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "storage/swap_store.h"
@@ -98,6 +103,8 @@ class FilePerTensorStore final : public SwapStore {
   static std::string file_name(uint64_t id);
 
   UniqueFd dir_fd_;
+  UniqueFd parent_fd_;          // where the subdirectory is, for on_signal_
+  InterruptCleanup on_signal_;  // armed until close() removes the subdirectory (or keeps it)
   const std::string path_;
   const uint64_t capacity_;
   const FilePerTensorOptions options_;

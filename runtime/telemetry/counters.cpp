@@ -56,8 +56,32 @@ void append_help(std::string& out, std::string_view help) {
   }
 }
 
-void render_one(std::string& out, std::string_view name, const MetricInfo& info,
-                std::string_view help_suffix, const char* type, int64_t raw) {
+// Label values escaped per the exposition format: backslash, double quote and line feed.
+void append_labels(std::string& out,
+                   const std::vector<std::pair<std::string, std::string>>& labels) {
+  if (labels.empty()) return;
+  out += '{';
+  for (size_t i = 0; i < labels.size(); ++i) {
+    if (i > 0) out += ',';
+    out += labels[i].first;
+    out += "=\"";
+    for (char c : labels[i].second) {
+      if (c == '\\' || c == '"') {
+        out += '\\';
+        out += c;
+      } else if (c == '\n') {
+        out += "\\n";
+      } else {
+        out += c;
+      }
+    }
+    out += '"';
+  }
+  out += '}';
+}
+
+void render_header(std::string& out, std::string_view name, const MetricInfo& info,
+                   std::string_view help_suffix, const char* type) {
   out += "# HELP ";
   out += name;
   out += ' ';
@@ -73,10 +97,19 @@ void render_one(std::string& out, std::string_view name, const MetricInfo& info,
   out += ' ';
   out += type;
   out += '\n';
+}
+
+void render_sample(std::string& out, std::string_view name, const MetricInfo& info, int64_t raw) {
   out += name;
+  append_labels(out, info.labels);
   out += ' ';
   append_value(out, info.render_scale, raw);
   out += '\n';
+}
+
+bool valid_label_name(const std::string& name) {
+  if (name.empty() || name.starts_with("__") || (name[0] >= '0' && name[0] <= '9')) return false;
+  return is_lower_word(name, /*allow_digits=*/true);
 }
 
 }  // namespace
@@ -117,11 +150,37 @@ Status MetricsRegistry::check_new(const MetricInfo& info, MetricType type) const
     return Status::error(STRATA_E_LIMIT, "metric '" + info.name + "': the registry holds its " +
                                              std::to_string(kMaxMetrics) + " metrics already");
   }
+  for (size_t i = 0; i < info.labels.size(); ++i) {
+    const std::string& label = info.labels[i].first;
+    if (!valid_label_name(label)) {
+      return invalid_argument("metric '" + info.name + "': label name '" + label +
+                              "' must match [a-z_][a-z0-9_]* without a leading '__'");
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (info.labels[j].first == label) {
+        return invalid_argument("metric '" + info.name + "': label '" + label + "' twice");
+      }
+    }
+  }
   for (const Entry& e : entries_) {
+    if (e.info.name == name) {
+      // Another series of the same family: it must agree on everything but its labels.
+      if (e.info.labels == info.labels) {
+        return invalid_argument("metric '" + info.name +
+                                "' with these labels is already registered");
+      }
+      if (e.type != type || e.info.help != info.help || e.info.unit != info.unit ||
+          e.info.with_peak != info.with_peak || e.info.render_scale != info.render_scale) {
+        return invalid_argument("metric '" + info.name +
+                                "' is registered already with another type, help, unit or peak "
+                                "setting; the series of one name form one family");
+      }
+      continue;
+    }
     // A gauge's "_peak" companion occupies a name too.
-    const bool clash = e.info.name == name ||
-                       (e.type == MetricType::kGauge && e.info.name + "_peak" == name) ||
-                       (type == MetricType::kGauge && info.name + "_peak" == e.info.name);
+    const bool clash =
+        (e.type == MetricType::kGauge && e.info.with_peak && e.info.name + "_peak" == name) ||
+        (type == MetricType::kGauge && info.with_peak && info.name + "_peak" == e.info.name);
     if (clash) {
       return invalid_argument("metric '" + info.name + "' is already registered");
     }
@@ -149,19 +208,37 @@ std::string MetricsRegistry::render_prometheus() const {
   std::lock_guard lock(mutex_);
   std::string out;
   out.reserve(entries_.size() * 160);
-  for (const Entry& e : entries_) {
-    if (e.type == MetricType::kCounter) {
-      // A counter is unsigned; clamp to the int64 range the renderer shares with gauges
-      // (2^63 bytes is beyond any run).
-      const uint64_t v = e.counter->value();
-      const int64_t raw =
-          v > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(v);
-      render_one(out, e.info.name, e.info, "", "counter", raw);
-    } else {
-      render_one(out, e.info.name, e.info, "", "gauge", e.gauge->value());
-      render_one(out, e.info.name + "_peak", e.info, " Highest value seen.", "gauge",
-                 e.gauge->peak());
+  // Families in the order of their first registration; a family's samples are contiguous, as
+  // the exposition format requires.
+  std::vector<bool> done(entries_.size(), false);
+  for (size_t first = 0; first < entries_.size(); ++first) {
+    if (done[first]) continue;
+    const Entry& head = entries_[first];
+    std::vector<const Entry*> family;
+    for (size_t i = first; i < entries_.size(); ++i) {
+      if (!done[i] && entries_[i].info.name == head.info.name) {
+        family.push_back(&entries_[i]);
+        done[i] = true;
+      }
     }
+    if (head.type == MetricType::kCounter) {
+      render_header(out, head.info.name, head.info, "", "counter");
+      for (const Entry* e : family) {
+        // A counter is unsigned; clamp to the int64 range the renderer shares with gauges
+        // (2^63 bytes is beyond any run).
+        const uint64_t v = e->counter->value();
+        const int64_t raw =
+            v > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(v);
+        render_sample(out, head.info.name, e->info, raw);
+      }
+      continue;
+    }
+    render_header(out, head.info.name, head.info, "", "gauge");
+    for (const Entry* e : family) render_sample(out, head.info.name, e->info, e->gauge->value());
+    if (!head.info.with_peak) continue;
+    const std::string peak = head.info.name + "_peak";
+    render_header(out, peak, head.info, " Highest value seen.", "gauge");
+    for (const Entry* e : family) render_sample(out, peak, e->info, e->gauge->peak());
   }
   return out;
 }
@@ -173,6 +250,7 @@ std::vector<MetricSample> MetricsRegistry::snapshot() const {
   for (const Entry& e : entries_) {
     MetricSample s;
     s.name = e.info.name;
+    s.labels = e.info.labels;
     s.type = e.type;
     if (e.type == MetricType::kCounter) {
       s.value = static_cast<double>(e.counter->value()) * e.info.render_scale;

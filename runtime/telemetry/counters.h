@@ -38,6 +38,14 @@ struct MetricInfo {
   // Stored values are integers (atomics); rendering multiplies by render_scale. It lets a hot
   // path count microseconds while the exposition reports seconds, as Prometheus expects.
   double render_scale = 1.0;
+  // The series' labels, (name, value) pairs: dimensions such as strategy, tier, kind and
+  // direction are labels, never parts of the name. Metrics registered under one name form a
+  // family: same type, help, unit and peak setting, different label sets; it is rendered with
+  // one HELP and one TYPE line. Label names match [a-z_][a-z0-9_]* (no leading "__").
+  std::vector<std::pair<std::string, std::string>> labels = {};
+  // Gauges: also render N_peak, the high-water mark. For levels whose peak matters (memory);
+  // off for flags and rates, where a peak means nothing.
+  bool with_peak = true;
 };
 
 class Counter {
@@ -81,6 +89,7 @@ enum class MetricType : uint8_t { kCounter, kGauge };
 // One metric's value at the time of a snapshot, for the C API's stats call and for tests.
 struct MetricSample {
   std::string name;
+  std::vector<std::pair<std::string, std::string>> labels;
   MetricType type = MetricType::kCounter;
   double value = 0;  // scaled by render_scale
   double peak = 0;   // gauges only
@@ -96,11 +105,11 @@ class MetricsRegistry {
   // or is already taken, and with STRATA_E_LIMIT beyond kMaxMetrics. The pointer is owned by
   // the registry and valid until it is destroyed.
   Result<Counter*> add_counter(const MetricInfo& info);
-  // A gauge named N also renders N_peak (its high-water mark) as a second gauge.
+  // A gauge named N with with_peak also renders N_peak (its high-water mark) as a second gauge.
   Result<Gauge*> add_gauge(const MetricInfo& info);
 
-  // The Prometheus text exposition format (version 0.0.4): per metric a "# HELP" line (the
-  // help text and its unit), a "# TYPE" line and the sample, in registration order.
+  // The Prometheus text exposition format (version 0.0.4): per family a "# HELP" line (the
+  // help text and its unit), a "# TYPE" line and its samples, families in registration order.
   std::string render_prometheus() const;
   std::vector<MetricSample> snapshot() const;
   size_t size() const;

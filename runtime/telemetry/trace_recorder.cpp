@@ -198,6 +198,14 @@ struct LaneAssigner {
   }
 };
 
+// STRATA_KIND_* in strata.h order (PARAMETER = 0 ... OTHER = 6).
+std::string_view tensor_kind_name(uint8_t kind) {
+  static constexpr const char* kNames[] = {"parameter", "gradient", "master_weight",
+                                           "adam_m",    "adam_v",   "activation_checkpoint",
+                                           "other"};
+  return kind < std::size(kNames) ? kNames[kind] : "unknown";
+}
+
 }  // namespace
 
 Result<std::unique_ptr<TraceRecorder>> TraceRecorder::create(const TraceConfig& config) {
@@ -295,7 +303,7 @@ TraceEvent* TraceRecorder::claim_slot() noexcept {
 }
 
 void TraceRecorder::record(uint8_t kind, uint16_t track, std::string_view name, uint64_t begin_us,
-                           uint64_t end_us, int64_t value) noexcept {
+                           uint64_t end_us, int64_t value, SpanTensor tensor) noexcept {
   if (kind == TraceEvent::kSpan && track >= track_count_.load(std::memory_order_acquire)) {
     // A bad track id is a caller bug, but a trace is diagnostics: count it, do not crash.
     shards_[0].dropped.fetch_add(1, std::memory_order_relaxed);
@@ -311,6 +319,8 @@ void TraceRecorder::record(uint8_t kind, uint16_t track, std::string_view name, 
   e->begin_us = begin_us;
   e->end_us = std::max(begin_us, end_us);
   e->value = value;
+  e->tensor_kind = tensor.kind;
+  e->tensor_layer = static_cast<int16_t>(std::clamp<int32_t>(tensor.layer, -1, INT16_MAX));
   e->name_len = copy_name(e->name, name);
   e->committed.store(1, std::memory_order_release);
 }
@@ -431,8 +441,16 @@ Status TraceRecorder::export_chrome_trace(const std::string& path) const {
     append_json_string(out, tracks[e.track]);
     append(out, ",\"ph\":\"X\",\"ts\":", e.begin_us, ",\"dur\":", e.end_us - e.begin_us,
            ",\"pid\":", pid, ",\"tid\":", first_tid[e.track] + lane_of[i]);
-    if (e.value != kNoBytes) {
-      append(out, ",\"args\":{\"bytes\":", e.value, "}");
+    const bool tensor = e.tensor_kind != kNoTensorKind;
+    if (e.value != kNoBytes || tensor) {
+      out += ",\"args\":{";
+      if (e.value != kNoBytes) append(out, "\"bytes\":", e.value, tensor ? "," : "");
+      if (tensor) {
+        out += "\"kind\":";
+        append_json_string(out, tensor_kind_name(e.tensor_kind));
+        append(out, ",\"layer\":", static_cast<int64_t>(e.tensor_layer));
+      }
+      out += '}';
     }
     out += '}';
     w.maybe_flush();

@@ -58,6 +58,15 @@ inline constexpr uint32_t kStandardTrackCount = 7;
 // No optional argument on a span.
 inline constexpr int64_t kNoBytes = -1;
 
+// The tensor a span moved, when it moved one: its kind (the STRATA_KIND_* value) and layer.
+// Exported as the span's args ("kind": "parameter", "layer": 3) beside its bytes; the span's
+// name is the tensor's name. Never tensor data.
+inline constexpr uint8_t kNoTensorKind = 0xff;
+struct SpanTensor {
+  uint8_t kind = kNoTensorKind;
+  int32_t layer = -1;
+};
+
 struct TraceConfig {
   // Total events (spans + counter samples) the recorder can hold; each takes sizeof(TraceEvent)
   // = 96 bytes, allocated up front. The default (262144 events, 24 MiB) covers several steps of
@@ -79,6 +88,8 @@ struct TraceEvent {
   uint8_t kind = 0;
   uint16_t track = 0;
   uint8_t name_len = 0;
+  uint8_t tensor_kind = kNoTensorKind;  // SpanTensor, in what would otherwise be padding
+  int16_t tensor_layer = -1;            // clamped to int16
   uint64_t begin_us = 0;
   uint64_t end_us = 0;
   int64_t value = 0;  // a counter's sample, or a span's byte count (kNoBytes: none)
@@ -124,11 +135,11 @@ class TraceRecorder {
   // span's "bytes" argument unless kNoBytes. An end before begin is clamped to a zero duration;
   // an unknown track is counted as dropped. Never blocks, never allocates.
   void record_span(TrackId track, std::string_view name, uint64_t begin_us, uint64_t end_us,
-                   int64_t bytes = kNoBytes) noexcept {
+                   int64_t bytes = kNoBytes, SpanTensor tensor = {}) noexcept {
     if (!enabled()) {
       return;
     }
-    record(TraceEvent::kSpan, track.index, name, begin_us, end_us, bytes);
+    record(TraceEvent::kSpan, track.index, name, begin_us, end_us, bytes, tensor);
   }
   // Records the value of a counter series (e.g. "pinned bytes") at time now_us().
   void record_counter(std::string_view name, int64_t value) noexcept {
@@ -156,7 +167,7 @@ class TraceRecorder {
 
   TraceRecorder(const TraceConfig& config, std::unique_ptr<TraceEvent[]> slots);
   void record(uint8_t kind, uint16_t track, std::string_view name, uint64_t begin_us,
-              uint64_t end_us, int64_t value) noexcept;
+              uint64_t end_us, int64_t value, SpanTensor tensor = {}) noexcept;
   TraceEvent* claim_slot() noexcept;
   std::string render_json() const;
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <strata/strata.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "common/owner_process.h"
 #include "optim/cpu_adam.h"
 #include "optim/half_convert.h"
 
@@ -744,17 +746,38 @@ TEST_F(Optimizer, AnExportRemovesStaleTemporariesButNeverOneStillBeingWritten) {
   if (child == 0) _exit(0);
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
-  const std::string stale = dir_ + "/.optim.ckpt.tmp." + std::to_string(child) + "-1.0";
-  // A writer still at work: this process (its own tag), and a pid whose start time differs.
-  const std::string live = dir_ + "/.optim.ckpt.tmp." + std::to_string(getpid()) + ".7";
-  const std::string reused = dir_ + "/.optim.ckpt.tmp." + std::to_string(getpid()) + "-1.8";
-  const std::string unrelated = dir_ + "/.other.ckpt.tmp." + std::to_string(child) + "-1.0";
-  for (const std::string& f : {stale, live, reused, unrelated}) std::ofstream(f) << "partial";
+  const strata::OwnerStamp self = strata::this_process_stamp();
+  strata::OwnerStamp gone = self;
+  gone.pid = child;
+  strata::OwnerStamp reused = self;  // this pid, but another process (another start time)
+  reused.start_ticks += 1;
+  strata::OwnerStamp earlier_boot = self;
+  earlier_boot.boot = self.boot == "00000000" ? "11111111" : "00000000";
+  const std::string prefix = dir_ + "/.optim.ckpt.tmp.";
+  const std::string stale = prefix + strata::format_stamp(gone) + ".0";
+  const std::string live = prefix + strata::format_stamp(self) + ".7";
+  const std::string reused_pid = prefix + strata::format_stamp(reused) + ".8";
+  const std::string rebooted = prefix + strata::format_stamp(earlier_boot) + ".9";
+  const std::string foreign = prefix + std::to_string(child) + ".3";  // not a stamp: not ours
+  const std::string unrelated = dir_ + "/.other.ckpt.tmp." + strata::format_stamp(gone) + ".0";
+  for (const std::string& f : {stale, live, reused_pid, rebooted, foreign, unrelated}) {
+    std::ofstream(f) << "partial";
+  }
+  // A writer in another pid namespace is seen by its lock alone.
+  const std::string locked = prefix + strata::format_stamp(gone) + ".5";
+  std::ofstream(locked) << "partial";
+  const int held = open(locked.c_str(), O_RDONLY);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(flock(held, LOCK_EX), 0);
   ASSERT_EQ(strata_optimizer_export(rt_, path.c_str()), STRATA_OK) << strata_last_error(rt_);
   EXPECT_FALSE(fs::exists(stale));
   EXPECT_TRUE(fs::exists(live));
-  EXPECT_FALSE(fs::exists(reused)) << "a pid reused by another process is not the writer";
+  EXPECT_FALSE(fs::exists(reused_pid)) << "a pid reused by another process is not the writer";
+  EXPECT_FALSE(fs::exists(rebooted)) << "a writer of an earlier boot is gone";
+  EXPECT_TRUE(fs::exists(foreign)) << "a name without a stamp is never touched";
   EXPECT_TRUE(fs::exists(unrelated)) << "another checkpoint's temporaries are not ours";
+  EXPECT_TRUE(fs::exists(locked)) << "a temporary whose lock is held is in use";
+  close(held);
   EXPECT_TRUE(fs::exists(path));
 }
 

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli_run.h"
 #include "model/test_dir.h"
 #include "telemetry/loopback_http.h"
 
@@ -31,58 +32,9 @@ namespace {
 
 using json = nlohmann::json;
 
-struct CliRun {
-  int code = -1;
-  pid_t pid = -1;
-  std::string out;
-  std::string err;
-};
-
-// Runs the strata program with `args`, collecting stdout and stderr; `on_stderr` sees stderr as
-// it grows (the metrics test learns the port from it while the run goes on).
-CliRun run_cli(const std::vector<std::string>& args,
-               const std::function<void(const std::string&)>& on_stderr = {}) {
-  CliRun r;
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) return r;
-  std::vector<std::string> storage = args;
-  std::vector<char*> argv;
-  std::string program = STRATA_CLI_PATH;
-  argv.push_back(program.data());
-  for (std::string& a : storage) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  r.pid = ::fork();
-  if (r.pid == 0) {
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    ::execv(program.c_str(), argv.data());
-    ::_exit(127);
-  }
-  ::close(out[1]);
-  ::close(err[1]);
-  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
-  int open = 2;
-  char buf[65536];
-  while (open > 0) {
-    if (::poll(fds, 2, 1000) < 0 && errno != EINTR) break;
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-      const ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
-      if (n <= 0) {
-        ::close(fds[i].fd);
-        fds[i].fd = -1;
-        --open;
-        continue;
-      }
-      (i == 0 ? r.out : r.err).append(buf, static_cast<size_t>(n));
-      if (i == 1 && on_stderr) on_stderr(r.err);
-    }
-  }
-  int status = 0;
-  ::waitpid(r.pid, &status, 0);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+using testing::CliOptions;
+using testing::CliRun;
+using testing::run_cli;
 
 std::vector<std::string> tiny(const std::filesystem::path& dir,
                               std::vector<std::string> extra = {}) {
@@ -97,6 +49,10 @@ TEST(FinetuneBench, JsonHasEveryKeyFromTwoSeparateWorkerProcesses) {
   const auto dir = testing::scratch_dir("finetune-json");
   const CliRun r = run_cli(tiny(dir, {"--json", "--project-full-scale", "h100-sxm"}));
   ASSERT_EQ(r.code, 0) << r.err;
+  // Not a terminal, --json: progress as plain lines on stderr, with rate and ETA, never redrawn.
+  EXPECT_NE(r.err.find("100% (2 of 2 steps)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("ETA"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find('\r'), std::string::npos) << r.err;
   const json j = json::parse(r.out);
   for (const char* key : {"model", "strategies", "host_reduction", "step_time_ratio"}) {
     EXPECT_TRUE(j.contains(key)) << key;
@@ -149,6 +105,11 @@ TEST(FinetuneBench, TraceIsChromeJsonWithReadWriteCopyComputeAndOptimizerTracks)
   // A pinned budget well below the model's 35 MB of states, so that Strata streams from NVMe.
   const CliRun r = run_cli(tiny(nvme, {"--trace", trace.string(), "--pinned-budget", "12M"}));
   ASSERT_EQ(r.code, 0) << r.err;
+  // The table: memory in binary units, rates in decimal GB/s, each labelled, signs once.
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("[0-9] (KiB|MiB|GiB)"))) << r.out;
+  EXPECT_FALSE(std::regex_search(r.out, std::regex("[0-9] GB[^/]"))) << r.out;
+  EXPECT_FALSE(std::regex_search(r.out, std::regex("[-+]{2}[0-9]"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("peak host [-+]?[0-9]+\\.[0-9]%"))) << r.out;
   std::ifstream in(trace);
   const json j = json::parse(in);
   ASSERT_TRUE(j["traceEvents"].is_array());
@@ -183,6 +144,27 @@ TEST(FinetuneBench, TraceIsChromeJsonWithReadWriteCopyComputeAndOptimizerTracks)
                        (tracks.count("d2h copy") ? tracks.at("d2h copy") : 0);
     EXPECT_GT(copies, 0);
   }
+  // Transfers are named by the tensor they moved, with its kind and layer, never by the link's
+  // word alone; each link has a queue track (transfers in flight).
+  int named = 0, unnamed = 0;
+  std::set<std::string> counters;
+  for (const json& e : j["traceEvents"]) {
+    if (e["ph"] == "C") counters.insert(e["name"].get<std::string>());
+    if (e["ph"] != "X" || e.value("cat", "") != "nvme read") continue;
+    const std::string name = e["name"].get<std::string>();
+    if (name == "read") {
+      ++unnamed;
+      continue;
+    }
+    ++named;
+    ASSERT_TRUE(e.contains("args")) << e.dump();
+    EXPECT_TRUE(e["args"].contains("kind")) << e.dump();
+    EXPECT_TRUE(e["args"].contains("layer")) << e.dump();
+    EXPECT_GT(e["args"]["bytes"].get<int64_t>(), 0) << e.dump();
+  }
+  EXPECT_GT(named, 0);
+  EXPECT_EQ(unnamed, 0);
+  EXPECT_TRUE(counters.count("nvme read in flight")) << counters.size();
   // The workers' partial traces were merged and removed.
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     EXPECT_EQ(entry.path().string().find(".partial"), std::string::npos) << entry.path();
@@ -192,9 +174,9 @@ TEST(FinetuneBench, TraceIsChromeJsonWithReadWriteCopyComputeAndOptimizerTracks)
 TEST(FinetuneBench, MetricsEndpointIsScrapedWhileItRuns) {
   const auto dir = testing::scratch_dir("finetune-metrics");
   std::atomic<int> port{0};
-  std::atomic<bool> done{false}, seen_strata{false}, seen_zero{false};
+  std::atomic<bool> done{false}, seen_strata{false}, seen_zero{false}, bad_exposition{false};
   std::thread scraper;
-  auto on_stderr = [&](const std::string& err) {
+  auto on_stderr = [&](const std::string& err, pid_t) {
     if (port.load() != 0) return;
     std::smatch m;
     if (!std::regex_search(err, m,
@@ -211,26 +193,36 @@ TEST(FinetuneBench, MetricsEndpointIsScrapedWhileItRuns) {
             auto it = values.find(name);
             return it == values.end() ? -1.0 : it->second;
           };
-          if (value("strata_finetune_strata_running") == 1 &&
-              value("strata_finetune_strata_host_bytes") > 0) {
+          // One family per quantity, the strategy and tier as labels (Prometheus conventions).
+          if (value("strata_finetune_running{strategy=\"strata\"}") == 1 &&
+              value("strata_finetune_memory_bytes{strategy=\"strata\",tier=\"host\"}") > 0) {
             seen_strata = true;
           }
-          if (value("strata_finetune_zero_infinity_running") == 1 &&
-              value("strata_finetune_zero_infinity_host_bytes") > 0) {
+          if (value("strata_finetune_running{strategy=\"zero-infinity\"}") == 1 &&
+              value("strata_finetune_memory_bytes{strategy=\"zero-infinity\",tier=\"host\"}") > 0) {
             seen_zero = true;
+          }
+          // `running` is a flag: no peak; memory keeps one.
+          if (r.body.find("strata_finetune_running_peak") != std::string::npos ||
+              r.body.find("strata_finetune_memory_bytes_peak{") == std::string::npos ||
+              r.body.find("# TYPE strata_finetune_nvme_bytes_total counter") == std::string::npos) {
+            bad_exposition = true;
           }
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     });
   };
-  const CliRun r = run_cli(tiny(dir, {"--steps", "3", "--metrics-port", "0"}), on_stderr);
+  CliOptions options;
+  options.on_stderr = on_stderr;
+  const CliRun r = run_cli(tiny(dir, {"--steps", "3", "--metrics-port", "0"}), options);
   done = true;
   if (scraper.joinable()) scraper.join();
   ASSERT_EQ(r.code, 0) << r.err;
   ASSERT_NE(port.load(), 0) << r.err;
   EXPECT_TRUE(seen_strata.load());
   EXPECT_TRUE(seen_zero.load());
+  EXPECT_FALSE(bad_exposition.load());
 }
 
 TEST(FinetuneBench, BadArgumentsGiveClearErrors) {
@@ -290,7 +282,10 @@ TEST(FinetuneBench, CpuComputeAndPlotRunOneStrategy) {
     in.read(magic, 8);
     EXPECT_EQ(std::memcmp(magic, "\x89PNG\r\n\x1a\n", 8), 0);
   } else {
+    // Checked before the run: a plot that cannot be made fails at once, with the fix.
+    EXPECT_EQ(r.code, 2) << r.err;
     EXPECT_NE(r.err.find("matplotlib"), std::string::npos) << r.err;
+    return;
   }
   const json j = json::parse(r.out);
   ASSERT_EQ(j["strategies"].size(), 1u);

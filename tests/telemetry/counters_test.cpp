@@ -34,6 +34,51 @@ TEST(MetricsRegistry, RendersPrometheusTextWithHelpTypeAndUnit) {
             "strata_pinned_bytes_peak 1000\n");
 }
 
+TEST(MetricsRegistry, LabelledSeriesFormOneFamilyWithOneHelpAndType) {
+  MetricsRegistry registry;
+  const MetricInfo reads{"strata_nvme_bytes_total",
+                         "Bytes moved to and from NVMe.",
+                         "bytes",
+                         1.0,
+                         {{"strategy", "strata"}, {"direction", "read"}}};
+  MetricInfo writes = reads;
+  writes.labels = {{"strategy", "strata"}, {"direction", "write"}};
+  Counter* r = *registry.add_counter(reads);
+  ASSERT_TRUE(registry
+                  .add_gauge({"strata_running",
+                              "1 while running.",
+                              "",
+                              1.0,
+                              {{"strategy", "a\"b\\c"}},
+                              /*with_peak=*/false})
+                  .is_ok());
+  Counter* w = *registry.add_counter(writes);  // registered after another family
+  r->add(10);
+  w->add(20);
+  EXPECT_EQ(registry.render_prometheus(),
+            "# HELP strata_nvme_bytes_total Bytes moved to and from NVMe. (unit: bytes)\n"
+            "# TYPE strata_nvme_bytes_total counter\n"
+            "strata_nvme_bytes_total{strategy=\"strata\",direction=\"read\"} 10\n"
+            "strata_nvme_bytes_total{strategy=\"strata\",direction=\"write\"} 20\n"
+            "# HELP strata_running 1 while running.\n"
+            "# TYPE strata_running gauge\n"
+            "strata_running{strategy=\"a\\\"b\\\\c\"} 0\n");
+  // The same labels twice, another type or help under one name, bad label names: refused.
+  EXPECT_EQ(registry.add_counter(reads).status().code(), STRATA_E_INVALID);
+  MetricInfo other_help = reads;
+  other_help.help = "Something else.";
+  other_help.labels = {{"strategy", "zero"}};
+  EXPECT_EQ(registry.add_counter(other_help).status().code(), STRATA_E_INVALID);
+  for (const char* label : {"__reserved", "Tier", "0tier", ""}) {
+    MetricInfo bad = reads;
+    bad.labels = {{label, "x"}};
+    EXPECT_EQ(registry.add_counter(bad).status().code(), STRATA_E_INVALID) << label;
+  }
+  MetricInfo twice = reads;
+  twice.labels = {{"tier", "a"}, {"tier", "b"}};
+  EXPECT_EQ(registry.add_counter(twice).status().code(), STRATA_E_INVALID);
+}
+
 TEST(MetricsRegistry, GaugeRemembersItsPeakUntilReset) {
   MetricsRegistry registry;
   Gauge* g = *registry.add_gauge({"strata_inflight_requests", "Requests in flight.", ""});

@@ -239,6 +239,25 @@ TEST_F(TraceRecorderTest, ExportIsChromeTraceEventJson) {
   EXPECT_EQ(named_tids.size(), 2u);  // only tracks with spans get a row
 }
 
+TEST_F(TraceRecorderTest, TensorSpansCarryKindAndLayerBesideBytes) {
+  auto recorder = make(64);
+  ASSERT_TRUE(recorder);
+  const uint64_t t0 = recorder->now_us();
+  recorder->record_span(kTrackNvmeRead, "layers.3.mlp.up_proj.weight", t0, t0 + 5, 4096,
+                        SpanTensor{/*kind=*/0, /*layer=*/3});
+  recorder->record_span(kTrackH2DCopy, "layers.3.mlp.up_proj.weight/m", t0, t0 + 5, kNoBytes,
+                        SpanTensor{/*kind=*/3, /*layer=*/70000});  // layer clamped to int16
+  const json trace = export_and_parse(*recorder);
+  std::map<std::string, json> args;
+  for (const json& e : trace["traceEvents"]) {
+    if (e["ph"] == "X") args[e["name"].get<std::string>()] = e["args"];
+  }
+  EXPECT_EQ(args["layers.3.mlp.up_proj.weight"],
+            json::parse(R"({"bytes":4096,"kind":"parameter","layer":3})"));
+  EXPECT_EQ(args["layers.3.mlp.up_proj.weight/m"],
+            json::parse(R"({"kind":"adam_m","layer":32767})"));
+}
+
 TEST_F(TraceRecorderTest, EventCapDropsAndCountsInsteadOfGrowing) {
   constexpr uint64_t kCapacity = 64;
   auto recorder = make(kCapacity, 4);

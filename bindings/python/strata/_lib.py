@@ -3,9 +3,11 @@ a prototype for every function, so that a wrong argument type fails in Python, n
 
 The library is found, in this order, at:
   1. $STRATA_LIBRARY (a path to libstrata.so);
-  2. a build tree beside this package in a source checkout (build/runtime/libstrata.so, then
+  2. the copy bundled inside an installed package (strata/libstrata.so, put there by
+     `pip install ./bindings/python`, see setup.py);
+  3. a build tree beside this package in a source checkout (build/runtime/libstrata.so, then
      build-*/runtime/libstrata.so, newest first);
-  3. an installed libstrata.so (ctypes.util.find_library("strata"), then the loader's search path).
+  4. an installed libstrata.so (ctypes.util.find_library("strata"), then the loader's search path).
 """
 import ctypes
 import ctypes.util
@@ -251,6 +253,7 @@ def candidate_paths():
     env = os.environ.get("STRATA_LIBRARY")
     if env:
         paths.append(env)
+    paths.append(os.path.join(_package_dir(), "libstrata.so"))  # a pip-installed package's own
     # bindings/python/strata -> repository root
     root = os.path.normpath(os.path.join(_package_dir(), "..", "..", ".."))
     paths.append(os.path.join(root, "build", "runtime", "libstrata.so"))
