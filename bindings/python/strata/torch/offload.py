@@ -210,10 +210,20 @@ class OffloadedModel:
     """The handle offload() returns: the runtime, the hooks, and what they track."""
 
     def __init__(self, module, runtime, device, param_home="nvme", grad_home="nvme",
-                 average_gradients=None, process_group=None, mapped=None):
+                 average_gradients=None, process_group=None, mapped=None, compute_tier=None):
         self.module = module
         self.runtime = runtime
         self.device = device
+        # Where torch computes on a parameter: Strata's device tier on a GPU; on a CPU its
+        # pinned host buffers themselves (no second, emulated-device copy in host RAM).
+        if compute_tier is None:
+            compute_tier = "device" if device.type == "cuda" else "pinned"
+        if compute_tier not in ("device", "pinned"):
+            raise StrataError(_lib.E_INVALID, f"compute_tier {compute_tier!r}: 'device' or "
+                                              "'pinned'")
+        if compute_tier == "pinned" and device.type != "cpu":
+            raise StrataError(_lib.E_INVALID, "compute_tier='pinned' needs device='cpu'")
+        self.compute_tier = compute_tier
         self.param_home = param_home
         self.grad_home = grad_home
         self.deepspeed = mapped
@@ -366,7 +376,7 @@ class OffloadedModel:
             if rec.pins > 1:
                 return
             try:
-                acq = rec.tensor.acquire("device")
+                acq = rec.tensor.acquire(self.compute_tier)
                 data = _views.as_tensor(acq, rec.dtype, rec.shape, self.device)
             except BaseException:
                 rec.pins -= 1
@@ -521,7 +531,7 @@ class OffloadedModel:
             torch.distributed.all_reduce(grad, group=self.process_group)
             grad.div_(self.world_size)
         with self._lock:
-            acq = rec.grad.acquire("device", discard=not rec.grad_written)
+            acq = rec.grad.acquire(self.compute_tier, discard=not rec.grad_written)
             try:
                 view = _views.as_tensor(acq, rec.dtype, rec.shape, self.device)
                 if rec.grad_written:
@@ -631,7 +641,7 @@ class OffloadedModel:
         backward touched since, so that the optimizer steps on them as torch's does."""
         for rec in records:
             if rec.grad is not None and rec.grad_zero and not rec.grad_written:
-                acq = rec.grad.acquire("device", discard=True)
+                acq = rec.grad.acquire(self.compute_tier, discard=True)
                 try:
                     _views.as_tensor(acq, rec.dtype, rec.shape, self.device).zero_()
                 finally:
@@ -656,7 +666,7 @@ class OffloadedModel:
                         yield rec, torch.zeros(rec.shape, dtype=rec.dtype, device=self.device)
                         continue
                     self._materialise_zero_grads([rec])
-                acq = rec.grad.acquire("device")
+                acq = rec.grad.acquire(self.compute_tier)
                 try:
                     yield rec, _views.as_tensor(acq, rec.dtype, rec.shape, self.device)
                 finally:
@@ -822,7 +832,7 @@ def _grad_accumulated_hook(owner_ref, rec_ref, *unused):
 
 def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config=None,
             param_home=None, grad_home="nvme", average_gradients=None, process_group=None,
-            **config_fields):
+            compute_tier=None, **config_fields):
     """Puts model's parameters under a new Strata runtime and hooks its forward and backward.
 
     nvme_path: the directory for the swap file ("{rank}" is replaced by the torch.distributed
@@ -832,6 +842,9 @@ def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config
     strata.Config fields. param_home: where parameters rest, "nvme" (default), "pinned" or
     "device" (DeepSpeed's offload_param.device nvme / cpu / none). average_gradients: all-reduce
     gradients over process_group (default: when torch.distributed runs with several ranks).
+    compute_tier: the tier torch computes on, "device" (default on CUDA) or "pinned" (default
+    on the CPU: torch uses Strata's pinned host buffers directly, no emulated-device copy;
+    "device" on the CPU runs the host-emulated device, for testing the GPU code path).
     Returns an OffloadedModel; the model itself is used as before.
     """
     cfg, mapped, device = build_config(nvme_path, device, config, deepspeed_config,
@@ -848,7 +861,7 @@ def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config
     runtime = Runtime(cfg)
     try:
         return OffloadedModel(model, runtime, device, param_home, grad_home, average_gradients,
-                              process_group, mapped)
+                              process_group, mapped, compute_tier)
     except BaseException:
         runtime.close()
         raise
