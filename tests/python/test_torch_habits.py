@@ -282,6 +282,14 @@ def test_state_dict_with_tied_weights_loads_strictly_into_plain_model(data, nvme
     plain.load_state_dict(sd, strict=True)
     x, y = data[3]
     assert_close([loss_fn(plain(x), y).item()], [loss_fn(reference(x), y).item()])
+    # Streamed to disk one parameter at a time, in torch.save's format.
+    path = os.path.join(nvme_dir, "full.pt")
+    st.save_full_state_dict(ours, path)
+    streamed = torch.load(path)
+    assert list(streamed) == list(ref_sd)
+    assert all(torch.equal(streamed[k], sd[k]) for k in sd)
+    assert streamed["lm_head.weight"].data_ptr() == streamed["embed_tokens.weight"].data_ptr()
+    tied_llama(seed=79).load_state_dict(streamed, strict=True)
     # And back into an offloaded model, strict as well.
     again = tied_llama(seed=78)
     st.offload(again, nvme_path=nvme_dir, device="cpu", **SMALL)

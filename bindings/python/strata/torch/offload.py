@@ -26,8 +26,11 @@ backward, fetching the parameter on demand if needed.
 Each call of the model's forward is one Strata step (strata_step_begin); strata.torch.AdamW.step
 runs the OPTIMIZER phase and ends the step.
 """
+import collections
 import functools
 import inspect
+import io
+import pickle
 import threading
 import weakref
 
@@ -865,3 +868,102 @@ def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config
     except BaseException:
         runtime.close()
         raise
+
+
+class _StreamedStorage:
+    """A storage of the file save_full_state_dict writes: its bytes are fetched when written."""
+
+    __slots__ = ("key", "dtype", "numel", "fetch")
+
+    def __init__(self, key, dtype, numel, fetch):
+        self.key, self.dtype, self.numel, self.fetch = key, dtype, numel, fetch
+
+
+class _StreamedTensor:
+    """Pickles as the tensor torch.save would write (a view of a _StreamedStorage)."""
+
+    __slots__ = ("storage", "shape")
+
+    def __init__(self, storage, shape):
+        self.storage, self.shape = storage, tuple(shape)
+
+    def __reduce__(self):
+        stride, acc = [], 1
+        for size in reversed(self.shape):
+            stride.append(acc)
+            acc *= size
+        return (torch._utils._rebuild_tensor_v2,
+                (self.storage, 0, self.shape, tuple(reversed(stride)), False,
+                 collections.OrderedDict()))
+
+
+def save_full_state_dict(model, path):
+    """Writes model.state_dict() to path in torch.save's format (torch.load reads it, and it
+    loads with strict=True into the plain model), reading one parameter at a time from Strata:
+    host RAM holds one parameter, never the whole model. A tied weight is stored once and
+    appears under each of its names, as torch.save stores it."""
+    handle = getattr(model, "_strata_offload", None)
+    if handle is None or handle._closed:
+        raise StrataError(_lib.E_INVALID, "save_full_state_dict takes a model offloaded by "
+                                          "strata.torch.offload (else use torch.save)")
+    storages = {}  # key -> _StreamedStorage, in the order keys were given
+    by_record = {}
+    out = collections.OrderedDict()
+
+    def streamed(dtype, shape, fetch, identity):
+        storage = by_record.get(identity)
+        if storage is None:
+            numel = 1
+            for s in shape:
+                numel *= s
+            storage = _StreamedStorage(str(len(storages)), dtype, numel, fetch)
+            storages[storage.key] = storage
+            by_record[identity] = storage
+        return _StreamedTensor(storage, shape)
+
+    def walk(module, prefix):
+        # The order and the names of torch's Module.state_dict (parameters, persistent
+        # buffers, then children, recursively).
+        for key, p in module._parameters.items():
+            if p is None:
+                continue
+            rec = getattr(p, "_strata", None)
+            if rec is not None:
+                out[prefix + key] = streamed(rec.dtype, rec.shape,
+                                             functools.partial(handle.parameter, rec), id(rec))
+            else:
+                value = p.detach()
+                out[prefix + key] = streamed(value.dtype, value.shape,
+                                             functools.partial(value.cpu), id(p))
+        for key, buf in module._buffers.items():
+            if buf is not None and key not in module._non_persistent_buffers_set:
+                out[prefix + key] = streamed(buf.dtype, buf.shape,
+                                             functools.partial(buf.detach().cpu), id(buf))
+        for key, child in module._modules.items():
+            if child is not None:
+                walk(child, prefix + key + ".")
+
+    walk(model, "")
+
+    def persistent_id(obj):
+        if isinstance(obj, _StreamedStorage):
+            storage_type = torch.tensor([], dtype=obj.dtype).storage().pickle_storage_type()
+            return ("storage", getattr(torch, storage_type), obj.key, "cpu", obj.numel)
+        return None
+
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, protocol=2)
+    pickler.persistent_id = persistent_id
+    pickler.dump(out)
+    writer = torch._C.PyTorchFileWriter(str(path))
+    try:
+        data = buf.getvalue()
+        writer.write_record("data.pkl", data, len(data))
+        for key in sorted(storages):
+            value = storages[key].fetch().contiguous()
+            writer.write_record(f"data/{key}", value.data_ptr(),
+                                value.numel() * value.element_size())
+            del value
+        writer.write_end_of_file()
+    finally:
+        del writer
