@@ -225,7 +225,8 @@ def test_errors_surface_as_strata_error(data, nvme_dir):
     assert e.value.code == -1 and "missing" in e.value.message
     tiny = small_llama(seed=9)
     st.offload(tiny, nvme_path=nvme_dir, device=DEVICE, nvme_capacity_bytes=64 << 20,
-               device_budget_bytes=16 << 10)  # below the embedding's 64 KiB
+               device_budget_bytes=16 << 10,  # below the embedding's 64 KiB
+               compute_tier="device")  # on a CPU too: the (emulated) device tier
     with pytest.raises(strata.StrataError) as e:
         tiny(data[0][0])
     assert e.value.name == "STRATA_E_DEVICE_BUDGET"

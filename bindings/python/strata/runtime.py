@@ -5,8 +5,12 @@ A Runtime owns a strata_runtime* and destroys it on close() (or when collected).
 is released; numpy() gives a zero-copy view of it (host memory: pinned, or the host-emulated
 device). strata.torch turns the same memory into torch tensors, on the GPU too.
 """
+import atexit
 import ctypes
+import os
+import signal
 import threading
+import weakref
 
 import numpy as np
 
@@ -151,6 +155,62 @@ class Tensor:
         return f"strata.Tensor({self.name!r}, {self.nbytes} bytes, handle={self.handle:#x})"
 
 
+# Every open Runtime, so that its swap file goes away however the interpreter ends: a script that
+# dies of an exception before close(), plain interpreter exit, SIGINT or SIGTERM. (A collected
+# Runtime closes itself in __del__; these cover the cases where __del__ never runs.)
+_LIVE = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+_HANDLERS_INSTALLED = False
+_PREVIOUS_HANDLERS = {}
+
+
+def close_all():
+    """Closes every open Runtime of this process (removing their swap files)."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for rt in live:
+        try:
+            rt.close()
+        except Exception:  # noqa: BLE001 - best effort at shutdown; nothing to report to
+            pass
+
+
+def _on_signal(signum, frame):
+    previous = _PREVIOUS_HANDLERS.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        # Python's own SIGINT handler raises KeyboardInterrupt, which the script may catch and
+        # carry on training: the runtimes stay open, and atexit closes them if it does not.
+        # Any other handler is the application's: it decides, atexit covers an exit.
+        return previous(signum, frame)
+    if previous == signal.SIG_IGN:
+        return None
+    # SIG_DFL terminates the process without running atexit: close first, then die of the
+    # signal as the default would (same exit status for the parent).
+    close_all()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    return None
+
+
+def _install_cleanup():
+    global _HANDLERS_INSTALLED
+    if _HANDLERS_INSTALLED:
+        return
+    _HANDLERS_INSTALLED = True
+    atexit.register(close_all)
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal.signal works only there; atexit and __del__ still apply
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous = signal.getsignal(signum)
+            if previous is None:  # installed from C: cannot be chained from Python
+                continue
+            _PREVIOUS_HANDLERS[signum] = previous
+            signal.signal(signum, _on_signal)
+        except (ValueError, OSError):
+            pass
+
+
 class Runtime:
     """strata_runtime: Runtime(nvme_path="/mnt/nvme", pinned_budget_bytes=1 << 30, ...).
 
@@ -172,6 +232,9 @@ class Runtime:
         del keep
         check(rc, None, "strata_runtime_create")
         self._ptr = ptr.value
+        _install_cleanup()
+        with _LIVE_LOCK:
+            _LIVE.add(self)
 
     # The device tier is host memory on the emulated device only.
     @property
@@ -195,6 +258,8 @@ class Runtime:
         if self._ptr is None:
             return
         ptr, self._ptr = self._ptr, None
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
         check(_lib.strata_runtime_destroy(ptr), None, "strata_runtime_destroy")
 
     def __enter__(self):

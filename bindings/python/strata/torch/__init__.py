@@ -11,10 +11,13 @@
 
 See docs/pytorch.md.
 """
+from . import _intercept
 from ._views import as_tensor
 from .allocator import allocator_support, use_strata_allocator
-from .offload import OffloadedModel, offload
+from .offload import OffloadedModel, offload, save_full_state_dict
 from .optim import AdamW
 
+_intercept.install()
+
 __all__ = ["AdamW", "OffloadedModel", "allocator_support", "as_tensor", "offload",
-           "use_strata_allocator"]
+           "save_full_state_dict", "use_strata_allocator"]

@@ -26,7 +26,11 @@ backward, fetching the parameter on demand if needed.
 Each call of the model's forward is one Strata step (strata_step_begin); strata.torch.AdamW.step
 runs the OPTIMIZER phase and ends the step.
 """
+import collections
 import functools
+import inspect
+import io
+import pickle
 import threading
 import weakref
 
@@ -46,8 +50,9 @@ class _Param:
     """One parameter under Strata."""
 
     __slots__ = ("name", "param", "shape", "dtype", "tensor", "grad", "units", "pins",
-                 "acquisition", "bwd_held", "grad_written", "grad_node", "hooks", "owner",
-                 "__weakref__")
+                 "acquisition", "bwd_held", "grad_written", "grad_zero", "grad_consumed",
+                 "grad_stale",
+                 "hooks", "owner", "names", "__weakref__")
 
     def __init__(self, name, param):
         self.name = name
@@ -61,7 +66,14 @@ class _Param:
         self.acquisition = None
         self.bwd_held = False
         self.grad_written = False  # the GRADIENT tensor holds this step's gradient
-        self.grad_node = None
+        # zero_grad(set_to_none=False) ran and no backward since: the gradient is zero (torch's
+        # p.grad of zeros), written into Strata only if the optimizer steps on it.
+        self.grad_zero = False
+        # optimizer.step() consumed (and Strata discarded) the gradient and no zero_grad ran
+        # since: torch would add the next backward to the old p.grad, Strata cannot.
+        self.grad_consumed = False
+        self.grad_stale = False  # a backward came after grad_consumed, before any zero_grad
+        self.names = [name]  # every name of the parameter in the module (tied weights: several)
         self.hooks = []
         self.owner = None
 
@@ -74,14 +86,23 @@ class _Param:
 
 
 class _Unit:
-    __slots__ = ("index", "name", "module", "params", "hooks")
+    """A module that owns parameters directly, and its parameters."""
+
+    __slots__ = ("index", "name", "module_ref", "params", "hooks")
 
     def __init__(self, index, name, module):
         self.index = index
         self.name = name
-        self.module = module
+        # Weak: parameter -> record -> unit -> module -> OffloadedModel -> AccumulateGrad node
+        # -> parameter would be a cycle through torch's C++ objects, which the garbage
+        # collector cannot see; the model (and the runtime, and its swap file) would never go.
+        self.module_ref = weakref.ref(module)
         self.params = []
         self.hooks = []
+
+    @property
+    def module(self):
+        return self.module_ref()
 
 
 class _SavedParameterView:
@@ -192,10 +213,20 @@ class OffloadedModel:
     """The handle offload() returns: the runtime, the hooks, and what they track."""
 
     def __init__(self, module, runtime, device, param_home="nvme", grad_home="nvme",
-                 average_gradients=None, process_group=None, mapped=None):
+                 average_gradients=None, process_group=None, mapped=None, compute_tier=None):
         self.module = module
         self.runtime = runtime
         self.device = device
+        # Where torch computes on a parameter: Strata's device tier on a GPU; on a CPU its
+        # pinned host buffers themselves (no second, emulated-device copy in host RAM).
+        if compute_tier is None:
+            compute_tier = "device" if device.type == "cuda" else "pinned"
+        if compute_tier not in ("device", "pinned"):
+            raise StrataError(_lib.E_INVALID, f"compute_tier {compute_tier!r}: 'device' or "
+                                              "'pinned'")
+        if compute_tier == "pinned" and device.type != "cpu":
+            raise StrataError(_lib.E_INVALID, "compute_tier='pinned' needs device='cpu'")
+        self.compute_tier = compute_tier
         self.param_home = param_home
         self.grad_home = grad_home
         self.deepspeed = mapped
@@ -208,7 +239,10 @@ class OffloadedModel:
         self._open_phase = None
         self._step_open = False
         self._in_backward = False
+        self._in_forward = 0  # depth of calls of the model's forward under way
+        self._root_step_started = False
         self._fetched = {}  # storage address -> _Param
+        self._grad_nodes = {}  # id(_Param) -> its parameter's AccumulateGrad node
         self.params = []  # _Param, in registration order
         self.units = []
         self._placeholders = {}
@@ -219,6 +253,10 @@ class OffloadedModel:
         except BaseException:
             self.close(restore=True)
             raise
+        # When the model is collected, so is the runtime's swap file. (torch's AccumulateGrad
+        # nodes keep the parameters alive from C++, out of the garbage collector's sight, so
+        # the runtime might otherwise wait for interpreter exit.)
+        weakref.finalize(module, runtime.close)
 
     # -- set-up ---------------------------------------------------------------------------------
     def _placeholder(self, dtype):
@@ -230,12 +268,13 @@ class OffloadedModel:
         by_id = {}
         names = {id(p): n for n, p in module.named_parameters()}
         for module_name, sub in module.named_modules():
-            direct = [p for p in sub._parameters.values() if p is not None]
+            direct = [(k, p) for k, p in sub._parameters.items() if p is not None]
             if not direct:
                 continue
             unit = _Unit(len(self.units), module_name or "<root>", sub)
             self.units.append(unit)
-            for p in direct:
+            for key, p in direct:
+                full_name = f"{module_name}.{key}" if module_name else key
                 if p.dtype not in _views.TORCH_TO_STRATA:
                     raise StrataError(_lib.E_UNSUPPORTED,
                                       f"parameter {names.get(id(p))!r} has dtype {p.dtype}; "
@@ -249,6 +288,8 @@ class OffloadedModel:
                     by_id[id(p)] = rec
                     self._register_param(rec, unit.index)
                     self.params.append(rec)
+                elif full_name not in rec.names:
+                    rec.names.append(full_name)
                 rec.units.append(unit)
                 unit.params.append(rec)
         # Buffers (rotary tables, norms' running stats) stay torch's, on the compute device.
@@ -261,8 +302,17 @@ class OffloadedModel:
                 functools.partial(_pre_forward_hook, weakref.ref(self), unit)))
             unit.hooks.append(unit.module.register_forward_hook(
                 functools.partial(_post_forward_hook, weakref.ref(self), unit)))
-        self._original_forward = module.forward
         owner = weakref.ref(self)
+        for sub in module.modules():
+            # torch's Module.zero_grad only sees p.grad, which Strata's parameters never keep.
+            sub.zero_grad = functools.partial(_module_zero_grad, owner, sub)
+        for unit in self.units:
+            # model.state_dict() / load_state_dict() read and write the values in Strata.
+            unit.hooks.append(unit.module._register_state_dict_hook(
+                functools.partial(_state_dict_hook, owner, unit)))
+            unit.module._load_from_state_dict = functools.partial(_load_from_state_dict, owner,
+                                                                  unit)
+        self._original_forward = module.forward
         original = module.forward
 
         @functools.wraps(original)
@@ -270,9 +320,16 @@ class OffloadedModel:
             me = owner()
             if me is None or me._closed:
                 return original(*args, **kwargs)
-            me._begin_forward()
-            with torch.autograd.graph.saved_tensors_hooks(me._pack, me._unpack):
-                return original(*args, **kwargs)
+            if me._root_step_started:  # the root's own pre-hook has begun this call's step
+                me._root_step_started = False
+            else:
+                me._begin_forward()
+            me._in_forward += 1
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(me._pack, me._unpack):
+                    return original(*args, **kwargs)
+            finally:
+                me._in_forward -= 1
 
         module.forward = forward
         module._strata_offload = self
@@ -286,20 +343,34 @@ class OffloadedModel:
             raise StrataError(_lib.E_INVALID, f"parameter {rec.name!r} is empty")
         rec.tensor = rt.register(rec.name, nbytes, dtype, "parameter", layer, self.param_home)
         rec.tensor.write(_views.host_numpy(p))
-        if p.requires_grad:
-            rec.grad = rt.register(rec.name + ".grad", nbytes, dtype, "gradient", layer,
-                                   self.grad_home)
-            # The AccumulateGrad node of p; a strong reference keeps the same node (and hook)
-            # for every backward.
-            rec.grad_node = p.expand_as(p).grad_fn.next_functions[0][0]
-            owner = weakref.ref(self)
-            rec.hooks.append(rec.grad_node.register_hook(
-                functools.partial(_grad_accumulated_hook, owner, weakref.ref(rec))))
-            rec.hooks.append(p.register_hook(
-                functools.partial(_grad_computed_hook, owner, weakref.ref(rec))))
         rec.owner = weakref.ref(self)
+        if p.requires_grad:
+            self._ensure_grad(rec, layer)
         p._strata = rec
         p.data = self._placeholder(p.dtype)
+
+    def _ensure_grad(self, rec, layer=None):
+        """Gives a parameter that requires grad its GRADIENT tensor and hooks: at offload, or
+        when a frozen parameter is unfrozen later (requires_grad_(True), then forward or
+        add_param_group), so that unfreezing works as in torch."""
+        p = rec.param
+        if rec.grad is not None or not p.requires_grad:
+            return
+        nbytes = rec.numel * p.element_size()
+        layer = rec.units[0].index if layer is None else layer
+        rec.grad = self.runtime.register(rec.name + ".grad", nbytes,
+                                         _views.TORCH_TO_STRATA[p.dtype], "gradient", layer,
+                                         self.grad_home)
+        # The AccumulateGrad node of p; a strong reference keeps the same node (and hook)
+        # for every backward. Held here, not by the record: the node holds p, p holds its
+        # record, and a cycle through torch's C++ objects is one the garbage collector cannot
+        # see (the runtime, and its swap file, would then outlive the model).
+        node = self._grad_nodes[id(rec)] = p.expand_as(p).grad_fn.next_functions[0][0]
+        owner = weakref.ref(self)
+        rec.hooks.append(node.register_hook(
+            functools.partial(_grad_accumulated_hook, owner, weakref.ref(rec))))
+        rec.hooks.append(p.register_hook(
+            functools.partial(_grad_computed_hook, owner, weakref.ref(rec))))
 
     # -- residency ------------------------------------------------------------------------------
     def _pin(self, rec):
@@ -308,7 +379,7 @@ class OffloadedModel:
             if rec.pins > 1:
                 return
             try:
-                acq = rec.tensor.acquire("device")
+                acq = rec.tensor.acquire(self.compute_tier)
                 data = _views.as_tensor(acq, rec.dtype, rec.shape, self.device)
             except BaseException:
                 rec.pins -= 1
@@ -366,15 +437,51 @@ class OffloadedModel:
             raise StrataError(_lib.E_STATE, "this strata.torch.offload was closed")
 
     # -- hooks ----------------------------------------------------------------------------------
+    def _recomputing(self):
+        """True when a unit runs outside the model's forward but inside a backward: activation
+        checkpointing recomputing it (torch.utils.checkpoint, either mode)."""
+        if self._in_forward or not self._step_open:
+            return False
+        if self._in_backward:
+            return True
+        try:
+            # Accepted only while the autograd engine runs a backward.
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+        except RuntimeError:
+            return False
+        self._in_backward = True
+        return True
+
     def _pre_forward(self, unit):
         self._check_open()
+        for rec in unit.params:
+            if rec.grad is None and rec.param.requires_grad:
+                self._ensure_grad(rec)
+        if self._in_forward == 0 and unit.module is self.module:
+            # The model itself owns parameters: its forward pre-hook runs before the forward
+            # wrapper that begins the step, so it begins it here.
+            self._begin_forward()
+            self._root_step_started = True
+        elif self._in_forward == 0 and not self._step_open:
+            raise StrataError(_lib.E_STATE, f"module {unit.name!r} called on its own before "
+                                            "any forward of the offloaded model: call the "
+                                            "model itself (each call of it is one Strata step)")
+        if self._recomputing():
+            # The recomputed forward saves tensors that alias the parameters' memory (outside
+            # our saved-tensors hook), and its backward follows at once: keep the parameters
+            # acquired until their gradients are accumulated, as a unit's backward does.
+            self._enter_phase(_BACKWARD, unit.index)
+            for rec in unit.params:
+                self._hold_for_backward(rec)
+            return
         self._enter_phase(_FORWARD, unit.index)
         for rec in unit.params:
             self._pin(rec)
 
     def _post_forward(self, unit, output):
-        for rec in unit.params:
-            self._unpin(rec)
+        if not (self._in_forward == 0 and self._in_backward):
+            for rec in unit.params:
+                self._unpin(rec)
         with self._lock:
             if self._open_phase == (_FORWARD, unit.index):
                 self._close_phase()
@@ -417,11 +524,17 @@ class OffloadedModel:
         grad = p.grad
         if grad is None:
             return
+        if rec.grad_consumed:
+            # torch would add this gradient to the one step() used, which Strata's optimizer
+            # has consumed. Harmless if zero_grad() comes before anything reads the sum; the
+            # readers (step, clipping, gradient()) refuse while it is stale.
+            rec.grad_consumed = False
+            rec.grad_stale = True
         if self.average_gradients:
             torch.distributed.all_reduce(grad, group=self.process_group)
             grad.div_(self.world_size)
         with self._lock:
-            acq = rec.grad.acquire("device", discard=not rec.grad_written)
+            acq = rec.grad.acquire(self.compute_tier, discard=not rec.grad_written)
             try:
                 view = _views.as_tensor(acq, rec.dtype, rec.shape, self.device)
                 if rec.grad_written:
@@ -431,6 +544,7 @@ class OffloadedModel:
             finally:
                 acq.release(dirty=True, stream=_views.stream_pointer(self.device))
             rec.grad_written = True
+            rec.grad_zero = False
             p.grad = None
             if rec.bwd_held:
                 rec.bwd_held = False
@@ -473,8 +587,12 @@ class OffloadedModel:
         return out
 
     def gradient(self, param_or_name):
-        """This step's gradient of a parameter, as a new CPU tensor (None if there is none)."""
+        """This step's gradient of a parameter, as a new CPU tensor (None where torch's p.grad
+        would be None; zeros after zero_grad(set_to_none=False))."""
         rec = self._record(param_or_name)
+        self._check_not_stale([rec])
+        if rec.grad is not None and rec.grad_zero and not rec.grad_written:
+            return torch.zeros(rec.shape, dtype=rec.dtype)
         if rec.grad is None or not rec.grad_written:
             return None
         out = torch.empty(rec.shape, dtype=rec.dtype)
@@ -482,38 +600,80 @@ class OffloadedModel:
         return out
 
     def state_dict(self):
-        """The module's state_dict with parameter values read from Strata (CPU tensors)."""
-        out = {}
-        for name, rec in ((rec.name, rec) for rec in self.params):
-            out[name] = self.parameter(rec)
-        # Persistent buffers, as torch's state_dict has them.
-        for name, value in self.module.state_dict().items():
-            if name not in out:
-                out[name] = value.detach().to("cpu").clone()
-        return out
+        """The module's full state_dict, as plain torch would give it: every parameter read
+        from Strata into a CPU tensor of its shape (a tied weight once, under each of its
+        names), and the persistent buffers. Loadable with strict=True into the plain model.
+        The same as model.state_dict(); it holds the whole model in host RAM."""
+        return self.module.state_dict()
 
-    def load_state_dict(self, state):
-        """Writes parameter values into Strata (before creating the optimizer, whose fp32
-        masters start from them)."""
-        missing = [rec.name for rec in self.params if rec.name not in state]
-        if missing:
-            raise StrataError(_lib.E_INVALID, f"state_dict lacks {missing}")
-        for rec in self.params:
-            value = state[rec.name]
-            if tuple(value.shape) != rec.shape:
-                raise StrataError(_lib.E_INVALID, f"{rec.name}: shape {tuple(value.shape)} is "
-                                                  f"not {rec.shape}")
-            rec.tensor.write(_views.host_numpy(value.to(rec.dtype)))
-        for name, buf in self.module.named_buffers():
-            if name in state:
-                buf.copy_(state[name])
+    def load_state_dict(self, state, strict=True):
+        """Writes parameter values into Strata (model.load_state_dict does the same). Before
+        creating the optimizer, whose fp32 masters start from them; afterwards the optimizer's
+        masters keep their own values (load its state_dict too)."""
+        return self.module.load_state_dict(state, strict=strict)
 
-    def zero_grad(self):
-        """Forgets this step's gradients (strata_tensor_discard)."""
-        for rec in self.params:
-            if rec.grad is not None and rec.grad_written:
-                rec.grad.discard()
-                rec.grad_written = False
+    def zero_grad(self, set_to_none=True):
+        """torch's zero_grad over every parameter: set_to_none=True forgets this step's
+        gradients (strata_tensor_discard); False makes them zero."""
+        self._zero_grads(self.params, set_to_none)
+
+    def _zero_grads(self, records, set_to_none):
+        with self._lock:
+            for rec in records:
+                if rec.grad is None:
+                    continue
+                if rec.grad_written:
+                    rec.grad.discard()
+                    rec.grad_written = False
+                rec.grad_zero = not set_to_none
+                rec.grad_consumed = False
+                rec.grad_stale = False
+
+    def _check_not_stale(self, records):
+        stale = [rec.name for rec in records if rec.grad_stale]
+        if stale:
+            raise StrataError(_lib.E_STATE,
+                              f"{listed(stale)} gradient(s) were accumulated by a "
+                              "backward after optimizer.step() with no zero_grad() between: "
+                              "torch would add them to the gradients step() used, which "
+                              "Strata's optimizer has consumed. Call optimizer.zero_grad() (or "
+                              "model.zero_grad()) after step()")
+
+    def _materialise_zero_grads(self, records):
+        """Writes zeros for the gradients that zero_grad(set_to_none=False) left at zero and no
+        backward touched since, so that the optimizer steps on them as torch's does."""
+        for rec in records:
+            if rec.grad is not None and rec.grad_zero and not rec.grad_written:
+                acq = rec.grad.acquire(self.compute_tier, discard=True)
+                try:
+                    _views.as_tensor(acq, rec.dtype, rec.shape, self.device).zero_()
+                finally:
+                    acq.release(dirty=True, stream=_views.stream_pointer(self.device))
+                rec.grad_written = True
+
+    def _gradient_views(self, records, dirty):
+        """Yields (record, a torch view of its Strata gradient) for every parameter that torch
+        would have a p.grad for, one acquired at a time; dirty: the caller changes them."""
+        with self._lock:
+            self._check_open()
+            self._check_not_stale(records)
+            if not self._step_open:  # zero_grad(set_to_none=False) after step(), then this
+                self.runtime.step_begin()
+                self._step_open = True
+            self._enter_phase(_OPTIMIZER, -1)
+            for rec in records:
+                if rec.grad is None or not (rec.grad_written or rec.grad_zero):
+                    continue
+                if not rec.grad_written:
+                    if not dirty:
+                        yield rec, torch.zeros(rec.shape, dtype=rec.dtype, device=self.device)
+                        continue
+                    self._materialise_zero_grads([rec])
+                acq = rec.grad.acquire(self.compute_tier)
+                try:
+                    yield rec, _views.as_tensor(acq, rec.dtype, rec.shape, self.device)
+                finally:
+                    acq.release(dirty=dirty, stream=_views.stream_pointer(self.device))
 
     def stats(self):
         return self.runtime.stats()
@@ -539,6 +699,9 @@ class OffloadedModel:
             if self._original_forward is not None:
                 self.module.__dict__.pop("forward", None)
             self.module.__dict__.pop("_strata_offload", None)
+            for sub in self.module.modules():
+                sub.__dict__.pop("zero_grad", None)
+                sub.__dict__.pop("_load_from_state_dict", None)
             for rec in self.params:
                 for h in rec.hooks:
                     h.remove()
@@ -562,11 +725,84 @@ class OffloadedModel:
         self.close()
 
 
+def listed(names):
+    """'N (first, second, ... )' for an error message naming parameters."""
+    return f"{len(names)} ({', '.join(names[:5])}{' ...' if len(names) > 5 else ''})"
+
+
 def _np_view(t):
     """A numpy array sharing t's (contiguous CPU) memory; bfloat16 as int16."""
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().reshape(-1)
     return t.numpy().reshape(-1)
+
+
+_MODULE_ZERO_GRAD_DEFAULT = inspect.signature(torch.nn.Module.zero_grad).parameters[
+    "set_to_none"].default
+
+
+def _module_zero_grad(owner_ref, module, set_to_none=_MODULE_ZERO_GRAD_DEFAULT):
+    """module.zero_grad of an offloaded model: torch's, and the same for the gradients that
+    Strata holds for module's parameters (set_to_none: forget them; else: make them zero)."""
+    type(module).zero_grad(module, set_to_none=set_to_none)
+    owner = owner_ref()
+    if owner is None or owner._closed:
+        return
+    mine = {id(p) for p in module.parameters()}
+    owner._zero_grads([rec for rec in owner.params if id(rec.param) in mine], set_to_none)
+
+
+def _state_dict_hook(owner_ref, unit, module, destination, prefix, local_metadata):
+    """Replaces the placeholders torch put in the state_dict by the values in Strata. A tied
+    weight is read once per state_dict call and appears under each of its names (one tensor,
+    as torch has it; torch.save stores it once)."""
+    owner = owner_ref()
+    if owner is None or owner._closed:
+        return destination
+    try:
+        cache = destination.__dict__.setdefault("_strata_values", {})
+    except AttributeError:  # a plain dict given as destination: no sharing between names
+        cache = {}
+    for key, p in module._parameters.items():
+        rec = getattr(p, "_strata", None) if p is not None else None
+        if rec is None or (prefix + key) not in destination:
+            continue
+        value = cache.get(id(rec))
+        if value is None:
+            value = cache[id(rec)] = owner.parameter(rec)
+        destination[prefix + key] = value
+    return destination
+
+
+def _load_from_state_dict(owner_ref, unit, state_dict, prefix, local_metadata, strict,
+                          missing_keys, unexpected_keys, error_msgs):
+    """module._load_from_state_dict of a unit: its parameters' values go into Strata; the rest
+    (buffers, extra state, the missing / unexpected bookkeeping) is torch's."""
+    module = unit.module
+    owner = owner_ref()
+    handled = []
+    if owner is not None and not owner._closed:
+        for key, p in module._parameters.items():
+            rec = getattr(p, "_strata", None) if p is not None else None
+            name = prefix + key
+            if rec is None or name not in state_dict:
+                continue
+            value = state_dict.pop(name)
+            handled.append((name, value))
+            if tuple(value.shape) != rec.shape:
+                error_msgs.append(f"size mismatch for {name}: copying a param with shape "
+                                  f"{tuple(value.shape)} from checkpoint, the shape in current "
+                                  f"model is {rec.shape}.")
+                continue
+            rec.tensor.write(_views.host_numpy(value.detach().to(rec.dtype)))
+    try:
+        type(module)._load_from_state_dict(module, state_dict, prefix, local_metadata, strict,
+                                           missing_keys, unexpected_keys, error_msgs)
+    finally:
+        for name, value in handled:
+            state_dict[name] = value
+            if name in missing_keys:
+                missing_keys.remove(name)
 
 
 def _pre_forward_hook(owner_ref, unit, module, inputs):
@@ -599,7 +835,7 @@ def _grad_accumulated_hook(owner_ref, rec_ref, *unused):
 
 def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config=None,
             param_home=None, grad_home="nvme", average_gradients=None, process_group=None,
-            **config_fields):
+            compute_tier=None, **config_fields):
     """Puts model's parameters under a new Strata runtime and hooks its forward and backward.
 
     nvme_path: the directory for the swap file ("{rank}" is replaced by the torch.distributed
@@ -609,6 +845,9 @@ def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config
     strata.Config fields. param_home: where parameters rest, "nvme" (default), "pinned" or
     "device" (DeepSpeed's offload_param.device nvme / cpu / none). average_gradients: all-reduce
     gradients over process_group (default: when torch.distributed runs with several ranks).
+    compute_tier: the tier torch computes on, "device" (default on CUDA) or "pinned" (default
+    on the CPU: torch uses Strata's pinned host buffers directly, no emulated-device copy;
+    "device" on the CPU runs the host-emulated device, for testing the GPU code path).
     Returns an OffloadedModel; the model itself is used as before.
     """
     cfg, mapped, device = build_config(nvme_path, device, config, deepspeed_config,
@@ -625,7 +864,106 @@ def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config
     runtime = Runtime(cfg)
     try:
         return OffloadedModel(model, runtime, device, param_home, grad_home, average_gradients,
-                              process_group, mapped)
+                              process_group, mapped, compute_tier)
     except BaseException:
         runtime.close()
         raise
+
+
+class _StreamedStorage:
+    """A storage of the file save_full_state_dict writes: its bytes are fetched when written."""
+
+    __slots__ = ("key", "dtype", "numel", "fetch")
+
+    def __init__(self, key, dtype, numel, fetch):
+        self.key, self.dtype, self.numel, self.fetch = key, dtype, numel, fetch
+
+
+class _StreamedTensor:
+    """Pickles as the tensor torch.save would write (a view of a _StreamedStorage)."""
+
+    __slots__ = ("storage", "shape")
+
+    def __init__(self, storage, shape):
+        self.storage, self.shape = storage, tuple(shape)
+
+    def __reduce__(self):
+        stride, acc = [], 1
+        for size in reversed(self.shape):
+            stride.append(acc)
+            acc *= size
+        return (torch._utils._rebuild_tensor_v2,
+                (self.storage, 0, self.shape, tuple(reversed(stride)), False,
+                 collections.OrderedDict()))
+
+
+def save_full_state_dict(model, path):
+    """Writes model.state_dict() to path in torch.save's format (torch.load reads it, and it
+    loads with strict=True into the plain model), reading one parameter at a time from Strata:
+    host RAM holds one parameter, never the whole model. A tied weight is stored once and
+    appears under each of its names, as torch.save stores it."""
+    handle = getattr(model, "_strata_offload", None)
+    if handle is None or handle._closed:
+        raise StrataError(_lib.E_INVALID, "save_full_state_dict takes a model offloaded by "
+                                          "strata.torch.offload (else use torch.save)")
+    storages = {}  # key -> _StreamedStorage, in the order keys were given
+    by_record = {}
+    out = collections.OrderedDict()
+
+    def streamed(dtype, shape, fetch, identity):
+        storage = by_record.get(identity)
+        if storage is None:
+            numel = 1
+            for s in shape:
+                numel *= s
+            storage = _StreamedStorage(str(len(storages)), dtype, numel, fetch)
+            storages[storage.key] = storage
+            by_record[identity] = storage
+        return _StreamedTensor(storage, shape)
+
+    def walk(module, prefix):
+        # The order and the names of torch's Module.state_dict (parameters, persistent
+        # buffers, then children, recursively).
+        for key, p in module._parameters.items():
+            if p is None:
+                continue
+            rec = getattr(p, "_strata", None)
+            if rec is not None:
+                out[prefix + key] = streamed(rec.dtype, rec.shape,
+                                             functools.partial(handle.parameter, rec), id(rec))
+            else:
+                value = p.detach()
+                out[prefix + key] = streamed(value.dtype, value.shape,
+                                             functools.partial(value.cpu), id(p))
+        for key, buf in module._buffers.items():
+            if buf is not None and key not in module._non_persistent_buffers_set:
+                out[prefix + key] = streamed(buf.dtype, buf.shape,
+                                             functools.partial(buf.detach().cpu), id(buf))
+        for key, child in module._modules.items():
+            if child is not None:
+                walk(child, prefix + key + ".")
+
+    walk(model, "")
+
+    def persistent_id(obj):
+        if isinstance(obj, _StreamedStorage):
+            storage_type = torch.tensor([], dtype=obj.dtype).storage().pickle_storage_type()
+            return ("storage", getattr(torch, storage_type), obj.key, "cpu", obj.numel)
+        return None
+
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, protocol=2)
+    pickler.persistent_id = persistent_id
+    pickler.dump(out)
+    writer = torch._C.PyTorchFileWriter(str(path))
+    try:
+        data = buf.getvalue()
+        writer.write_record("data.pkl", data, len(data))
+        for key in sorted(storages):
+            value = storages[key].fetch().contiguous()
+            writer.write_record(f"data/{key}", value.data_ptr(),
+                                value.numel() * value.element_size())
+            del value
+        writer.write_end_of_file()
+    finally:
+        del writer

@@ -15,14 +15,18 @@ format: state[i] = {step, exp_avg, exp_avg_sq}) and torch.optim.lr_scheduler all
 group settings are pushed to Strata (strata_optimizer_set_group) at every step where they
 changed.
 """
+import inspect
+
 import torch
 
 from .. import _lib
 from ..errors import StrataError
 from ..runtime import Runtime
 from . import _views
-from .offload import _np_view, build_config
+from .offload import _np_view, build_config, listed
 
+_ZERO_GRAD_DEFAULT = inspect.signature(torch.optim.Optimizer.zero_grad).parameters[
+    "set_to_none"].default
 _STATES = (("exp_avg", _lib.OPTIMIZER_EXP_AVG), ("exp_avg_sq", _lib.OPTIMIZER_EXP_AVG_SQ))
 
 
@@ -30,6 +34,79 @@ def _group_settings(group):
     betas = tuple(float(b) for b in group["betas"])
     return (float(group["lr"]), betas, float(group["eps"]), float(group["weight_decay"]),
             bool(group.get("decoupled_weight_decay", True)))
+
+
+def _settings_for_step(settings, global_step, group_step):
+    """The settings that make Strata's update at its global step count equal torch's at the
+    group's own step count (torch keeps state['step'] per parameter; a group added mid-run
+    starts at 1 while Strata's count goes on).
+
+    Strata applies  p *= 1 - lr*wd;  p -= lr/b1(T) * m / (sqrt(v)/sqrt(b2(T)) + eps)  with
+    b1(T) = 1 - beta1^T, b2(T) = 1 - beta2^T at its step T. With k = sqrt(b2(T) / b2(t)),
+    eps' = eps / k and lr' = lr * b1(T) / (b1(t) * k) give torch's update at step t, and
+    wd' = lr * wd / lr' keeps the decoupled decay (Adam's L2 term does not depend on lr)."""
+    if group_step == global_step:
+        return settings
+    lr, (beta1, beta2), eps, wd, decoupled = settings
+    b1_t, b2_t = 1.0 - beta1 ** group_step, 1.0 - beta2 ** group_step
+    b1_T, b2_T = 1.0 - beta1 ** global_step, 1.0 - beta2 ** global_step
+    k = (b2_T / b2_t) ** 0.5
+    lr2 = lr * b1_T / (b1_t * k)
+    wd2 = (lr * wd / lr2 if lr2 else wd) if decoupled else wd
+    return (lr2, (beta1, beta2), eps / k, wd2, decoupled)
+
+
+class _LazyState(dict):
+    """optimizer.state for strata.torch.AdamW: torch's per-parameter dict ({step, exp_avg,
+    exp_avg_sq}, plus strata_master for half-precision parameters), read out of Strata when an
+    entry is looked up. Each lookup copies the parameter's states into new CPU tensors (two or
+    three fp32 copies of the parameter: the cost of reading them from NVMe); writing into them
+    changes nothing in Strata (use load_state_dict). Parameters not stepped yet have no entry,
+    as in torch."""
+
+    def __init__(self, optimizer):
+        super().__init__()
+        self._optimizer = optimizer
+
+    def _params(self):
+        opt = self._optimizer
+        return [p for g in opt.param_groups for p in g["params"]
+                if id(p) in opt._records and opt._param_step(p) > 0]
+
+    def __getitem__(self, p):
+        if not isinstance(p, torch.Tensor) or id(p) not in self._optimizer._records or \
+                self._optimizer._param_step(p) == 0:
+            return {}  # torch's defaultdict(dict) gives a fresh empty dict too
+        return self._optimizer._read_state(p)
+
+    def get(self, p, default=None):
+        return self[p] if p in self else default
+
+    def __contains__(self, p):
+        return any(q is p for q in self._params())
+
+    def __iter__(self):
+        return iter(self._params())
+
+    def keys(self):
+        return self._params()
+
+    def __len__(self):
+        return len(self._params())
+
+    def items(self):
+        return [(p, self[p]) for p in self._params()]
+
+    def values(self):
+        return [self[p] for p in self._params()]
+
+    def __setitem__(self, p, value):
+        raise StrataError(_lib.E_UNSUPPORTED, "strata.torch.AdamW's state lives in Strata: "
+                                              "optimizer.state is read-only; use "
+                                              "load_state_dict() to change it")
+
+    def __repr__(self):
+        return f"<strata.torch.AdamW state of {len(self)} parameters, read on access>"
 
 
 class _Standalone:
@@ -121,9 +198,16 @@ class AdamW(torch.optim.Optimizer):
             self._model = None
         self._records = {}  # id(param) -> record (_Param of offload, or _Standalone)
         self._group_index = []  # param_groups[i] -> Strata group index
+        self._group_start = []  # param_groups[i] -> Strata's step count when it was added
+        self._group_of = {}  # id(param) -> its index in param_groups
         self._pushed = []  # the settings last given to Strata, per group
         self.last_result = None
         try:
+            # Everything that can be refused is checked before anything is registered with
+            # Strata, which cannot take a parameter back: a failed AdamW leaves the model as
+            # it was, ready for a corrected one.
+            for group in self.param_groups:
+                self._check_group(group, self.param_groups)
             self.runtime.optimizer_configure(max_grad_norm=max_grad_norm,
                                              check_overflow=check_overflow,
                                              sub_group_bytes=sub_group_bytes)
@@ -133,46 +217,89 @@ class AdamW(torch.optim.Optimizer):
         except BaseException:
             self._detach()
             raise
+        self.state = _LazyState(self)
 
     # -- groups ---------------------------------------------------------------------------------
     def add_param_group(self, param_group):
+        if not getattr(self, "_ready", False):
+            super().add_param_group(param_group)
+            return
+        self._check_live()
         super().add_param_group(param_group)
-        if getattr(self, "_ready", False):
-            self._register_group(self.param_groups[-1])
+        try:
+            self._check_group(self.param_groups[-1], self.param_groups[:-1])
+        except BaseException:
+            self.param_groups.pop()
+            raise
+        self._register_group(self.param_groups[-1])
 
-    def _register_group(self, group):
+    def _check_group(self, group, groups):
+        """Raises for anything Strata would refuse in group, before registering any of it."""
         if group.get("amsgrad") or group.get("maximize"):
             raise StrataError(_lib.E_UNSUPPORTED, "amsgrad and maximize are not supported")
+        if not group["params"] and self._model is not None:
+            raise StrataError(_lib.E_INVALID,
+                              "a parameter group is empty. After strata.torch.offload a "
+                              "parameter's .data is an empty placeholder (p.dim() == 1, "
+                              "p.shape == (0,)), so groups chosen by p.dim() or p.shape end "
+                              "up empty: choose them by name (model.named_parameters()) or "
+                              "before offloading")
+        for p in group["params"]:
+            if id(p) in self._records or sum(q is p for g in groups for q in g["params"]) > 1:
+                raise StrataError(_lib.E_INVALID, "a parameter appears twice in the optimizer")
+            if self._model is not None:
+                rec = getattr(p, "_strata", None)
+                if rec is None or rec.owner() is not self._model:
+                    raise StrataError(_lib.E_INVALID, "parameter of another offloaded model")
+                if rec.grad is None and not p.requires_grad:
+                    raise StrataError(_lib.E_INVALID, f"parameter {rec.name!r} does not require "
+                                                      "grad: leave it out of the optimizer")
+            else:
+                if getattr(p, "_strata", None) is not None:
+                    raise StrataError(_lib.E_INVALID, "an offloaded parameter added to a "
+                                                      "standalone strata.torch.AdamW")
+                if p.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+                    raise StrataError(_lib.E_UNSUPPORTED, f"parameter dtype {p.dtype}: Strata's "
+                                                          "optimizer takes float32, bfloat16, "
+                                                          "float16")
+
+    def _register_group(self, group):
         settings = _group_settings(group)
         index = self.runtime.optimizer_add_group(*settings)
         self._group_index.append(index)
+        self._group_start.append(self.runtime.optimizer_get_step())
         self._pushed.append(settings)
         for p in group["params"]:
+            self._group_of[id(p)] = len(self._group_index) - 1
             rec = self._record_for(p)
             self.runtime.optimizer_add_param(index, rec.tensor, rec.grad)
 
     def _record_for(self, p):
-        rec = self._records.get(id(p))
-        if rec is not None:
-            raise StrataError(_lib.E_INVALID, "a parameter appears twice in the optimizer")
         if self._model is not None:
             rec = p._strata
-            if rec.owner() is not self._model:
-                raise StrataError(_lib.E_INVALID, "parameter of another offloaded model")
-            if rec.grad is None:
-                raise StrataError(_lib.E_INVALID, f"parameter {rec.name!r} does not require "
-                                                  "grad: leave it out of the optimizer")
+            self._model._ensure_grad(rec)  # a parameter unfrozen since offload
         else:
-            if getattr(p, "_strata", None) is not None:
-                raise StrataError(_lib.E_INVALID, "an offloaded parameter added to a standalone "
-                                                  "strata.torch.AdamW")
             rec = _Standalone(self.runtime, f"param{len(self._records)}", p, -1)
         self._records[id(p)] = rec
         return rec
 
-    def _push_groups(self):
+    def _group_step(self, i, global_step=None):
+        """torch's state['step'] of the parameters of param_groups[i]."""
+        if global_step is None:
+            global_step = self.runtime.optimizer_get_step()
+        return global_step - self._group_start[i]
+
+    def _param_step(self, p):
+        i = self._group_of.get(id(p))
+        return 0 if i is None else self._group_step(i)
+
+    def _push_groups(self, next_step=None):
+        """Gives Strata each group's settings for the step about to run (next_step: Strata's
+        step count after it; None: the settings as they are, with no step correction)."""
         for i, group in enumerate(self.param_groups):
             settings = _group_settings(group)
+            if next_step is not None:
+                settings = _settings_for_step(settings, next_step, self._group_step(i, next_step))
             if settings != self._pushed[i]:
                 self.runtime.optimizer_set_group(self._group_index[i], *settings)
                 self._pushed[i] = settings
@@ -185,7 +312,7 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._check_live()
-        self._push_groups()
+        self._push_groups(self.runtime.optimizer_get_step() + 1)
         params = [p for g in self.param_groups for p in g["params"]]
         if self._model is None:
             missing = [self._records[id(p)].name for p in params if p.grad is None]
@@ -195,17 +322,23 @@ class AdamW(torch.optim.Optimizer):
                 rec.tensor.write(_views.host_numpy(p.detach()))
                 rec.grad.write(_views.host_numpy(p.grad))
         else:
+            self._model._check_not_stale([self._records[id(p)] for p in params])
             missing = [self._records[id(p)].name for p in params
-                       if not self._records[id(p)].grad_written]
+                       if not (self._records[id(p)].grad_written or
+                               self._records[id(p)].grad_zero)]
             self._require_grads(missing)
         model = self._model
         if model is not None:
             with model._lock:
-                model._close_phase()
                 if not model._step_open:
                     model.runtime.step_begin()
                     model._step_open = True
                 model._enter_phase("optimizer", -1)
+                # Gradients zeroed with set_to_none=False and untouched since: torch steps on
+                # (and keeps) zeros; written now, they stay zero after the step.
+                zero_only = {id(r) for r in (self._records[id(p)] for p in params)
+                             if r.grad_zero and not r.grad_written}
+                model._materialise_zero_grads([self._records[id(p)] for p in params])
         try:
             self.last_result = self.runtime.optimizer_step(loss_scale)
         finally:
@@ -214,7 +347,11 @@ class AdamW(torch.optim.Optimizer):
         if not self.last_result["found_nonfinite"]:
             # Strata discarded the gradients it consumed.
             for p in params:
-                self._records[id(p)].grad_written = False
+                rec = self._records[id(p)]
+                rec.grad_written = False
+                if self._model is not None:
+                    rec.grad_zero = id(rec) in zero_only
+                    rec.grad_consumed = not rec.grad_zero
         if self._model is None:
             for p in params:
                 rec = self._records[id(p)]
@@ -225,44 +362,48 @@ class AdamW(torch.optim.Optimizer):
 
     def _require_grads(self, missing):
         if missing:
-            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
             raise StrataError(_lib.E_STATE,
-                              f"{len(missing)} parameter(s) have no gradient this step ({shown}); "
+                              f"{listed(missing)} parameter(s) have no gradient this step; "
                               "Strata's optimizer updates every parameter it holds at each step "
                               "(torch's skips them): leave parameters that get no gradient out "
                               "of the optimizer")
 
-    def zero_grad(self, set_to_none=True):
+    def zero_grad(self, set_to_none=_ZERO_GRAD_DEFAULT):
+        """torch's zero_grad over this optimizer's parameters (torch's default for set_to_none):
+        True forgets their gradients, False makes them zero, in Strata as in p.grad."""
+        super().zero_grad(set_to_none=set_to_none)
         if self._model is not None:
-            self._model.zero_grad()
-        else:
-            super().zero_grad(set_to_none=set_to_none)
+            self._model._zero_grads([self._records[id(p)] for g in self.param_groups
+                                     for p in g["params"]], set_to_none)
 
     # -- state ----------------------------------------------------------------------------------
+    def _read_state(self, p, step=None):
+        """torch's state entry of p, read out of Strata into new CPU tensors."""
+        rec = self._records[id(p)]
+        entry = {"step": torch.tensor(float(self._param_step(p) if step is None else step))}
+        for key, which in _STATES:
+            value = torch.empty(rec.shape, dtype=torch.float32)
+            self.runtime.optimizer_read_state(rec.tensor, which, _np_view(value))
+            entry[key] = value
+        if rec.dtype != torch.float32:
+            value = torch.empty(rec.shape, dtype=torch.float32)
+            self.runtime.optimizer_read_state(rec.tensor, _lib.OPTIMIZER_MASTER, _np_view(value))
+            entry["strata_master"] = value
+        return entry
+
     def state_dict(self):
         self._check_live()
-        step = self.runtime.optimizer_get_step()
         state = {}
         groups = []
         index = 0
-        for group in self.param_groups:
+        for i, group in enumerate(self.param_groups):
+            step = self._group_step(i)
             packed = {k: v for k, v in group.items() if k != "params"}
             packed["params"] = []
             for p in group["params"]:
-                rec = self._records[id(p)]
                 packed["params"].append(index)
                 if step > 0:
-                    entry = {"step": torch.tensor(float(step))}
-                    for key, which in _STATES:
-                        value = torch.empty(rec.shape, dtype=torch.float32)
-                        self.runtime.optimizer_read_state(rec.tensor, which, _np_view(value))
-                        entry[key] = value
-                    if rec.dtype != torch.float32:
-                        value = torch.empty(rec.shape, dtype=torch.float32)
-                        self.runtime.optimizer_read_state(rec.tensor, _lib.OPTIMIZER_MASTER,
-                                                          _np_view(value))
-                        entry["strata_master"] = value
-                    state[index] = entry
+                    state[index] = self._read_state(p, step)
                 index += 1
             groups.append(packed)
         return {"state": state, "param_groups": groups}
@@ -285,7 +426,8 @@ class AdamW(torch.optim.Optimizer):
                 if k != "params":
                     mine[k] = v
             mine.setdefault("decoupled_weight_decay", True)
-        steps = set()
+        steps = {}  # param_groups index -> the step counts its parameters' entries have
+        owner = {id(p): i for i, g in enumerate(self.param_groups) for p in g["params"]}
         states = state_dict["state"]
         for key, p in ids.items():
             rec = self._records[id(p)]
@@ -312,23 +454,39 @@ class AdamW(torch.optim.Optimizer):
             self.runtime.optimizer_write_state(rec.tensor, _lib.OPTIMIZER_MASTER,
                                                _np_view(master))
             step = entry.get("step", 0)
-            steps.add(int(step.item() if torch.is_tensor(step) else step))
-        if len(steps) > 1:
-            raise ValueError(f"parameters have different step counts {sorted(steps)}; Strata "
-                             "keeps one step count")
+            steps.setdefault(owner[id(p)], set()).add(int(step.item() if torch.is_tensor(step)
+                                                          else step))
+        for i, found in steps.items():
+            if len(found) > 1:
+                raise ValueError(f"parameter group {i} has parameters at different step counts "
+                                 f"{sorted(found)}; Strata keeps one step count per group")
         if steps:
-            self.runtime.optimizer_set_step(steps.pop())
+            group_steps = [next(iter(steps[i])) if i in steps else 0
+                           for i in range(len(self.param_groups))]
+            latest = max(group_steps)
+            self.runtime.optimizer_set_step(latest)
+            self._group_start = [latest - s for s in group_steps]
         self._push_groups()
 
     def save(self, path):
         """strata_optimizer_export: every state to one checksummed file, atomically."""
         self._check_live()
+        self._check_one_step_count("save")
         self.runtime.optimizer_export(path)
 
     def load(self, path):
         """strata_optimizer_import: the inverse of save (all or nothing)."""
         self._check_live()
+        self._check_one_step_count("load")
         self.runtime.optimizer_import(path)
+
+    def _check_one_step_count(self, what):
+        # Strata's checkpoint file has one step count; the groups' own counts would be lost.
+        if any(self._group_start):
+            raise StrataError(_lib.E_UNSUPPORTED,
+                              f"{what}(): parameter groups added after the first step have "
+                              "their own step counts, which Strata's checkpoint file does not "
+                              "keep; use state_dict() / load_state_dict() (torch.save)")
 
     def _check_live(self):
         if self.runtime is None or self.runtime.closed:

@@ -1,0 +1,137 @@
+"""torch functions that cannot see Strata's gradients or parameters, made to.
+
+An offloaded parameter has no p.grad between its backward and optimizer.step() (the gradient is
+in Strata) and no data outside its unit's forward and backward. torch's gradient clipping would
+therefore find no gradients and return 0 without clipping, and DistributedDataParallel would
+fail deep inside backward. install() (run by `import strata.torch`) replaces
+torch.nn.utils.clip_grad_norm_ / clip_grad_value_ (and their torch.nn.utils.clip_grad
+originals) by versions that give torch's result on Strata's gradients, and makes
+DistributedDataParallel refuse an offloaded model with a message naming what works.
+Everything else passes through to torch unchanged.
+
+A script that bound the function itself before importing strata.torch
+(`from torch.nn.utils import clip_grad_norm_`) keeps torch's; docs/pytorch.md says so.
+"""
+import math
+
+import torch
+
+from .. import _lib
+from ..errors import StrataError
+
+_ORIGINAL = {}
+
+
+def _split(parameters):
+    """(plain parameters, {owner: [records]}) of a clip call's parameters, in their order."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    plain, offloaded, order = [], {}, []
+    for p in parameters:
+        rec = getattr(p, "_strata", None)
+        owner = rec.owner() if rec is not None else None
+        if owner is None or owner._closed:
+            plain.append(p)
+            order.append(("plain", p))
+        else:
+            offloaded.setdefault(owner, []).append(rec)
+            order.append((owner, rec))
+    return plain, offloaded, order
+
+
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, **kwargs):
+    """torch.nn.utils.clip_grad_norm_, also over the gradients Strata holds.
+
+    Same result as torch's on the same gradients: the total norm (returned) is computed from
+    each gradient's norm in parameter order, and every gradient is multiplied by
+    min(1, max_norm / (total + 1e-6)). For offloaded parameters this reads every gradient once
+    and, when clipping, writes it back once; AdamW(max_grad_norm=...) folds the clip into the
+    optimizer's own pass at no extra I/O.
+    """
+    plain, offloaded, order = _split(parameters)
+    if not offloaded:
+        return _ORIGINAL["clip_grad_norm_"](plain, max_norm, norm_type,
+                                            error_if_nonfinite=error_if_nonfinite, **kwargs)
+    max_norm, norm_type = float(max_norm), float(norm_type)
+    norms = {}
+    for owner, records in offloaded.items():
+        for rec, grad in owner._gradient_views(records, dirty=False):
+            norms[id(rec)] = _norm(grad, norm_type)
+    parts = []
+    for owner, item in order:
+        if owner == "plain":
+            if item.grad is not None:
+                parts.append(_norm(item.grad, norm_type))
+        elif id(item) in norms:
+            parts.append(norms[id(item)])
+    if not parts:
+        return torch.tensor(0.0)
+    device = parts[0].device
+    parts = [t.to(device) for t in parts]
+    if norm_type == math.inf:
+        total = parts[0] if len(parts) == 1 else torch.max(torch.stack(parts))
+    else:
+        total = torch.norm(torch.stack(parts), norm_type)
+    if error_if_nonfinite and (torch.isnan(total) or torch.isinf(total)):
+        raise RuntimeError(f"The total norm of order {norm_type} for gradients from "
+                           "`parameters` is non-finite, so it cannot be clipped. To disable "
+                           "this error and scale the gradients by the non-finite norm anyway, "
+                           "set `error_if_nonfinite=False`")
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for p in plain:
+        if p.grad is not None:
+            p.grad.detach().mul_(coef.to(p.grad.device))
+    if float(coef) != 1.0:  # multiplying by 1 changes nothing: skip the write-back
+        for owner, records in offloaded.items():
+            for rec, grad in owner._gradient_views(records, dirty=True):
+                grad.mul_(coef.to(grad.device))
+    return total
+
+
+def _norm(grad, norm_type):
+    grad = grad.detach()
+    if norm_type == math.inf:
+        return grad.abs().max()
+    return torch.norm(grad, norm_type)
+
+
+def clip_grad_value_(parameters, clip_value, **kwargs):
+    """torch.nn.utils.clip_grad_value_, also over the gradients Strata holds."""
+    plain, offloaded, _ = _split(parameters)
+    _ORIGINAL["clip_grad_value_"](plain, clip_value, **kwargs)
+    clip_value = float(clip_value)
+    for owner, records in offloaded.items():
+        for rec, grad in owner._gradient_views(records, dirty=True):
+            grad.clamp_(min=-clip_value, max=clip_value)
+
+
+def _refuse_offloaded_ddp(init):
+    def __init__(self, module, *args, **kwargs):
+        if any(getattr(m, "_strata_offload", None) is not None for m in module.modules()):
+            raise StrataError(_lib.E_UNSUPPORTED,
+                              "DistributedDataParallel cannot wrap a strata.torch.offload "
+                              "model: it needs every parameter's memory at construction and "
+                              "in its reducer, and offloaded parameters have none between "
+                              "uses. Use the offloaded model directly: under torch.distributed "
+                              "offload() all-reduces each gradient over the process group as "
+                              "its layer's backward ends (average_gradients=True, the default "
+                              "with several ranks), which is what DDP would do")
+        init(self, module, *args, **kwargs)
+
+    __init__.__wrapped__ = init
+    __init__.__doc__ = init.__doc__
+    return __init__
+
+
+def install():
+    if _ORIGINAL:
+        return
+    clip = torch.nn.utils.clip_grad
+    _ORIGINAL["clip_grad_norm_"] = clip.clip_grad_norm_
+    _ORIGINAL["clip_grad_value_"] = clip.clip_grad_value_
+    for module in (torch.nn.utils, clip):
+        module.clip_grad_norm_ = clip_grad_norm_
+        module.clip_grad_value_ = clip_grad_value_
+    if torch.distributed.is_available():
+        ddp = torch.nn.parallel.DistributedDataParallel
+        ddp.__init__ = _refuse_offloaded_ddp(ddp.__init__)
