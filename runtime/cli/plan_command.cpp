@@ -18,6 +18,8 @@ namespace {
 
 struct PlanOptions {
   std::string model;
+  double scale = 1.0;  // the model narrowed as `strata bench finetune --scale` does
+  int layers = -1;     // and cut to this many layers (-1: all)
   std::string method = "full";
   uint32_t lora_rank = 16;
   std::string lora_targets = "all-linear";
@@ -71,6 +73,11 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
   Result<ModelConfig> model = load_model(o.model);
   if (!model) return std::move(model).take_status();
   r.model = *model;
+  if (o.scale != 1.0 || o.layers != -1) {
+    // The shapes `strata bench finetune` runs, so that a plan can be checked against a run.
+    STRATA_TRY(check_scale_options(o.scale, o.layers));
+    r.model = scale_model(r.model, o.scale, o.layers);
+  }
   Result<FinetuneMethod> method = parse_method(o.method);
   if (!method) return std::move(method).take_status();
   r.method = *method;
@@ -409,6 +416,11 @@ void add_plan_command(CLI::App& app) {
       "plan", "Memory, host RAM, NVMe, step time and cost of a fine-tuning job on each GPU");
   cmd->add_option("--model", options->model, "Preset name (e.g. llama-2-70b) or HF config.json")
       ->required();
+  cmd->add_option("--scale", options->scale,
+                  "Narrow the model by this factor, as strata bench finetune --scale does")
+      ->capture_default_str();
+  cmd->add_option("--layers", options->layers, "Keep this many layers (-1: all)")
+      ->capture_default_str();
   cmd->add_option("--method", options->method, "full | lora | qlora")->capture_default_str();
   cmd->add_option("--lora-rank", options->lora_rank, "LoRA rank r")->capture_default_str();
   cmd->add_option("--lora-targets", options->lora_targets,
