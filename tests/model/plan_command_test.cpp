@@ -120,8 +120,8 @@ TEST(PlanCommand, JsonCarriesHeadroomAttentionWearAdviceAndTheComparison) {
 
 TEST(PlanCommand, ScaleAndLayersPlanTheShapeBenchFinetuneRuns) {
   // The main job's model: llama-2-70b at a quarter of its width, 6 layers, 354M parameters.
-  CommandRun r = run({"plan", "--model", "llama-2-70b", "--scale", "0.25", "--layers", "6",
-                      "--gpu", "h100-sxm", "--offload", "none", "--json"});
+  CommandRun r = run({"plan", "--model", "llama-2-70b", "--scale", "0.25", "--layers", "6", "--gpu",
+                      "h100-sxm", "--offload", "none", "--json"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out)["params"], 353'658'880u);
   r = run({"plan", "--model", "llama-2-70b", "--scale", "0", "--gpu", "h100-sxm"});
