@@ -991,6 +991,15 @@ Result<Plan> make_plan(const PlanRequest& request) {
   Result<Plan> made = make_gpu_plans(request);
   if (!made) return made;
   Plan plan = std::move(*made);
+  STRATA_TRY(compare_with_zero_infinity(plan));
+  Result<std::vector<Advice>> advice = plan_advice(plan);
+  if (!advice) return std::move(advice).take_status();
+  plan.advice = std::move(*advice);
+  return plan;
+}
+
+Status compare_with_zero_infinity(Plan& plan) {
+  const PlanRequest& request = plan.request;
   const std::vector<TensorSpec> inventory = offload_inventory(request);
 
   // Strata against ZeRO-Infinity, both on NVMe, for the headline GPU: Strata with the RAM
@@ -1046,11 +1055,7 @@ Result<Plan> make_plan(const PlanRequest& request) {
     like.deepspeed_estimate = deepspeed_zero3_estimate(
         plan.states.params, deepspeed_largest_layer_params(request.model), p.choice.count);
   }
-
-  Result<std::vector<Advice>> advice = plan_advice(plan);
-  if (!advice) return std::move(advice).take_status();
-  plan.advice = std::move(*advice);
-  return plan;
+  return Status::ok();
 }
 
 }  // namespace strata

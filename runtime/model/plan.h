@@ -277,8 +277,11 @@ struct Plan {
 Result<Plan> make_plan(const PlanRequest& request);
 
 // The plan of request.gpus alone, without the comparison with ZeRO-Infinity and without
-// advice: what the advice re-plans each knob with.
+// advice: what the advice re-plans each knob with. make_plan = make_gpu_plans, then
+// compare_with_zero_infinity, then plan_advice (plan_advice.h).
 Result<Plan> make_gpu_plans(const PlanRequest& request);
+// Fills plan.strata_nvme, plan.zero_infinity and plan.like_for_like for the headline GPU.
+Status compare_with_zero_infinity(Plan& plan);
 
 inline constexpr const char* kPriceTierNames[3] = {"low", "typical", "high"};
 

@@ -40,11 +40,12 @@ Plan must_plan(const PlanRequest& r) {
   return p.is_ok() ? *p : Plan{};
 }
 
-// The whole plan, with the comparison and the advice.
+// The GPU plans and the comparison with ZeRO-Infinity (no advice).
 Plan must_compare(const PlanRequest& r) {
-  Result<Plan> p = make_plan(r);
-  EXPECT_TRUE(p.is_ok()) << p.status().message();
-  return p.is_ok() ? *p : Plan{};
+  Plan p = must_plan(r);
+  const Status compared = compare_with_zero_infinity(p);
+  EXPECT_TRUE(compared.is_ok()) << compared.message();
+  return p;
 }
 
 double gib(uint64_t bytes) {
