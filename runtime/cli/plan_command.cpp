@@ -18,6 +18,8 @@ namespace {
 
 struct PlanOptions {
   std::string model;
+  double scale = 1.0;  // the model narrowed as `strata bench finetune --scale` does
+  int layers = -1;     // and cut to this many layers (-1: all)
   std::string method = "full";
   uint32_t lora_rank = 16;
   std::string lora_targets = "all-linear";
@@ -29,7 +31,15 @@ struct PlanOptions {
   std::vector<std::string> gpus;
   std::string host_ram;
   std::string nvme = "1:gen4";
+  std::string nvme_drive;
+  std::optional<double> nvme_tbw;
   std::string offload;
+  std::string attention = "flash";
+  std::optional<double> tokens;
+  std::optional<double> epochs;
+  std::optional<double> dataset_tokens;
+  double host_headroom = 0.10;
+  std::string host_reserve = "8G";
   double mfu = 0.4;
   double adam_gparams = 2.0;
   double pcie_efficiency = 0;
@@ -63,6 +73,11 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
   Result<ModelConfig> model = load_model(o.model);
   if (!model) return std::move(model).take_status();
   r.model = *model;
+  if (o.scale != 1.0 || o.layers != -1) {
+    // The shapes `strata bench finetune` runs, so that a plan can be checked against a run.
+    STRATA_TRY(check_scale_options(o.scale, o.layers));
+    r.model = scale_model(r.model, o.scale, o.layers);
+  }
   Result<FinetuneMethod> method = parse_method(o.method);
   if (!method) return std::move(method).take_status();
   r.method = *method;
@@ -94,6 +109,29 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
   Result<NvmeArray> nvme = parse_nvme(o.nvme);
   if (!nvme) return std::move(nvme).take_status();
   r.nvme = *nvme;
+  if (!o.nvme_drive.empty()) {
+    Result<NvmeDrive> drive = find_nvme_drive(o.nvme_drive);
+    if (!drive) return std::move(drive).take_status();
+    r.nvme_drive = *drive;
+  }
+  if (o.nvme_tbw) {
+    if (!(*o.nvme_tbw > 0)) return invalid_argument("--nvme-tbw must be positive (TB per drive)");
+    if (r.nvme_drive.name.empty()) r.nvme_drive = {"custom", 0, 0, 0};
+    r.nvme_drive.tbw_tb = *o.nvme_tbw;
+  }
+  Result<Attention> attention = parse_attention(o.attention);
+  if (!attention) return std::move(attention).take_status();
+  r.attention = *attention;
+  Result<std::optional<double>> tokens = job_tokens(o.tokens, o.epochs, o.dataset_tokens);
+  if (!tokens) return std::move(tokens).take_status();
+  r.job_tokens = *tokens;
+  r.assume.host_headroom.fraction = o.host_headroom;
+  std::optional<uint64_t> reserve = parse_bytes(o.host_reserve);
+  if (!reserve) {
+    return invalid_argument("--host-reserve \"" + o.host_reserve +
+                            "\" is not a byte size such as 8G");
+  }
+  r.assume.host_headroom.reserve_bytes = *reserve;
   if (!o.offload.empty()) {
     Result<Offload> offload = parse_offload(o.offload);
     if (!offload) return std::move(offload).take_status();
@@ -106,6 +144,117 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
   return r;
 }
 
+std::string gpu_label(const GpuChoice& c) {
+  return c.gpu.name + (c.count > 1 || c.auto_count ? ":" + std::to_string(c.count) : "");
+}
+
+std::string percent(double fraction) {
+  return bench::fixed(fraction * 100, fraction < 0.1 ? 2 : 1) + "%";
+}
+
+void print_host(const Plan& plan, const GpuPlan& p) {
+  const PlanRequest& r = plan.request;
+  const HostHeadroom& headroom = r.assume.host_headroom;
+  const std::string margin = "+" + bench::fixed(headroom.fraction * 100, 0) + "% + " +
+                             format_bytes(headroom.reserve_bytes) + " for OS, framework, loader";
+  std::printf("  host RAM       job %s, recommended %s (%s)\n",
+              format_bytes(p.host.job_bytes).c_str(),
+              format_bytes(p.host.recommended_bytes).c_str(), margin.c_str());
+  if (r.host_ram_bytes) {
+    std::printf("                 %s given: %s\n", format_bytes(*r.host_ram_bytes).c_str(),
+                p.fits_host ? "fits within the recommended figure" : "too little");
+  } else if (p.offload == Offload::kNvme) {
+    std::printf(
+        "                 no --host-ram given: assumed the least NVMe offload runs in (pinned pool "
+        "%s)\n",
+        format_bytes(p.stages.pinned_budget_bytes).c_str());
+  }
+  if (p.offload != Offload::kNone) {
+    std::printf("  full speed     %s of states in RAM, nothing on NVMe: recommended %s\n",
+                format_bytes(p.host.full_speed_bytes).c_str(),
+                format_bytes(p.host.full_speed_recommended_bytes).c_str());
+  }
+  if (p.more_ram) {
+    const RamUpgrade& m = *p.more_ram;
+    std::printf("  with %s RAM: cpu offload, %s, %s tokens/s (x%s), %s/Mtok typical (now %s)\n",
+                format_bytes(m.host_ram_bytes).c_str(), human_seconds(m.step_seconds).c_str(),
+                bench::fixed(m.tokens_per_s, 0).c_str(),
+                bench::fixed(m.tokens_per_s / p.tokens_per_s, 1).c_str(),
+                money(m.usd_per_mtok[1]).c_str(), money(p.usd_per_mtok[1]).c_str());
+  }
+}
+
+void print_wear(const Plan& plan, const GpuPlan& p) {
+  if (p.offload != Offload::kNvme) return;
+  const PlanRequest& r = plan.request;
+  const NvmeWear& w = p.nvme_wear;
+  std::printf("  SSD wear       %s TB written per step; %u x %s (%s TBW each) rated for %s steps\n",
+              bench::fixed(static_cast<double>(w.write_bytes_per_step) / 1e12, 3).c_str(),
+              std::max<uint32_t>(r.nvme.drives, 1), r.nvme_drive.name.c_str(),
+              bench::fixed(r.nvme_drive.tbw_tb, 0).c_str(),
+              bench::fixed(w.steps_to_endurance, 0).c_str());
+  if (w.job_share) {
+    std::printf("                 job: %s TB, %s of the rated endurance%s\n",
+                bench::fixed(*w.job_write_bytes / 1e12, 1).c_str(), percent(*w.job_share).c_str(),
+                w.warn ? ("  -- WARNING: above " + percent(r.assume.nvme_wear_warn_fraction) +
+                          "; more RAM or higher-endurance drives (--nvme-drive, --nvme-tbw)")
+                             .c_str()
+                       : "");
+  }
+}
+
+void print_comparison(const Plan& plan, const GpuPlan& p) {
+  const PlanRequest& r = plan.request;
+  const OffloadComparison& c = plan.like_for_like;
+  const OffloadEstimate& zi = c.zero_infinity;
+  std::printf(
+      "\nNVMe offload of this job on %s, Strata vs ZeRO-Infinity (simulated step, "
+      "docs/planner.md):\n",
+      p.choice.gpu.name.c_str());
+  std::vector<std::string> header = {"", "Strata least RAM", "Strata equal RAM"};
+  if (r.host_ram_bytes) header.push_back("Strata given RAM");
+  header.push_back("ZeRO-Infinity");
+  bench::Table versus(header);
+  auto row = [&](const std::string& name, auto cell) {
+    std::vector<std::string> cells = {name, cell(c.strata_least), cell(c.strata_equal_ram)};
+    if (r.host_ram_bytes) cells.push_back(cell(plan.strata_nvme));
+    cells.push_back(cell(zi));
+    versus.add_row(cells);
+  };
+  row("peak host RAM", [](const OffloadEstimate& e) { return format_bytes(e.host_bytes); });
+  row("pinned budget",
+      [](const OffloadEstimate& e) { return format_bytes(e.pinned_budget_bytes); });
+  row("step time", [](const OffloadEstimate& e) { return human_seconds(e.step_seconds); });
+  row("GPU stalled", [](const OffloadEstimate& e) { return human_seconds(e.stall_seconds); });
+  row("NVMe read / step", [](const OffloadEstimate& e) { return format_bytes(e.nvme_read_bytes); });
+  row("NVMe written / step",
+      [](const OffloadEstimate& e) { return format_bytes(e.nvme_write_bytes); });
+  row("bound by", [](const OffloadEstimate& e) { return e.bottleneck; });
+  if (r.host_ram_bytes) {
+    const uint64_t ram = *r.host_ram_bytes;
+    row("fits " + format_bytes(ram) + " RAM", [&](const OffloadEstimate& e) {
+      return recommended_host_bytes(e.host_bytes, r.assume.host_headroom) <= ram ? "yes" : "no";
+    });
+  }
+  std::fputs(versus.render().c_str(), stdout);
+  auto ratio = [](double a, double b) { return b > 0 ? bench::fixed(a / b, 2) : std::string("-"); };
+  std::printf(
+      "Each side's least RAM: host %s, step %s. Equal RAM (Strata given ZeRO-Infinity's %s): step "
+      "%s.\n",
+      ratio(static_cast<double>(c.strata_least.host_bytes), static_cast<double>(zi.host_bytes))
+          .c_str(),
+      ratio(c.strata_least.step_seconds, zi.step_seconds).c_str(),
+      format_bytes(zi.host_bytes).c_str(),
+      ratio(c.strata_equal_ram.step_seconds, zi.step_seconds).c_str());
+  if (c.deepspeed_estimate) {
+    std::printf(
+        "DeepSpeed's own estimate_zero3_model_states_mem_needs (offload_param + offload_optimizer "
+        "to CPU, zero_init): CPU %s, GPU %s per GPU.\n",
+        format_bytes(c.deepspeed_estimate->cpu_bytes).c_str(),
+        format_bytes(c.deepspeed_estimate->gpu_bytes).c_str());
+  }
+}
+
 void print_text(const Plan& plan) {
   const PlanRequest& r = plan.request;
   const ModelStates& s = plan.states;
@@ -113,20 +262,27 @@ void print_text(const Plan& plan) {
   if (r.method != FinetuneMethod::kFull) {
     method += " (rank " + std::to_string(r.lora_rank) + ", " + to_string(r.lora_targets) + ")";
   }
-  std::printf("strata plan: %s, %s, %s, seq %llu x batch %llu x accum %llu, %s checkpointing\n\n",
-              r.model.name.c_str(), method.c_str(), to_string(r.precision),
-              static_cast<unsigned long long>(r.seq_len),
-              static_cast<unsigned long long>(r.micro_batch),
-              static_cast<unsigned long long>(r.grad_accum), to_string(r.checkpointing));
+  std::printf(
+      "strata plan: %s, %s, %s, seq %llu x batch %llu x accum %llu, %s checkpointing, %s "
+      "attention\n\n",
+      r.model.name.c_str(), method.c_str(), to_string(r.precision),
+      static_cast<unsigned long long>(r.seq_len), static_cast<unsigned long long>(r.micro_batch),
+      static_cast<unsigned long long>(r.grad_accum), to_string(r.checkpointing),
+      to_string(r.attention));
   std::printf("  parameters     %s (trainable %s)\n", grouped(s.params).c_str(),
               grouped(s.trainable_params).c_str());
   std::printf("  model states   %s (%s B/param)\n", format_bytes(s.model_state_bytes).c_str(),
               bench::fixed(static_cast<double>(s.model_state_bytes) / s.params, 2).c_str());
+  std::printf(
+      "  attention      %s GFLOP per token (12 x L x heads x head_dim x s%s)\n",
+      bench::fixed(attention_flops_per_token(r.model, r.seq_len, r.checkpointing) / 1e9, 2).c_str(),
+      r.checkpointing == Checkpointing::kFull ? ", + 4 x ... recomputed" : "");
 
   const GpuPlan& p = plan.gpus[plan.primary];
   const GpuMemory& m = p.memory;
-  std::printf("\nOn %s x%u: offload %s%s%s\n", p.choice.gpu.name.c_str(), p.choice.count,
-              to_string(p.offload), p.params_resident ? "" : ", weights streamed per layer",
+  std::printf("\nOn %s x%u%s: offload %s%s%s\n", p.choice.gpu.name.c_str(), p.choice.count,
+              p.choice.auto_count ? " (smallest count that fits)" : "", to_string(p.offload),
+              p.params_resident ? "" : ", weights streamed per layer",
               p.fits() ? "" : ("  -- DOES NOT FIT: " + p.why_not).c_str());
   std::printf(
       "  GPU memory     %s of %s per GPU: weights %s, grads %s, optimizer %s,\n"
@@ -136,8 +292,7 @@ void print_text(const Plan& plan) {
       format_bytes(m.optimizer).c_str(), format_bytes(m.activations).c_str(),
       format_bytes(m.logits).c_str(), format_bytes(m.buffers).c_str(),
       format_bytes(m.cuda_context).c_str());
-  std::printf("  host RAM       %s%s\n", format_bytes(p.host_bytes).c_str(),
-              r.host_ram_bytes ? (" of " + format_bytes(*r.host_ram_bytes)).c_str() : "");
+  print_host(plan, p);
   std::printf("  NVMe           %s (%s: %s / %s GB/s)\n", format_bytes(p.nvme_bytes).c_str(),
               r.nvme.label.c_str(), bench::fixed(r.nvme.read_gbps, 1).c_str(),
               bench::fixed(r.nvme.write_gbps, 1).c_str());
@@ -153,60 +308,75 @@ void print_text(const Plan& plan) {
     std::printf(", GPU stalled %s", human_seconds(st.stall_seconds).c_str());
   }
   std::printf("\n");
-
-  const OffloadEstimate& sn = plan.strata_nvme;
-  const OffloadEstimate& zi = plan.zero_infinity;
-  std::printf(
-      "\nNVMe offload of this job on %s, Strata vs ZeRO-Infinity (simulated step, "
-      "docs/planner.md):\n",
-      p.choice.gpu.name.c_str());
-  bench::Table versus({"", "Strata", "ZeRO-Infinity", "ratio"});
-  auto ratio = [](double a, double b) { return b > 0 ? bench::fixed(a / b, 2) : std::string("-"); };
-  versus.add_row({"peak host RAM", format_bytes(sn.host_bytes), format_bytes(zi.host_bytes),
-                  ratio(static_cast<double>(sn.host_bytes), static_cast<double>(zi.host_bytes))});
-  versus.add_row({"pinned budget", format_bytes(sn.pinned_budget_bytes),
-                  format_bytes(zi.pinned_budget_bytes), ""});
-  versus.add_row({"step time", human_seconds(sn.step_seconds), human_seconds(zi.step_seconds),
-                  ratio(sn.step_seconds, zi.step_seconds)});
-  versus.add_row(
-      {"GPU stalled", human_seconds(sn.stall_seconds), human_seconds(zi.stall_seconds), ""});
-  versus.add_row(
-      {"NVMe read / step", format_bytes(sn.nvme_read_bytes), format_bytes(zi.nvme_read_bytes), ""});
-  versus.add_row({"NVMe written / step", format_bytes(sn.nvme_write_bytes),
-                  format_bytes(zi.nvme_write_bytes), ""});
-  versus.add_row({"bound by", sn.bottleneck, zi.bottleneck, ""});
-  if (r.host_ram_bytes) {
-    versus.add_row({"fits " + format_bytes(*r.host_ram_bytes) + " RAM",
-                    sn.host_bytes <= *r.host_ram_bytes ? "yes" : "no",
-                    zi.host_bytes <= *r.host_ram_bytes ? "yes" : "no", ""});
+  print_wear(plan, p);
+  if (r.job_tokens) {
+    if (p.job_cost) {
+      const JobCost& j = *p.job_cost;
+      std::printf(
+          "  job            %s tokens = %s steps: %s h, %s / %s / %s (low / typical / high)\n",
+          grouped(static_cast<uint64_t>(j.tokens)).c_str(), grouped(j.steps).c_str(),
+          bench::fixed(j.hours, 1).c_str(), money(j.usd[0]).c_str(), money(j.usd[1]).c_str(),
+          money(j.usd[2]).c_str());
+    } else {
+      std::printf("  job            not priced: it does not fit\n");
+    }
   }
-  std::fputs(versus.render().c_str(), stdout);
+  for (size_t k = 0; k < plan.advice.size(); ++k) {
+    const Advice& a = plan.advice[k];
+    std::printf("  %s %s: %s tokens/s (x%s), %s/Mtok typical; %s\n",
+                k == 0 ? "advice        " : "              ", a.knob.c_str(),
+                bench::fixed(a.tokens_per_s, 0).c_str(), bench::fixed(a.speedup, 2).c_str(),
+                money(a.usd_per_mtok_typical).c_str(), a.reason.c_str());
+  }
 
-  std::printf("\nEvery GPU (prices: USD per GPU-hour, low / typical / high):\n");
-  bench::Table table({"gpu", "fits", "offload", "GPU mem", "host", "step", "tok/s", "h/Mtok",
-                      "$/Mtok low", "typical", "high"});
+  print_comparison(plan, p);
+
+  std::printf(
+      "\nEvery GPU (prices: USD per GPU-hour, low / typical / high; rows that do not fit "
+      "are not priced):\n");
+  std::vector<std::string> header = {"gpu",   "fits",   "offload",    "GPU mem", "host", "step",
+                                     "tok/s", "h/Mtok", "$/Mtok low", "typical", "high"};
+  if (r.job_tokens) {
+    header.insert(header.end(), {"job h", "job $ low", "typical", "high"});
+  }
+  bench::Table table(header);
+  std::vector<std::string> why_not;
   for (const GpuPlan& g : plan.gpus) {
-    const std::string name =
-        g.choice.gpu.name + (g.choice.count > 1 ? ":" + std::to_string(g.choice.count) : "");
-    table.add_row({name, g.fits() ? "yes" : "no", to_string(g.offload),
-                   format_bytes(g.memory.total()), format_bytes(g.host_bytes),
-                   human_seconds(g.step_seconds), bench::fixed(g.tokens_per_s, 0),
-                   bench::fixed(g.hours_per_mtok, 2), money(g.usd_per_mtok[0]),
-                   money(g.usd_per_mtok[1]), money(g.usd_per_mtok[2])});
+    std::vector<std::string> row = {gpu_label(g.choice), g.fits() ? "yes" : "no",
+                                    to_string(g.offload), format_bytes(g.memory.total()),
+                                    format_bytes(g.host.recommended_bytes)};
+    if (g.fits()) {
+      row.insert(row.end(), {human_seconds(g.step_seconds), bench::fixed(g.tokens_per_s, 0),
+                             bench::fixed(g.hours_per_mtok, 2), money(g.usd_per_mtok[0]),
+                             money(g.usd_per_mtok[1]), money(g.usd_per_mtok[2])});
+      if (g.job_cost) {
+        row.insert(row.end(), {bench::fixed(g.job_cost->hours, 1), money(g.job_cost->usd[0]),
+                               money(g.job_cost->usd[1]), money(g.job_cost->usd[2])});
+      }
+    } else {
+      row.resize(header.size(), "-");
+      why_not.push_back(gpu_label(g.choice) + ": " + g.why_not);
+    }
+    table.add_row(row);
   }
   std::fputs(table.render().c_str(), stdout);
+  for (const std::string& line : why_not) std::printf("  does not fit: %s\n", line.c_str());
   std::printf("\nCheapest that fits:");
   for (int tier = 0; tier < 3; ++tier) {
     const CheapestOption& c = plan.cheapest[tier];
-    std::printf("%s %s %s", tier ? ";" : "", kPriceTierNames[tier],
-                c.found ? (c.gpu + (c.count > 1 ? ":" + std::to_string(c.count) : "") + " " +
-                           money(c.usd_per_mtok) + "/Mtok")
-                              .c_str()
-                        : "none");
+    std::string text = "none";
+    if (c.found) {
+      text = c.gpu + (c.count > 1 ? ":" + std::to_string(c.count) : "") + " " +
+             money(c.usd_per_mtok) + "/Mtok";
+      if (c.job_usd) text += " (job " + money(*c.job_usd) + ")";
+    }
+    std::printf("%s %s %s", tier ? ";" : "", kPriceTierNames[tier], text.c_str());
   }
   std::printf(
       "\nAssumed: MFU %s, CPU Adam %s Gparam/s, PCIe %s, NVMe %s. Host RAM and step time of\n"
-      "NVMe offload come from a simulated step of the scheduler (sched::simulate).\n",
+      "NVMe offload come from a simulated step of the scheduler (sched::simulate). \"host\" is "
+      "the\n"
+      "recommended RAM (job + headroom).\n",
       bench::fixed(r.assume.mfu, 2).c_str(),
       bench::fixed(r.assume.adam_params_per_s / 1e9, 1).c_str(),
       r.assume.pcie_efficiency > 0
@@ -231,6 +401,10 @@ int run_plan(const PlanOptions& options) {
   } else {
     print_text(*plan);
   }
+  if (!plan->any_fits()) {
+    std::fprintf(stderr, "strata plan: the job fits none of the GPUs planned\n");
+    return 3;
+  }
   return 0;
 }
 
@@ -242,6 +416,11 @@ void add_plan_command(CLI::App& app) {
       "plan", "Memory, host RAM, NVMe, step time and cost of a fine-tuning job on each GPU");
   cmd->add_option("--model", options->model, "Preset name (e.g. llama-2-70b) or HF config.json")
       ->required();
+  cmd->add_option("--scale", options->scale,
+                  "Narrow the model by this factor, as strata bench finetune --scale does")
+      ->capture_default_str();
+  cmd->add_option("--layers", options->layers, "Keep this many layers (-1: all)")
+      ->capture_default_str();
   cmd->add_option("--method", options->method, "full | lora | qlora")->capture_default_str();
   cmd->add_option("--lora-rank", options->lora_rank, "LoRA rank r")->capture_default_str();
   cmd->add_option("--lora-targets", options->lora_targets,
@@ -255,8 +434,26 @@ void add_plan_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--checkpointing", options->checkpointing, "none | selective | full")
       ->capture_default_str();
-  cmd->add_option("--gpu", options->gpus, "GPU preset NAME[:COUNT]; repeatable (default: all)");
+  cmd->add_option("--gpu", options->gpus,
+                  "GPU preset NAME[:COUNT|:auto]; repeatable (default: all); auto: the smallest "
+                  "count that fits");
   cmd->add_option("--host-ram", options->host_ram, "Host RAM available, e.g. 256G");
+  cmd->add_option("--host-headroom", options->host_headroom,
+                  "RAM kept free beside the job, as a fraction of the job's host bytes")
+      ->capture_default_str();
+  cmd->add_option("--host-reserve", options->host_reserve,
+                  "RAM kept free for the OS, framework and data loader")
+      ->capture_default_str();
+  cmd->add_option("--attention", options->attention,
+                  "flash (scores never stored) | eager (scores stored unless recomputed)")
+      ->capture_default_str();
+  cmd->add_option("--tokens", options->tokens, "Training tokens of the whole job");
+  cmd->add_option("--epochs", options->epochs,
+                  "Epochs over --dataset-tokens (instead of --tokens)");
+  cmd->add_option("--dataset-tokens", options->dataset_tokens, "Tokens in one epoch");
+  cmd->add_option("--nvme-drive", options->nvme_drive,
+                  "Drive model for SSD wear (default: the generation's preset drive)");
+  cmd->add_option("--nvme-tbw", options->nvme_tbw, "Rated endurance per drive, TB written");
   cmd->add_option("--nvme", options->nvme, "COUNT:gen4|gen5 or READ_GBPS/WRITE_GBPS")
       ->capture_default_str();
   cmd->add_option("--offload", options->offload,

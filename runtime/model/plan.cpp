@@ -11,6 +11,7 @@
 
 #include "common/units.h"
 #include "model/inventory.h"
+#include "model/plan_advice.h"
 
 namespace strata {
 namespace {
@@ -142,6 +143,17 @@ const char* to_string(Offload offload) {
   return "?";
 }
 
+const char* to_string(Attention attention) {
+  return attention == Attention::kFlash ? "flash" : "eager";
+}
+
+Result<Attention> parse_attention(std::string_view text) {
+  const std::string s = lower(text);
+  if (s == "flash") return Attention::kFlash;
+  if (s == "eager") return Attention::kEager;
+  return invalid_argument("unknown attention \"" + std::string(text) + "\"; use flash or eager");
+}
+
 Result<FinetuneMethod> parse_method(std::string_view text) {
   const std::string s = lower(text);
   if (s == "full") return FinetuneMethod::kFull;
@@ -237,6 +249,7 @@ Result<NvmeArray> parse_nvme(std::string_view text) {
     a.read_gbps = preset->read_gbps * *drives;
     a.write_gbps = preset->write_gbps * *drives;
     a.label = std::to_string(*drives) + " x " + preset->name;
+    a.generation = preset->name.substr(0, preset->name.find('-'));
     return a;
   }
   if (size_t slash = s.find('/'); slash != std::string::npos) {
@@ -262,11 +275,17 @@ Result<GpuChoice> parse_gpu_choice(std::string_view text) {
   std::string_view name = text;
   if (size_t colon = text.find(':'); colon != std::string_view::npos) {
     name = text.substr(0, colon);
-    const auto count = parse_count(text.substr(colon + 1));
-    if (!count || *count == 0 || *count > 64) {
-      return invalid_argument("GPU count in \"" + std::string(text) + "\" must be 1..64");
+    const std::string_view count_text = text.substr(colon + 1);
+    if (lower(count_text) == "auto") {
+      choice.auto_count = true;
+    } else {
+      const auto count = parse_count(count_text);
+      if (!count || *count == 0 || *count > kMaxGpusPerNode) {
+        return invalid_argument("GPU count in \"" + std::string(text) + "\" must be 1.." +
+                                std::to_string(kMaxGpusPerNode) + " or auto");
+      }
+      choice.count = *count;
     }
-    choice.count = *count;
   }
   Result<GpuPreset> gpu = find_gpu(name);
   if (!gpu) return std::move(gpu).take_status();
@@ -302,6 +321,19 @@ Status validate(const PlanRequest& r) {
     return invalid_argument("PCIe efficiency must be in [0, 1] (0: measured preset rate)");
   }
   if (!(a.host_scan_gbps > 0)) return invalid_argument("host scan rate must be positive");
+  if (!(a.host_headroom.fraction >= 0 && a.host_headroom.fraction <= 10)) {
+    return invalid_argument("host headroom must be a fraction between 0 and 10");
+  }
+  if (!(a.nvme_wear_warn_fraction > 0)) {
+    return invalid_argument("NVMe wear warning threshold must be positive");
+  }
+  if (!r.nvme_drive.name.empty() &&
+      !(r.nvme_drive.tbw_tb > 0 && std::isfinite(r.nvme_drive.tbw_tb))) {
+    return invalid_argument("NVMe drive endurance (TBW) must be positive");
+  }
+  if (r.job_tokens && !(*r.job_tokens > 0 && std::isfinite(*r.job_tokens))) {
+    return invalid_argument("job tokens must be positive");
+  }
   if (!(r.nvme.read_gbps > 0 && r.nvme.write_gbps > 0)) {
     return invalid_argument("NVMe read and write rates must be positive");
   }
@@ -309,7 +341,9 @@ Status validate(const PlanRequest& r) {
     return invalid_argument("host RAM must be positive");
   }
   for (const GpuChoice& g : r.gpus) {
-    if (g.count == 0 || g.count > 64) return invalid_argument("GPU count must be 1..64");
+    if (g.count == 0 || g.count > kMaxGpusPerNode) {
+      return invalid_argument("GPU count must be 1.." + std::to_string(kMaxGpusPerNode));
+    }
   }
   return Status::ok();
 }
@@ -368,20 +402,30 @@ uint64_t activation_bytes_per_layer(const ModelConfig& m, uint64_t seq, uint64_t
 }
 
 uint64_t activation_bytes(const ModelConfig& m, uint64_t seq, uint64_t batch,
-                          Checkpointing checkpointing, DType precision) {
+                          Checkpointing checkpointing, DType precision, Attention attention) {
   const uint64_t layers = m.num_hidden_layers;
+  // FlashAttention keeps only the softmax statistics (s per head, in the 11sbh term's order) and
+  // recomputes the scores in backward: the 5as^2b term never exists, checkpointed or not.
+  const bool eager = attention == Attention::kEager;
   switch (checkpointing) {
     case Checkpointing::kNone:
-      return layers * activation_bytes_per_layer(m, seq, batch, precision, true);
+      return layers * activation_bytes_per_layer(m, seq, batch, precision, eager);
     case Checkpointing::kSelective:
       return layers * activation_bytes_per_layer(m, seq, batch, precision, false);
     case Checkpointing::kFull: {
       // Each layer's input stays; during backward one layer at a time is recomputed in full.
       const uint64_t input = seq * batch * m.hidden_size * bytes_of(precision);
-      return layers * input + activation_bytes_per_layer(m, seq, batch, precision, true);
+      return layers * input + activation_bytes_per_layer(m, seq, batch, precision, eager);
     }
   }
   return 0;
+}
+
+double attention_flops_per_token(const ModelConfig& m, uint64_t seq, Checkpointing checkpointing) {
+  // Per layer and token: QK^T and AV are 2 * s * (heads * head_dim) multiply-adds each in
+  // forward, 4 * s * q_dim FLOPs; backward twice that. Recomputation repeats the forward.
+  const double forward = 4.0 * m.num_hidden_layers * static_cast<double>(m.q_dim()) * seq;
+  return (checkpointing == Checkpointing::kFull ? 4.0 : 3.0) * forward;
 }
 
 uint64_t logits_bytes(const ModelConfig& m, uint64_t seq, uint64_t batch, DType precision) {
@@ -507,12 +551,18 @@ Rates rates_for(const PlanRequest& r, const ModelStates& s, const GpuChoice& g) 
     flops_per_token = 4 * pmm + 6 * adapters;
   }
   if (r.checkpointing == Checkpointing::kFull) flops_per_token += 2 * pmm;  // forward again
+  // Scores and context: no weights, so LoRA and full fine-tuning alike run them forward and
+  // backward (the input gradients).
+  const double attention = attention_flops_per_token(m, r.seq_len, r.checkpointing);
+  const double attention_forward =
+      attention_flops_per_token(m, r.seq_len, Checkpointing::kNone) / 3;
+  flops_per_token += attention;
   const double peak_tflops =
       r.precision == DType::kFloat32 ? g.gpu.tf32_dense_tflops : g.gpu.bf16_dense_tflops;
   Rates rates;
   rates.compute_seconds = flops_per_token * tokens / (peak_tflops * 1e12 * r.assume.mfu);
   // The recomputed forward belongs to the backward pass (it runs there).
-  rates.forward_fraction = (2 * pmm + 2 * adapters) / flops_per_token;
+  rates.forward_fraction = (2 * pmm + 2 * adapters + attention_forward) / flops_per_token;
   if (r.method == FinetuneMethod::kQLora) {
     // Dequantizing the 4-bit weights before each use is memory-bound: read NF4, write bf16.
     const double passes = (r.checkpointing == Checkpointing::kFull ? 3.0 : 2.0) * r.grad_accum;
@@ -582,7 +632,10 @@ OffloadJob offload_job(const PlanRequest& r, const ModelStates& s, const GpuChoi
   job.adam_params_per_s = r.assume.adam_params_per_s;
   job.host_scan_gbps = r.assume.host_scan_gbps;
   job.device_budget_bytes = offload_device_budget(mem, r, s, params_resident);
-  job.host_budget_bytes = r.host_ram_bytes;
+  // The pinned pool gets what the headroom leaves of the RAM given (plan_headroom.h).
+  if (r.host_ram_bytes) {
+    job.host_budget_bytes = usable_host_bytes(*r.host_ram_bytes, r.assume.host_headroom);
+  }
   return job;
 }
 
@@ -592,7 +645,8 @@ GpuMemory gpu_memory(const PlanRequest& r, const ModelStates& s, const GpuChoice
   const uint64_t b = bytes_of(r.precision);
   const bool full = r.method == FinetuneMethod::kFull;
   GpuMemory mem;
-  mem.activations = activation_bytes(m, r.seq_len, r.micro_batch, r.checkpointing, r.precision);
+  mem.activations =
+      activation_bytes(m, r.seq_len, r.micro_batch, r.checkpointing, r.precision, r.attention);
   mem.logits = logits_bytes(m, r.seq_len, r.micro_batch, r.precision);
   mem.cuda_context = r.assume.cuda_context_bytes;
 
@@ -687,14 +741,61 @@ void finish_plan(const PlanRequest& r, GpuPlan& plan) {
     plan.why_not =
         "GPU needs " + format_gib(plan.memory.total()) + " of " + format_gib(g.gpu.memory_bytes());
   }
+  const HostHeadroom& headroom = r.assume.host_headroom;
+  plan.host.job_bytes = plan.host_bytes;
+  plan.host.recommended_bytes = recommended_host_bytes(plan.host_bytes, headroom);
   plan.fits_host = true;
   if (r.host_ram_bytes) {
-    plan.fits_host = plan.host_bytes <= *r.host_ram_bytes;
+    // Only within the recommended figure: the job cannot have the OS's and framework's RAM.
+    plan.fits_host = plan.host.recommended_bytes <= *r.host_ram_bytes;
     if (!plan.fits_host) {
       plan.why_not += std::string(plan.why_not.empty() ? "" : "; ") + "host needs " +
-                      format_gib(plan.host_bytes) + " of " + format_gib(*r.host_ram_bytes);
+                      format_gib(plan.host.recommended_bytes) + " with headroom (job " +
+                      format_gib(plan.host_bytes) + ") of " + format_gib(*r.host_ram_bytes);
     }
   }
+  plan.job_cost.reset();
+  if (r.job_tokens && plan.fits()) {
+    plan.job_cost = job_cost(*r.job_tokens, plan.tokens_per_step, plan.step_seconds,
+                             g.gpu.price_usd_per_hour, g.count);
+  }
+  plan.nvme_wear = {};
+  if (plan.offload == Offload::kNvme) {
+    std::optional<uint64_t> steps;
+    if (r.job_tokens) {
+      steps = static_cast<uint64_t>(std::ceil(*r.job_tokens / plan.tokens_per_step));
+    }
+    plan.nvme_wear = nvme_wear(plan.stages.nvme_write_bytes, r.nvme.drives, r.nvme_drive, steps,
+                               r.assume.nvme_wear_warn_fraction);
+  }
+}
+
+// The least host RAM for full speed: every state the GPU does not hold in RAM, nothing on NVMe
+// (CPU offload's exact-size copies); none when nothing is offloaded.
+void set_full_speed_host(const PlanRequest& r, const ModelStates& s, GpuPlan& plan) {
+  uint64_t bytes = 0;
+  if (plan.offload == Offload::kCpu) {
+    bytes = plan.host_bytes;
+  } else if (plan.offload == Offload::kNvme) {
+    bytes = plan_with_offload(r, s, plan.choice, Offload::kCpu).stages.host_bytes;
+  }
+  plan.host.full_speed_bytes = bytes;
+  plan.host.full_speed_recommended_bytes = recommended_host_bytes(bytes, r.assume.host_headroom);
+}
+
+// NVMe offload chosen by default (no --offload): what CPU offload, with the RAM it needs, would
+// give instead. Unset when CPU offload does not fit the GPU either.
+std::optional<RamUpgrade> more_ram_option(const PlanRequest& r, const ModelStates& s,
+                                          const GpuPlan& plan) {
+  if (r.offload || plan.offload != Offload::kNvme) return std::nullopt;
+  GpuPlan cpu = plan_with_offload(r, s, plan.choice, Offload::kCpu);
+  if (!cpu.fits_gpu) return std::nullopt;
+  PlanRequest with_ram = r;
+  with_ram.host_ram_bytes = recommended_host_bytes(cpu.stages.host_bytes, r.assume.host_headroom);
+  with_ram.job_tokens.reset();
+  finish_plan(with_ram, cpu);
+  if (!(cpu.tokens_per_s > plan.tokens_per_s)) return std::nullopt;
+  return RamUpgrade{*with_ram.host_ram_bytes, cpu.step_seconds, cpu.tokens_per_s, cpu.usd_per_mtok};
 }
 
 // No offload asked for: the first that fits of none and cpu, else nvme (simulated afterwards).
@@ -711,6 +812,32 @@ GpuPlan choose_offload(const PlanRequest& r, const ModelStates& s, const GpuChoi
     if (cpu.fits()) return cpu;
   }
   return plan_with_offload(r, s, g, Offload::kNvme);
+}
+
+// NAME:auto: the smallest GPU count at which the job fits with --offload, or with nothing
+// offloaded when --offload is not given (NVMe offload fits one GPU almost always, so "fits
+// somehow" would answer 1). NVMe offload's host fit is its least pinned pool with headroom, which
+// does not depend on the count; the step is simulated afterwards like any other.
+GpuPlan choose_count(const PlanRequest& r, const ModelStates& s, GpuChoice g,
+                     uint64_t least_pinned) {
+  const Offload offload = r.offload.value_or(Offload::kNone);
+  GpuPlan last;
+  for (uint32_t n = 1; n <= kMaxGpusPerNode; ++n) {
+    g.count = n;
+    GpuPlan plan = plan_with_offload(r, s, g, offload);
+    bool fits = plan.fits_gpu;
+    if (offload == Offload::kNvme) {
+      fits = fits &&
+             (!r.host_ram_bytes ||
+              recommended_host_bytes(least_pinned, r.assume.host_headroom) <= *r.host_ram_bytes);
+    } else {
+      finish_plan(r, plan);
+      fits = plan.fits();
+    }
+    if (fits) return plan;
+    last = std::move(plan);
+  }
+  return last;
 }
 
 // The NVMe configuration of plan's job (the same job with weights resident if they fit).
@@ -782,8 +909,13 @@ std::vector<Result<OffloadEstimate>> simulate_all(const std::vector<OffloadJob>&
 
 }  // namespace
 
-Result<Plan> make_plan(const PlanRequest& request) {
-  STRATA_TRY(validate(request));
+Result<Plan> make_gpu_plans(const PlanRequest& given) {
+  STRATA_TRY(validate(given));
+  PlanRequest request = given;
+  // No drive named: the one the NVMe generation's preset assumes (Gen4's for measured rates).
+  if (request.nvme_drive.name.empty()) {
+    request.nvme_drive = default_nvme_drive(request.nvme.generation + "-x4");
+  }
   Plan plan;
   plan.request = request;
   plan.states = model_states(request);
@@ -791,11 +923,15 @@ Result<Plan> make_plan(const PlanRequest& request) {
   if (gpus.empty()) {
     for (const GpuPreset& gpu : gpu_presets()) gpus.push_back({gpu, 1});
   }
-  for (const GpuChoice& g : gpus) plan.gpus.push_back(choose_offload(request, plan.states, g));
+  const std::vector<TensorSpec> inventory = offload_inventory(request);
+  const uint64_t least_pinned = strata_min_pinned_bytes(inventory);
+  for (const GpuChoice& g : gpus) {
+    plan.gpus.push_back(g.auto_count ? choose_count(request, plan.states, g, least_pinned)
+                                     : choose_offload(request, plan.states, g));
+  }
 
   // NVMe offload: every GPU that uses it gets its step simulated (the inventory is shared, the
   // device model is the GPU's). Simulations are independent: they run side by side.
-  const std::vector<TensorSpec> inventory = offload_inventory(request);
   std::vector<size_t> nvme;
   std::vector<OffloadJob> jobs;
   for (size_t i = 0; i < plan.gpus.size(); ++i) {
@@ -814,14 +950,27 @@ Result<Plan> make_plan(const PlanRequest& request) {
     }
     plan.gpus[nvme[k]].stages = std::move(*simulated[k]);
   }
-  for (GpuPlan& g : plan.gpus) finish_plan(request, g);
+  for (GpuPlan& g : plan.gpus) {
+    finish_plan(request, g);
+    set_full_speed_host(request, plan.states, g);
+    g.more_ram = more_ram_option(request, plan.states, g);
+    if (g.choice.auto_count && !g.fits()) {
+      g.why_not = "no count 1.." + std::to_string(kMaxGpusPerNode) + " fits; at " +
+                  std::to_string(g.choice.count) + ": " + g.why_not;
+    }
+  }
 
   for (int tier = 0; tier < 3; ++tier) {
     CheapestOption& best = plan.cheapest[tier];
     for (const GpuPlan& g : plan.gpus) {
       if (!g.fits()) continue;
-      if (!best.found || g.usd_per_mtok[tier] < best.usd_per_mtok) {
-        best = {true, g.choice.gpu.name, g.choice.count, g.usd_per_mtok[tier]};
+      // With a job, the job's price decides (whole steps); it orders GPUs as USD/Mtok does up
+      // to the rounding of the last step.
+      const double cost = g.job_cost ? g.job_cost->usd[tier] : g.usd_per_mtok[tier];
+      const double best_cost = best.job_usd ? *best.job_usd : best.usd_per_mtok;
+      if (!best.found || cost < best_cost) {
+        best = {true, g.choice.gpu.name, g.choice.count, g.usd_per_mtok[tier],
+                g.job_cost ? std::optional<double>(g.job_cost->usd[tier]) : std::nullopt};
       }
     }
   }
@@ -831,31 +980,82 @@ Result<Plan> make_plan(const PlanRequest& request) {
       if (plan.gpus[i].choice.gpu.name == plan.cheapest[1].gpu) plan.primary = i;
     }
   }
+  return plan;
+}
 
-  // Strata against ZeRO-Infinity, both on NVMe, for the headline GPU.
+bool Plan::any_fits() const {
+  return std::any_of(gpus.begin(), gpus.end(), [](const GpuPlan& g) { return g.fits(); });
+}
+
+Result<Plan> make_plan(const PlanRequest& request) {
+  Result<Plan> made = make_gpu_plans(request);
+  if (!made) return made;
+  Plan plan = std::move(*made);
+  STRATA_TRY(compare_with_zero_infinity(plan));
+  Result<std::vector<Advice>> advice = plan_advice(plan);
+  if (!advice) return std::move(advice).take_status();
+  plan.advice = std::move(*advice);
+  return plan;
+}
+
+Status compare_with_zero_infinity(Plan& plan) {
+  const PlanRequest& request = plan.request;
+  const std::vector<TensorSpec> inventory = offload_inventory(request);
+
+  // Strata against ZeRO-Infinity, both on NVMe, for the headline GPU: Strata with the RAM
+  // given (unless the plan simulated it already), ZeRO-Infinity, and Strata at its least pool
+  // (ZeRO-Infinity's plan is fixed, so its peak is its least), side by side; then Strata given
+  // exactly ZeRO-Infinity's peak host bytes.
   const GpuPlan& p = plan.gpus[plan.primary];
   OffloadJob job = nvme_job_of(request, plan.states, p);
   job.inventory = inventory;
-  std::vector<OffloadJob> pair = {job, job};
-  std::vector<bool> zero = {false, true};
+  OffloadJob least = job;
+  least.host_budget_bytes.reset();
+  enum Side { kGiven, kZero, kLeast };
+  std::vector<OffloadJob> first;
+  std::vector<bool> zero;
+  std::vector<Side> side;
   if (p.offload == Offload::kNvme) {
     plan.strata_nvme = p.stages;
-    pair.resize(1);
-    zero = {true};
+  } else {
+    first.push_back(job), zero.push_back(false), side.push_back(kGiven);
   }
-  std::vector<Result<OffloadEstimate>> compared = simulate_all(pair, zero);
+  first.push_back(job), zero.push_back(true), side.push_back(kZero);
+  if (job.host_budget_bytes) first.push_back(least), zero.push_back(false), side.push_back(kLeast);
+  std::vector<Result<OffloadEstimate>> compared = simulate_all(first, zero);
+  OffloadComparison& like = plan.like_for_like;
   for (size_t k = 0; k < compared.size(); ++k) {
     if (!compared[k]) {
       return std::move(compared[k])
           .take_status()
           .with_context("comparing with ZeRO-Infinity on " + p.choice.gpu.name);
     }
-    (zero[k] ? plan.zero_infinity : plan.strata_nvme) = std::move(*compared[k]);
+    OffloadEstimate& into = side[k] == kGiven  ? plan.strata_nvme
+                            : side[k] == kZero ? plan.zero_infinity
+                                               : like.strata_least;
+    into = std::move(*compared[k]);
   }
+  if (!job.host_budget_bytes) like.strata_least = plan.strata_nvme;
   if (request.host_ram_bytes) {
-    plan.zero_infinity_fits_host = plan.zero_infinity.host_bytes <= *request.host_ram_bytes;
+    plan.zero_infinity_fits_host =
+        recommended_host_bytes(plan.zero_infinity.host_bytes, request.assume.host_headroom) <=
+        *request.host_ram_bytes;
   }
-  return plan;
+  like.zero_infinity = plan.zero_infinity;
+  OffloadJob equal = job;
+  equal.host_budget_bytes = plan.zero_infinity.host_bytes;
+  Result<OffloadEstimate> at_equal_ram = simulate_all({equal}, {false}).front();
+  if (!at_equal_ram) {
+    return std::move(at_equal_ram)
+        .take_status()
+        .with_context("Strata at equal RAM on " + p.choice.gpu.name);
+  }
+  like.strata_equal_ram = std::move(*at_equal_ram);
+  if (request.method == FinetuneMethod::kFull) {
+    like.deepspeed_estimate = deepspeed_zero3_estimate(
+        plan.states.params, deepspeed_largest_layer_params(request.model), p.choice.count);
+  }
+  return Status::ok();
 }
 
 }  // namespace strata

@@ -16,6 +16,9 @@
 #include "common/status.h"
 #include "model/gpu_presets.h"
 #include "model/model_config.h"
+#include "model/nvme_endurance.h"
+#include "model/plan_headroom.h"
+#include "model/plan_job_cost.h"
 #include "model/plan_offload.h"
 #include "model/tensor_spec.h"
 
@@ -24,14 +27,19 @@ namespace strata {
 enum class FinetuneMethod : uint8_t { kFull, kLora, kQLora };
 enum class Checkpointing : uint8_t { kNone, kSelective, kFull };
 enum class Offload : uint8_t { kNone, kCpu, kNvme };
+// How attention is computed. Flash (FlashAttention-style kernels, the default of current
+// frameworks) never stores the s x s scores, with or without checkpointing; eager stores them.
+enum class Attention : uint8_t { kFlash, kEager };
 
 const char* to_string(FinetuneMethod method);
 const char* to_string(Checkpointing checkpointing);
 const char* to_string(Offload offload);
+const char* to_string(Attention attention);
 Result<FinetuneMethod> parse_method(std::string_view text);        // full | lora | qlora
 Result<Checkpointing> parse_checkpointing(std::string_view text);  // none | selective | full
 Result<Offload> parse_offload(std::string_view text);              // none | cpu | nvme
 Result<DType> parse_precision(std::string_view text);              // bf16 | fp16 | fp32
+Result<Attention> parse_attention(std::string_view text);          // flash | eager
 
 // Which linear layers get LoRA adapters. For MoE experts gate/up/down mean w1/w3/w2.
 struct LoraTargets {
@@ -47,7 +55,8 @@ struct NvmeArray {
   uint32_t drives = 1;
   double read_gbps = 0;
   double write_gbps = 0;
-  std::string label;  // "1 x gen4-x4", "28/11 GB/s"
+  std::string label;       // "1 x gen4-x4", "28/11 GB/s"
+  std::string generation;  // "gen4" / "gen5" for COUNT:genN; empty for measured rates
 };
 // "COUNT:gen4" / "COUNT:gen5" (per-drive rates from the shipped presets, times COUNT), or
 // "READ/WRITE" in GB/s for an array someone measured.
@@ -57,9 +66,11 @@ Result<NvmeArray> parse_nvme(std::string_view text);
 struct GpuChoice {
   GpuPreset gpu;
   uint32_t count = 1;
+  bool auto_count = false;  // "NAME:auto": the plan finds the smallest count that fits
 };
-// "h100-sxm" or "h100-sxm:8".
+// "h100-sxm", "h100-sxm:8" or "h100-sxm:auto".
 Result<GpuChoice> parse_gpu_choice(std::string_view text);
+inline constexpr uint32_t kMaxGpusPerNode = 64;  // the largest count --gpu accepts
 
 // Rates the plan assumes; each is a flag of `strata plan`.
 struct PlanAssumptions {
@@ -68,6 +79,8 @@ struct PlanAssumptions {
   double pcie_efficiency = 0;      // 0: the preset's measured pinned-copy rate; else x link rate
   double host_scan_gbps = 20;      // host single-pass scan (ZeRO-Infinity's overflow check)
   uint64_t cuda_context_bytes = uint64_t{1} << 30;  // context, cuBLAS workspace, fragmentation
+  HostHeadroom host_headroom;             // RAM kept free beside the job's states (plan_headroom.h)
+  double nvme_wear_warn_fraction = 0.10;  // warn when a job spends more of the drives' TBW
 };
 
 struct PlanRequest {
@@ -82,8 +95,11 @@ struct PlanRequest {
   Checkpointing checkpointing = Checkpointing::kFull;
   std::optional<Offload> offload;  // unset: per GPU, the first of none/cpu/nvme that fits
   std::optional<uint64_t> host_ram_bytes;
-  NvmeArray nvme;               // used by nvme offload; default 1 x gen4
-  std::vector<GpuChoice> gpus;  // empty: every shipped preset, one of each
+  NvmeArray nvme;        // used by nvme offload; default 1 x gen4
+  NvmeDrive nvme_drive;  // endurance per drive; no name: the NVMe generation's default drive
+  Attention attention = Attention::kFlash;
+  std::optional<double> job_tokens;  // --tokens, or --epochs x --dataset-tokens
+  std::vector<GpuChoice> gpus;       // empty: every shipped preset, one of each
   PlanAssumptions assume;
 };
 Status validate(const PlanRequest& request);
@@ -109,12 +125,20 @@ uint64_t matmul_parameters_per_token(const ModelConfig& model);
 // Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
 // eq. 2, no tensor parallelism: per layer s*b*h*(34 + 5*a*s/h) bytes with 16-bit activations.
 // Selective recomputation drops the 5*a*s^2*b attention term; full checkpointing keeps only each
-// layer's input (2*s*b*h) plus one layer's activations while it is recomputed. MoE layers
-// store the MLP part (19*s*b*h) once per routed expert. Scaled by bytes/2 for fp32.
+// layer's input (2*s*b*h) plus one layer's activations while it is recomputed. Flash attention
+// never stores the scores (in any mode). MoE layers store the MLP part (19*s*b*h) once per
+// routed expert. Scaled by bytes/2 for fp32.
 uint64_t activation_bytes_per_layer(const ModelConfig& model, uint64_t seq, uint64_t batch,
                                     DType precision, bool keep_attention_scores);
 uint64_t activation_bytes(const ModelConfig& model, uint64_t seq, uint64_t batch,
-                          Checkpointing checkpointing, DType precision);
+                          Checkpointing checkpointing, DType precision, Attention attention);
+
+// Attention's score and context matmuls (QK^T and AV), which the 6N convention leaves out:
+// 12 * L * (heads * head_dim) * s FLOPs per token for forward and backward (PaLM, Chowdhery et
+// al. 2022, appendix B: 6N + 12LHQT), plus the forward's 4 * L * (heads * head_dim) * s again
+// under full checkpointing. Causal masking is not subtracted, as in PaLM's MFU.
+double attention_flops_per_token(const ModelConfig& model, uint64_t seq,
+                                 Checkpointing checkpointing);
 // Logits in the compute dtype, their fp32 copy for the loss, and its fp32 gradient.
 uint64_t logits_bytes(const ModelConfig& model, uint64_t seq, uint64_t batch, DType precision);
 
@@ -163,6 +187,14 @@ struct GpuMemory {
   }
 };
 
+// The CPU-offload plan of a job that NVMe offload was chosen for, and the RAM it needs.
+struct RamUpgrade {
+  uint64_t host_ram_bytes = 0;  // recommended RAM (with headroom) for CPU offload
+  double step_seconds = 0;
+  double tokens_per_s = 0;
+  std::array<double, 3> usd_per_mtok{};  // low, typical, high
+};
+
 struct GpuPlan {
   GpuChoice choice;
   Offload offload = Offload::kNone;
@@ -182,6 +214,17 @@ struct GpuPlan {
   double hours_per_mtok = 0;
   std::array<double, 3> usd_per_mtok{};  // low, typical, high
   OffloadJob job;  // what the offload estimate was computed from (inventory: NVMe only)
+
+  // Host RAM (plan_headroom.h): what this plan's states take, what to have with headroom (the
+  // fit test), and the least RAM for full speed (every state in RAM, nothing on NVMe).
+  HostRam host;
+  // What more RAM would buy when NVMe offload was chosen: the CPU-offload plan, if it fits the
+  // GPU (unset otherwise).
+  std::optional<RamUpgrade> more_ram;
+  // The job (--tokens): optimizer steps, hours and USD per tier; unset without --tokens or when
+  // the plan does not fit (a job that cannot run has no price).
+  std::optional<JobCost> job_cost;
+  NvmeWear nvme_wear;  // NVMe offload only (bytes 0 otherwise)
 };
 
 struct CheapestOption {
@@ -189,6 +232,28 @@ struct CheapestOption {
   std::string gpu;
   uint32_t count = 1;
   double usd_per_mtok = 0;
+  std::optional<double> job_usd;  // with --tokens
+};
+
+// A knob that would make the headline plan cheaper per token when a stage other than compute
+// bounds it, with the plan re-made under it (plan_advice.h).
+struct Advice {
+  std::string knob;    // "--grad-accum 16"
+  std::string reason;  // why it helps
+  double tokens_per_s = 0;
+  double usd_per_mtok_typical = 0;
+  double speedup = 0;  // tokens/s with the knob over tokens/s without
+};
+
+// Strata against ZeRO-Infinity like for like (docs/planner.md, "Strata vs ZeRO-Infinity"): each
+// side at the least host RAM it runs in, and Strata given exactly ZeRO-Infinity's RAM.
+struct OffloadComparison {
+  OffloadEstimate strata_least;      // Strata's pool at strata_min_pinned_bytes
+  OffloadEstimate strata_equal_ram;  // Strata's pool = ZeRO-Infinity's peak host bytes
+  OffloadEstimate zero_infinity;     // DeepSpeed's defaults; its plan does not adapt to RAM
+  // DeepSpeed's own estimate_zero3_model_states_mem_needs for offload_param and
+  // offload_optimizer to the CPU (full fine-tuning only: the estimator trains every parameter).
+  std::optional<Zero3Estimate> deepspeed_estimate;
 };
 
 struct Plan {
@@ -202,11 +267,21 @@ struct Plan {
   OffloadEstimate strata_nvme;
   OffloadEstimate zero_infinity;
   std::optional<bool> zero_infinity_fits_host;  // set when --host-ram was given
+  OffloadComparison like_for_like;
+  std::vector<Advice> advice;  // best first; empty when compute bounds the headline plan
+  bool any_fits() const;
 };
 
 // Plans the job on request.gpus (or every preset). Invalid requests are STRATA_E_INVALID; a
 // simulation that cannot run (a budget that cannot hold one phase) is its error, with the GPU.
 Result<Plan> make_plan(const PlanRequest& request);
+
+// The plan of request.gpus alone, without the comparison with ZeRO-Infinity and without
+// advice: what the advice re-plans each knob with. make_plan = make_gpu_plans, then
+// compare_with_zero_infinity, then plan_advice (plan_advice.h).
+Result<Plan> make_gpu_plans(const PlanRequest& request);
+// Fills plan.strata_nvme, plan.zero_infinity and plan.like_for_like for the headline GPU.
+Status compare_with_zero_infinity(Plan& plan);
 
 inline constexpr const char* kPriceTierNames[3] = {"low", "typical", "high"};
 

@@ -36,9 +36,54 @@ json offload_json(const OffloadEstimate& e) {
   return out;
 }
 
+json tiers_json(const std::array<double, 3>& values) {
+  return {{"low", values[0]}, {"typical", values[1]}, {"high", values[2]}};
+}
+
+json host_json(const HostRam& h) {
+  return {{"job_bytes", h.job_bytes},
+          {"recommended_bytes", h.recommended_bytes},
+          {"full_speed_bytes", h.full_speed_bytes},
+          {"full_speed_recommended_bytes", h.full_speed_recommended_bytes}};
+}
+
+json optional_json(const std::optional<double>& v) {
+  return v ? json(*v) : json(nullptr);
+}
+
+json wear_json(const GpuPlan& g) {
+  if (g.offload != Offload::kNvme) return nullptr;
+  const NvmeWear& w = g.nvme_wear;
+  return {
+      {"tb_written_per_step", static_cast<double>(w.write_bytes_per_step) / 1e12},
+      {"endurance_tb", w.endurance_bytes / 1e12},
+      {"steps_to_rated_endurance", w.steps_to_endurance},
+      {"tb_written_per_job", w.job_write_bytes ? json(*w.job_write_bytes / 1e12) : json(nullptr)},
+      {"endurance_share", optional_json(w.job_share)},
+      {"warning", w.warn}};
+}
+
+json job_json(const std::optional<JobCost>& c) {
+  if (!c) return nullptr;
+  return {
+      {"tokens", c->tokens}, {"steps", c->steps}, {"hours", c->hours}, {"usd", tiers_json(c->usd)}};
+}
+
+json more_ram_json(const std::optional<RamUpgrade>& m) {
+  if (!m) return nullptr;
+  return {{"host_ram_bytes", m->host_ram_bytes},
+          {"offload", "cpu"},
+          {"step_seconds", m->step_seconds},
+          {"tokens_per_s", m->tokens_per_s},
+          {"usd_per_mtok", tiers_json(m->usd_per_mtok)}};
+}
+
 json gpu_json(const GpuPlan& g) {
+  // Rows that do not fit are not priced: a job that cannot run has no cost.
+  const auto price = [&](double usd) { return g.fits() ? json(usd) : json(nullptr); };
   return {{"gpu", g.choice.gpu.name},
           {"count", g.choice.count},
+          {"count_chosen_automatically", g.choice.auto_count},
           {"fits", g.fits()},
           {"fits_gpu", g.fits_gpu},
           {"fits_host", g.fits_host},
@@ -53,9 +98,35 @@ json gpu_json(const GpuPlan& g) {
           {"tokens_per_s", g.tokens_per_s},
           {"bottleneck", g.bottleneck},
           {"hours_per_mtok", g.hours_per_mtok},
-          {"usd_per_mtok_low", g.usd_per_mtok[0]},
-          {"usd_per_mtok_typical", g.usd_per_mtok[1]},
-          {"usd_per_mtok_high", g.usd_per_mtok[2]}};
+          {"usd_per_mtok_low", price(g.usd_per_mtok[0])},
+          {"usd_per_mtok_typical", price(g.usd_per_mtok[1])},
+          {"usd_per_mtok_high", price(g.usd_per_mtok[2])},
+          {"host", host_json(g.host)},
+          {"with_more_ram", more_ram_json(g.more_ram)},
+          {"job", job_json(g.job_cost)},
+          {"nvme_wear", wear_json(g)}};
+}
+
+json like_for_like_json(const Plan& plan) {
+  const OffloadComparison& c = plan.like_for_like;
+  const auto ratio = [](double a, double b) { return b > 0 ? json(a / b) : json(nullptr); };
+  json estimate = nullptr;
+  if (c.deepspeed_estimate) {
+    estimate = {{"function", "estimate_zero3_model_states_mem_needs"},
+                {"offload", "cpu (offload_param and offload_optimizer), zero_init"},
+                {"cpu_bytes", c.deepspeed_estimate->cpu_bytes},
+                {"gpu_bytes_per_gpu", c.deepspeed_estimate->gpu_bytes}};
+  }
+  return {{"strata_least_ram", offload_json(c.strata_least)},
+          {"strata_equal_ram", offload_json(c.strata_equal_ram)},
+          {"zero_infinity", offload_json(c.zero_infinity)},
+          {"host_ratio_each_side_least", ratio(static_cast<double>(c.strata_least.host_bytes),
+                                               static_cast<double>(c.zero_infinity.host_bytes))},
+          {"step_time_ratio_equal_ram",
+           ratio(c.strata_equal_ram.step_seconds, c.zero_infinity.step_seconds)},
+          {"step_time_ratio_each_side_least",
+           ratio(c.strata_least.step_seconds, c.zero_infinity.step_seconds)},
+          {"deepspeed_estimator", estimate}};
 }
 
 }  // namespace
@@ -68,10 +139,21 @@ json plan_to_json(const Plan& plan) {
   json cheapest = json::object();
   for (int tier = 0; tier < 3; ++tier) {
     const CheapestOption& c = plan.cheapest[tier];
-    cheapest[kPriceTierNames[tier]] =
-        c.found ? json{{"gpu", c.gpu}, {"count", c.count}, {"usd_per_mtok", c.usd_per_mtok}}
-                : json(nullptr);
+    cheapest[kPriceTierNames[tier]] = c.found ? json{{"gpu", c.gpu},
+                                                     {"count", c.count},
+                                                     {"usd_per_mtok", c.usd_per_mtok},
+                                                     {"job_usd", optional_json(c.job_usd)}}
+                                              : json(nullptr);
   }
+  json advice = json::array();
+  for (const Advice& a : plan.advice) {
+    advice.push_back({{"knob", a.knob},
+                      {"reason", a.reason},
+                      {"tokens_per_s", a.tokens_per_s},
+                      {"usd_per_mtok_typical", a.usd_per_mtok_typical},
+                      {"speedup", a.speedup}});
+  }
+  const HostHeadroom& headroom = r.assume.host_headroom;
   json zero_infinity = offload_json(plan.zero_infinity);
   zero_infinity["fits_host"] =
       plan.zero_infinity_fits_host ? json(*plan.zero_infinity_fits_host) : json(nullptr);
@@ -105,27 +187,42 @@ json plan_to_json(const Plan& plan) {
         {"buffers", m.buffers},
         {"cuda_context", m.cuda_context}}},
       {"host_bytes", p.host_bytes},
+      {"host", host_json(p.host)},
+      {"host_ram_assumed", !r.host_ram_bytes},
+      {"with_more_ram", more_ram_json(p.more_ram)},
       {"nvme_bytes", p.nvme_bytes},
       {"step_seconds", p.step_seconds},
       {"tokens_per_step", p.tokens_per_step},
       {"tokens_per_s", p.tokens_per_s},
       {"bottleneck", p.bottleneck},
+      {"attention", to_string(r.attention)},
+      {"attention_flops_per_token", attention_flops_per_token(r.model, r.seq_len, r.checkpointing)},
+      {"job", job_json(p.job_cost)},
+      {"nvme_wear", wear_json(p)},
+      {"advice", advice},
+      {"like_for_like", like_for_like_json(plan)},
       {"stages", offload_json(p.stages)},
       {"strata_nvme", offload_json(plan.strata_nvme)},
       {"zero_infinity", zero_infinity},
       {"nvme",
        {{"label", r.nvme.label},
         {"read_gbps", r.nvme.read_gbps},
-        {"write_gbps", r.nvme.write_gbps}}},
+        {"write_gbps", r.nvme.write_gbps},
+        {"drive", r.nvme_drive.name},
+        {"tbw_tb_per_drive", r.nvme_drive.tbw_tb}}},
       {"assumptions",
        {{"mfu", r.assume.mfu},
         {"adam_params_per_s", r.assume.adam_params_per_s},
         {"pcie_efficiency", r.assume.pcie_efficiency},
         {"host_scan_gbps", r.assume.host_scan_gbps},
-        {"cuda_context_bytes", r.assume.cuda_context_bytes}}},
+        {"cuda_context_bytes", r.assume.cuda_context_bytes},
+        {"host_headroom_fraction", headroom.fraction},
+        {"host_reserve_bytes", headroom.reserve_bytes},
+        {"nvme_wear_warn_fraction", r.assume.nvme_wear_warn_fraction}}},
       {"host_ram_bytes", r.host_ram_bytes ? json(*r.host_ram_bytes) : json(nullptr)},
       {"gpus", gpus},
       {"cheapest", cheapest},
+      {"fits_anywhere", plan.any_fits()},
   };
 }
 

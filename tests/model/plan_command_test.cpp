@@ -74,5 +74,59 @@ TEST(PlanCommand, BadInputExitsNonZeroWithTheReason) {
   EXPECT_NE(r.code, 0);
 }
 
+TEST(PlanCommand, JobTokensPriceTheFittingRowsAndNothingFittingExitsNonZero) {
+  CommandRun r = run({"plan", "--model", "llama-2-13b", "--method", "lora", "--offload", "none",
+                      "--gpu", "a100-80gb", "--gpu", "rtx-4090", "--tokens", "68000000"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("job            68,000,000 tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("does not fit: rtx-4090: GPU needs"), std::string::npos) << r.out;
+  r = run({"plan", "--model", "llama-2-13b", "--method", "lora", "--offload", "none", "--gpu",
+           "a100-80gb", "--gpu", "rtx-4090", "--tokens", "68000000", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["gpus"][1]["usd_per_mtok_typical"].is_null());
+  EXPECT_TRUE(j["gpus"][1]["job"].is_null());
+  EXPECT_GT(j["gpus"][0]["job"]["hours"].get<double>(), 0);
+  EXPECT_EQ(j["job"]["steps"], 68000000 / 4096 + 1);
+  r = run({"plan", "--model", "llama-2-13b", "--method", "lora", "--offload", "none", "--gpu",
+           "rtx-4090"});
+  EXPECT_EQ(r.code, 3);
+  EXPECT_NE(r.err.find("fits none"), std::string::npos) << r.err;
+  r = run({"plan", "--model", "llama-2-7b", "--tokens", "1e6", "--epochs", "2"});
+  EXPECT_EQ(r.code, 2);
+}
+
+TEST(PlanCommand, JsonCarriesHeadroomAttentionWearAdviceAndTheComparison) {
+  CommandRun r = run({"plan", "--model", "tinyllama-1.1b", "--gpu", "rtx-4090", "--offload", "nvme",
+                      "--tokens", "1e8", "--nvme-tbw", "600", "--attention", "eager", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const char* key : {"host", "with_more_ram", "attention", "attention_flops_per_token", "job",
+                          "nvme_wear", "advice", "like_for_like", "fits_anywhere"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_EQ(j["attention"], "eager");
+  EXPECT_GT(j["host"]["recommended_bytes"].get<uint64_t>(), j["host"]["job_bytes"].get<uint64_t>());
+  EXPECT_EQ(j["nvme"]["tbw_tb_per_drive"], 600.0);
+  EXPECT_GT(j["nvme_wear"]["tb_written_per_job"].get<double>(), 0);
+  EXPECT_TRUE(j["like_for_like"].contains("step_time_ratio_equal_ram"));
+  EXPECT_EQ(j["like_for_like"]["deepspeed_estimator"]["function"],
+            "estimate_zero3_model_states_mem_needs");
+  r = run({"plan", "--model", "tinyllama-1.1b", "--attention", "sparse"});
+  EXPECT_EQ(r.code, 2);
+  r = run({"plan", "--model", "tinyllama-1.1b", "--nvme-drive", "floppy"});
+  EXPECT_EQ(r.code, 2);
+}
+
+TEST(PlanCommand, ScaleAndLayersPlanTheShapeBenchFinetuneRuns) {
+  // The main job's model: llama-2-70b at a quarter of its width, 6 layers, 354M parameters.
+  CommandRun r = run({"plan", "--model", "llama-2-70b", "--scale", "0.25", "--layers", "6", "--gpu",
+                      "h100-sxm", "--offload", "none", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["params"], 353'658'880u);
+  r = run({"plan", "--model", "llama-2-70b", "--scale", "0", "--gpu", "h100-sxm"});
+  EXPECT_EQ(r.code, 2);
+}
+
 }  // namespace
 }  // namespace strata

@@ -32,10 +32,20 @@ PlanRequest request(const std::string& model, FinetuneMethod method) {
   return r;
 }
 
+// The GPU plans alone (make_gpu_plans): most tests need neither the comparison with
+// ZeRO-Infinity nor the advice, whose extra simulations would make the suite slow.
 Plan must_plan(const PlanRequest& r) {
-  Result<Plan> p = make_plan(r);
+  Result<Plan> p = make_gpu_plans(r);
   EXPECT_TRUE(p.is_ok()) << p.status().message();
   return p.is_ok() ? *p : Plan{};
+}
+
+// The GPU plans and the comparison with ZeRO-Infinity (no advice).
+Plan must_compare(const PlanRequest& r) {
+  Plan p = must_plan(r);
+  const Status compared = compare_with_zero_infinity(p);
+  EXPECT_TRUE(compared.is_ok()) << compared.message();
+  return p;
 }
 
 double gib(uint64_t bytes) {
@@ -123,17 +133,20 @@ TEST(Activations, FollowKorthikantiPerLayerFormulas) {
   EXPECT_EQ(activation_bytes_per_layer(m, s, b, DType::kBFloat16, true),
             34 * s * b * h + 5 * a * s * s * b);
   EXPECT_EQ(activation_bytes_per_layer(m, s, b, DType::kBFloat16, true), 2'868'903'936u);
-  EXPECT_EQ(activation_bytes(m, s, b, Checkpointing::kNone, DType::kBFloat16),
+  EXPECT_EQ(activation_bytes(m, s, b, Checkpointing::kNone, DType::kBFloat16, Attention::kEager),
             96 * 2'868'903'936ull);
   // Selective recomputation removes the 5as^2b term.
-  EXPECT_EQ(activation_bytes(m, s, b, Checkpointing::kSelective, DType::kBFloat16),
-            96 * 34 * s * b * h);
+  EXPECT_EQ(
+      activation_bytes(m, s, b, Checkpointing::kSelective, DType::kBFloat16, Attention::kEager),
+      96 * 34 * s * b * h);
   // Full checkpointing: 2sbh per layer input, plus one layer being recomputed.
-  EXPECT_EQ(activation_bytes(m, s, b, Checkpointing::kFull, DType::kBFloat16),
+  EXPECT_EQ(activation_bytes(m, s, b, Checkpointing::kFull, DType::kBFloat16, Attention::kEager),
             96 * 2 * s * b * h + 2'868'903'936ull);
   // fp32 activations take twice the bytes; batch scales linearly.
-  EXPECT_EQ(activation_bytes(m, s, 2, Checkpointing::kSelective, DType::kFloat32),
-            4 * activation_bytes(m, s, 1, Checkpointing::kSelective, DType::kBFloat16));
+  EXPECT_EQ(
+      activation_bytes(m, s, 2, Checkpointing::kSelective, DType::kFloat32, Attention::kEager),
+      4 * activation_bytes(m, s, 1, Checkpointing::kSelective, DType::kBFloat16,
+                           Attention::kEager));
 }
 
 TEST(Activations, MoeLayersStoreTheMlpPartPerRoutedExpert) {
@@ -232,14 +245,18 @@ TEST(StepTime, FullFineTuningIsSixFlopsPerParameterPerTokenAtTheStatedMfu) {
   // norms are elementwise).
   const double n = 6'738'415'616.0 - 32000.0 * 4096 - 4096 - 32 * 2 * 4096;
   EXPECT_EQ(matmul_parameters_per_token(r.model), static_cast<uint64_t>(n));
-  const double expected = 6 * n * 2048 * 4 / (989e12 * 0.4);
+  // Plus attention's score and context matmuls, 12 * L * h * s per token (PaLM's MFU).
+  const double attention = 12.0 * 32 * 4096 * 2048;
+  EXPECT_DOUBLE_EQ(attention_flops_per_token(r.model, 2048, Checkpointing::kNone), attention);
+  const double expected = (6 * n + attention) * 2048 * 4 / (989e12 * 0.4);
   EXPECT_NEAR(p.gpus[0].step_seconds, expected, expected * 1e-9);
   EXPECT_EQ(p.gpus[0].bottleneck, "compute");
   EXPECT_NEAR(p.gpus[0].tokens_per_s, 2048 * 4 / expected, 1e-6);
 
-  // Full checkpointing adds one forward pass: 8 instead of 6.
+  // Full checkpointing adds one forward pass: 8N instead of 6N, 16 L h s instead of 12.
   r.checkpointing = Checkpointing::kFull;
-  EXPECT_NEAR(must_plan(r).gpus[0].step_seconds, expected * 8 / 6, expected * 1e-9);
+  EXPECT_NEAR(must_plan(r).gpus[0].step_seconds,
+              expected * (8 * n + attention * 16 / 12) / (6 * n + attention), expected * 1e-9);
   // MFU is a divisor.
   r.checkpointing = Checkpointing::kNone;
   r.assume.mfu = 0.2;
@@ -256,7 +273,8 @@ TEST(StepTime, LoraSkipsFrozenWeightGradientsAndQloraPaysForDequantization) {
   const double n = static_cast<double>(matmul_parameters_per_token(r.model));
   const double tokens = 4096;
   const double lora = must_plan(r).gpus[0].step_seconds;
-  EXPECT_NEAR(lora, (4 * n + 6 * 4'194'304.0) * tokens / (989e12 * 0.4), 1e-9);
+  const double attention = 12.0 * 32 * 4096 * 4096;  // no weights: LoRA runs it in full
+  EXPECT_NEAR(lora, (4 * n + 6 * 4'194'304.0 + attention) * tokens / (989e12 * 0.4), 1e-9);
   r.method = FinetuneMethod::kQLora;
   const double q = static_cast<double>(qlora_quantized_parameters(r.model));
   const double dequant = 2 * (q * 0.5 + q * 2) / 3350e9;  // forward + backward, NF4 -> bf16
@@ -280,9 +298,10 @@ TEST(NvmeOffload, StepIsSimulatedAndNoShorterThanAnyResourcesBusyTime) {
   EXPECT_EQ(s.model, "simulated");
   EXPECT_EQ(s.policy, "strata");
   // The simulated GPU computes exactly the formula's FLOPs at the stated MFU: 8 x N x tokens
-  // (6, plus a recomputed forward) over 989 TFLOPS x 0.4.
+  // (6, plus a recomputed forward) and attention's 16 x L x h x s, over 989 TFLOPS x 0.4.
   const double n = static_cast<double>(matmul_parameters_per_token(r.model));
-  EXPECT_NEAR(s.compute_seconds, 8 * n * 4096 / (989e12 * 0.4), 1e-6);
+  const double attention = 16.0 * 80 * 8192 * 4096;
+  EXPECT_NEAR(s.compute_seconds, (8 * n + attention) * 4096 / (989e12 * 0.4), 1e-6);
   // Every resource works at most the step; the busiest names the bottleneck.
   for (double busy : {s.compute_seconds, s.pcie_seconds, s.nvme_seconds, s.cpu_optimizer_seconds}) {
     EXPECT_LE(busy, g.step_seconds * (1 + 1e-9));
@@ -366,7 +385,8 @@ TEST(NvmeOffload, HostRamIsTheSimulatedPeakAndMoreRamMeansLessNvmeTraffic) {
     EXPECT_EQ(g->host_bytes, g->stages.peak_pinned_bytes);  // Strata: no unpinned buffers
     EXPECT_TRUE(g->fits()) << g->why_not;
   }
-  EXPECT_EQ(some.stages.pinned_budget_bytes, 32ull << 30);
+  // The pool is what the headroom leaves of the RAM: (32 GiB - 8 GiB) / 1.1.
+  EXPECT_EQ(some.stages.pinned_budget_bytes, usable_host_bytes(32ull << 30, HostHeadroom{}));
   // RAM the scheduler may keep gradients and weights in spares NVMe reads and writes.
   EXPECT_LT(some.stages.nvme_read_bytes + some.stages.nvme_write_bytes,
             least.stages.nvme_read_bytes + least.stages.nvme_write_bytes);
@@ -411,7 +431,7 @@ TEST(NvmeOffload, ZeroInfinityHostIsItsPlansBlocksPlusTheStartupCopy) {
   r.offload = Offload::kNvme;
   r.gpus = {gpu("h100-sxm")};
   r.host_ram_bytes = 256ull << 30;
-  const Plan p = must_plan(r);
+  const Plan p = must_compare(r);
   const OffloadEstimate& zi = p.zero_infinity;
   EXPECT_EQ(zi.model, "simulated");
   EXPECT_EQ(zi.policy, "zero-infinity");
@@ -444,9 +464,9 @@ TEST(NvmeOffload, Fp16GrowsZeroInfinityTemporariesButNotStratasHost) {
   PlanRequest r = request("llama-2-70b", FinetuneMethod::kFull);
   r.offload = Offload::kNvme;
   r.gpus = {gpu("h100-sxm")};
-  const Plan bf16 = must_plan(r);
+  const Plan bf16 = must_compare(r);
   r.precision = DType::kFloat16;
-  const Plan fp16 = must_plan(r);
+  const Plan fp16 = must_compare(r);
   // The loss scaler upcasts gradients to fp32 for its check: 1 + 4 bytes an element beside the
   // pinned blocks, more than bf16's peak (the startup copy of the 256 GiB gradient buffer).
   const uint64_t p = 68'976'648'192;
@@ -551,7 +571,7 @@ TEST(Plan, CostIsHoursTimesPriceAndTheCheapestTierIsPicked) {
 TEST(Plan, JsonHasTheDocumentedFields) {
   PlanRequest r = request("llama-2-70b", FinetuneMethod::kQLora);
   r.gpus = {gpu("rtx-4090"), gpu("h100-sxm")};
-  const nlohmann::json j = plan_to_json(must_plan(r));
+  const nlohmann::json j = plan_to_json(must_compare(r));
   for (const char* key : {"model", "method", "params", "trainable_params", "model_state_bytes",
                           "gpu_bytes", "host_bytes", "nvme_bytes", "step_seconds", "tokens_per_s",
                           "bottleneck", "zero_infinity", "gpus"}) {

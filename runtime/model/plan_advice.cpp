@@ -1,0 +1,95 @@
+#include "model/plan_advice.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <optional>
+#include <thread>
+
+#include "common/units.h"
+
+namespace strata {
+namespace {
+
+struct Knob {
+  std::string flag;
+  std::string reason;
+  PlanRequest request;
+};
+
+std::string seconds_text(double s) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.2f s", s);
+  return buffer;
+}
+
+}  // namespace
+
+Result<std::vector<Advice>> plan_advice(const Plan& plan) {
+  std::vector<Advice> advice;
+  const GpuPlan& p = plan.gpus.at(plan.primary);
+  if (!p.fits() || p.bottleneck == "compute" || !(p.stages.compute_seconds > 0)) return advice;
+
+  PlanRequest base = plan.request;
+  GpuChoice choice = p.choice;
+  choice.auto_count = false;
+  base.gpus = {choice};
+  base.offload = p.offload;
+  base.job_tokens.reset();
+
+  const OffloadEstimate& st = p.stages;
+  const double dominant = std::max({st.cpu_optimizer_seconds, st.nvme_seconds, st.pcie_seconds});
+  std::vector<Knob> knobs;
+
+  // Stages paid once per optimizer step stay while compute grows with the micro-batches.
+  const double ratio = std::ceil(dominant / st.compute_seconds);
+  const uint64_t factor = std::bit_ceil(static_cast<uint64_t>(std::clamp(ratio, 2.0, 64.0)));
+  if (base.grad_accum * factor <= 65536) {
+    Knob k{"--grad-accum " + std::to_string(base.grad_accum * factor), "", base};
+    k.request.grad_accum *= factor;
+    k.reason = p.bottleneck + " (" + seconds_text(dominant) + " against compute " +
+               seconds_text(st.compute_seconds) +
+               ") is paid per optimizer step; more micro-batches spread it over more tokens";
+    knobs.push_back(std::move(k));
+  }
+  if (base.micro_batch * 2 <= 65536) {
+    Knob k{"--batch " + std::to_string(base.micro_batch * 2),
+           "twice the tokens per micro-batch for the same weight traffic and optimizer step", base};
+    k.request.micro_batch *= 2;
+    knobs.push_back(std::move(k));
+  }
+  const NvmeArray& nvme = plan.request.nvme;
+  if (p.bottleneck.starts_with("nvme") && !nvme.generation.empty() && nvme.drives * 4 <= 64) {
+    const std::string flag = std::to_string(nvme.drives * 4) + ":" + nvme.generation;
+    if (Result<NvmeArray> array = parse_nvme(flag)) {
+      Knob k{"--nvme " + flag, "RAID-0 over more drives multiplies the NVMe rates", base};
+      k.request.nvme = *array;
+      knobs.push_back(std::move(k));
+    }
+  }
+
+  // Each re-plan simulates its own job; they share nothing, so they run side by side.
+  std::vector<std::optional<Result<Plan>>> replanned(knobs.size());
+  {
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < knobs.size(); ++k) {
+      threads.emplace_back([&, k] { replanned[k].emplace(make_gpu_plans(knobs[k].request)); });
+    }
+    for (std::thread& thread : threads) thread.join();
+  }
+  for (size_t k = 0; k < knobs.size(); ++k) {
+    Result<Plan>& made = *replanned[k];
+    if (!made) continue;  // e.g. a budget the knob makes too small: not advice
+    const GpuPlan& q = made->gpus.front();
+    if (!q.fits()) continue;
+    const double speedup = q.tokens_per_s / p.tokens_per_s;
+    if (speedup < kAdviceMinSpeedup) continue;
+    advice.push_back({knobs[k].flag, knobs[k].reason, q.tokens_per_s, q.usd_per_mtok[1], speedup});
+  }
+  std::sort(advice.begin(), advice.end(), [](const Advice& a, const Advice& b) {
+    return a.usd_per_mtok_typical < b.usd_per_mtok_typical;
+  });
+  return advice;
+}
+
+}  // namespace strata

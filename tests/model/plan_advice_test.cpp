@@ -1,0 +1,125 @@
+// Advice: when a stage other than compute bounds the plan, name the knob and what it buys,
+// measured by planning again with it.
+#include "model/plan_advice.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+namespace strata {
+namespace {
+
+PlanRequest full_13b_on_h100_with_cpu_offload() {
+  PlanRequest r;
+  r.model = *load_model("llama-2-13b");
+  r.offload = Offload::kCpu;
+  r.host_ram_bytes = uint64_t{256} << 30;
+  r.gpus = {*parse_gpu_choice("h100-sxm")};
+  r.nvme = *parse_nvme("1:gen4");
+  return r;
+}
+
+TEST(Advice, CpuOptimizerBoundPlansAreToldHowManyMicroBatchesAmortiseIt) {
+  Result<Plan> p = make_plan(full_13b_on_h100_with_cpu_offload());
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  const GpuPlan& g = p->gpus[0];
+  ASSERT_EQ(g.bottleneck, "cpu-optimizer");
+  ASSERT_FALSE(p->advice.empty());
+  // Adam over 13B parameters at 2e9/s against about a second of compute: the factor is the
+  // ratio rounded up to a power of two.
+  const double ratio = std::ceil(g.stages.cpu_optimizer_seconds / g.stages.compute_seconds);
+  const uint64_t factor = std::bit_ceil(static_cast<uint64_t>(ratio));
+  const auto accum = std::find_if(p->advice.begin(), p->advice.end(), [](const Advice& a) {
+    return a.knob.starts_with("--grad-accum");
+  });
+  ASSERT_NE(accum, p->advice.end());
+  EXPECT_EQ(accum->knob, "--grad-accum " + std::to_string(factor));
+  // Its figures are the plan made with the knob.
+  PlanRequest r = full_13b_on_h100_with_cpu_offload();
+  r.grad_accum = factor;
+  Result<Plan> with = make_gpu_plans(r);
+  ASSERT_TRUE(with.is_ok());
+  EXPECT_DOUBLE_EQ(accum->tokens_per_s, with->gpus[0].tokens_per_s);
+  EXPECT_DOUBLE_EQ(accum->usd_per_mtok_typical, with->gpus[0].usd_per_mtok[1]);
+  EXPECT_NEAR(accum->speedup, with->gpus[0].tokens_per_s / g.tokens_per_s, 1e-12);
+  EXPECT_GT(accum->speedup, 2.0);
+  // Best first.
+  for (size_t k = 1; k < p->advice.size(); ++k) {
+    EXPECT_LE(p->advice[k - 1].usd_per_mtok_typical, p->advice[k].usd_per_mtok_typical);
+  }
+}
+
+TEST(Advice, ComputeBoundPlansGetNone) {
+  PlanRequest r;
+  r.model = *load_model("tinyllama-1.1b");
+  r.offload = Offload::kNone;
+  r.gpus = {*parse_gpu_choice("h100-sxm")};
+  r.nvme = *parse_nvme("1:gen4");
+  Result<Plan> p = make_plan(r);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  EXPECT_EQ(p->gpus[0].bottleneck, "compute");
+  EXPECT_TRUE(p->advice.empty());
+}
+
+TEST(LikeForLike, EachSidesLeastRamAndStrataAtZeroInfinitysRam) {
+  PlanRequest r;
+  r.model = *load_model("tinyllama-1.1b");
+  r.offload = Offload::kNvme;
+  r.host_ram_bytes = uint64_t{64} << 30;
+  r.gpus = {*parse_gpu_choice("rtx-4090")};
+  r.nvme = *parse_nvme("1:gen4");
+  Result<Plan> p = make_plan(r);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  const OffloadComparison& c = p->like_for_like;
+  const uint64_t least = strata_min_pinned_bytes(p->gpus[0].job.inventory);
+  EXPECT_EQ(c.strata_least.pinned_budget_bytes, least);
+  EXPECT_LE(c.strata_least.host_bytes, least);
+  EXPECT_EQ(c.strata_equal_ram.pinned_budget_bytes,
+            std::max(c.zero_infinity.host_bytes / 4096 * 4096, least));
+  EXPECT_LE(c.strata_equal_ram.host_bytes, c.zero_infinity.host_bytes);
+  EXPECT_EQ(c.zero_infinity.step_seconds, p->zero_infinity.step_seconds);
+  // More RAM never makes Strata's simulated step longer.
+  EXPECT_LE(c.strata_equal_ram.step_seconds, c.strata_least.step_seconds * (1 + 1e-9));
+  // DeepSpeed's own estimator for the same model, offload to CPU: 18 B/param x 1.5.
+  ASSERT_TRUE(c.deepspeed_estimate.has_value());
+  const Zero3Estimate ds =
+      deepspeed_zero3_estimate(p->states.params, deepspeed_largest_layer_params(r.model), 1);
+  EXPECT_EQ(c.deepspeed_estimate->cpu_bytes, ds.cpu_bytes);
+  EXPECT_EQ(c.deepspeed_estimate->gpu_bytes, ds.gpu_bytes);
+  // LoRA: the estimator trains every parameter, so it does not apply.
+  r.method = FinetuneMethod::kLora;
+  Result<Plan> lora = make_plan(r);
+  ASSERT_TRUE(lora.is_ok());
+  EXPECT_FALSE(lora->like_for_like.deepspeed_estimate.has_value());
+}
+
+TEST(AutoGpuCount, FindsTheSmallestCountThatFitsWithoutOffload) {
+  PlanRequest r;
+  r.model = *load_model("llama-2-7b");
+  r.nvme = *parse_nvme("1:gen4");
+  r.gpus = {*parse_gpu_choice("a100-80gb:auto")};
+  Result<Plan> p = make_gpu_plans(r);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  const GpuPlan& g = p->gpus[0];
+  EXPECT_TRUE(g.fits()) << g.why_not;
+  EXPECT_EQ(g.offload, Offload::kNone);
+  ASSERT_GT(g.choice.count, 1u);  // 108 GB of states do not fit one 80 GB GPU
+  // One fewer does not fit.
+  r.offload = Offload::kNone;
+  r.gpus = {*parse_gpu_choice("a100-80gb:" + std::to_string(g.choice.count - 1))};
+  EXPECT_FALSE(make_gpu_plans(r)->gpus[0].fits());
+  // A job no node holds says so.
+  r.model = *load_model("llama-3.1-405b");
+  r.offload.reset();
+  r.gpus = {*parse_gpu_choice("rtx-4090:auto")};
+  Result<Plan> huge = make_gpu_plans(r);
+  ASSERT_TRUE(huge.is_ok());
+  EXPECT_FALSE(huge->gpus[0].fits());
+  EXPECT_NE(huge->gpus[0].why_not.find("no count 1..64 fits"), std::string::npos);
+  EXPECT_FALSE(huge->any_fits());
+}
+
+}  // namespace
+}  // namespace strata
