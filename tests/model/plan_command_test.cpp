@@ -35,21 +35,26 @@ CommandRun run(std::vector<std::string> args) {
   return r;
 }
 
-TEST(PlanCommand, PrintsJsonForLlama70bOnTheThreeReferenceGpus) {
-  for (const char* method : {"full", "lora", "qlora"}) {
-    CommandRun r = run({"plan", "--model", "llama-2-70b", "--method", method, "--gpu", "h100-sxm",
-                        "--gpu", "a100-80gb", "--gpu", "rtx-4090", "--nvme", "4:gen4", "--json"});
-    ASSERT_EQ(r.code, 0) << r.err;
-    const auto j = nlohmann::json::parse(r.out);
-    EXPECT_EQ(j["method"], method);
-    EXPECT_EQ(j["gpus"].size(), 3u);
-    EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
-    // Full fine-tuning streams everything; 4-bit QLoRA fits the H100 with nothing to offload.
-    if (std::string(method) == "full") {
-      EXPECT_GT(j["zero_infinity"]["host_bytes"].get<uint64_t>(), j["host_bytes"].get<uint64_t>());
-    }
+// One test per method: each 70B plan simulates its advice's re-plans per GPU, so they are the
+// slowest tests under the sanitizers, and apart they run in parallel.
+class PlanCommandMethod : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PlanCommandMethod, PrintsJsonForLlama70bOnTheThreeReferenceGpus) {
+  const char* method = GetParam();
+  CommandRun r = run({"plan", "--model", "llama-2-70b", "--method", method, "--gpu", "h100-sxm",
+                      "--gpu", "a100-80gb", "--gpu", "rtx-4090", "--nvme", "4:gen4", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["method"], method);
+  EXPECT_EQ(j["gpus"].size(), 3u);
+  EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
+  // Full fine-tuning streams everything; 4-bit QLoRA fits the H100 with nothing to offload.
+  if (std::string(method) == "full") {
+    EXPECT_GT(j["zero_infinity"]["host_bytes"].get<uint64_t>(), j["host_bytes"].get<uint64_t>());
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Methods, PlanCommandMethod, ::testing::Values("full", "lora", "qlora"));
 
 TEST(PlanCommand, PrintsReadableTables) {
   CommandRun r = run({"plan", "--model", "llama-2-70b", "--method", "qlora", "--gpu", "rtx-4090",
