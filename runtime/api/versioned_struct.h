@@ -1,9 +1,12 @@
 // The one rule for every versioned struct of the C API (docs/c-api.md, "Versioned structs").
 //
 // A struct that starts with `size_t struct_size` may come from an older header (smaller) or a
-// newer one (larger) than this library's. struct_size must be a multiple of 8 between 8 and
-// 64 KiB: every versioned struct is 8-byte aligned and its fields are at most 8 bytes and
-// naturally aligned, so such a size never cuts a field in two.
+// newer one (larger) than this library's. struct_size must be a multiple of 8, at least the size
+// the struct had in the first header that shipped it (kFirstVersionSize: no real program passes
+// less, and accepting less would let a call succeed with its essential fields unread or
+// unwritten, an acquire without its data pointer), and at most 64 KiB. Every versioned struct is
+// 8-byte aligned and its fields are at most 8 bytes and naturally aligned, so a multiple of 8
+// never cuts a field in two.
 //  - In (the library reads it): fields that lie within struct_size are read; fields beyond it
 //    take the defaults the caller of read_struct_in passes (the *_init values). Bytes past this
 //    library's sizeof are fields it does not know: they must be zero (their defaults), else
@@ -33,12 +36,25 @@ concept VersionedStruct = requires(T t) {
 }
 &&alignof(T) == kStructSizeAlignment&& offsetof(T, struct_size) == 0;
 
-inline Status check_struct_size(size_t struct_size, const char* what) {
-  if (struct_size < sizeof(size_t) || struct_size > kMaxStructSize ||
+// The size each struct had in the first header that shipped it. Only strata_config has grown
+// since (trace_events, planned_tensors, the ZeRO-Infinity sizes and nvme_layout came after
+// numa_node); every other struct is still its first version.
+template <VersionedStruct T>
+inline constexpr size_t kFirstVersionSize = sizeof(T);
+template <>
+inline constexpr size_t kFirstVersionSize<strata_config> =
+    (offsetof(strata_config, numa_node) + sizeof(int) + kStructSizeAlignment - 1) /
+    kStructSizeAlignment* kStructSizeAlignment;
+
+template <VersionedStruct T>
+Status check_struct_size(size_t struct_size, const char* what) {
+  constexpr size_t kMin = kFirstVersionSize<T>;
+  static_assert(kMin % kStructSizeAlignment == 0 && kMin <= sizeof(T));
+  if (struct_size < kMin || struct_size > kMaxStructSize ||
       struct_size % kStructSizeAlignment != 0) {
     return invalid_argument(std::string(what) + ".struct_size is " + std::to_string(struct_size) +
-                            ": set it to sizeof(" + what +
-                            ") (a multiple of 8 between 8 and 65536)");
+                            ": set it to sizeof(" + what + ") (a multiple of 8, at least " +
+                            std::to_string(kMin) + " (its first version), at most 65536)");
   }
   return Status::ok();
 }
@@ -48,7 +64,7 @@ template <VersionedStruct T>
 Result<T> read_struct_in(const T* in, T defaults, const char* what) {
   if (in == nullptr) return invalid_argument(std::string(what) + " is NULL");
   const size_t size = in->struct_size;
-  STRATA_TRY(check_struct_size(size, what));
+  STRATA_TRY(check_struct_size<T>(size, what));
   if (size > sizeof(T)) {
     const auto* extra = reinterpret_cast<const unsigned char*>(in) + sizeof(T);
     if (std::any_of(extra, extra + (size - sizeof(T)), [](unsigned char b) { return b != 0; })) {
@@ -65,7 +81,7 @@ Result<T> read_struct_in(const T* in, T defaults, const char* what) {
 template <VersionedStruct T>
 Status check_struct_out(const T* out, const char* what) {
   if (out == nullptr) return invalid_argument(std::string(what) + " is NULL");
-  return check_struct_size(out->struct_size, what);
+  return check_struct_size<T>(out->struct_size, what);
 }
 
 // Writes `value` into the caller's struct (checked by check_struct_out) as far as it reaches.
@@ -79,8 +95,8 @@ void write_struct_out(T* out, T value) {
   }
 }
 
-// strata_tensor_desc has no _init function: what an older, smaller one lacks reads as an fp32
-// parameter of no layer, at home on NVMe.
+// strata_tensor_desc has no _init function: the defaults read_struct_in merges a caller's desc
+// into (an fp32 parameter of no layer, at home on NVMe), for fields a smaller desc would lack.
 inline strata_tensor_desc default_tensor_desc() {
   strata_tensor_desc d{};
   d.struct_size = sizeof d;
@@ -97,7 +113,7 @@ inline strata_tensor_desc default_tensor_desc() {
 template <VersionedStruct T>
 Result<T> read_array_element_in(const T* array, size_t i, T defaults, const char* what) {
   const size_t stride = array[0].struct_size;
-  STRATA_TRY(check_struct_size(stride, what));
+  STRATA_TRY(check_struct_size<T>(stride, what));
   const auto* element =
       reinterpret_cast<const T*>(reinterpret_cast<const unsigned char*>(array) + i * stride);
   if (element->struct_size != stride) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "api/runtime_handle.h"
+#include "api/versioned_struct.h"
 
 namespace {
 
@@ -259,46 +260,22 @@ TEST_F(Contract, EveryOutStructFromANewerHeaderGetsItsUnknownFieldsZeroed) {
   for (unsigned char b : r.extra) EXPECT_EQ(b, 0);
 }
 
-TEST_F(Contract, AnOlderSmallerOutStructGetsTheFieldsItHasAndNothingBeyond) {
+TEST_F(Contract, AStructSmallerThanItsFirstVersionIsInvalidNotHalfFilled) {
   create();
-  // strata_stats as a header without the NVMe counters and OS figures would have it.
-  constexpr size_t kOlder = offsetof(strata_stats, nvme_bytes_read);
-  strata_stats s;
-  std::memset(&s, 0xab, sizeof s);
-  s.struct_size = kOlder;
-  ASSERT_EQ(strata_get_stats(rt_, &s), STRATA_OK) << error();
-  EXPECT_EQ(s.struct_size, kOlder);
-  EXPECT_EQ(s.pinned.peak_in_use_bytes, 0u);
-  const auto* tail = reinterpret_cast<const unsigned char*>(&s) + kOlder;
-  for (size_t i = 0; i < sizeof s - kOlder; ++i) ASSERT_EQ(tail[i], 0xab) << "byte " << i;
-
-  // strata_acquired without ready_event.
   const strata_tensor t = register_tensor(rt_, 4096);
   write_pattern(t, 4096, 1);
-  strata_acquired a;
-  std::memset(&a, 0xab, sizeof a);
-  a.struct_size = offsetof(strata_acquired, ready_event);
-  ASSERT_EQ(strata_acquire(rt_, t, STRATA_TIER_PINNED, 0, &a), STRATA_OK) << error();
-  EXPECT_EQ(a.bytes, 4096u);
-  const auto* event = reinterpret_cast<const unsigned char*>(&a.ready_event);
-  for (size_t i = 0; i < sizeof a.ready_event; ++i) EXPECT_EQ(event[i], 0xab);
-  EXPECT_EQ(strata_release(rt_, t, 0, nullptr), STRATA_OK);
-}
-
-TEST_F(Contract, AnOlderSmallerInStructTakesTheDefaultsOfWhatItLacks) {
-  create();
-  // strata_tensor_desc up to bytes: an fp32 parameter of no layer, at home on NVMe.
+  // An acquire whose struct could not hold the data pointer must not succeed without it.
+  strata_acquired a{};
+  a.struct_size = offsetof(strata_acquired, data);
+  EXPECT_EQ(strata_acquire(rt_, t, STRATA_TIER_PINNED, 0, &a), STRATA_E_INVALID);
+  EXPECT_NE(error().find("first version"), std::string::npos) << error();
+  strata_stats s{};
+  s.struct_size = offsetof(strata_stats, nvme_bytes_read);
+  EXPECT_EQ(strata_get_stats(rt_, &s), STRATA_E_INVALID);
   strata_tensor_desc d = desc(4096);
   d.struct_size = offsetof(strata_tensor_desc, dtype);
-  d.dtype = STRATA_DTYPE_U8;  // beyond struct_size: must not be read
-  d.home_tier = STRATA_TIER_HOST;
-  strata_tensor t = STRATA_TENSOR_NONE;
-  ASSERT_EQ(strata_tensor_register(rt_, &d, &t), STRATA_OK) << error();
-  auto info = rt_->impl->scheduler().describe(strata::sched::TensorHandle::from_u64(t));
-  ASSERT_TRUE(info.is_ok());
-  EXPECT_EQ(info->dtype, strata::DType::kFloat32);
-  EXPECT_EQ(info->layer, -1);
-  EXPECT_EQ(info->home, strata::sched::Tier::kNvme);
+  strata_tensor u = STRATA_TENSOR_NONE;
+  EXPECT_EQ(strata_tensor_register(rt_, &d, &u), STRATA_E_INVALID);
 }
 
 TEST_F(Contract, AnOlderConfigWithoutTheLayoutFieldGetsTheDefaultLayout) {
@@ -314,7 +291,7 @@ TEST_F(Contract, AStructSizeThatIsNotAMultipleOfEightOrIsTooSmallIsInvalid) {
   create();
   strata_tensor_desc d = desc(4096);
   strata_tensor t = STRATA_TENSOR_NONE;
-  for (size_t size : {size_t{0}, size_t{4}, sizeof d - 4, size_t{65544}}) {
+  for (size_t size : {size_t{0}, size_t{4}, sizeof d - 4, sizeof d + 4, size_t{65544}}) {
     d.struct_size = size;
     EXPECT_EQ(strata_tensor_register(rt_, &d, &t), STRATA_E_INVALID) << size;
   }
@@ -533,6 +510,50 @@ TEST_F(Contract, OptimizerOptionsChangeAfterAddParamExceptTheSubGroupSize) {
   ASSERT_EQ(strata_optimizer_get_options(rt_, &after), STRATA_OK);
   EXPECT_EQ(after.max_grad_norm, 1.0);
   EXPECT_EQ(after.sub_group_bytes, 64u * 1024);
+}
+
+}  // namespace
+
+// ---- The versioned-struct rule itself, on a struct that has had two versions -----------------
+
+namespace fake {
+// Version 2 of a struct whose version 1 ended after `first`.
+struct TwoVersions {
+  size_t struct_size;
+  uint64_t first;
+  uint64_t second;
+};
+}  // namespace fake
+
+template <>
+inline constexpr size_t strata::api::kFirstVersionSize<fake::TwoVersions> =
+    offsetof(fake::TwoVersions, second);
+
+namespace {
+
+TEST(VersionedStruct, AnOlderInStructTakesTheDefaultsOfWhatItLacks) {
+  fake::TwoVersions older{offsetof(fake::TwoVersions, second), 5, 99};  // `second` is not there
+  auto read = strata::api::read_struct_in(&older, fake::TwoVersions{0, 1, 2}, "fake");
+  ASSERT_TRUE(read.is_ok()) << read.status().message();
+  EXPECT_EQ(read->first, 5u);
+  EXPECT_EQ(read->second, 2u);
+  EXPECT_EQ(read->struct_size, sizeof(fake::TwoVersions));
+}
+
+TEST(VersionedStruct, AnOlderOutStructGetsTheFieldsItHasAndNothingBeyond) {
+  fake::TwoVersions older{offsetof(fake::TwoVersions, second), 0, 99};
+  ASSERT_TRUE(strata::api::check_struct_out(&older, "fake").is_ok());
+  strata::api::write_struct_out(&older, fake::TwoVersions{sizeof(fake::TwoVersions), 7, 8});
+  EXPECT_EQ(older.struct_size, offsetof(fake::TwoVersions, second));
+  EXPECT_EQ(older.first, 7u);
+  EXPECT_EQ(older.second, 99u) << "written past the caller's struct_size";
+}
+
+TEST(VersionedStruct, BelowTheFirstVersionOrOffTheAlignmentIsInvalid) {
+  fake::TwoVersions bad{8, 0, 0};
+  EXPECT_EQ(strata::api::check_struct_out(&bad, "fake").code(), STRATA_E_INVALID);
+  bad.struct_size = 20;
+  EXPECT_EQ(strata::api::check_struct_out(&bad, "fake").code(), STRATA_E_INVALID);
 }
 
 }  // namespace

@@ -12,7 +12,8 @@
  *  - Handles are opaque. Passing NULL, a destroyed handle or a handle of another runtime returns
  *    an error code; it never crashes the caller.
  *  - Structs passed in or out start with `struct_size`, set by the caller to sizeof(the struct)
- *    as compiled against this header: a multiple of 8 from 8 to 65536 (else STRATA_E_INVALID).
+ *    as compiled against this header: a multiple of 8, at least the struct's first published
+ *    size, at most 65536 (else STRATA_E_INVALID).
  *    One rule for all of them (docs/c-api.md, "Versioned structs"): the library reads or writes
  *    the fields within struct_size; fields an older, smaller struct lacks take their defaults when
  *    read and are not written; fields of a newer, larger struct that this library does not know
