@@ -538,6 +538,40 @@ Status Scheduler::discard(TensorHandle tensor) {
 }
 
 Status Scheduler::reserve(TensorHandle tensor, Tier tier, std::chrono::nanoseconds timeout) {
+  if (tier == Tier::kNvme) return invalid_argument("reserve: the tier must be device or pinned");
+  {
+    // An allocator fails rather than waits for somebody to free: room held by tensors in use
+    // (acquired), at home in the pool, or whose failed write-back is unreported cannot be made
+    // without another call, which a single-threaded caller would never get to make. Evictions
+    // and write-backs, which end by themselves, are waited for below.
+    std::lock_guard lock(mu_);
+    Result<uint32_t> index = registry_.resolve(tensor);
+    if (!index) return std::move(index).take_status();
+    const TensorRecord& r = registry_.at(*index);
+    const int mi = memory_index(tier);
+    if (r.pool[mi] != kNoPool) {
+      const PoolState& pool = pools_[r.pool[mi]];
+      uint64_t held = 0;
+      for (uint32_t other : pool.resident) {
+        const TensorRecord& c = registry_.at(other);
+        if (other == *index) continue;
+        const bool in_use = c.uses > 0 && c.use_tier == tier;
+        if (in_use || c.home == tier || (c.failed() && needs_cleaning(c, tier))) {
+          held += c.charged[mi];
+        }
+      }
+      if (held + r.charged[mi] > pool.spec.budget_bytes) {
+        return Status::error(
+            budget_code(tier),
+            "needs " + format_bytes(r.charged[mi]) + " in pool '" + pool.spec.name + "' (budget " +
+                format_bytes(pool.spec.budget_bytes) + "), but " + format_bytes(held) +
+                " is held by tensors in use, allocations and tensors that never "
+                "leave it; an allocation takes its memory now and does not wait "
+                "for releases" +
+                budget_advice(tier));
+      }
+    }
+  }
   Result<Acquired> acquired = acquire(tensor, tier, AccessMode::kOverwrite, timeout);
   if (!acquired) return std::move(acquired).take_status();
   return release(tensor, /*dirty=*/false);

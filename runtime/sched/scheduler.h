@@ -185,7 +185,9 @@ class Scheduler final : public CompletionSink {
   Status discard(TensorHandle tensor);
   // Takes the tensor's buffer on `tier` now (strata_malloc: memory is reserved at the call), by
   // one acquire with kOverwrite and a release: the contents are then the buffer's (undefined)
-  // and count as written. Errors are acquire's: a budget that can never hold it fails at once.
+  // and count as written. Errors are acquire's, and one more: room held by tensors in use, at
+  // home in the pool or with an unreported failed write-back is the budget error at once (an
+  // allocator does not wait for releases); evictions and write-backs are waited for.
   Status reserve(TensorHandle tensor, Tier tier, std::chrono::nanoseconds timeout);
   // A hint: bring the tensor toward `tier` ahead of time, evicting only tensors not needed in
   // the current phase. Never blocks; hints beyond max_prefetch_hints push out the oldest.

@@ -50,6 +50,11 @@ void TensorRegistry::remove(TensorHandle handle) {
 }
 
 Result<uint32_t> TensorRegistry::resolve(TensorHandle handle) const {
+  if (handle.generation == 0) {
+    return Status::error(STRATA_E_BAD_HANDLE, "tensor handle " + std::to_string(handle.to_u64()) +
+                                                  " was never issued (generation 0; "
+                                                  "STRATA_TENSOR_NONE is 0)");
+  }
   if (handle.owner != owner_) {
     return Status::error(STRATA_E_BAD_HANDLE, "tensor handle " + std::to_string(handle.to_u64()) +
                                                   " belongs to another runtime");

@@ -557,3 +557,26 @@ TEST(VersionedStruct, BelowTheFirstVersionOrOffTheAlignmentIsInvalid) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST_F(Contract, AnAllocationThatNeedsRoomHeldByATensorInUseFailsAtOnceRatherThanWaits) {
+  create();
+  const strata_tensor held = register_tensor(rt_, 1536 * 1024, "held");
+  void* data = nullptr;
+  ASSERT_EQ(acquire(held, STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD, &data), STRATA_OK);
+  strata_tensor a = STRATA_TENSOR_NONE;
+  const auto start = Clock::now();
+  // One thread: the release that would make room can only come after this call returns.
+  EXPECT_EQ(strata_malloc(rt_, 1 * kMiB, STRATA_TIER_PINNED, STRATA_MALLOC_OFFLOADABLE, &a),
+            STRATA_E_PINNED_BUDGET);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
+  EXPECT_NE(error().find("does not wait for releases"), std::string::npos) << error();
+  ASSERT_EQ(strata_release(rt_, held, STRATA_RELEASE_DIRTY, nullptr), STRATA_OK);
+  // Released (dirty): the room is made by writing it back, and the allocation succeeds.
+  EXPECT_EQ(strata_malloc(rt_, 1 * kMiB, STRATA_TIER_PINNED, STRATA_MALLOC_OFFLOADABLE, &a),
+            STRATA_OK)
+      << error();
+}
+
+}  // namespace

@@ -252,8 +252,9 @@ STRATA_API int strata_tensor_unregister(strata_runtime* rt, strata_tensor tensor
 #define STRATA_MALLOC_OFFLOADABLE 1u
 
 /* Any thread. tier is DEVICE or PINNED. The memory is taken at the call: a budget that cannot
- * hold it beside what never leaves the tier fails here (STRATA_E_PINNED_BUDGET /
- * STRATA_E_DEVICE_BUDGET, with the numbers). The contents are undefined until written. */
+ * hold it beside what never leaves the tier or is acquired now fails here, without waiting for
+ * releases (STRATA_E_PINNED_BUDGET / STRATA_E_DEVICE_BUDGET, with the numbers). The contents are
+ * undefined until written. */
 STRATA_API int strata_malloc(strata_runtime* rt, uint64_t bytes, strata_tier tier, uint32_t flags,
                              strata_tensor* out);
 /* Any thread. Fails with STRATA_E_STATE while acquired, and for a registered tensor
