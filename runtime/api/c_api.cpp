@@ -381,7 +381,8 @@ int strata_malloc(strata_runtime* rt, uint64_t bytes, strata_tier tier, uint32_t
     Status reserved = r.scheduler().reserve(*handle, placed.value(), strata::api::kAcquireTimeout);
     if (!reserved) {
       (void)r.scheduler().unregister_tensor(*handle);
-      return std::move(reserved).with_context("strata_malloc of " + std::to_string(bytes) + " bytes");
+      return std::move(reserved).with_context("strata_malloc of " + std::to_string(bytes) +
+                                              " bytes");
     }
     *out = handle->to_u64();
     return Status::ok();

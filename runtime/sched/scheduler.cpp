@@ -556,7 +556,7 @@ Status Scheduler::reserve(TensorHandle tensor, Tier tier, std::chrono::nanosecon
         const TensorRecord& c = registry_.at(other);
         if (other == *index) continue;
         const bool in_use = c.uses > 0 && c.use_tier == tier;
-        if (in_use || c.home == tier || (c.failed() && needs_cleaning(c, tier))) {
+        if (in_use || held_until_a_call(c, tier)) {
           held += c.charged[mi];
         }
       }
@@ -811,6 +811,10 @@ bool Scheduler::needs_cleaning(const TensorRecord& r, Tier tier) const {
   return (r.residency.valid() & static_cast<TierMask>(~tier_bit(tier))) == 0;
 }
 
+bool Scheduler::held_until_a_call(const TensorRecord& r, Tier tier) const {
+  return r.home == tier || (r.failed() && needs_cleaning(r, tier));
+}
+
 bool Scheduler::evictable(const TensorRecord& r, Tier tier) const {
   if (r.home == tier || r.handle.index == advancing_) return false;
   if (!r.residency.valid_on(tier) || r.residency.in_flight() || r.discard_pending) return false;
@@ -846,11 +850,8 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
     const TensorRecord* failed_holder = nullptr;
     for (uint32_t index : pool.resident) {
       const TensorRecord& c = registry_.at(index);
-      if (c.failed() && needs_cleaning(c, tier)) {
-        failed_holder = &c;
-      } else if (c.home != tier) {
-        potential += c.charged[mi];
-      }
+      if (c.failed() && needs_cleaning(c, tier)) failed_holder = &c;
+      if (!held_until_a_call(c, tier)) potential += c.charged[mi];
       if (!evictable(c, tier)) continue;
       scratch_.push_back({index, next_use(c, tier), c.charged[mi], needs_cleaning(c, tier)});
     }

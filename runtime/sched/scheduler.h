@@ -267,6 +267,9 @@ class Scheduler final : public CompletionSink {
   void drop_copy(TensorRecord& r, Tier tier);
   void apply_discard(TensorRecord& r);
   uint64_t next_use(const TensorRecord& r, Tier tier) const;
+  // r's buffer on tier leaves only after a call of the framework: it is at home there, or dirty
+  // with a failed write-back that waits for its report. Room it holds is never made by waiting.
+  bool held_until_a_call(const TensorRecord& r, Tier tier) const;
   bool evictable(const TensorRecord& r, Tier tier) const;
   bool needs_cleaning(const TensorRecord& r, Tier tier) const;
   bool link_free(Link link) const {

@@ -4,8 +4,8 @@
  * written and read back, the runtime destroyed (which removes its swap file).
  * Usage: consumer EXPECTED_VERSION NVME_DIR */
 #include <stdio.h>
-#include <string.h>
 #include <strata/strata.h>
+#include <string.h>
 
 int main(int argc, char** argv) {
   if (argc != 3) {
@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
   strata_runtime* rt = NULL;
   int rc = strata_runtime_create(&config, &rt);
   if (rc != STRATA_OK) {
-    fprintf(stderr, "strata_runtime_create: %s (%s)\n", strata_strerror(rc), strata_last_error(NULL));
+    fprintf(stderr, "strata_runtime_create: %s (%s)\n", strata_strerror(rc),
+            strata_last_error(NULL));
     return 1;
   }
   strata_tensor_desc desc;
