@@ -29,6 +29,7 @@
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "common/units.h"
+#include "finetune/deepspeed_aio.h"
 #include "io/engine_factory.h"
 #include "io/io_engine.h"
 #include "io/io_limits.h"
@@ -67,6 +68,10 @@ struct Config {
   uint32_t rounds = 0;
   bool compare_fio = false;
   bool huge_pages = true;
+  // The DeepSpeed baseline's aio handle (bench/finetune/deepspeed_aio.h) instead of a Strata
+  // engine: one whole-file request at a time, as DeepSpeed's handle moves a tensor, so that
+  // ../shared/tools/deepspeed/aio-compare.sh can set it beside DeepSpeed's own.
+  bool deepspeed_aio = false;
 };
 
 // The benchmark's file: created exclusively (never follows or clobbers anything), preallocated,
@@ -481,6 +486,57 @@ double median(std::vector<double> values) {
   throw CLI::RuntimeError(1);
 }
 
+// The DeepSpeed baseline's aio handle on the same file: one request of the whole size, split
+// into `block` iocbs with `queue_depth` in flight on the handle's thread, into one buffer (the
+// tensor DeepSpeed would pass), as DeepSpeed's handle moves a swap file.
+class DeepSpeedAioSide {
+ public:
+  static Result<std::unique_ptr<DeepSpeedAioSide>> create(const Config& config,
+                                                          const std::string& path) {
+    auto side = std::unique_ptr<DeepSpeedAioSide>(new DeepSpeedAioSide(config, path));
+    finetune::AioHandle::Options o;
+    o.name = "bench io";
+    o.block_bytes = static_cast<uint32_t>(config.block);
+    o.queue_depth = config.queue_depth;
+    o.threads = 1;
+    auto handle = finetune::AioHandle::create(o, nullptr);
+    if (!handle) return std::move(handle).take_status();
+    side->handle_ = std::move(*handle);
+    void* p =
+        ::mmap(nullptr, config.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return errno_status(STRATA_E_NOMEM, "the aio buffer", errno);
+    side->buffer_ = static_cast<std::byte*>(p);
+    // Pinned, as the baseline's swap buffers are (and DeepSpeed's handle's tensor): locked
+    // 4 KiB pages, whatever --no-thp says; touched where the lock is refused.
+    if (::mlock(p, config.size) != 0) std::memset(p, 0x5A, config.size);
+    std::memset(p, 0x5A, config.size);
+    return side;
+  }
+  ~DeepSpeedAioSide() {
+    handle_.reset();
+    if (buffer_ != nullptr) ::munmap(buffer_, config_.size);
+  }
+  Result<double> run(IoOp op) {
+    const auto start = std::chrono::steady_clock::now();
+    Result<uint64_t> ticket = op == IoOp::kWrite ? handle_->write(path_, buffer_, config_.size)
+                                                 : handle_->read(path_, buffer_, config_.size);
+    if (!ticket) return std::move(ticket).take_status();
+    STRATA_TRY(handle_->wait(*ticket));
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  const char* engine_name() const {
+    return "deepspeed-aio (the baseline's libaio handle, locked buffer)";
+  }
+
+ private:
+  DeepSpeedAioSide(const Config& config, std::string path)
+      : config_(config), path_(std::move(path)) {}
+  const Config config_;
+  const std::string path_;
+  std::unique_ptr<finetune::AioHandle> handle_;
+  std::byte* buffer_ = nullptr;
+};
+
 Config parse_config(const IoBenchArgs& args) {
   Config config;
   config.dir = args.path;
@@ -493,9 +549,11 @@ Config parse_config(const IoBenchArgs& args) {
       !is_aligned(*block, io::kIoAlignment)) {
     fail(invalid_argument("--block " + args.block + " must be a multiple of 4K up to 1G"));
   }
-  const auto kind = io::parse_io_engine_kind(args.engine);
+  config.deepspeed_aio = args.engine == "deepspeed-aio";
+  const auto kind = io::parse_io_engine_kind(config.deepspeed_aio ? "auto" : args.engine);
   if (!kind) {
-    fail(invalid_argument("--engine " + args.engine + " is not auto, uring or psync"));
+    fail(invalid_argument("--engine " + args.engine +
+                          " is not auto, uring, psync or deepspeed-aio"));
   }
   config.size = *size;
   config.block = *block;
@@ -528,14 +586,26 @@ void run_io_bench(const IoBenchArgs& args) {
   if (!file) {
     fail(file.status());
   }
-  auto strata = StrataSide::create(config, file->fd());
-  if (!strata) {
-    fail(strata.status());
+  std::unique_ptr<StrataSide> strata_side;
+  std::unique_ptr<DeepSpeedAioSide> baseline_side;
+  if (config.deepspeed_aio) {
+    auto side = DeepSpeedAioSide::create(config, file->path());
+    if (!side) fail(side.status());
+    baseline_side = std::move(*side);
+  } else {
+    auto side = StrataSide::create(config, file->fd());
+    if (!side) fail(side.status());
+    strata_side = std::move(*side);
   }
+  auto run_side = [&](IoOp op) {
+    return baseline_side ? baseline_side->run(op) : strata_side->run(op);
+  };
+  const std::string engine_name =
+      baseline_side ? baseline_side->engine_name() : strata_side->engine_name();
 
   // Untimed: the first write into preallocated (unwritten) extents also pays for the file
   // system's extent conversion, which only the side that happens to go first would pay.
-  if (auto warm_up = (*strata)->run(IoOp::kWrite); !warm_up) {
+  if (auto warm_up = run_side(IoOp::kWrite); !warm_up) {
     fail(warm_up.status());
   }
 
@@ -547,7 +617,7 @@ void run_io_bench(const IoBenchArgs& args) {
   progress.update(0);
   auto strata_pass = [&](IoOp op, std::vector<double>& into) {
     progress.set_label(std::string("bench io: strata ") + (op == IoOp::kWrite ? "write" : "read"));
-    auto seconds = (*strata)->run(op);
+    auto seconds = run_side(op);
     if (!seconds) {
       fail(seconds.status());
     }
@@ -601,7 +671,7 @@ void run_io_bench(const IoBenchArgs& args) {
 
   if (args.json) {
     nlohmann::json out = {
-        {"engine", (*strata)->engine_name()},
+        {"engine", engine_name},
         {"engine_kind", io::io_engine_kind_name(config.kind)},
         {"path", config.dir},
         {"size_bytes", config.size},
@@ -631,7 +701,7 @@ void run_io_bench(const IoBenchArgs& args) {
   std::printf("strata bench io: %s in %s, %s blocks, queue depth %u, median of %u rounds\n",
               format_bytes(config.size).c_str(), config.dir.c_str(),
               format_bytes(config.block).c_str(), config.queue_depth, config.rounds);
-  std::printf("engine: %s\n", (*strata)->engine_name());
+  std::printf("engine: %s\n", engine_name.c_str());
   std::printf("buffers: %s\n", config.huge_pages ? "transparent huge pages (both sides)"
                                                  : "4 KiB pages (both sides)");
   if (fio) {
@@ -664,9 +734,11 @@ void add_io_command(CLI::App& bench) {
   io->add_option("--qd", args->queue_depth, "Requests kept in flight")
       ->capture_default_str()
       ->check(CLI::Range(1u, io::kMaxQueueDepth));
-  io->add_option("--engine", args->engine, "auto, uring or psync")
+  io->add_option("--engine", args->engine,
+                 "auto, uring or psync (Strata's engines), or deepspeed-aio (the DeepSpeed "
+                 "baseline's libaio handle, whole-file requests)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "uring", "io_uring", "psync"}));
+      ->check(CLI::IsMember({"auto", "uring", "io_uring", "psync", "deepspeed-aio"}));
   io->add_option("--rounds", args->rounds, "Rounds per side; the median is reported")
       ->capture_default_str()
       ->check(CLI::Range(1u, 100u));

@@ -12,7 +12,8 @@ import matplotlib
 matplotlib.use("Agg")  # no display: write the file only
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"strata": "#1f77b4", "zero-infinity": "#d62728"}
+COLORS = {"strata": "#1f77b4", "strata-overlap": "#17becf", "deepspeed-defaults": "#d62728",
+          "deepspeed-pinned": "#ff7f0e", "deepspeed-tuned": "#9467bd"}
 
 
 def main(argv):

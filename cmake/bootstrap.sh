@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${STRATA_BUILD_DIR:-build}
 packages=(
   build-essential cmake ninja-build pkg-config git
-  liburing-dev libhwloc-dev hwloc libboost-dev libxxhash-dev
+  liburing-dev libaio-dev libhwloc-dev hwloc libboost-dev libxxhash-dev
   nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
   fio clang libclang-rt-14-dev
   python3 python3-numpy python3-torch python3-pytest python3-matplotlib

@@ -17,10 +17,11 @@ namespace {
 
 enum class Test : uint8_t { kInf, kNan };
 
-// bf16 bit tests, as torch.isinf / torch.isnan decide them.
-inline uint8_t test(uint16_t h, Test which) {
+// bf16 and fp16 bit tests, as torch.isinf / torch.isnan decide them.
+inline uint8_t test(uint16_t h, Test which, bool fp16) {
   const uint16_t magnitude = h & 0x7FFFu;
-  return which == Test::kInf ? magnitude == 0x7F80u : magnitude > 0x7F80u;
+  const uint16_t infinity = fp16 ? 0x7C00u : 0x7F80u;
+  return which == Test::kInf ? magnitude == infinity : magnitude > infinity;
 }
 
 }  // namespace
@@ -64,34 +65,6 @@ void HostBlock::reset() {
   locked_ = false;
 }
 
-Result<std::unique_ptr<DeepSpeedHostBuffers>> DeepSpeedHostBuffers::create(
-    const sched::MemoryPlan& plan, uint32_t optimizer_buffers, MemorySampler& sampler) {
-  auto out = std::unique_ptr<DeepSpeedHostBuffers>(new DeepSpeedHostBuffers());
-  for (const sched::PoolSpec& pool : plan.pools) {
-    if (pool.tier != sched::Tier::kPinned || pool.reserved_bytes == 0) continue;
-    // The optimizer's buffers are separate allocations (each rounded on its own); the parameter
-    // slots and the flat gradient buffer are one block each.
-    const uint32_t count =
-        pool.name == "zi-optimizer" ? std::max<uint32_t>(optimizer_buffers, 1) : 1;
-    const uint64_t each = pool.reserved_bytes / count;
-    for (uint32_t i = 0; i < count; ++i) {
-      // Built unpinned (torch.zeros), then copied into a new pinned block (.pin_memory()).
-      Result<HostBlock> unpinned = HostBlock::map(each, false);
-      if (!unpinned) return std::move(unpinned).take_status().with_context(pool.name);
-      Result<HostBlock> pinned = HostBlock::map(each, true);
-      if (!pinned) return std::move(pinned).take_status().with_context(pool.name);
-      std::memcpy(pinned->data(), unpinned->data(), each);
-      out->bytes_ += each;
-      if (pinned->locked()) out->locked_ += each;
-      sampler.set_deepspeed_blocks(out->bytes_, out->locked_);  // both copies exist here
-      unpinned->reset();
-      out->blocks_.push_back(std::move(*pinned));
-    }
-  }
-  sampler.sample_now();
-  return out;
-}
-
 Result<OverflowCheckResult> deepspeed_overflow_check(std::span<const GradientView> gradients,
                                                      optim::ThreadPool& pool,
                                                      MemorySampler& sampler) {
@@ -122,7 +95,8 @@ Result<OverflowCheckResult> deepspeed_overflow_check(std::span<const GradientVie
       for (uint64_t i = begin; i < end;) {
         const uint64_t stop = std::min(end, offsets[g + 1]);
         const uint16_t* data = gradients[g].data + (i - offsets[g]);
-        for (uint64_t k = 0; k < stop - i; ++k) temp[i + k] = test(data[k], which);
+        for (uint64_t k = 0; k < stop - i; ++k)
+          temp[i + k] = test(data[k], which, gradients[g].fp16);
         i = stop;
         ++g;
       }

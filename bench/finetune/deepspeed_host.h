@@ -1,13 +1,7 @@
-// The host-side behaviour of DeepSpeed ZeRO-Infinity that lives outside its swapper, and so
-// outside the runtime's ZERO_INFINITY policy, reproduced for the `zero-infinity` worker as
-// /work/shared/reference/offload-baseline.md describes it. Modelled faithfully, not improved:
-//  - its pinned blocks, held for the whole run: the parameter block (buffer_count uniform slots,
-//    rounded to a power of two), buffer_count + 1 optimizer sub-group buffers (each rounded), the
-//    flat gradient buffer (rounded);
-//  - the startup copy: each block is built unpinned first, then copied into a new pinned block,
-//    so for a moment both exist;
-//  - the overflow check of loss scaling: an isinf() pass, then an isnan() pass, over all
-//    gradients, each materialising a one-byte-per-element temporary that .any() then reads.
+// Two pieces of DeepSpeed's host-side behaviour for the baseline worker: a host block as torch
+// allocates one (pinned or pageable, resident), and the fp16 overflow check of loss scaling: an
+// isinf() pass, then an isnan() pass, over all gradients, each materialising a
+// one-byte-per-element temporary that .any() then reads (stage3.py:2208-2218).
 #pragma once
 
 #include <cstdint>
@@ -17,7 +11,6 @@
 
 #include "common/status.h"
 #include "optim/thread_pool.h"
-#include "sched/memory_plan.h"
 
 namespace strata::bench::finetune {
 
@@ -45,29 +38,11 @@ class HostBlock {
   bool locked_ = false;
 };
 
-class DeepSpeedHostBuffers {
- public:
-  // Builds every pinned block of `plan` (the ZeRO-Infinity memory plan at this scale) the way
-  // DeepSpeed does, reporting each to `sampler` as it appears. optimizer_buffers: how many
-  // separate allocations the plan's optimizer pool reserves (buffer_count + 1).
-  static Result<std::unique_ptr<DeepSpeedHostBuffers>> create(const sched::MemoryPlan& plan,
-                                                              uint32_t optimizer_buffers,
-                                                              MemorySampler& sampler);
-  uint64_t bytes() const { return bytes_; }
-  uint64_t locked_bytes() const { return locked_; }
-  size_t blocks() const { return blocks_.size(); }
-
- private:
-  DeepSpeedHostBuffers() = default;
-  std::vector<HostBlock> blocks_;
-  uint64_t bytes_ = 0;
-  uint64_t locked_ = 0;
-};
-
-// A gradient as the overflow check sees it (bf16, resident in host memory).
+// A gradient as the overflow check sees it (bf16 or fp16, resident in host memory).
 struct GradientView {
   const uint16_t* data = nullptr;
   uint64_t elements = 0;
+  bool fp16 = false;  // else bf16
 };
 
 struct OverflowCheckResult {

@@ -50,11 +50,12 @@ constexpr size_t kMaxLineBytes = size_t{64} << 20;
 // direction as labels (docs/telemetry.md lists them).
 class LiveMetrics {
  public:
-  static Result<std::unique_ptr<LiveMetrics>> create() {
+  static Result<std::unique_ptr<LiveMetrics>> create(const FinetunePlan& plan) {
     auto m = std::unique_ptr<LiveMetrics>(new LiveMetrics());
-    for (Strategy s : {Strategy::kStrata, Strategy::kZeroInfinity}) {
-      const std::pair<std::string, std::string> strategy{"strategy", to_string(s)};
-      Set& set = m->sets_[static_cast<int>(s)];
+    m->sets_.resize(plan.contenders.size());
+    for (const Contender& c : plan.contenders) {
+      const std::pair<std::string, std::string> strategy{"strategy", c.name};
+      Set& set = m->sets_[c.index];
       auto gauge = [&](Gauge** out, telemetry::MetricInfo info) -> Status {
         info.labels.insert(info.labels.begin(), strategy);
         Result<Gauge*> g = m->registry_.add_gauge(info);
@@ -110,8 +111,8 @@ class LiveMetrics {
 
   const telemetry::MetricsRegistry& registry() const { return registry_; }
 
-  void update(Strategy s, const json& m) {
-    Set& set = sets_[static_cast<int>(s)];
+  void update(const Contender& c, const json& m) {
+    Set& set = sets_[c.index];
     set.host->set(m.value("host_bytes", int64_t{0}));
     set.pinned->set(m.value("pinned_bytes", int64_t{0}));
     set.device->set(m.value("device_bytes", int64_t{0}));
@@ -133,7 +134,7 @@ class LiveMetrics {
     set.last_stall_us = stall_us;
     set.last_t = t;
   }
-  void running(Strategy s, bool on) { sets_[static_cast<int>(s)].running->set(on ? 1 : 0); }
+  void running(const Contender& c, bool on) { sets_[c.index].running->set(on ? 1 : 0); }
 
  private:
   using Gauge = telemetry::Gauge;
@@ -147,7 +148,7 @@ class LiveMetrics {
   };
   LiveMetrics() = default;
   telemetry::MetricsRegistry registry_;
-  std::array<Set, kStrategyCount> sets_;
+  std::vector<Set> sets_;
 };
 
 // Each worker's progress on stderr through the shared display (bench/progress.h): a bar with
@@ -162,17 +163,17 @@ class Progress {
     display_->set_label(strategy_ + (phase == "startup" ? " start-up" : ""));
     display_->update(p.value("fraction", 0.0) * steps_);
   }
-  void start(Strategy s) {
-    strategy_ = to_string(s);
+  void start(const Contender& c) {
+    strategy_ = c.name;
     started_ = Clock::now();
     std::fprintf(stderr, "[%s] worker starting\n", strategy_.c_str());
     display_.emplace(strategy_, steps_, ProgressDisplay::Unit::kCount, "steps", interactive_);
     display_->update(0);
   }
-  void done(Strategy s, const json& r) {
+  void done(const Contender& c, const json& r) {
     if (display_) display_->update(steps_);  // the worker's result: every step is done
     const double seconds = finish();
-    std::fprintf(stderr, "[%s] done in %s: peak host %s, step %.2f s\n", to_string(s),
+    std::fprintf(stderr, "[%s] done in %s: peak host %s, step %.2f s\n", c.name.c_str(),
                  human_duration(seconds).c_str(),
                  format_bytes(r.value("peak_host_bytes", uint64_t{0})).c_str(),
                  r.value("step_seconds", 0.0));
@@ -232,18 +233,19 @@ class SignalForwarding {
   std::array<struct sigaction, 3> previous_{};
 };
 
-// Starts a worker for `strategy`, follows its events until it exits, returns its result.
-Result<StrategyResult> run_strategy(const FinetunePlan& plan, Strategy strategy, Progress& progress,
-                                    LiveMetrics* metrics) {
+// Starts a worker for `contender`, follows its events until it exits, returns its result.
+Result<StrategyResult> run_strategy(const FinetunePlan& plan, const Contender& contender,
+                                    Progress& progress, LiveMetrics* metrics) {
   StrategyResult out;
-  out.strategy = strategy;
+  out.name = contender.name;
+  out.kind = contender.kind;
   if (!plan.options.trace_path.empty()) {
-    out.trace_path = plan.options.trace_path + "." + to_string(strategy) + ".partial.json";
+    out.trace_path = plan.options.trace_path + "." + contender.name + ".partial.json";
   }
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return errno_status(STRATA_E_LIMIT, "pipe2", errno);
   const std::vector<std::string> args =
-      worker_arguments(plan.options, strategy, kWorkerFd, out.trace_path);
+      worker_arguments(plan.options, contender, kWorkerFd, out.trace_path);
   std::vector<char*> argv;
   std::string program = "strata";
   argv.push_back(program.data());
@@ -275,8 +277,8 @@ Result<StrategyResult> run_strategy(const FinetunePlan& plan, Strategy strategy,
   ::close(fds[1]);
   current_worker = child;
   if (interrupted_by != 0) ::kill(child, interrupted_by);  // arrived between fork and here
-  progress.start(strategy);
-  if (metrics != nullptr) metrics->running(strategy, true);
+  progress.start(contender);
+  if (metrics != nullptr) metrics->running(contender, true);
 
   std::string buffer, error;
   bool have_result = false;
@@ -296,7 +298,7 @@ Result<StrategyResult> run_strategy(const FinetunePlan& plan, Strategy strategy,
       if (event == "progress") {
         progress.update(message);
       } else if (event == "metrics") {
-        if (metrics != nullptr) metrics->update(strategy, message);
+        if (metrics != nullptr) metrics->update(contender, message);
       } else if (event == "result") {
         out.result = std::move(message);
         have_result = true;
@@ -316,7 +318,7 @@ Result<StrategyResult> run_strategy(const FinetunePlan& plan, Strategy strategy,
   while (::waitpid(child, &wstatus, 0) < 0 && errno == EINTR) {
   }
   current_worker = 0;
-  if (metrics != nullptr) metrics->running(strategy, false);
+  if (metrics != nullptr) metrics->running(contender, false);
   if (interrupted_by != 0) {
     progress.failed();
     if (!out.trace_path.empty()) {
@@ -328,23 +330,23 @@ Result<StrategyResult> run_strategy(const FinetunePlan& plan, Strategy strategy,
   if (!status) return status;
   if (!error.empty()) {
     progress.failed();
-    return Status::error(STRATA_E_INTERNAL, std::string(to_string(strategy)) + ": " + error);
+    return Status::error(STRATA_E_INTERNAL, contender.name + ": " + error);
   }
   if (WIFSIGNALED(wstatus)) {
     progress.failed();
     return Status::error(STRATA_E_INTERNAL,
-                         std::string(to_string(strategy)) + " worker was killed by signal " +
+                         contender.name + " worker was killed by signal " +
                              std::to_string(WTERMSIG(wstatus)) +
                              (WTERMSIG(wstatus) == SIGKILL ? " (out of memory?)" : ""));
   }
   if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0 || !have_result) {
     progress.failed();
     return Status::error(STRATA_E_INTERNAL,
-                         std::string(to_string(strategy)) + " worker exited with status " +
+                         contender.name + " worker exited with status " +
                              std::to_string(WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1) +
                              " without a result");
   }
-  progress.done(strategy, out.result);
+  progress.done(contender, out.result);
   return out;
 }
 
@@ -357,7 +359,7 @@ int run_parent(const FinetunePlan& plan) {
   std::unique_ptr<LiveMetrics> metrics;
   std::unique_ptr<telemetry::MetricsServer> server;
   if (plan.options.metrics_port >= 0) {
-    Result<std::unique_ptr<LiveMetrics>> m = LiveMetrics::create();
+    Result<std::unique_ptr<LiveMetrics>> m = LiveMetrics::create(plan);
     if (!m) return fail(m.status(), 1);
     metrics = std::move(*m);
     telemetry::MetricsServerConfig config;
@@ -372,8 +374,8 @@ int run_parent(const FinetunePlan& plan) {
   Progress progress(plan.options.steps, plan.options.json);
   SignalForwarding forwarding;
   std::vector<StrategyResult> results;
-  for (Strategy s : plan.strategies) {
-    Result<StrategyResult> r = run_strategy(plan, s, progress, metrics.get());
+  for (const Contender& c : plan.contenders) {
+    Result<StrategyResult> r = run_strategy(plan, c, progress, metrics.get());
     if (!r) return fail(r.status(), 1);
     results.push_back(std::move(*r));
   }
@@ -407,10 +409,12 @@ int run_finetune(const FinetuneOptions& options) {
   Result<FinetunePlan> plan = make_plan(options);
   if (!plan) return fail(plan.status(), 2);
   if (!options.worker.empty()) {
-    Result<Strategy> s = parse_strategy(options.worker);
-    if (!s) return fail(s.status(), 2);
+    const Contender* c = find_contender(*plan, options.worker);
+    if (c == nullptr) return fail(invalid_argument("--worker '" + options.worker + "' unknown"), 2);
     if (options.worker_fd < 0) return fail(invalid_argument("--worker needs --worker-fd"), 2);
-    return run_worker(*plan, *s, options.worker_fd, options.worker_trace);
+    return c->kind == ContenderKind::kStrata
+               ? run_strata_worker(*plan, *c, options.worker_fd, options.worker_trace)
+               : run_deepspeed_worker(*plan, *c, options.worker_fd, options.worker_trace);
   }
   // Every output path is checked before the run, so that a finished benchmark never loses its
   // result to a path that cannot be written.
@@ -431,8 +435,9 @@ void add_finetune_command(CLI::App& bench) {
   auto o = std::make_shared<finetune::FinetuneOptions>();
   CLI::App* cmd = bench.add_subcommand(
       "finetune",
-      "Fine-tune a scaled model through the C API with Strata and with ZeRO-Infinity's "
-      "offload, each in its own process: peak host memory and step time side by side");
+      "Fine-tune a scaled model with Strata (through its C API) and with DeepSpeed ZeRO-3's NVMe "
+      "offload in its labelled configurations, each in its own process: peak host memory and "
+      "step time side by side, under the same training semantics");
   cmd->add_option("--model", o->model, "A model preset (llama-2-70b, ...) or a HF config.json")
       ->required();
   cmd->add_option("--scale", o->scale, "Width factor (hidden, heads, MLP, vocabulary)")
@@ -441,7 +446,16 @@ void add_finetune_command(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--seq", o->seq, "Sequence length (tokens)")->capture_default_str();
   cmd->add_option("--batch", o->batch, "Sequences per step")->capture_default_str();
-  cmd->add_option("--strategy", o->strategy, "strata | zero-infinity | both")
+  cmd->add_option("--strategy", o->strategy, "strata | deepspeed | both")->capture_default_str();
+  cmd->add_option("--baseline", o->baselines,
+                  "The DeepSpeed configurations to run, comma-separated: deepspeed-defaults, "
+                  "deepspeed-pinned, deepspeed-tuned")
+      ->capture_default_str();
+  cmd->add_option("--precision", o->precision,
+                  "bf16 | fp16 (fp16 adds DeepSpeed's overflow check and its temporaries)")
+      ->capture_default_str();
+  cmd->add_option("--max-grad-norm", o->max_grad_norm,
+                  "Global gradient clipping for Strata and DeepSpeed alike (0: none)")
       ->capture_default_str();
   cmd->add_option("--steps", o->steps, "Training steps per strategy")->capture_default_str();
   cmd->add_option("--nvme", o->nvme_dir,
@@ -461,11 +475,11 @@ void add_finetune_command(CLI::App& bench) {
                   "Device budget for both strategies (default: weights and gradients of four "
                   "layers)");
   cmd->add_option("--optimizer-overlap", o->optimizer_overlap,
-                  "Strata: update each layer right after its backward (on), or after the whole "
-                  "backward as ZeRO-Infinity does (off)")
+                  "Strata: update each layer right after its backward (on: no global clipping), "
+                  "after the whole backward as DeepSpeed does (off: the headline), or both")
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
-  cmd->add_option("--trace", o->trace_path, "Write a Chrome trace (both strategies) to FILE");
+  cmd->add_option("--trace", o->trace_path, "Write a Chrome trace (every worker) to FILE");
   cmd->add_option("--plot", o->plot_path, "Write a PNG of host / pinned / device memory to FILE");
   cmd->add_option("--project-full-scale", o->project_gpu,
                   "Also simulate the unscaled model on this GPU preset (sched::simulate)");

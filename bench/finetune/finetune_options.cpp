@@ -40,16 +40,6 @@ Result<uint64_t> budget_option(const std::string& text, const char* flag) {
 
 }  // namespace
 
-const char* to_string(Strategy strategy) {
-  return strategy == Strategy::kStrata ? "strata" : "zero-infinity";
-}
-
-Result<Strategy> parse_strategy(const std::string& name) {
-  if (name == "strata") return Strategy::kStrata;
-  if (name == "zero-infinity") return Strategy::kZeroInfinity;
-  return invalid_argument("--strategy '" + name + "' is not strata, zero-infinity or both");
-}
-
 const char* to_string(ComputeMode mode) {
   switch (mode) {
     case ComputeMode::kModeled:
@@ -72,17 +62,29 @@ Result<ComputeMode> parse_compute_mode(const std::string& name) {
 Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
   FinetunePlan plan;
   plan.options = options;
-  if (options.strategy == "both") {
-    plan.strategies = {Strategy::kStrata, Strategy::kZeroInfinity};
-  } else {
-    Result<Strategy> s = parse_strategy(options.strategy);
-    if (!s) return std::move(s).take_status();
-    plan.strategies = {*s};
+  // "zero-infinity" is the name these baselines had before they were DeepSpeed's own
+  // configurations; it still selects them.
+  const bool run_strata = options.strategy == "both" || options.strategy == "strata";
+  const bool run_deepspeed = options.strategy == "both" || options.strategy == "deepspeed" ||
+                             options.strategy == "zero-infinity";
+  if (!run_strata && !run_deepspeed) {
+    return invalid_argument("--strategy '" + options.strategy +
+                            "' is not strata, deepspeed or both");
   }
-  if (options.optimizer_overlap != "on" && options.optimizer_overlap != "off") {
+  if (options.optimizer_overlap != "on" && options.optimizer_overlap != "off" &&
+      options.optimizer_overlap != "both") {
     return invalid_argument("--optimizer-overlap '" + options.optimizer_overlap +
-                            "' is not on or off");
+                            "' is not on, off or both");
   }
+  Result<Precision> precision = parse_precision(options.precision);
+  if (!precision) return std::move(precision).take_status();
+  plan.precision = *precision;
+  if (!(options.max_grad_norm >= 0.0) || !std::isfinite(options.max_grad_norm)) {
+    return invalid_argument("--max-grad-norm " + exact(options.max_grad_norm) +
+                            " is not a finite value >= 0 (0: no clipping)");
+  }
+  Result<std::vector<std::string>> baselines = parse_baselines(options.baselines);
+  if (!baselines) return std::move(baselines).take_status();
   Result<ComputeMode> compute = parse_compute_mode(options.compute);
   if (!compute) return std::move(compute).take_status();
   plan.compute = *compute;
@@ -197,47 +199,74 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
                             " (lower --scale or --layers, or point --nvme elsewhere)");
   }
 
-  // DeepSpeed's element-count defaults shrink with the parameter count (sub_group_size 1e9 is
-  // about 1.4% of a 70B model; keeping 1e9 on a 354M-parameter model would make one sub-group
-  // of the whole model and inflate its optimizer buffers ~70x relative to the model). Sub-groups
-  // are whole tensors taken in order until the group reaches the size (stage3.py), so the largest
-  // group - what DeepSpeed sizes its buffers for - comes from the real tensor list.
-  sched::ZeroInfinityOptions z;
-  z.param_buffer_count = kDeepSpeedParamBufferCount;
-  z.param_buffer_elements = std::max<uint64_t>(
-      1,
-      static_cast<uint64_t>(std::llround(kDeepSpeedParamBufferElements * plan.parameter_factor)));
-  z.optimizer_buffer_count = kDeepSpeedOptimizerBufferCount;
-  const uint64_t scaled_sub_group = std::max<uint64_t>(
-      1, static_cast<uint64_t>(std::llround(kDeepSpeedSubGroupElements * plan.parameter_factor)));
-  z.sub_group_elements = zero_largest_sub_group(param_elements, scaled_sub_group);
-  plan.zero_options = z;
-  Result<sched::MemoryPlan> zero_plan =
-      sched::zero_infinity_memory_plan(plan.inventory, z, plan.device_budget);
-  if (!zero_plan) return std::move(zero_plan).take_status().with_context("zero-infinity plan");
-  plan.zero_plan = std::move(*zero_plan);
+  // Who runs: Strata without overlap first (the headline's Strata), then with it, then each
+  // DeepSpeed configuration at this scale (deepspeed_config.h scales its element-count knobs).
+  auto add = [&plan](Contender c) {
+    c.index = plan.contenders.size();
+    plan.contenders.push_back(std::move(c));
+  };
+  if (run_strata) {
+    if (options.optimizer_overlap != "on")
+      add({0, kStrataName, ContenderKind::kStrata, false, {}, {}, {}});
+    if (options.optimizer_overlap != "off") {
+      add({0, kStrataOverlapName, ContenderKind::kStrata, true, {}, {}, {}});
+    }
+  }
+  if (run_deepspeed) {
+    if (plan.compute != ComputeMode::kModeled) {
+      return unsupported(
+          "the DeepSpeed baselines run with --compute modeled only (their GPU "
+          "work is DeepSpeed's, not this benchmark's); use --strategy strata");
+    }
+    for (const std::string& name : *baselines) {
+      Contender c;
+      c.name = name;
+      c.kind = ContenderKind::kDeepSpeed;
+      Result<DeepSpeedConfig> config = labelled_config(name, plan.inventory, plan.parameter_factor);
+      if (!config) return std::move(config).take_status().with_context(name);
+      config->gradient_clipping = options.max_grad_norm;
+      Result<DeepSpeedLayout> layout = deepspeed_layout(*config, plan.inventory);
+      if (!layout) return std::move(layout).take_status().with_context(name);
+      c.deepspeed = std::move(*config);
+      c.layout = std::move(*layout);
+      c.buffers = deepspeed_buffers(c.deepspeed, c.layout, plan.inventory, plan.precision);
+      add(std::move(c));
+    }
+  }
   return plan;
 }
 
-std::vector<std::string> worker_arguments(const FinetuneOptions& o, Strategy strategy, int fd,
-                                          const std::string& trace_path) {
-  std::vector<std::string> args = {"bench",       "finetune",
-                                   "--model",     o.model,
-                                   "--scale",     exact(o.scale),
-                                   "--layers",    std::to_string(o.layers),
-                                   "--seq",       std::to_string(o.seq),
-                                   "--batch",     std::to_string(o.batch),
-                                   "--steps",     std::to_string(o.steps),
-                                   "--nvme",      o.nvme_dir,
-                                   "--compute",   o.compute,
-                                   "--gpu",       o.gpu,
-                                   "--mfu",       exact(o.mfu),
-                                   "--strategy",  to_string(strategy),
-                                   "--worker",    to_string(strategy),
-                                   "--worker-fd", std::to_string(fd)};
+const Contender* find_contender(const FinetunePlan& plan, const std::string& name) {
+  for (const Contender& c : plan.contenders) {
+    if (c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> worker_arguments(const FinetuneOptions& o, const Contender& contender,
+                                          int fd, const std::string& trace_path) {
+  std::vector<std::string> args = {
+      "bench",       "finetune",
+      "--model",     o.model,
+      "--scale",     exact(o.scale),
+      "--layers",    std::to_string(o.layers),
+      "--seq",       std::to_string(o.seq),
+      "--batch",     std::to_string(o.batch),
+      "--steps",     std::to_string(o.steps),
+      "--nvme",      o.nvme_dir,
+      "--compute",   o.compute,
+      "--gpu",       o.gpu,
+      "--mfu",       exact(o.mfu),
+      "--strategy",  contender.kind == ContenderKind::kStrata ? "strata" : "deepspeed",
+      "--worker",    contender.name,
+      "--worker-fd", std::to_string(fd)};
   if (!o.pinned_budget.empty()) args.insert(args.end(), {"--pinned-budget", o.pinned_budget});
   if (!o.device_budget.empty()) args.insert(args.end(), {"--device-budget", o.device_budget});
-  args.insert(args.end(), {"--optimizer-overlap", o.optimizer_overlap});
+  args.insert(args.end(), {"--optimizer-overlap", contender.optimizer_overlap ? "on" : "off",
+                           "--precision", o.precision, "--max-grad-norm", exact(o.max_grad_norm)});
+  if (contender.kind == ContenderKind::kDeepSpeed) {
+    args.insert(args.end(), {"--baseline", contender.name});
+  }
   if (!trace_path.empty()) args.insert(args.end(), {"--worker-trace", trace_path});
   return args;
 }

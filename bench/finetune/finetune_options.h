@@ -9,18 +9,31 @@
 #include <vector>
 
 #include "common/status.h"
+#include "finetune/deepspeed_buffers.h"
+#include "finetune/deepspeed_config.h"
 #include "model/gpu_presets.h"
 #include "model/inventory.h"
 #include "model/model_config.h"
-#include "sched/memory_plan.h"
 
 namespace strata::bench::finetune {
 
-// The two strategies this benchmark compares, each in its own process.
-enum class Strategy : uint8_t { kStrata = 0, kZeroInfinity = 1 };
-inline constexpr int kStrategyCount = 2;
-const char* to_string(Strategy strategy);  // "strata", "zero-infinity"
-Result<Strategy> parse_strategy(const std::string& name);
+// Who this benchmark runs, each in its own worker process: Strata (with its optimizer after the
+// whole backward, the headline, and with it overlapped with backward, reported on its own line)
+// and the labelled DeepSpeed ZeRO-3 configurations (deepspeed_config.h).
+enum class ContenderKind : uint8_t { kStrata = 0, kDeepSpeed = 1 };
+inline constexpr const char* kStrataName = "strata";
+inline constexpr const char* kStrataOverlapName = "strata-overlap";
+
+struct Contender {
+  size_t index = 0;  // in FinetunePlan::contenders
+  std::string name;  // strata | strata-overlap | deepspeed-defaults | ...
+  ContenderKind kind = ContenderKind::kStrata;
+  bool optimizer_overlap = false;  // Strata: each unit's update right after its backward
+  // DeepSpeed: its configuration at this scale, the layout and the buffers it gives.
+  DeepSpeedConfig deepspeed;
+  DeepSpeedLayout layout;
+  std::vector<BufferSpec> buffers;
+};
 
 // How a layer's forward / backward compute is produced.
 enum class ComputeMode : uint8_t { kModeled = 0, kCpu = 1, kGpu = 2 };
@@ -41,22 +54,16 @@ inline constexpr uint32_t kDefaultBatch = 8;
 inline constexpr double kDefaultMfu = 0.4;
 inline constexpr const char* kDefaultGpu = "h100-sxm";
 
-// DeepSpeed's defaults (offload-baseline.md, "Defaults"), before scaling.
-inline constexpr uint32_t kDeepSpeedParamBufferCount = 5;
-inline constexpr uint64_t kDeepSpeedParamBufferElements = 100'000'000;
-inline constexpr uint32_t kDeepSpeedOptimizerBufferCount = 4;
-inline constexpr uint64_t kDeepSpeedSubGroupElements = 1'000'000'000;
-inline constexpr uint32_t kDeepSpeedAioBlockBytes = 1u << 20;
-inline constexpr uint32_t kDeepSpeedAioQueueDepth = 8;
-inline constexpr uint32_t kDeepSpeedAioThreads = 1;
-
 struct FinetuneOptions {
   std::string model;
   double scale = kDefaultScale;
   int layers = kDefaultLayers;
   uint32_t seq = kDefaultSeq;
   uint32_t batch = kDefaultBatch;
-  std::string strategy = "both";
+  std::string strategy = "both";          // strata | deepspeed | both
+  std::string baselines = kAllBaselines;  // the DeepSpeed configurations run
+  std::string precision = "bf16";         // bf16 | fp16
+  double max_grad_norm = 1.0;             // global gradient clipping, both sides; 0: off
   uint32_t steps = kDefaultSteps;
   std::string nvme_dir;  // empty: the system temporary directory
   std::string compute = "modeled";
@@ -69,11 +76,12 @@ struct FinetuneOptions {
   int metrics_port = -1;      // -1: no endpoint; 0: an ephemeral port (printed on stderr)
   std::string pinned_budget;  // "" : automatic (see Plan::strata_pinned_budget)
   std::string device_budget;  // "" : automatic
-  // Strata only: step each layer's parameters as soon as its backward is done (LoHan / Fuyou),
-  // so gradients are consumed where they were produced instead of waiting in pinned memory.
-  std::string optimizer_overlap = "on";
+  // Strata: step each layer's parameters as soon as its backward is done (LoHan / Fuyou), or
+  // after the whole backward (the same order, clipping and skip rules as DeepSpeed: the
+  // headline), or both (each its own worker).
+  std::string optimizer_overlap = "both";
   // Hidden: set by the parent when it starts a worker process.
-  std::string worker;  // strategy name
+  std::string worker;  // contender name
   int worker_fd = -1;
   std::string worker_trace;
 };
@@ -81,7 +89,8 @@ struct FinetuneOptions {
 // Everything derived from the options, computed identically in the parent and the workers.
 struct FinetunePlan {
   FinetuneOptions options;
-  std::vector<Strategy> strategies;
+  std::vector<Contender> contenders;
+  Precision precision = Precision::kBf16;
   ComputeMode compute = ComputeMode::kModeled;
   GpuPreset gpu;
   ModelConfig full_model;
@@ -91,23 +100,23 @@ struct FinetunePlan {
   uint64_t parameters = 0;
   uint64_t tokens = 0;  // seq * batch per step
   // The factor by which the parameter count shrank (scaled / full): DeepSpeed's element-count
-  // defaults (sub_group_size, buffer_size) shrink by it so that its buffers keep their full-size
-  // proportion to the model.
+  // knobs (sub_group_size, buffer_size, max_in_cpu, prefetch and persistence thresholds, live
+  // parameters, reuse distance) shrink by it, so that its buffers keep their full-size
+  // proportion to the model (deepspeed_config.h).
   double parameter_factor = 1.0;
   uint64_t strata_pinned_budget = 0;
   uint64_t device_budget = 0;
   uint64_t nvme_capacity = 0;  // per worker's swap file
-  // DeepSpeed's settings at this scale and the ZeRO-Infinity plan they give.
-  sched::ZeroInfinityOptions zero_options;
-  sched::MemoryPlan zero_plan;
 };
 
 // Checks every option (a clear message for each bad one) and derives the plan.
 Result<FinetunePlan> make_plan(const FinetuneOptions& options);
 
 // The worker's command line (after the program name): the same experiment, one strategy.
-std::vector<std::string> worker_arguments(const FinetuneOptions& options, Strategy strategy, int fd,
+std::vector<std::string> worker_arguments(const FinetuneOptions& options,
+                                          const Contender& contender, int fd,
                                           const std::string& trace_path);
+const Contender* find_contender(const FinetunePlan& plan, const std::string& name);
 
 // Bytes per parameter element the optimizer holds while it updates a tensor: the bf16 gradient,
 // the fp32 master, m and v, and the new bf16 weights.

@@ -28,9 +28,9 @@ using json = nlohmann::ordered_json;
 // Room left on the GPU for activations, workspaces and the CUDA context in the projection.
 constexpr uint64_t kProjectionDeviceReserve = uint64_t{8} << 30;
 
-const json* find(const std::vector<StrategyResult>& results, Strategy s) {
+const json* find(const std::vector<StrategyResult>& results, const std::string& name) {
   for (const StrategyResult& r : results) {
-    if (r.strategy == s) return &r.result;
+    if (r.name == name) return &r.result;
   }
   return nullptr;
 }
@@ -61,14 +61,19 @@ json strategy_summary(const json& r) {
   return out;
 }
 
-// 1 - strata / zero-infinity peak host, and strata / zero-infinity step time.
-std::pair<json, json> ratios(const json* strata, const json* zero) {
-  if (strata == nullptr || zero == nullptr) return {nullptr, nullptr};
+// 1 - strata / baseline peak host, and strata / baseline step time.
+std::pair<json, json> ratios(const json* strata, const json* baseline) {
+  if (strata == nullptr || baseline == nullptr) return {nullptr, nullptr};
   const double sh = (*strata)["peak_host_bytes"].get<double>();
-  const double zh = (*zero)["peak_host_bytes"].get<double>();
+  const double zh = (*baseline)["peak_host_bytes"].get<double>();
   const double ss = (*strata)["step_seconds"].get<double>();
-  const double zs = (*zero)["step_seconds"].get<double>();
+  const double zs = (*baseline)["step_seconds"].get<double>();
   return {zh > 0 ? json(1.0 - sh / zh) : json(nullptr), zs > 0 ? json(ss / zs) : json(nullptr)};
+}
+
+// The headline's Strata: the one with the baselines' semantics (optimizer after backward).
+const json* headline_strata(const std::vector<StrategyResult>& results) {
+  return find(results, kStrataName);
 }
 
 }  // namespace
@@ -102,58 +107,101 @@ Result<json> project_full_scale(const FinetunePlan& plan) {
   // Strata's pinned budget follows the same rule as the measured run.
   const uint64_t pinned_budget = default_strata_pinned_budget(largest);
 
-  json policies = json::array();
-  sched::SimulationResult results[kStrategyCount];
-  for (Strategy s : {Strategy::kStrata, Strategy::kZeroInfinity}) {
-    sched::SimulationConfig c = config;
-    if (s == Strategy::kStrata) {
-      c.memory = sched::strata_memory_plan(pinned_budget, device_budget);
-      // As the measured run: each layer's update right after its backward.
-      c.step.optimizer_overlap = plan.options.optimizer_overlap == "on";
-    } else {
-      // Full size: DeepSpeed's defaults as they are.
-      Result<sched::MemoryPlan> zero =
-          sched::zero_infinity_memory_plan(inventory, sched::ZeroInfinityOptions{}, device_budget);
-      if (!zero) return std::move(zero).take_status();
-      c.memory = std::move(*zero);
+  // Strata through the simulator, with the measured run's order of updates.
+  sched::SimulationConfig c = config;
+  c.memory = sched::strata_memory_plan(pinned_budget, device_budget);
+  c.step.optimizer_overlap = plan.options.optimizer_overlap == "on";
+  Result<sched::SimulationResult> r = sched::simulate(inventory, c);
+  if (!r) return std::move(r).take_status().with_context("simulating strata");
+  json strata = {{"name", c.step.optimizer_overlap ? kStrataOverlapName : kStrataName},
+                 {"peak_host_bytes", r->peak_host_bytes},
+                 {"peak_pinned_bytes", r->peak_pinned_bytes},
+                 {"peak_device_bytes", r->peak_device_bytes},
+                 {"step_seconds", r->step_seconds},
+                 {"stall_seconds", r->stall_seconds},
+                 {"bottleneck", r->bottleneck_label}};
+  // DeepSpeed at full size: each labelled configuration with its knobs as they are (factor 1),
+  // its host memory from the same buffer rules as the measured workers (deepspeed_buffers.h).
+  json baselines = json::array();
+  json reduction = json::object();
+  Result<std::vector<std::string>> names = parse_baselines(plan.options.baselines);
+  if (!names) return std::move(names).take_status();
+  for (const std::string& name : *names) {
+    Result<DeepSpeedConfig> config_ds = labelled_config(name, inventory, 1.0);
+    if (!config_ds) return std::move(config_ds).take_status();
+    config_ds->gradient_clipping = plan.options.max_grad_norm;
+    Result<DeepSpeedLayout> layout = deepspeed_layout(*config_ds, inventory);
+    if (!layout) return std::move(layout).take_status();
+    const std::vector<BufferSpec> buffers =
+        deepspeed_buffers(*config_ds, *layout, inventory, plan.precision);
+    const BufferPeaks peaks = buffer_peaks(buffers);
+    json table = json::array();
+    for (const BufferSpec& b : buffers) {
+      table.push_back({{"name", b.name},
+                       {"held_bytes", b.held_bytes()},
+                       {"pinned", b.pinned},
+                       {"life", to_string(b.life)},
+                       {"deepspeed_source", b.source}});
     }
-    Result<sched::SimulationResult> r = sched::simulate(inventory, c);
-    if (!r)
-      return std::move(r).take_status().with_context(std::string("simulating ") + to_string(s));
-    results[static_cast<int>(s)] = *r;
-    policies.push_back({{"name", to_string(s)},
-                        {"peak_host_bytes", r->peak_host_bytes},
-                        {"peak_pinned_bytes", r->peak_pinned_bytes},
-                        {"peak_device_bytes", r->peak_device_bytes},
-                        {"step_seconds", r->step_seconds},
-                        {"stall_seconds", r->stall_seconds},
-                        {"bottleneck", r->bottleneck_label}});
+    baselines.push_back({{"name", name},
+                         {"peak_host_bytes", peaks.run},
+                         {"peak_host_moment", peaks.run_moment},
+                         {"peak_host_bytes_steps", peaks.steps},
+                         {"peak_pinned_bytes", peaks.pinned},
+                         {"largest_sub_group", layout->largest_sub_group},
+                         {"buffers", std::move(table)}});
+    reduction[name] = peaks.run > 0 ? 1.0 - static_cast<double>(r->peak_host_bytes) /
+                                                static_cast<double>(peaks.run)
+                                    : 0.0;
   }
-  const auto& a = results[0];
-  const auto& b = results[1];
-  return json{
-      {"gpu", gpu->name},
-      {"model", full.name},
-      {"parameters", parameter_count(full)},
-      {"nvme", nvme->name},
-      {"tokens_per_step", plan.tokens},
-      {"device_budget_bytes", device_budget},
-      {"strata_pinned_budget_bytes", pinned_budget},
-      {"strategies", std::move(policies)},
-      {"host_reduction", b.peak_host_bytes > 0 ? 1.0 - static_cast<double>(a.peak_host_bytes) /
-                                                           static_cast<double>(b.peak_host_bytes)
-                                               : 0.0},
-      {"step_time_ratio", b.step_seconds > 0 ? a.step_seconds / b.step_seconds : 0.0}};
+  return json{{"gpu", gpu->name},
+              {"model", full.name},
+              {"parameters", parameter_count(full)},
+              {"nvme", nvme->name},
+              {"tokens_per_step", plan.tokens},
+              {"device_budget_bytes", device_budget},
+              {"strata_pinned_budget_bytes", pinned_budget},
+              {"strategies", json::array({std::move(strata)})},
+              {"baselines", std::move(baselines)},
+              {"host_reduction", std::move(reduction)},
+              {"note",
+               "DeepSpeed's full-size host bytes come from its buffer rules (the ones the measured "
+               "workers allocate); its full-size step time is not simulated"}};
 }
 
 json results_json(const FinetunePlan& plan, const std::vector<StrategyResult>& results,
                   const json* projection) {
   json strategies = json::array();
-  for (const StrategyResult& r : results) strategies.push_back(strategy_summary(r.result));
-  const auto [host_reduction, step_ratio] =
-      ratios(find(results, Strategy::kStrata), find(results, Strategy::kZeroInfinity));
+  json baselines = json::array();
+  json host_reduction = json::object();
+  json step_ratio = json::object();
+  const json* strata = headline_strata(results);
+  for (const StrategyResult& r : results) {
+    if (r.kind == ContenderKind::kStrata) {
+      strategies.push_back(strategy_summary(r.result));
+      continue;
+    }
+    baselines.push_back(strategy_summary(r.result));
+    const auto [h, t] = ratios(strata, &r.result);
+    host_reduction[r.name] = h;
+    step_ratio[r.name] = t;
+  }
+  json overlap = nullptr;
+  if (const json* o = find(results, kStrataOverlapName); o != nullptr && strata != nullptr) {
+    const auto [h, t] = ratios(o, strata);
+    overlap = {{"step_time_ratio_vs_strata", t},
+               {"semantic_cost",
+                "no global gradient clipping; a non-finite gradient skips its unit and the units "
+                "after it, not the whole step"}};
+  }
   const FinetuneOptions& o = plan.options;
   json out = {{"model", plan.full_model.name},
+              {"precision", to_string(plan.precision)},
+              {"semantics",
+               {{"headline",
+                 "optimizer after the whole backward, sub-group order as DeepSpeed, "
+                 "global gradient clipping"},
+                {"max_grad_norm", o.max_grad_norm}}},
               {"scaled",
                {{"scale", o.scale},
                 {"layers", plan.model.num_hidden_layers},
@@ -162,6 +210,7 @@ json results_json(const FinetunePlan& plan, const std::vector<StrategyResult>& r
                 {"intermediate_size", plan.model.intermediate_size},
                 {"parameters", plan.parameters},
                 {"full_parameters", parameter_count(plan.full_model)},
+                {"parameter_factor", plan.parameter_factor},
                 {"tensors", plan.totals.tensors},
                 {"state_bytes", plan.totals.bytes}}},
               {"config",
@@ -173,19 +222,12 @@ json results_json(const FinetunePlan& plan, const std::vector<StrategyResult>& r
                 {"mfu", o.mfu},
                 {"nvme_dir", o.nvme_dir},
                 {"strata_pinned_budget_bytes", plan.strata_pinned_budget},
-                {"device_budget_bytes", plan.device_budget},
-                {"deepspeed",
-                 {{"param_buffer_count", plan.zero_options.param_buffer_count},
-                  {"param_buffer_elements", plan.zero_options.param_buffer_elements},
-                  {"optimizer_buffer_count", plan.zero_options.optimizer_buffer_count},
-                  {"sub_group_elements", plan.zero_options.sub_group_elements},
-                  {"parameter_factor", plan.parameter_factor},
-                  {"aio_block_bytes", kDeepSpeedAioBlockBytes},
-                  {"aio_queue_depth", kDeepSpeedAioQueueDepth},
-                  {"aio_threads", kDeepSpeedAioThreads}}}}},
+                {"device_budget_bytes", plan.device_budget}}},
               {"strategies", std::move(strategies)},
-              {"host_reduction", host_reduction},
-              {"step_time_ratio", step_ratio}};
+              {"baselines", std::move(baselines)},
+              {"host_reduction", host_reduction.empty() ? json(nullptr) : host_reduction},
+              {"step_time_ratio", step_ratio.empty() ? json(nullptr) : step_ratio},
+              {"optimizer_overlap", overlap}};
   if (projection != nullptr) out["projection"] = *projection;
   return out;
 }
@@ -199,64 +241,83 @@ std::string results_table(const FinetunePlan& plan, const std::vector<StrategyRe
     << " layers: " << fixed(static_cast<double>(plan.parameters) / 1e6, 1) << "M parameters, "
     << format_bytes(plan.totals.bytes) << " of model states on NVMe (" << o.nvme_dir << ")\n";
   s << o.steps << " steps (step time: median after the first), seq " << o.seq << " x batch "
-    << o.batch << ", compute " << o.compute << " (" << plan.gpu.name << ", MFU " << fixed(o.mfu, 2)
+    << o.batch << ", " << to_string(plan.precision) << ", clipping " << fixed(o.max_grad_norm, 1)
+    << ", compute " << o.compute << " (" << plan.gpu.name << ", MFU " << fixed(o.mfu, 2)
     << "); pinned budget " << format_bytes(plan.strata_pinned_budget) << " (strata), device budget "
     << format_bytes(plan.device_budget) << "\n\n";
-  Table table({"strategy", "peak host", "peak pinned", "peak device", "step (s)", "NVMe rd GB/s",
-               "NVMe wr GB/s", "stall", "VmHWM"});
+  Table table({"who", "peak host", "steps only", "peak pinned", "step (s)", "NVMe rd/step",
+               "NVMe wr/step", "stall", "host peak set by"});
   for (const StrategyResult& r : results) {
     const json& j = r.result;
-    table.add_row({to_string(r.strategy), format_bytes(j["peak_host_bytes"].get<uint64_t>()),
+    const double steps = std::max(1.0, j.value("measured_steps", 1.0));
+    table.add_row({r.name, format_bytes(j["peak_host_bytes"].get<uint64_t>()),
+                   format_bytes(j["peak_host_bytes_during_steps"].get<uint64_t>()),
                    format_bytes(j["peak_pinned_bytes"].get<uint64_t>()),
-                   format_bytes(j["peak_device_bytes"].get<uint64_t>()),
                    fixed(j["step_seconds"].get<double>(), 2),
-                   fixed(j["nvme_read_gbps"].get<double>(), 3),
-                   fixed(j["nvme_write_gbps"].get<double>(), 3),
+                   format_bytes(static_cast<uint64_t>(j["nvme_read_bytes"].get<double>() / steps)),
+                   format_bytes(static_cast<uint64_t>(j["nvme_write_bytes"].get<double>() / steps)),
                    fixed(100.0 * j["stall_fraction"].get<double>(), 1) + "%",
-                   format_bytes(j["os_vmhwm_bytes"].get<uint64_t>())});
+                   j.value("peak_host_moment", std::string("?"))});
   }
   s << table.render();
-  const auto [host_reduction, step_ratio] =
-      ratios(find(results, Strategy::kStrata), find(results, Strategy::kZeroInfinity));
-  if (!host_reduction.is_null() && !step_ratio.is_null()) {
-    s << "\nstrata vs zero-infinity: peak host " << signed_percent(-host_reduction.get<double>())
-      << " (host_reduction " << fixed(host_reduction.get<double>(), 3) << "), step time x"
-      << fixed(step_ratio.get<double>(), 3) << " (step_time_ratio)\n";
+  const json* strata = headline_strata(results);
+  if (strata != nullptr) {
+    s << "\nstrata against each DeepSpeed configuration (same semantics: optimizer after "
+         "backward, global clipping):\n";
   }
-  const json* strata_result = find(results, Strategy::kStrata);
-  const json* zero_result = find(results, Strategy::kZeroInfinity);
-  if (strata_result != nullptr && zero_result != nullptr) {
-    const double a = (*strata_result)["peak_host_bytes_during_steps"].get<double>();
-    const double b = (*zero_result)["peak_host_bytes_during_steps"].get<double>();
-    s << "peak host during the training steps only (start-up left out): strata "
-      << format_bytes(static_cast<uint64_t>(a)) << ", zero-infinity "
-      << format_bytes(static_cast<uint64_t>(b)) << " (" << signed_percent(b > 0 ? a / b - 1.0 : 0.0)
-      << ")\n";
+  for (const StrategyResult& r : results) {
+    if (r.kind != ContenderKind::kDeepSpeed || strata == nullptr) continue;
+    const auto [h, t] = ratios(strata, &r.result);
+    if (h.is_null() || t.is_null()) continue;
+    s << "  vs " << r.name << ": peak host " << signed_percent(-h.get<double>())
+      << " (host_reduction " << fixed(h.get<double>(), 3) << "), step time x"
+      << fixed(t.get<double>(), 3) << " (step_time_ratio)\n";
   }
-  if (const json* z = zero_result) {
-    s << "zero-infinity: DeepSpeed blocks "
-      << format_bytes((*z)["deepspeed_blocks_bytes"].get<uint64_t>())
-      << " pinned for the whole run, overflow-check temporaries "
-      << format_bytes((*z)["deepspeed_overflow_temporary_bytes"].get<uint64_t>())
-      << " per pass; runtime sizes: " << (*z)["runtime_zero_infinity_sizes"].get<std::string>()
-      << "\n";
+  if (const json* ov = find(results, kStrataOverlapName); ov != nullptr && strata != nullptr) {
+    const auto [h, t] = ratios(ov, strata);
+    if (!t.is_null()) {
+      s << "strata-overlap (optimizer during backward; its cost: no global clipping, a "
+           "non-finite gradient skips only the units after it): step time x"
+        << fixed(t.get<double>(), 3) << " of strata's\n";
+    }
   }
-  s << "peak host = RSS less the emulated device (zero-infinity: its staged tensors counted once, "
-       "inside DeepSpeed's blocks); VmHWM = the kernel's peak RSS, device memory included\n";
+  for (const StrategyResult& r : results) {
+    if (r.kind != ContenderKind::kDeepSpeed) continue;
+    const json& j = r.result;
+    s << "\n" << r.name << " host buffers (" << j.value("deepspeed_version_modelled", "") << "):\n";
+    Table b({"buffer", "held", "pinned", "life", "DeepSpeed source"});
+    for (const json& buf : j["buffers"]) {
+      b.add_row({buf["name"].get<std::string>(), format_bytes(buf["held_bytes"].get<uint64_t>()),
+                 buf["pinned"].get<bool>() ? "pinned" : "pageable", buf["life"].get<std::string>(),
+                 buf["deepspeed_source"].get<std::string>()});
+    }
+    s << b.render();
+  }
+  s << "peak host = RSS less the emulated device; steps only = the peak over the training steps, "
+       "start-up left out\n";
   if (projection != nullptr) {
     const json& p = *projection;
-    s << "\nFull-scale projection (sched::simulate): " << p["model"].get<std::string>() << ", "
+    s << "\nFull-scale projection: " << p["model"].get<std::string>() << ", "
       << p["gpu"].get<std::string>() << ", one " << p["nvme"].get<std::string>() << " drive, "
       << p["tokens_per_step"].get<uint64_t>() << " tokens per step\n";
-    Table t({"strategy", "peak host", "peak pinned", "peak device", "step (s)", "bottleneck"});
+    Table t({"who", "peak host", "steps only", "peak pinned", "step (s)"});
     for (const json& r : p["strategies"]) {
-      t.add_row({r["name"].get<std::string>(), format_bytes(r["peak_host_bytes"].get<uint64_t>()),
+      t.add_row({r["name"].get<std::string>() + " (simulated)",
+                 format_bytes(r["peak_host_bytes"].get<uint64_t>()),
+                 format_bytes(r["peak_host_bytes"].get<uint64_t>()),
                  format_bytes(r["peak_pinned_bytes"].get<uint64_t>()),
-                 format_bytes(r["peak_device_bytes"].get<uint64_t>()),
-                 fixed(r["step_seconds"].get<double>(), 2), r["bottleneck"].get<std::string>()});
+                 fixed(r["step_seconds"].get<double>(), 2)});
     }
-    s << t.render() << "projected host_reduction " << fixed(p["host_reduction"].get<double>(), 3)
-      << ", step_time_ratio " << fixed(p["step_time_ratio"].get<double>(), 3) << "\n";
+    for (const json& r : p["baselines"]) {
+      t.add_row({r["name"].get<std::string>() + " (buffer rules)",
+                 format_bytes(r["peak_host_bytes"].get<uint64_t>()),
+                 format_bytes(r["peak_host_bytes_steps"].get<uint64_t>()),
+                 format_bytes(r["peak_pinned_bytes"].get<uint64_t>()), "-"});
+    }
+    s << t.render();
+    for (const auto& [name, value] : p["host_reduction"].items()) {
+      s << "projected host_reduction vs " << name << " " << fixed(value.get<double>(), 3) << "\n";
+    }
   }
   return s.str();
 }
@@ -268,7 +329,7 @@ Status merge_traces(const std::vector<StrategyResult>& results, const std::strin
     ++pid;
     Result<json> worker = read_json_file(r.trace_path);
     if (!worker) return std::move(worker).take_status();
-    const std::string name = to_string(r.strategy);
+    const std::string name = r.name;
     events.push_back({{"name", "process_name"},
                       {"ph", "M"},
                       {"pid", pid},
@@ -281,14 +342,19 @@ Status merge_traces(const std::vector<StrategyResult>& results, const std::strin
                       {"args", {{"sort_index", pid}}}});
     // The runtime's spans: "nvme read", "nvme write", "h2d copy", "d2h copy" tracks, on the
     // runtime's clock, moved onto the worker's.
-    const int64_t offset = (*worker)["runtime_epoch_us"].get<int64_t>();
-    Result<json> runtime = read_json_file((*worker)["runtime_trace"].get<std::string>());
-    if (!runtime) return std::move(runtime).take_status();
-    for (json& e : (*runtime)["traceEvents"]) {
-      if (e.value("ph", "") == "M" && e.value("name", "") == "process_name") continue;
-      e["pid"] = pid;
-      if (e.contains("ts")) e["ts"] = e["ts"].get<int64_t>() + offset;
-      events.push_back(std::move(e));
+    // (The DeepSpeed workers have no runtime: their aio handles' spans are their own tracks.)
+    const std::string runtime_path = (*worker).value("runtime_trace", std::string());
+    if (!runtime_path.empty()) {
+      const int64_t offset = (*worker)["runtime_epoch_us"].get<int64_t>();
+      Result<json> runtime = read_json_file(runtime_path);
+      if (!runtime) return std::move(runtime).take_status();
+      for (json& e : (*runtime)["traceEvents"]) {
+        if (e.value("ph", "") == "M" && e.value("name", "") == "process_name") continue;
+        e["pid"] = pid;
+        if (e.contains("ts")) e["ts"] = e["ts"].get<int64_t>() + offset;
+        events.push_back(std::move(e));
+      }
+      std::remove(runtime_path.c_str());
     }
     // The worker's own tracks (compute, optimizer, ...), each its own row after the runtime's.
     std::map<std::string, int> tids;
@@ -312,7 +378,6 @@ Status merge_traces(const std::vector<StrategyResult>& results, const std::strin
       if (span.contains("bytes")) e["args"] = {{"bytes", span["bytes"]}};
       events.push_back(std::move(e));
     }
-    std::remove((*worker)["runtime_trace"].get<std::string>().c_str());
     std::remove(r.trace_path.c_str());
   }
   const json out = {{"displayTimeUnit", "ms"},
@@ -357,7 +422,7 @@ Status plot_memory(const FinetunePlan& plan, const std::vector<StrategyResult>& 
                    const std::string& path) {
   json strategies = json::array();
   for (const StrategyResult& r : results) {
-    strategies.push_back({{"name", to_string(r.strategy)},
+    strategies.push_back({{"name", r.name},
                           {"peak_host_bytes", r.result["peak_host_bytes"]},
                           {"series", r.result["memory_series"]}});
   }

@@ -13,7 +13,8 @@ namespace strata::bench::finetune {
 
 // One worker's "result" event, as it arrived.
 struct StrategyResult {
-  Strategy strategy = Strategy::kStrata;
+  std::string name;
+  ContenderKind kind = ContenderKind::kStrata;
   nlohmann::ordered_json result;
   std::string trace_path;  // the worker's trace file, when --trace
 };

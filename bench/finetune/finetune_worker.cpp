@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "common/unique_fd.h"
-#include "finetune/deepspeed_host.h"
 #include "finetune/layer_compute.h"
 #include "finetune/memory_sampler.h"
+#include "finetune/worker_common.h"
 #include "memory/accounting.h"
 #include "optim/cpu_adam.h"
 #include "optim/half_convert.h"
@@ -28,7 +28,6 @@ namespace strata::bench::finetune {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using json = nlohmann::ordered_json;
 
 // Explicit limits.
 constexpr size_t kMaxSpans = size_t{1} << 20;  // this worker's own trace spans
@@ -38,150 +37,6 @@ constexpr uint32_t kSeriesEvery = 4;  // one series point per 20 ms
 constexpr auto kMetricsInterval = std::chrono::milliseconds(250);
 // A wait inside acquire shorter than this is bookkeeping, not a stall worth a trace span.
 constexpr uint64_t kMinWaitSpanUs = 50;
-
-// One JSON object per line on the pipe to the parent. Lines come from the training thread and
-// the sampler thread, so writes are serialized; a parent that went away is ignored (SIGPIPE is
-// ignored in the worker).
-class Channel {
- public:
-  explicit Channel(int fd) : fd_(fd) {}
-  void send(const json& message) {
-    const std::string line = message.dump() + "\n";
-    std::lock_guard lock(mutex_);
-    size_t done = 0;
-    while (done < line.size()) {
-      const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return;
-      done += static_cast<size_t>(n);
-    }
-  }
-
- private:
-  int fd_;
-  std::mutex mutex_;
-};
-
-// Bytes this process read from and wrote to storage (/proc/self/io: read_bytes / write_bytes,
-// what reached the block layer; O_DIRECT I/O counts, the page cache does not hide any).
-struct ProcIo {
-  uint64_t read = 0;
-  uint64_t written = 0;
-};
-
-ProcIo read_proc_io() {
-  ProcIo io;
-  UniqueFd fd(::open("/proc/self/io", O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return io;
-  char text[1024];
-  const ssize_t n = ::read(fd.get(), text, sizeof text - 1);
-  if (n <= 0) return io;
-  text[n] = '\0';
-  if (const char* r = std::strstr(text, "\nread_bytes:"))
-    io.read = std::strtoull(r + 12, nullptr, 10);
-  if (const char* w = std::strstr(text, "\nwrite_bytes:")) {
-    io.written = std::strtoull(w + 13, nullptr, 10);
-  }
-  return io;
-}
-
-// The 1-minute load average: this benchmark's figures depend on the CPUs being free, so each
-// result says how busy the machine was.
-double load_average() {
-  double load = -1;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &load) != 1) load = -1;
-    std::fclose(f);
-  }
-  return load;
-}
-
-struct Span {
-  const char* track;
-  std::string name;
-  uint64_t begin_us;
-  uint64_t end_us;
-  int64_t bytes;
-};
-
-// A parameter and the indices (into the inventory) of its states.
-struct ParamEntry {
-  size_t param = 0, grad = SIZE_MAX, master = SIZE_MAX, adam_m = SIZE_MAX, adam_v = SIZE_MAX;
-};
-
-// A unit of the loop: the embedding ("pre", layer -1), a transformer layer, or the final norm
-// and LM head ("post", layer L), as sched/training_step.h numbers them.
-struct Unit {
-  int32_t layer = 0;
-  std::vector<ParamEntry> params;
-};
-
-std::vector<Unit> build_units(const std::vector<TensorSpec>& inventory, uint32_t layers) {
-  std::vector<Unit> units;
-  Unit pre{-1, {}}, post{static_cast<int32_t>(layers), {}};
-  std::vector<Unit> body(layers);
-  for (uint32_t l = 0; l < layers; ++l) body[l].layer = static_cast<int32_t>(l);
-  bool seen_layer = false;
-  for (size_t i = 0; i < inventory.size(); ++i) {
-    const TensorSpec& t = inventory[i];
-    if (t.layer >= 0) seen_layer = true;
-    if (t.kind != TensorKind::kParameter) continue;
-    ParamEntry e;
-    e.param = i;
-    for (size_t j = i + 1; j < inventory.size() && inventory[j].kind != TensorKind::kParameter;
-         ++j) {
-      switch (inventory[j].kind) {
-        case TensorKind::kGradient:
-          e.grad = j;
-          break;
-        case TensorKind::kMasterWeight:
-          e.master = j;
-          break;
-        case TensorKind::kAdamM:
-          e.adam_m = j;
-          break;
-        case TensorKind::kAdamV:
-          e.adam_v = j;
-          break;
-        default:
-          break;
-      }
-    }
-    if (t.layer >= 0) {
-      body[static_cast<size_t>(t.layer)].params.push_back(e);
-    } else {
-      (seen_layer ? post : pre).params.push_back(e);
-    }
-  }
-  if (!pre.params.empty()) units.push_back(std::move(pre));
-  for (Unit& u : body) units.push_back(std::move(u));
-  if (!post.params.empty()) units.push_back(std::move(post));
-  return units;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// The runtime takes DeepSpeed's sub_group_size and buffer_size for its ZERO_INFINITY plan from
-// the config when its header has the fields; a header without them leaves the runtime on
-// DeepSpeed's unscaled defaults, which the result then reports.
-template <typename Config>
-bool set_zero_infinity_sizes(Config& config, const sched::ZeroInfinityOptions& z) {
-  if constexpr (requires {
-                  config.zero_sub_group_elements;
-                  config.zero_param_buffer_elements;
-                }) {
-    config.zero_sub_group_elements = z.sub_group_elements;
-    config.zero_param_buffer_elements = z.param_buffer_elements;
-    return true;
-  } else {
-    return false;
-  }
-}
 
 class Worker {
  public:
@@ -196,9 +51,9 @@ class Worker {
     return st;
   }
 
-  Worker(const FinetunePlan& plan, Strategy strategy, int fd, std::string trace_path)
+  Worker(const FinetunePlan& plan, const Contender& contender, int fd, std::string trace_path)
       : plan_(plan),
-        strategy_(strategy),
+        contender_(contender),
         channel_(fd),
         trace_path_(std::move(trace_path)),
         units_(build_units(plan.inventory, plan.model.num_hidden_layers)) {
@@ -206,14 +61,13 @@ class Worker {
   }
   ~Worker() {
     if (sampler_) sampler_->stop();
-    deepspeed_.reset();
     if (rt_ != nullptr) (void)strata_runtime_destroy(rt_);
   }
 
   Status run();
   void send_error(const Status& status) {
     channel_.send({{"event", "error"},
-                   {"strategy", to_string(strategy_)},
+                   {"strategy", contender_.name},
                    {"message", status.message()},
                    {"code", strata_strerror(status.code())}});
   }
@@ -239,7 +93,6 @@ class Worker {
   Status forward(const Unit& unit);
   Status backward(const Unit& unit);
   Status optimizer(const Unit& unit, bool first_unit);
-  Status deepspeed_check();
   Result<strata_acquired> acquire(size_t tensor, strata_tier tier, uint32_t flags);
   Status release(size_t tensor, bool dirty, void* stream = nullptr);
   void progress(const char* phase, uint32_t step, int32_t layer);
@@ -247,7 +100,7 @@ class Worker {
   void send_result();
 
   const FinetunePlan& plan_;
-  const Strategy strategy_;
+  const Contender& contender_;
   Channel channel_;
   const std::string trace_path_;
   const std::vector<Unit> units_;
@@ -255,12 +108,10 @@ class Worker {
 
   std::unique_ptr<MemorySampler> sampler_;
   strata_runtime* rt_ = nullptr;
-  bool zero_sizes_applied_ = false;
   std::vector<strata_tensor_desc> descs_;
   std::vector<strata_tensor> handles_;
   std::unique_ptr<LayerCompute> compute_;
   std::unique_ptr<optim::CpuAdam> adam_;
-  std::unique_ptr<DeepSpeedHostBuffers> deepspeed_;
   std::vector<Span> spans_;
   uint64_t runtime_epoch_lo_us_ = 0, runtime_epoch_hi_us_ = 0;
 
@@ -271,18 +122,13 @@ class Worker {
   double overflow_seconds_ = 0;
   double optimizer_seconds_ = 0;
   double compute_seconds_ = 0;
-  struct StepRecord {
-    double seconds = 0, stall = 0, overflow_check = 0, optimizer = 0, compute = 0;
-    uint64_t read = 0, written = 0;                  // /proc/self/io
-    uint64_t runtime_read = 0, runtime_written = 0;  // the runtime's own count
-    bool skipped = false;
-  };
   std::vector<StepRecord> steps_;
   double startup_seconds_ = 0;
   double final_sync_seconds_ = 0;
   uint64_t startup_written_ = 0;
   double load_start_ = -1;
-  OverflowCheckResult last_check_;
+  double last_grad_norm_ = 0;
+  float last_clip_scale_ = 1.0f;
   double done_units_ = 0;
 };
 
@@ -302,41 +148,8 @@ Status Worker::create_runtime() {
     c.trace_events = static_cast<uint32_t>(
         std::min<uint64_t>(uint64_t{1} << 22, 32 * params * (plan_.options.steps + 2) + 65536));
   }
-  if (strategy_ == Strategy::kStrata) {
-    c.policy = STRATA_POLICY_STRATA;
-    c.pinned_budget_bytes = plan_.strata_pinned_budget;
-  } else {
-    c.policy = STRATA_POLICY_ZERO_INFINITY;
-    // DeepSpeed's aio defaults: 1 MiB blocks, queue depth 8, one thread. No checksums: DeepSpeed
-    // verifies nothing it reads back.
-    c.block_size = kDeepSpeedAioBlockBytes;
-    c.queue_depth = kDeepSpeedAioQueueDepth;
-    c.worker_threads = kDeepSpeedAioThreads;
-    c.verify_checksums = 0;
-    // Its swapper keeps a file per tensor and opens, stats and closes it around every request.
-    c.nvme_layout = STRATA_NVME_FILE_PER_TENSOR;
-    c.planned_tensors = descs_.data();
-    c.planned_tensor_count = descs_.size();
-    zero_sizes_applied_ = set_zero_infinity_sizes(c, plan_.zero_options);
-    // The arena's budget covers the pools of the plan the runtime will build (its budgets, not
-    // what DeepSpeed reserves: the runtime maps staged tensors exactly).
-    Result<sched::MemoryPlan> runtime_plan = sched::zero_infinity_memory_plan(
-        plan_.inventory, zero_sizes_applied_ ? plan_.zero_options : sched::ZeroInfinityOptions{},
-        plan_.device_budget);
-    if (!runtime_plan) return std::move(runtime_plan).take_status();
-    uint64_t pinned = 0;
-    for (const sched::PoolSpec& pool : runtime_plan->pools) {
-      if (pool.tier == sched::Tier::kPinned) pinned += pool.budget_bytes;
-    }
-    c.pinned_budget_bytes = pinned + (uint64_t{64} << 20);
-    if (!zero_sizes_applied_) {
-      std::fprintf(stderr,
-                   "strata bench finetune: warning: this runtime's config has no "
-                   "zero_sub_group_elements / zero_param_buffer_elements, so its ZERO_INFINITY "
-                   "plan uses DeepSpeed's unscaled defaults (sub_group_size 1e9 = the whole "
-                   "scaled model): its step time is flattered, see docs/results.md\n");
-    }
-  }
+  c.policy = STRATA_POLICY_STRATA;
+  c.pinned_budget_bytes = plan_.strata_pinned_budget;
   const uint64_t before = now_us();
   const int rc = strata_runtime_create(&c, &rt_);
   const uint64_t after = now_us();
@@ -388,17 +201,13 @@ Status Worker::release(size_t tensor, bool dirty, void* stream) {
 // moments. Written in place through pinned acquires with DISCARD, as a framework loading a
 // checkpoint shard by shard would, so no copy of the model ever sits in host memory.
 Status Worker::initialize_tensors() {
-  auto weight = [](uint64_t seed, uint64_t i) {
-    const uint64_t x = (seed * 0x9E3779B97F4A7C15ull) ^ (i * 0xBF58476D1CE4E5B9ull);
-    return static_cast<float>((x >> 40) & 0xFFFF) * (0.02f / 65535.0f) - 0.01f;
-  };
   for (const Unit& unit : units_) {
     for (const ParamEntry& e : unit.params) {
       const uint64_t n = plan_.inventory[e.param].elements();
       Result<strata_acquired> p = acquire(e.param, STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD);
       if (!p) return std::move(p).take_status();
       auto* bf = static_cast<uint16_t*>(p->data);
-      for (uint64_t i = 0; i < n; ++i) bf[i] = optim::float_to_bf16(weight(e.param, i));
+      for (uint64_t i = 0; i < n; ++i) bf[i] = optim::float_to_bf16(initial_weight(e.param, i));
       STRATA_TRY(release(e.param, true));
       for (size_t state : {e.master, e.adam_m, e.adam_v}) {
         if (state == SIZE_MAX) continue;
@@ -406,7 +215,7 @@ Status Worker::initialize_tensors() {
         if (!s) return std::move(s).take_status();
         auto* f = static_cast<float*>(s->data);
         if (state == e.master) {
-          for (uint64_t i = 0; i < n; ++i) f[i] = weight(e.param, i);
+          for (uint64_t i = 0; i < n; ++i) f[i] = initial_weight(e.param, i);
         } else {
           std::memset(f, 0, n * sizeof(float));
         }
@@ -458,7 +267,7 @@ Status Worker::backward(const Unit& unit) {
   const uint64_t end = now_us();
   compute_seconds_ += static_cast<double>(end - begin) / 1e6;
   span("compute", "backward " + std::to_string(unit.layer), begin, end);
-  if (computed && strategy_ == Strategy::kStrata && plan_.compute != ComputeMode::kGpu) {
+  if (computed && plan_.compute != ComputeMode::kGpu) {
     // Strata's fused overflow check: one read-only pass over each gradient where it was just
     // produced, accumulating non-finite flags and the squared norm; no temporaries. (On a GPU
     // this is a reduction kernel; here it runs on the CPU, inside the measured loop.)
@@ -488,54 +297,27 @@ Status Worker::backward(const Unit& unit) {
   return check(strata_layer_end(rt_, STRATA_PHASE_BACKWARD, unit.layer), "strata_layer_end");
 }
 
-// DeepSpeed checks every gradient before the first sub-group steps: the gradients rest in its
-// flat host buffer (home tier pinned under this policy), so acquiring them moves nothing.
-Status Worker::deepspeed_check() {
-  std::vector<GradientView> views;
-  std::vector<size_t> held;
-  Status status;
-  for (const Unit& unit : units_) {
-    for (const ParamEntry& e : unit.params) {
-      Result<strata_acquired> g = acquire(e.grad, STRATA_TIER_PINNED, 0);
-      if (!g) {
-        status = std::move(g).take_status();
-        break;
-      }
-      held.push_back(e.grad);
-      views.push_back({static_cast<const uint16_t*>(g->data), plan_.inventory[e.grad].elements()});
-    }
-    if (!status) break;
-  }
-  if (status) {
-    const uint64_t begin = now_us();
-    Result<OverflowCheckResult> checked = deepspeed_overflow_check(views, adam_->pool(), *sampler_);
-    const uint64_t end = now_us();
-    overflow_seconds_ += static_cast<double>(end - begin) / 1e6;
-    span("overflow check", "isinf + isnan passes", begin, end,
-         static_cast<int64_t>(checked ? checked->temporary_bytes : 0));
-    if (checked) {
-      last_check_ = *checked;
-      grad_stats_.found_nonfinite = checked->found;
-    } else {
-      status = std::move(checked).take_status();
-    }
-  }
-  for (size_t g : held) {
-    Status released = release(g, false);
-    if (status) status = std::move(released);
-  }
-  return status;
-}
-
 Status Worker::optimizer(const Unit& unit, bool first_unit) {
   STRATA_TRY(
       check(strata_layer_begin(rt_, STRATA_PHASE_OPTIMIZER, unit.layer), "strata_layer_begin"));
-  if (first_unit && strategy_ == Strategy::kZeroInfinity) STRATA_TRY(deepspeed_check());
   optim::AdamWParams hp;
   hp.lr = 1e-5;
   hp.weight_decay = 0.01;
   hp.step = static_cast<int64_t>(steps_.size()) + 1;
-  const bool skip = grad_stats_.found_nonfinite;  // loss scaling: an overflow skips the step
+  const bool skip = grad_stats_.found_nonfinite;  // a non-finite gradient skips the step
+  if (first_unit) {
+    // Global clipping as torch.nn.utils.clip_grad_norm_ (and DeepSpeed's unscale_and_clip_grads,
+    // stage3.py:2178-2187) computes it: coefficient max_norm / (norm + 1e-6), at most 1, folded
+    // into the update's own pass. Overlapped, the update of the first units runs before the
+    // norm of the rest exists, so there is no global clipping (the semantics line says so).
+    last_grad_norm_ = std::sqrt(grad_stats_.sum_squares);
+    last_clip_scale_ = 1.0f;
+    if (!contender_.optimizer_overlap && plan_.options.max_grad_norm > 0) {
+      last_clip_scale_ =
+          static_cast<float>(std::min(1.0, plan_.options.max_grad_norm / (last_grad_norm_ + 1e-6)));
+    }
+  }
+  hp.grad_scale = last_clip_scale_;
   for (const ParamEntry& e : unit.params) {
     if (e.master == SIZE_MAX || e.adam_m == SIZE_MAX || e.adam_v == SIZE_MAX) {
       return invalid_argument("parameter '" + plan_.inventory[e.param].name +
@@ -598,7 +380,7 @@ void Worker::progress(const char* phase, uint32_t step, int32_t layer) {
   const double per_step = 3.0 * static_cast<double>(units_.size());
   const double total = static_cast<double>(units_.size()) + per_step * plan_.options.steps;
   channel_.send({{"event", "progress"},
-                 {"strategy", to_string(strategy_)},
+                 {"strategy", contender_.name},
                  {"phase", phase},
                  {"step", step},
                  {"steps", plan_.options.steps},
@@ -617,6 +399,7 @@ Status Worker::step(uint32_t index) {
   const auto start = Clock::now();
   const uint64_t begin_us = now_us();
   STRATA_TRY(check(strata_step_begin(rt_), "strata_step_begin"));
+  sampler_->set_moment("step: forward");
   for (const Unit& unit : units_) {
     STRATA_TRY(forward(unit));
     done_units_ += 1;
@@ -627,8 +410,9 @@ Status Worker::step(uint32_t index) {
   // NVMe. The overflow check is fused into backward either way; overlapped, a non-finite
   // gradient skips the update of its unit and of every unit after it (bf16 training, no loss
   // scale to lower), where ZeRO-Infinity's global check skips the whole step.
-  const bool overlap = strategy_ == Strategy::kStrata && plan_.options.optimizer_overlap == "on";
+  const bool overlap = contender_.optimizer_overlap;
   bool first = true;
+  sampler_->set_moment(overlap ? "step: backward and optimizer" : "step: backward");
   for (auto it = units_.rbegin(); it != units_.rend(); ++it) {
     STRATA_TRY(backward(*it));
     done_units_ += 1;
@@ -643,6 +427,7 @@ Status Worker::step(uint32_t index) {
   // Otherwise the optimizer takes the units in the order their gradients became ready (as the
   // simulator's TrainingStep does): the weights updated last are the first the next forward needs.
   if (!overlap) {
+    sampler_->set_moment("step: optimizer");
     for (auto it = units_.rbegin(); it != units_.rend(); ++it) {
       STRATA_TRY(optimizer(*it, first));
       first = false;
@@ -671,57 +456,21 @@ Status Worker::step(uint32_t index) {
 }
 
 Status Worker::write_trace(const std::string& runtime_trace) {
-  json spans = json::array();
-  for (const Span& s : spans_) {
-    json e = {
-        {"track", s.track}, {"name", s.name}, {"ts", s.begin_us}, {"dur", s.end_us - s.begin_us}};
-    if (s.bytes >= 0) e["bytes"] = s.bytes;
-    spans.push_back(std::move(e));
-  }
-  const json out = {{"strategy", to_string(strategy_)},
-                    {"runtime_trace", runtime_trace},
-                    {"runtime_epoch_us", runtime_epoch_hi_us_},
-                    {"runtime_epoch_lo_us", runtime_epoch_lo_us_},
-                    {"spans", std::move(spans)}};
-  FILE* f = std::fopen(trace_path_.c_str(), "w");
-  if (f == nullptr) return errno_status(STRATA_E_IO, "writing " + trace_path_, errno);
-  const std::string text = out.dump();
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !ok) return errno_status(STRATA_E_IO, "writing " + trace_path_, errno);
-  return Status::ok();
+  return write_worker_trace(trace_path_,
+                            {{"strategy", contender_.name},
+                             {"runtime_trace", runtime_trace},
+                             {"runtime_epoch_us", runtime_epoch_hi_us_},
+                             {"runtime_epoch_lo_us", runtime_epoch_lo_us_}},
+                            spans_);
 }
 
 void Worker::send_result() {
   const MemoryPeaks peaks = sampler_->peaks();
   const MemoryPeaks during_steps = sampler_->window_peaks();
-  std::vector<double> measured;
-  uint64_t read = 0, written = 0;
-  double seconds = 0, stall = 0;
-  json steps = json::array();
-  for (size_t i = 0; i < steps_.size(); ++i) {
-    const StepRecord& r = steps_[i];
-    steps.push_back({{"seconds", r.seconds},
-                     {"stall_seconds", r.stall},
-                     {"compute_seconds", r.compute},
-                     {"optimizer_seconds", r.optimizer},
-                     {"overflow_check_seconds", r.overflow_check},
-                     {"nvme_read_bytes", r.read},
-                     {"nvme_write_bytes", r.written},
-                     {"runtime_nvme_read_bytes", r.runtime_read},
-                     {"runtime_nvme_write_bytes", r.runtime_written},
-                     {"skipped", r.skipped}});
-    // The first step records the schedule and fills the pipeline: it is reported, not measured.
-    if (i == 0 && steps_.size() > 1) continue;
-    measured.push_back(r.seconds);
-    read += r.read;
-    written += r.written;
-    seconds += r.seconds;
-    stall += r.stall;
-  }
-  json series = json::array();
-  for (const MemoryReading& m : sampler_->series(kSeriesPoints)) {
-    series.push_back({m.seconds, m.host, m.pinned, m.device});
-  }
+  StepTotals totals = summarize_steps(steps_);
+  const std::vector<double>& measured = totals.measured;
+  const uint64_t read = totals.read, written = totals.written;
+  const double seconds = totals.seconds, stall = totals.stall;
   Result<memory::ProcMemory> proc = memory::read_proc_memory();
   const strata_stats st = runtime_stats();
   // Strata's own accounting beside the OS figures: what the runtime itself held (its pinned
@@ -737,7 +486,14 @@ void Worker::send_result() {
                            {"os_peak_rss_bytes", st.os_peak_rss_bytes}};
   json result = {
       {"event", "result"},
-      {"name", to_string(strategy_)},
+      {"name", contender_.name},
+      {"semantics", contender_.optimizer_overlap
+                        ? "optimizer overlapped with backward: no global clipping, a non-finite "
+                          "gradient skips its unit and the units after it"
+                        : "optimizer after backward: global clipping, a non-finite gradient "
+                          "skips the step"},
+      {"last_grad_norm", last_grad_norm_},
+      {"last_clip_scale", last_clip_scale_},
       {"pid", static_cast<int64_t>(::getpid())},
       {"peak_host_bytes", peaks.host},
       {"peak_pinned_bytes", peaks.pinned},
@@ -752,11 +508,8 @@ void Worker::send_result() {
       {"os_peak_host_bytes_unadjusted", peaks.raw_host},
       {"runtime_pinned_peak_bytes", peaks.runtime_pinned},
       {"strata_accounting", accounting},
-      {"deepspeed_blocks_bytes", deepspeed_ ? deepspeed_->bytes() : 0},
-      {"deepspeed_overflow_temporary_bytes", last_check_.temporary_bytes},
-      {"runtime_zero_infinity_sizes", strategy_ == Strategy::kStrata ? "n/a"
-                                      : zero_sizes_applied_          ? "scaled"
-                                                            : "deepspeed-unscaled-defaults"},
+      {"peak_host_moment", peaks.host_moment},
+      {"peak_host_moment_during_steps", during_steps.host_moment},
       {"startup_seconds", startup_seconds_},
       {"startup_nvme_write_bytes", startup_written_},
       {"load_average_start", load_start_},
@@ -766,8 +519,8 @@ void Worker::send_result() {
       {"measured_steps", measured.size()},
       {"nvme_read_bytes", read},
       {"nvme_write_bytes", written},
-      {"steps", std::move(steps)},
-      {"memory_series", std::move(series)}};
+      {"steps", std::move(totals.steps)},
+      {"memory_series", memory_series_json(*sampler_, kSeriesPoints)}};
   channel_.send(result);
 }
 
@@ -775,22 +528,11 @@ Status Worker::run() {
   sampler_ = std::make_unique<MemorySampler>(
       std::chrono::duration_cast<std::chrono::microseconds>(kSampleInterval), kSeriesEvery,
       kMetricsInterval, [this](const MemoryReading& m) {
-        const ProcIo io = read_proc_io();
-        channel_.send({{"event", "metrics"},
-                       {"strategy", to_string(strategy_)},
-                       {"host_bytes", m.host},
-                       {"pinned_bytes", m.pinned},
-                       {"device_bytes", m.device},
-                       {"nvme_read_bytes", io.read},
-                       {"nvme_write_bytes", io.written},
-                       {"stall_seconds",
-                        static_cast<double>(stall_us_total_.load(std::memory_order_relaxed)) / 1e6},
-                       {"seconds", m.seconds}});
+        channel_.send(metrics_event(
+            contender_.name, m,
+            static_cast<double>(stall_us_total_.load(std::memory_order_relaxed)) / 1e6));
       });
-  // Descriptors (the planned tensors of ZERO_INFINITY, and what gets registered).
-  const bool gradients_pinned =
-      strategy_ == Strategy::kZeroInfinity &&
-      (plan_.zero_plan.pinned_home_kinds & sched::kind_bit(TensorKind::kGradient)) != 0;
+  // Descriptors: every tensor's home is NVMe.
   for (const TensorSpec& t : plan_.inventory) {
     strata_tensor_desc d{};
     d.struct_size = sizeof d;
@@ -799,9 +541,7 @@ Status Worker::run() {
     d.dtype = static_cast<strata_dtype>(t.dtype);
     d.kind = static_cast<strata_tensor_kind>(t.kind);
     d.layer = t.layer;
-    // ZeRO-Infinity keeps every gradient in its flat host buffer; everything else lives on NVMe.
-    d.home_tier =
-        t.kind == TensorKind::kGradient && gradients_pinned ? STRATA_TIER_PINNED : STRATA_TIER_NVME;
+    d.home_tier = STRATA_TIER_NVME;
     descs_.push_back(d);
   }
   Result<std::unique_ptr<LayerCompute>> compute = make_layer_compute(plan_);
@@ -814,16 +554,8 @@ Status Worker::run() {
   load_start_ = load_average();
   const auto startup = Clock::now();
   const ProcIo io_start = read_proc_io();
+  sampler_->set_moment("start-up: runtime, initial weights and states");
   STRATA_TRY(create_runtime());
-  if (strategy_ == Strategy::kZeroInfinity) {
-    const uint64_t begin = now_us();
-    Result<std::unique_ptr<DeepSpeedHostBuffers>> ds = DeepSpeedHostBuffers::create(
-        plan_.zero_plan, plan_.zero_options.optimizer_buffer_count + 1, *sampler_);
-    if (!ds) return std::move(ds).take_status().with_context("DeepSpeed host buffers");
-    deepspeed_ = std::move(*ds);
-    span("startup", "deepspeed buffers (unpinned, then pinned copy)", begin, now_us(),
-         static_cast<int64_t>(deepspeed_->bytes()));
-  }
   STRATA_TRY(register_tensors());
   const uint64_t init_begin = now_us();
   STRATA_TRY(initialize_tensors());
@@ -852,22 +584,10 @@ Status Worker::run() {
 
 }  // namespace
 
-int run_worker(const FinetunePlan& plan, Strategy strategy, int fd, const std::string& trace_path) {
-  ::signal(SIGPIPE, SIG_IGN);
-  Worker worker(plan, strategy, fd, trace_path);
-  Status status;
-  try {
-    status = worker.run();
-  } catch (const std::bad_alloc&) {
-    status = Status::error(STRATA_E_NOMEM, "out of host memory");
-  } catch (const std::exception& e) {
-    status = Status::error(STRATA_E_INTERNAL, std::string("unexpected exception: ") + e.what());
-  }
-  if (!status) {
-    worker.send_error(status);
-    return 1;
-  }
-  return 0;
+int run_strata_worker(const FinetunePlan& plan, const Contender& contender, int fd,
+                      const std::string& trace_path) {
+  Worker worker(plan, contender, fd, trace_path);
+  return run_worker_process(worker);
 }
 
 }  // namespace strata::bench::finetune

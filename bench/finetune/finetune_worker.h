@@ -16,9 +16,15 @@
 
 namespace strata::bench::finetune {
 
-// Runs the experiment for `strategy`, writing events to `fd`. trace_path: where to write this
-// worker's trace (its own spans plus the runtime's, see finetune_trace.h); empty: no trace.
-// Returns the process exit code (0, or 1 after an "error" event).
-int run_worker(const FinetunePlan& plan, Strategy strategy, int fd, const std::string& trace_path);
+// Runs the experiment for a Strata contender, writing events to `fd`. trace_path: where to
+// write this worker's trace (its own spans plus the runtime's); empty: no trace. Returns the
+// process exit code (0, or 1 after an "error" event).
+int run_strata_worker(const FinetunePlan& plan, const Contender& contender, int fd,
+                      const std::string& trace_path);
+
+// The same for a DeepSpeed contender (deepspeed_worker.cpp): DeepSpeed ZeRO-3's step with its
+// buffers, files and aio handles, and the same events.
+int run_deepspeed_worker(const FinetunePlan& plan, const Contender& contender, int fd,
+                         const std::string& trace_path);
 
 }  // namespace strata::bench::finetune

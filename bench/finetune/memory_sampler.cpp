@@ -110,6 +110,10 @@ void MemorySampler::sample_now() {
   {
     std::lock_guard lock(mutex_);
     for (MemoryPeaks* p : {&peaks_, &window_}) {
+      if (r.host > p->host || p->host_moment.empty()) {
+        const char* moment = moment_.load(std::memory_order_relaxed);
+        if (r.host > p->host) p->host_moment = moment != nullptr ? moment : "";
+      }
       p->host = std::max(p->host, r.host);
       p->pinned = std::max(p->pinned, r.pinned);
       p->device = std::max(p->device, r.device);

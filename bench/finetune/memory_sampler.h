@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -42,6 +43,7 @@ struct MemoryPeaks {
   uint64_t device = 0;
   uint64_t raw_host = 0;
   uint64_t runtime_pinned = 0;  // VmLck less the DeepSpeed blocks' locked bytes
+  std::string host_moment;      // what the worker was doing when the host peak was sampled
 };
 
 class MemorySampler {
@@ -60,6 +62,9 @@ class MemorySampler {
   void set_device_fd(int fd) { device_fd_.store(fd, std::memory_order_relaxed); }
   // DeepSpeed emulation: bytes of its blocks now, and how many of them are mlock()ed.
   void set_deepspeed_blocks(uint64_t bytes, uint64_t locked_bytes);
+  // What the worker is doing now ("step 2 backward", "start-up: ..."): a string that outlives
+  // the sampler (a literal or a member), recorded beside each peak.
+  void set_moment(const char* moment) { moment_.store(moment, std::memory_order_relaxed); }
 
   // Takes a sample now (callers that know when a spike peaks, e.g. an overflow-check temporary
   // at its fullest, call this there: the thread's interval would miss short spikes).
@@ -84,6 +89,7 @@ class MemorySampler {
   const std::chrono::milliseconds report_interval_;
   std::function<void(const MemoryReading&)> on_sample_;
   std::atomic<int> device_fd_{-1};
+  std::atomic<const char*> moment_{nullptr};
   std::atomic<uint64_t> blocks_{0};
   std::atomic<uint64_t> blocks_locked_{0};
 

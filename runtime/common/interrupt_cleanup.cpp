@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <utility>
 
@@ -35,32 +36,58 @@ std::array<Slot, InterruptCleanup::kSlots> slots;
 constexpr std::array<int, 3> kSignals = {SIGINT, SIGTERM, SIGHUP};
 
 // Only async-signal-safe calls from here to the end of on_fatal_signal.
-void remove_directory(int parent_fd, const char* name) {
+void unlink_plain_files(int parent_fd, const char* name) {
   const int fd = ::openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd >= 0) {
-    alignas(8) char buffer[4096];
-    for (;;) {
-      const long n = ::syscall(SYS_getdents64, fd, buffer, sizeof buffer);
-      if (n <= 0) break;
-      for (long at = 0; at < n;) {
-        // struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name.
-        unsigned short reclen;
-        std::memcpy(&reclen, buffer + at + 16, sizeof reclen);
-        const unsigned char type = static_cast<unsigned char>(buffer[at + 18]);
-        const char* entry = buffer + at + 19;
-        const bool dot = entry[0] == '.' && (entry[1] == 0 || (entry[1] == '.' && entry[2] == 0));
-        if (!dot && type != DT_DIR) ::unlinkat(fd, entry, 0);
-        at += reclen;
-      }
+  if (fd < 0) return;
+  alignas(8) char buffer[4096];
+  for (;;) {
+    const long n = ::syscall(SYS_getdents64, fd, buffer, sizeof buffer);
+    if (n <= 0) break;
+    for (long at = 0; at < n;) {
+      // struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name.
+      unsigned short reclen;
+      std::memcpy(&reclen, buffer + at + 16, sizeof reclen);
+      const unsigned char type = static_cast<unsigned char>(buffer[at + 18]);
+      const char* entry = buffer + at + 19;
+      const bool dot = entry[0] == '.' && (entry[1] == 0 || (entry[1] == '.' && entry[2] == 0));
+      if (!dot && type != DT_DIR) ::unlinkat(fd, entry, 0);
+      at += reclen;
     }
-    ::close(fd);
   }
-  ::unlinkat(parent_fd, name, AT_REMOVEDIR);
+  ::close(fd);
 }
+
+// The process's other threads keep running while the handler does: one of them may create a
+// file after the pass that unlinked the others (a benchmark writing a file per tensor does), so
+// the directory is emptied again until it can be removed, a bounded number of times.
+void remove_directory(int parent_fd, const char* name) {
+  constexpr int kPasses = 16;
+  for (int pass = 0; pass < kPasses; ++pass) {
+    unlink_plain_files(parent_fd, name);
+    if (::unlinkat(parent_fd, name, AT_REMOVEDIR) == 0 || errno != ENOTEMPTY) return;
+  }
+}
+
+// A process-directed signal may reach a second thread while the first is still removing (the
+// handler blocks the signals only in the thread it runs on; the benchmark's parent forwards the
+// same SIGINT a group-wide one already delivered). That second thread must not restore the
+// default disposition and raise under the first one's feet: it waits for the removal to end,
+// for at most kMaxWaitMs.
+std::atomic<bool> removal_started{false};
+std::atomic<bool> removal_done{false};
+constexpr int kMaxWaitMs = 10'000;
 
 void on_fatal_signal(int signal_number) {
   const int saved_errno = errno;
-  InterruptCleanup::remove_all_armed();
+  if (!removal_started.exchange(true)) {
+    InterruptCleanup::remove_all_armed();
+    removal_done.store(true);
+  } else {
+    const struct timespec millisecond = {0, 1'000'000};
+    for (int waited = 0; !removal_done.load() && waited < kMaxWaitMs; ++waited) {
+      ::nanosleep(&millisecond, nullptr);
+    }
+  }
   errno = saved_errno;
   // Die of the same signal, as the default disposition would have: it is blocked while this
   // handler runs and delivered when it returns.

@@ -45,7 +45,7 @@ std::vector<std::string> tiny(const std::filesystem::path& dir,
   return args;
 }
 
-TEST(FinetuneBench, JsonHasEveryKeyFromTwoSeparateWorkerProcesses) {
+TEST(FinetuneBench, JsonHasEveryKeyFromOneProcessPerContender) {
   const auto dir = testing::scratch_dir("finetune-json");
   const CliRun r = run_cli(tiny(dir, {"--json", "--project-full-scale", "h100-sxm"}));
   ASSERT_EQ(r.code, 0) << r.err;
@@ -54,16 +54,23 @@ TEST(FinetuneBench, JsonHasEveryKeyFromTwoSeparateWorkerProcesses) {
   EXPECT_NE(r.err.find("ETA"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find('\r'), std::string::npos) << r.err;
   const json j = json::parse(r.out);
-  for (const char* key : {"model", "strategies", "host_reduction", "step_time_ratio"}) {
+  for (const char* key : {"model", "precision", "semantics", "strategies", "baselines",
+                          "host_reduction", "step_time_ratio", "optimizer_overlap"}) {
     EXPECT_TRUE(j.contains(key)) << key;
   }
   EXPECT_EQ(j["model"], "llama-2-7b");
+  EXPECT_EQ(j["precision"], "bf16");
   ASSERT_EQ(j["strategies"].size(), 2u);
+  ASSERT_EQ(j["baselines"].size(), 3u);
   std::set<int64_t> pids;
-  for (const json& s : j["strategies"]) {
+  std::vector<json> everyone;
+  for (const json& s : j["strategies"]) everyone.push_back(s);
+  for (const json& s : j["baselines"]) everyone.push_back(s);
+  for (const json& s : everyone) {
     for (const char* key :
-         {"name", "peak_host_bytes", "peak_pinned_bytes", "peak_device_bytes", "step_seconds",
-          "nvme_read_gbps", "nvme_write_gbps", "stall_fraction"}) {
+         {"name", "peak_host_bytes", "peak_host_bytes_during_steps", "peak_host_moment",
+          "peak_pinned_bytes", "peak_device_bytes", "step_seconds", "nvme_read_gbps",
+          "nvme_write_gbps", "stall_fraction", "semantics"}) {
       EXPECT_TRUE(s.contains(key)) << s["name"] << " lacks " << key;
     }
     EXPECT_GT(s["peak_host_bytes"].get<double>(), 0) << s["name"];
@@ -73,28 +80,67 @@ TEST(FinetuneBench, JsonHasEveryKeyFromTwoSeparateWorkerProcesses) {
     EXPECT_GE(s["stall_fraction"].get<double>(), 0);
     EXPECT_LE(s["stall_fraction"].get<double>(), 1);
     EXPECT_GT(s["os_vmhwm_bytes"].get<double>(), 0);
+    EXPECT_FALSE(s["peak_host_moment"].get<std::string>().empty()) << s["name"];
     pids.insert(s["pid"].get<int64_t>());
   }
-  // Each strategy in its own process, neither of them the parent.
-  EXPECT_EQ(pids.size(), 2u);
+  // Each contender in its own process, none of them the parent.
+  EXPECT_EQ(pids.size(), 5u);
   EXPECT_EQ(pids.count(r.pid), 0u);
-  const json& strata = j["strategies"][0];
-  const json& zero = j["strategies"][1];
-  EXPECT_EQ(strata["name"], "strata");
-  EXPECT_EQ(zero["name"], "zero-infinity");
-  EXPECT_LT(strata["peak_pinned_bytes"].get<double>(), zero["peak_pinned_bytes"].get<double>());
-  EXPECT_GT(zero["deepspeed_blocks_bytes"].get<double>(), 0);
-  EXPECT_GT(zero["deepspeed_overflow_temporary_bytes"].get<double>(), 0);
-  EXPECT_TRUE(j["host_reduction"].is_number());
-  EXPECT_TRUE(j["step_time_ratio"].is_number());
-  EXPECT_LT(j["host_reduction"].get<double>(), 1.0);
-  // The projection simulates the unscaled model for both plans.
+  EXPECT_EQ(j["strategies"][0]["name"], "strata");
+  EXPECT_EQ(j["strategies"][1]["name"], "strata-overlap");
+  const char* names[] = {"deepspeed-defaults", "deepspeed-pinned", "deepspeed-tuned"};
+  for (size_t i = 0; i < 3; ++i) {
+    const json& b = j["baselines"][i];
+    EXPECT_EQ(b["name"], names[i]);
+    for (const char* key : {"deepspeed_version_modelled", "peak_host_bytes_steps",
+                            "nvme_read_bytes_per_step", "nvme_write_bytes_per_step", "config"}) {
+      EXPECT_TRUE(b.contains(key)) << names[i] << " lacks " << key;
+    }
+    // Every buffer traced to a DeepSpeed source line.
+    ASSERT_FALSE(b["buffers"].empty());
+    for (const json& buf : b["buffers"]) {
+      EXPECT_NE(buf["deepspeed_source"].get<std::string>().find(".py:"), std::string::npos)
+          << buf.dump();
+      EXPECT_GT(buf["held_bytes"].get<double>(), 0) << buf.dump();
+    }
+    // Everything DeepSpeed keeps on NVMe is read and written every step (no cache across steps).
+    EXPECT_GT(b["nvme_read_bytes_per_step"].get<double>(), 0) << names[i];
+    EXPECT_GT(b["nvme_write_bytes_per_step"].get<double>(), 0) << names[i];
+    EXPECT_TRUE(j["host_reduction"][names[i]].is_number()) << names[i];
+    EXPECT_TRUE(j["step_time_ratio"][names[i]].is_number()) << names[i];
+  }
+  EXPECT_EQ(j["baselines"][1]["config"]["offload_optimizer"]["pin_memory"], true);
+  EXPECT_EQ(j["baselines"][2]["config"]["offload_optimizer"]["pipeline_read"], true);
+  // The projection: Strata simulated, each configuration from its buffer rules at full size.
   ASSERT_TRUE(j.contains("projection"));
-  EXPECT_EQ(j["projection"]["strategies"].size(), 2u);
-  EXPECT_GT(j["projection"]["strategies"][1]["peak_host_bytes"].get<double>(),
-            j["projection"]["strategies"][0]["peak_host_bytes"].get<double>());
-  // The swap files are gone.
+  EXPECT_EQ(j["projection"]["strategies"].size(), 1u);
+  ASSERT_EQ(j["projection"]["baselines"].size(), 3u);
+  for (const json& b : j["projection"]["baselines"]) {
+    EXPECT_GT(b["peak_host_bytes"].get<double>(),
+              j["projection"]["strategies"][0]["peak_host_bytes"].get<double>());
+  }
+  // The swap files and folders are gone.
   EXPECT_TRUE(std::filesystem::is_empty(dir));
+}
+
+TEST(FinetuneBench, Fp16AddsDeepSpeedsOverflowCheckAndItsTemporaries) {
+  const auto dir = testing::scratch_dir("finetune-fp16");
+  for (const char* precision : {"bf16", "fp16"}) {
+    const CliRun r = run_cli(tiny(dir, {"--json", "--strategy", "deepspeed", "--baseline",
+                                        "deepspeed-defaults", "--precision", precision}));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const json j = json::parse(r.out);
+    ASSERT_EQ(j["baselines"].size(), 1u);
+    const json& b = j["baselines"][0];
+    bool temporaries = false;
+    for (const json& buf : b["buffers"]) {
+      if (buf["name"].get<std::string>().find("overflow") != std::string::npos) temporaries = true;
+    }
+    double check = 0;
+    for (const json& step : b["steps"]) check += step["overflow_check_seconds"].get<double>();
+    EXPECT_EQ(temporaries, std::string(precision) == "fp16") << precision;
+    EXPECT_EQ(check > 0, std::string(precision) == "fp16") << precision;
+  }
 }
 
 TEST(FinetuneBench, TraceIsChromeJsonWithReadWriteCopyComputeAndOptimizerTracks) {
@@ -103,7 +149,9 @@ TEST(FinetuneBench, TraceIsChromeJsonWithReadWriteCopyComputeAndOptimizerTracks)
   const auto nvme = dir / "nvme";
   std::filesystem::create_directories(nvme);
   // A pinned budget well below the model's 35 MB of states, so that Strata streams from NVMe.
-  const CliRun r = run_cli(tiny(nvme, {"--trace", trace.string(), "--pinned-budget", "12M"}));
+  const CliRun r =
+      run_cli(tiny(nvme, {"--trace", trace.string(), "--pinned-budget", "12M",
+                          "--optimizer-overlap", "off", "--baseline", "deepspeed-defaults"}));
   ASSERT_EQ(r.code, 0) << r.err;
   // The table: memory in binary units, rates in decimal GB/s, each labelled, signs once.
   EXPECT_TRUE(std::regex_search(r.out, std::regex("[0-9] (KiB|MiB|GiB)"))) << r.out;
@@ -133,7 +181,7 @@ TEST(FinetuneBench, TraceIsChromeJsonWithReadWriteCopyComputeAndOptimizerTracks)
     ++spans[processes[pid]][track];
     EXPECT_GE(e["dur"].get<int64_t>(), 0);
   }
-  for (const char* process : {"strata", "zero-infinity"}) {
+  for (const char* process : {"strata", "deepspeed-defaults"}) {
     SCOPED_TRACE(process);
     ASSERT_TRUE(spans.count(process));
     const auto& tracks = spans[process];
@@ -148,9 +196,14 @@ TEST(FinetuneBench, TraceIsChromeJsonWithReadWriteCopyComputeAndOptimizerTracks)
   // word alone; each link has a queue track (transfers in flight).
   int named = 0, unnamed = 0;
   std::set<std::string> counters;
+  int strata_pid = -1;
+  for (const auto& [pid, name] : processes) {
+    if (name == "strata") strata_pid = pid;
+  }
   for (const json& e : j["traceEvents"]) {
     if (e["ph"] == "C") counters.insert(e["name"].get<std::string>());
     if (e["ph"] != "X" || e.value("cat", "") != "nvme read") continue;
+    if (e["pid"].get<int>() != strata_pid) continue;  // DeepSpeed's handles name files
     const std::string name = e["name"].get<std::string>();
     if (name == "read") {
       ++unnamed;
@@ -175,6 +228,7 @@ TEST(FinetuneBench, MetricsEndpointIsScrapedWhileItRuns) {
   const auto dir = testing::scratch_dir("finetune-metrics");
   std::atomic<int> port{0};
   std::atomic<bool> done{false}, seen_strata{false}, seen_zero{false}, bad_exposition{false};
+  // seen_zero: the DeepSpeed baseline's worker.
   std::thread scraper;
   auto on_stderr = [&](const std::string& err, pid_t) {
     if (port.load() != 0) return;
@@ -198,8 +252,9 @@ TEST(FinetuneBench, MetricsEndpointIsScrapedWhileItRuns) {
               value("strata_finetune_memory_bytes{strategy=\"strata\",tier=\"host\"}") > 0) {
             seen_strata = true;
           }
-          if (value("strata_finetune_running{strategy=\"zero-infinity\"}") == 1 &&
-              value("strata_finetune_memory_bytes{strategy=\"zero-infinity\",tier=\"host\"}") > 0) {
+          if (value("strata_finetune_running{strategy=\"deepspeed-defaults\"}") == 1 &&
+              value("strata_finetune_memory_bytes{strategy=\"deepspeed-defaults\",tier=\"host\"}") >
+                  0) {
             seen_zero = true;
           }
           // `running` is a flag: no peak; memory keeps one.
@@ -215,7 +270,9 @@ TEST(FinetuneBench, MetricsEndpointIsScrapedWhileItRuns) {
   };
   CliOptions options;
   options.on_stderr = on_stderr;
-  const CliRun r = run_cli(tiny(dir, {"--steps", "3", "--metrics-port", "0"}), options);
+  const CliRun r = run_cli(tiny(dir, {"--steps", "3", "--metrics-port", "0", "--optimizer-overlap",
+                                      "off", "--baseline", "deepspeed-defaults"}),
+                           options);
   done = true;
   if (scraper.joinable()) scraper.join();
   ASSERT_EQ(r.code, 0) << r.err;
@@ -232,7 +289,12 @@ TEST(FinetuneBench, BadArgumentsGiveClearErrors) {
     const char* expect;  // in stderr
   };
   const std::vector<Case> cases = {
-      {{"--strategy", "deepspeed"}, "--strategy"},
+      {{"--strategy", "megatron"}, "--strategy"},
+      {{"--baseline", "deepspeed-fastest"}, "--baseline"},
+      {{"--baseline", "deepspeed-tuned,deepspeed-tuned"}, "twice"},
+      {{"--precision", "fp8"}, "--precision"},
+      {{"--max-grad-norm", "-1"}, "--max-grad-norm"},
+      {{"--compute", "cpu"}, "modeled"},
       {{"--compute", "abacus"}, "--compute"},
       {{"--mfu", "0"}, "--mfu"},
       {{"--mfu", "1.5"}, "--mfu"},
@@ -271,8 +333,9 @@ TEST(FinetuneBench, CpuComputeAndPlotRunOneStrategy) {
   const auto png = dir / "memory.png";
   const auto nvme = dir / "nvme";
   std::filesystem::create_directories(nvme);
-  const CliRun r = run_cli(tiny(nvme, {"--strategy", "strata", "--compute", "cpu", "--seq", "8",
-                                       "--plot", png.string(), "--json"}));
+  const CliRun r =
+      run_cli(tiny(nvme, {"--strategy", "strata", "--optimizer-overlap", "off", "--compute", "cpu",
+                          "--seq", "8", "--plot", png.string(), "--json"}));
   const bool matplotlib =
       std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;
   if (matplotlib) {

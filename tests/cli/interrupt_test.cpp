@@ -91,5 +91,21 @@ TEST(Interrupt, BenchFinetuneLeavesNoSwapFile) {
   }
 }
 
+TEST(Interrupt, BenchFinetuneDeepSpeedWorkerLeavesNoSwapFolder) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    const fs::path dir =
+        testing::scratch_dir(std::string("interrupt-deepspeed-") + std::to_string(c.signal_number));
+    const CliRun r = interrupt(
+        {"bench",    "finetune",  "--model",    "llama-2-7b", "--scale",    "0.05",
+         "--layers", "2",         "--steps",    "200",        "--seq",      "64",
+         "--batch",  "1",         "--strategy", "deepspeed",  "--baseline", "deepspeed-tuned",
+         "--nvme",   dir.string()},
+        dir, c.signal_number, c.whole_group, std::chrono::milliseconds(500));
+    EXPECT_EQ(r.code, 128 + c.signal_number) << r.err;
+    EXPECT_TRUE(entries(dir).empty()) << entries(dir)[0];
+  }
+}
+
 }  // namespace
 }  // namespace strata
