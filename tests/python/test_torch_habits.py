@@ -151,17 +151,49 @@ def test_failed_adamw_leaves_nothing_registered(data, nvme_dir):
     with pytest.raises(strata.StrataError) as e:
         st.AdamW(model.parameters())
     assert "does not require grad" in e.value.message
-    # Groups chosen by p.dim() after offload are empty: refused, with what to do instead.
-    with pytest.raises(strata.StrataError) as e:
-        st.AdamW([{"params": [p for p in model.parameters() if p.dim() >= 2]},
-                  {"params": [p for p in model.parameters()
-                              if p.dim() < 2 and p.requires_grad]}])
-    assert "by name" in e.value.message
     opt = st.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     x, y = data[0]
     loss_fn(model(x), y).backward()
     opt.step()
     assert opt.runtime.optimizer_get_step() == 1
+
+
+# 3 ----------------------------------------------------------------------------------------------
+def decay_groups(model):
+    """The model files' own configure_optimizers: weight decay on 2-D weights only."""
+    return [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def test_parameters_keep_shape_and_dtype_while_offloaded(data, nvme_dir):
+    reference, ref_opt, ours, opt, handle = pair(nvme_dir, seed=3, opt_args=decay_groups,
+                                                 lr=3e-3)
+    plain = {n: (p.shape, p.dtype, p.dim(), p.numel(), p.device)
+             for n, p in reference.named_parameters()}
+    after = {n: (p.shape, p.dtype, p.dim(), p.numel(), p.device)
+             for n, p in ours.named_parameters()}
+    assert after == plain
+    assert [len(g["params"]) for g in opt.param_groups] == \
+        [len(g["params"]) for g in ref_opt.param_groups] and \
+        len(opt.param_groups[1]["params"]) > 0 and len(opt.param_groups[0]["params"]) > 0
+    assert repr(ours) == repr(reference)
+    # No memory behind the shape: one element per parameter, whatever its size.
+    for p in ours.parameters():
+        storage = p.untyped_storage() if hasattr(p, "untyped_storage") else p.storage()
+        assert storage.nbytes() == p.element_size(), storage.nbytes()
+    losses = ([], [])
+    train_both(((reference, ref_opt), (ours, opt)), data[:STEPS], losses)
+    assert_close(losses[1], losses[0])
+    # A value read outside the parameter's unit is NaN, never a plausible number.
+    assert torch.isnan(ours.norm.weight).all()
+    # Writes there would go nowhere: refused (in torch, or at the next use).
+    with torch.no_grad(), pytest.raises(RuntimeError):
+        ours.layers[0].mlp.up_proj.weight.mul_(2)
+    with torch.no_grad():
+        ours.norm.weight.fill_(1.0)
+    with pytest.raises(strata.StrataError) as e:
+        ours(data[0][0])
+    assert "load_state_dict" in e.value.message
 
 
 # 10 ---------------------------------------------------------------------------------------------

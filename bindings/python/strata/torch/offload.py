@@ -1,8 +1,9 @@
 """strata.torch.offload: a torch.nn.Module whose parameters live in Strata.
 
 Every parameter becomes a Strata tensor (kind PARAMETER, home NVMe by default) and, if it needs
-a gradient, a second one (kind GRADIENT). Between uses a parameter's .data is an empty tensor on
-the compute device, so a layer not in use holds no memory outside Strata's budgets.
+a gradient, a second one (kind GRADIENT). Between uses a parameter's .data is a placeholder of its
+shape and dtype over one element on the compute device, so a layer not in use holds no memory
+outside Strata's budgets and shape-based code (p.dim(), p.shape, numel()) still works.
 
 The units are the modules that own parameters directly (a Linear, an RMSNorm, an Embedding). For
 each unit:
@@ -51,7 +52,7 @@ class _Param:
 
     __slots__ = ("name", "param", "shape", "dtype", "tensor", "grad", "units", "pins",
                  "acquisition", "bwd_held", "grad_written", "grad_zero", "grad_consumed",
-                 "grad_stale",
+                 "grad_stale", "placeholder", "sentinel",
                  "hooks", "owner", "names", "__weakref__")
 
     def __init__(self, name, param):
@@ -76,6 +77,8 @@ class _Param:
         self.names = [name]  # every name of the parameter in the module (tied weights: several)
         self.hooks = []
         self.owner = None
+        self.placeholder = None  # p.data between uses: the full shape over one element
+        self.sentinel = None  # that one element (NaN for floating point)
 
     @property
     def numel(self):
@@ -245,7 +248,6 @@ class OffloadedModel:
         self._grad_nodes = {}  # id(_Param) -> its parameter's AccumulateGrad node
         self.params = []  # _Param, in registration order
         self.units = []
-        self._placeholders = {}
         self._closed = False
         self._original_forward = None
         try:
@@ -259,10 +261,38 @@ class OffloadedModel:
         weakref.finalize(module, runtime.close)
 
     # -- set-up ---------------------------------------------------------------------------------
-    def _placeholder(self, dtype):
-        if dtype not in self._placeholders:
-            self._placeholders[dtype] = torch.empty(0, dtype=dtype, device=self.device)
-        return self._placeholders[dtype]
+    def _make_placeholder(self, rec):
+        """p.data between uses: a tensor of the parameter's shape and dtype, on the compute
+        device, over a single element (every stride 0), so that p.shape, p.dim(), numel(),
+        dtype and device are the parameter's while its memory is in Strata. That element is NaN
+        (the dtype's largest value for integers): a value read outside the parameter's unit is
+        unmistakable, never a plausible number; in-place writes other than fill_/zero_ fail in
+        torch (more than one element refers to one memory location), and fill_/zero_ or a
+        replaced .data are caught at the next use (_check_placeholder)."""
+        if rec.dtype.is_floating_point:
+            fill = float("nan")
+        else:
+            fill = torch.iinfo(rec.dtype).max
+        rec.sentinel = torch.full((1,), fill, dtype=rec.dtype, device=self.device)
+        rec.placeholder = rec.sentinel.expand(rec.shape)
+
+    def _check_placeholder(self, rec):
+        """Refuses to use a parameter whose placeholder was written or replaced since its last
+        use: the write went nowhere (Strata holds the value), so going on would be silent."""
+        data = rec.param.data
+        replaced = data.data_ptr() != rec.sentinel.data_ptr() or tuple(data.shape) != rec.shape
+        written = False
+        if not replaced and self.device.type == "cpu":  # a CUDA read would synchronise
+            value = rec.sentinel[0].item()
+            written = not (value != value) if rec.dtype.is_floating_point else \
+                value != torch.iinfo(rec.dtype).max
+        if replaced or written:
+            raise StrataError(_lib.E_STATE,
+                              f"parameter {rec.name!r} was {'replaced' if replaced else 'written'}"
+                              " outside its module's forward and backward (its .data there "
+                              "is a placeholder; the value is in Strata, so the change went "
+                              "nowhere). Change offloaded weights with model.load_state_dict()"
+                              ", or before offload; model.to() / .half() need close() first")
 
     def _register(self, module):
         by_id = {}
@@ -347,7 +377,8 @@ class OffloadedModel:
         if p.requires_grad:
             self._ensure_grad(rec, layer)
         p._strata = rec
-        p.data = self._placeholder(p.dtype)
+        self._make_placeholder(rec)
+        p.data = rec.placeholder
 
     def _ensure_grad(self, rec, layer=None):
         """Gives a parameter that requires grad its GRADIENT tensor and hooks: at offload, or
@@ -379,6 +410,7 @@ class OffloadedModel:
             if rec.pins > 1:
                 return
             try:
+                self._check_placeholder(rec)
                 acq = rec.tensor.acquire(self.compute_tier)
                 data = _views.as_tensor(acq, rec.dtype, rec.shape, self.device)
             except BaseException:
@@ -397,7 +429,7 @@ class OffloadedModel:
                 return
             acq, rec.acquisition = rec.acquisition, None
             self._fetched.pop(_views.storage_address(rec.param.data), None)
-            rec.param.data = self._placeholder(rec.dtype)
+            rec.param.data = rec.placeholder
             acq.release(dirty=False, stream=_views.stream_pointer(self.device))
 
     def _enter_phase(self, phase, layer):
