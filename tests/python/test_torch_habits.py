@@ -100,6 +100,38 @@ def test_clip_grad_norm_gives_torchs_result(data, nvme_dir):
     assert theirs.abs().max() == 1e-3 and torch.equal(mine == 1e-3, theirs == 1e-3)
 
 
+PRE_BOUND = """
+from torch.nn.utils import clip_grad_norm_, clip_grad_value_  # bound before strata.torch
+import copy, sys
+import torch
+sys.path.insert(0, {examples!r})
+import strata.torch as st
+from tiny_llama import PRESETS, Llama, loss_fn
+torch.manual_seed(0)
+reference = Llama(PRESETS["tinyllama-1.1b"].scaled(32, 1, vocab_size=64, max_positions=16))
+ours = copy.deepcopy(reference)
+handle = st.offload(ours, nvme_path={nvme!r}, device="cpu", nvme_capacity_bytes=32 << 20)
+x = torch.randint(0, 64, (2, 16))
+for m in (reference, ours):
+    loss_fn(m(x), x).backward()
+norms = [float(clip_grad_norm_(m.parameters(), 0.05)) for m in (reference, ours)]
+clipped = [reference.lm_head.weight.grad, handle.gradient(ours.lm_head.weight)]
+print(norms[0], norms[1], float((clipped[0] - clipped[1]).abs().max()))
+"""
+
+
+def test_clip_grad_norm_bound_before_importing_strata(nvme_dir):
+    code = PRE_BOUND.format(examples=os.path.join(ROOT, "bindings", "python", "examples"),
+                            nvme=nvme_dir)
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "bindings", "python"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    theirs, ours, diff = map(float, done.stdout.split())
+    assert theirs > 0.05  # the clip acts
+    assert abs(ours - theirs) <= REL * theirs and diff <= 1e-7
+
+
 # 2 ----------------------------------------------------------------------------------------------
 def test_zero_grad_means_what_it_means_in_torch(data, nvme_dir):
     reference, ref_opt, ours, opt, handle = pair(nvme_dir, seed=1, lr=3e-3, weight_decay=0.1)
