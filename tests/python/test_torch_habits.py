@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -394,6 +395,29 @@ def test_activation_checkpointing_exact_under_a_tight_budget(data, nvme_dir, ree
     losses = ([], [])
     train_both(((reference, ref_opt), (ours, opt)), data[:STEPS], losses)
     assert_close(losses[1], losses[0])
+
+
+def test_activation_checkpointing_without_room_fails_at_once(data, nvme_dir):
+    # A device budget below one recomputed block beside the tied embedding (held from the
+    # output layer's backward to the input layer's): no order of acquires can fit, and Strata's
+    # acquire would wait 300 s for a release. Refused at once, saying what to change.
+    torch.manual_seed(6)
+    c = PRESETS["tinyllama-1.1b"].scaled(128, 3, vocab_size=256, max_positions=64)
+    model = CheckpointedLlama(c)
+    model.lm_head.weight = model.embed_tokens.weight
+    block = sum(p.numel() * 4 for p in model.layers[0].parameters())
+    st.offload(model, nvme_path=nvme_dir, device="cpu", compute_tier="device",
+               **dict(SMALL, device_budget_bytes=int(1.0 * block)))
+    opt = st.AdamW(model.parameters())
+    x, y = data[0]
+    start = time.monotonic()
+    with pytest.raises(strata.StrataError) as e:
+        loss_fn(model(x), y).backward()
+    assert time.monotonic() - start < 30
+    assert e.value.name == "STRATA_E_DEVICE_BUDGET"
+    assert "checkpoint smaller segments" in e.value.message
+    assert "device_budget_bytes" in e.value.message
+    del opt
 
 
 # 8 ----------------------------------------------------------------------------------------------

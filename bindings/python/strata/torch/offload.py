@@ -245,6 +245,7 @@ class OffloadedModel:
         self._in_forward = 0  # depth of calls of the model's forward under way
         self._root_step_started = False
         self._fetched = {}  # storage address -> _Param
+        self._held_bytes = 0  # bytes of parameters acquired now on the compute tier
         self._grad_nodes = {}  # id(_Param) -> its parameter's AccumulateGrad node
         self.params = []  # _Param, in registration order
         self.units = []
@@ -411,11 +412,13 @@ class OffloadedModel:
                 return
             try:
                 self._check_placeholder(rec)
+                self._check_room(rec.tensor.nbytes, rec.name)
                 acq = rec.tensor.acquire(self.compute_tier)
                 data = _views.as_tensor(acq, rec.dtype, rec.shape, self.device)
             except BaseException:
                 rec.pins -= 1
                 raise
+            self._held_bytes += rec.tensor.nbytes
             rec.acquisition = acq
             self._fetched[_views.storage_address(data)] = rec
             rec.param.data = data
@@ -428,9 +431,30 @@ class OffloadedModel:
             if rec.pins:
                 return
             acq, rec.acquisition = rec.acquisition, None
+            self._held_bytes -= rec.tensor.nbytes
             self._fetched.pop(_views.storage_address(rec.param.data), None)
             rec.param.data = rec.placeholder
             acq.release(dirty=False, stream=_views.stream_pointer(self.device))
+
+    def _check_room(self, nbytes, what):
+        """Refuses at once an acquire on the compute tier that cannot succeed: the parameters
+        this process holds there and the new tensor exceed the tier's budget. Strata's acquire
+        would wait for a release (another thread may hold them), and here none can come before
+        the acquire returns: the wait would end only in STRATA_E_TIMEOUT after 300 s."""
+        budget = getattr(self.runtime.config, f"{self.compute_tier}_budget_bytes")
+        if self._held_bytes + nbytes <= budget:
+            return
+        held = [rec.name for rec in self.params if rec.pins]
+        field = f"{self.compute_tier}_budget_bytes"
+        code = _lib.E_DEVICE_BUDGET if self.compute_tier == "device" else _lib.E_PINNED_BUDGET
+        checkpointing = " (activation checkpointing holds a recomputed segment's parameters " \
+                        "until their gradients are taken: checkpoint smaller segments, or)" \
+            if self._in_backward else ""
+        raise StrataError(code, f"{what} needs {nbytes} bytes on the {self.compute_tier} tier "
+                                f"beside {self._held_bytes} bytes of parameters in use there "
+                                f"({listed(held)}); the budget is {budget} bytes and nothing "
+                                f"in use can leave before this returns{checkpointing} raise "
+                                f"{field} to at least {self._held_bytes + nbytes}")
 
     def _enter_phase(self, phase, layer):
         with self._lock:
@@ -566,6 +590,13 @@ class OffloadedModel:
             torch.distributed.all_reduce(grad, group=self.process_group)
             grad.div_(self.world_size)
         with self._lock:
+            # Every use of the parameter has done its backward: its memory goes first, so that
+            # the gradient finds the room the parameter held (a tight budget, a recomputed
+            # checkpoint segment filling it) rather than wait for a release that cannot come.
+            if rec.bwd_held:
+                rec.bwd_held = False
+                self._unpin(rec)
+            self._check_room(rec.grad.nbytes, f"the gradient of {rec.name!r}")
             acq = rec.grad.acquire(self.compute_tier, discard=not rec.grad_written)
             try:
                 view = _views.as_tensor(acq, rec.dtype, rec.shape, self.device)
@@ -578,9 +609,6 @@ class OffloadedModel:
             rec.grad_written = True
             rec.grad_zero = False
             p.grad = None
-            if rec.bwd_held:
-                rec.bwd_held = False
-                self._unpin(rec)
 
     # saved tensors that alias a parameter's memory
     def _pack(self, t):
