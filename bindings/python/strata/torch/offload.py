@@ -216,8 +216,10 @@ class OffloadedModel:
     """The handle offload() returns: the runtime, the hooks, and what they track."""
 
     def __init__(self, module, runtime, device, param_home="nvme", grad_home="nvme",
-                 average_gradients=None, process_group=None, mapped=None, compute_tier=None):
+                 average_gradients=None, process_group=None, mapped=None, compute_tier=None,
+                 param_init_fn=None, budgets=None):
         self.module = module
+        self.budgets = budgets  # {field: (bytes, why)} for budgets offload() sized itself
         self.runtime = runtime
         self.device = device
         # Where torch computes on a parameter: Strata's device tier on a GPU; on a CPU its
@@ -251,6 +253,7 @@ class OffloadedModel:
         self.units = []
         self._closed = False
         self._original_forward = None
+        self._param_init_fn = param_init_fn
         try:
             self._register(module)
         except BaseException:
@@ -295,13 +298,53 @@ class OffloadedModel:
                               "nowhere). Change offloaded weights with model.load_state_dict()"
                               ", or before offload; model.to() / .half() need close() first")
 
+    def _materialise(self, module_name, sub, direct, replaced, names):
+        """A unit's parameters on the meta device become real CPU parameters, initialised by
+        param_init_fn(sub) (default: sub.reset_parameters()), just before they go into Strata:
+        a model built on the meta device is never whole in host RAM, one unit at a time is.
+        New Parameter objects replace the meta ones in the module (as Module.to_empty does);
+        a tied parameter is replaced once, by the same object under each name."""
+        fresh = False
+        for key, p in direct:
+            if not p.is_meta:
+                continue
+            new = replaced.get(id(p))
+            if new is None:
+                new = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype),
+                                         requires_grad=p.requires_grad)
+                replaced[id(p)] = new
+                names[id(new)] = names.get(id(p), f"{module_name}.{key}")
+                fresh = True
+            sub._parameters[key] = new
+        if fresh:
+            if self._param_init_fn is not None:
+                self._param_init_fn(sub)
+            elif callable(getattr(sub, "reset_parameters", None)):
+                sub.reset_parameters()
+            else:
+                raise StrataError(_lib.E_INVALID,
+                                  f"module {module_name or '<root>'!r} has parameters on the "
+                                  f"meta device and no reset_parameters(): pass "
+                                  "offload(..., param_init_fn=f), f(module) initialising the "
+                                  "module's own parameters in place")
+        out = [(k, q) for k, q in sub._parameters.items() if q is not None]
+        still = [k for k, q in out if q.is_meta]
+        if still:
+            raise StrataError(_lib.E_INVALID, f"module {module_name or '<root>'!r}: parameters "
+                                              f"{still} are still on the meta device after "
+                                              "initialisation")
+        return out
+
     def _register(self, module):
         by_id = {}
         names = {id(p): n for n, p in module.named_parameters()}
+        replaced = {}  # id(meta parameter) -> the CPU parameter that replaces it
         for module_name, sub in module.named_modules():
             direct = [(k, p) for k, p in sub._parameters.items() if p is not None]
             if not direct:
                 continue
+            if any(p.is_meta for _, p in direct):
+                direct = self._materialise(module_name, sub, direct, replaced, names)
             unit = _Unit(len(self.units), module_name or "<root>", sub)
             self.units.append(unit)
             for key, p in direct:
@@ -893,9 +936,69 @@ def _grad_accumulated_hook(owner_ref, rec_ref, *unused):
         owner._grad_accumulated(rec)
 
 
+_MIB = 1 << 20
+# Pinned budget sized from the model: this many times its largest unit (the parameters of one
+# module, or one parameter) - a unit and its gradient in use with the tied embedding held across
+# backward, and the optimizer's need (a parameter, its gradient and two sub-groups of states of
+# pinned/16 each, at most 3.2x the parameter) - with no less than 64 MiB.
+_PINNED_UNITS = 5
+_PINNED_FLOOR = 64 * _MIB
+
+
+def _host_available_bytes():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def sized_budgets(model, device, compute_tier):
+    """The budgets offload() uses when none is given: {field: (bytes, why)}.
+
+    pinned_budget_bytes: 5x the model's largest unit, at least 64 MiB, at most half of the
+    host's available memory; not the model's size, so the model states live on NVMe and host
+    RAM stays far below plain PyTorch's 16 bytes per parameter. device_budget_bytes, on CUDA:
+    half of the device's free memory (the rest for torch's activations), at most the model's
+    parameters and gradients."""
+    unit_bytes, seen = 0, set()
+    total = 0
+    for sub in model.modules():
+        own = 0
+        for p in sub._parameters.values():
+            if p is None:
+                continue
+            nbytes = p.numel() * p.element_size()
+            own += nbytes
+            unit_bytes = max(unit_bytes, nbytes)
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += nbytes
+        unit_bytes = max(unit_bytes, own)
+    out = {}
+    pinned = max(_PINNED_FLOOR, _PINNED_UNITS * unit_bytes)
+    why = f"{_PINNED_UNITS} x the largest unit ({unit_bytes} bytes), at least {_PINNED_FLOOR}"
+    available = _host_available_bytes()
+    if available is not None and pinned > available // 2:
+        pinned = available // 2
+        why += f"; capped at half of MemAvailable ({available} bytes)"
+    out["pinned_budget_bytes"] = ((pinned + _MIB - 1) // _MIB * _MIB, why)
+    if device.type == "cuda" and compute_tier == "device":
+        free, _ = torch.cuda.mem_get_info(device)
+        wanted = 2 * total
+        budget = min(free // 2, wanted)
+        out["device_budget_bytes"] = (max(_PINNED_FLOOR, budget // _MIB * _MIB),
+                                      f"half of the device's free {free} bytes, at most the "
+                                      f"parameters and gradients ({wanted} bytes)")
+    return out
+
+
 def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config=None,
             param_home=None, grad_home="nvme", average_gradients=None, process_group=None,
-            compute_tier=None, **config_fields):
+            compute_tier=None, param_init_fn=None, **config_fields):
     """Puts model's parameters under a new Strata runtime and hooks its forward and backward.
 
     nvme_path: the directory for the swap file ("{rank}" is replaced by the torch.distributed
@@ -908,10 +1011,22 @@ def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config
     compute_tier: the tier torch computes on, "device" (default on CUDA) or "pinned" (default
     on the CPU: torch uses Strata's pinned host buffers directly, no emulated-device copy;
     "device" on the CPU runs the host-emulated device, for testing the GPU code path).
+    Budgets not given (no config, no deepspeed_config, no *_budget_bytes keyword) are sized
+    from the model and the machine (sized_budgets; the handle's .budgets says how).
+    param_init_fn: for parameters on the meta device, f(module) initialising a module's own
+    parameters, called one module at a time as they go into Strata (default: the module's
+    reset_parameters()), so that a model larger than host RAM never exists whole there.
     Returns an OffloadedModel; the model itself is used as before.
     """
     cfg, mapped, device = build_config(nvme_path, device, config, deepspeed_config,
                                        **config_fields)
+    budgets = None
+    if config is None and deepspeed_config is None:
+        tier = compute_tier or ("device" if device.type == "cuda" else "pinned")
+        budgets = {k: v for k, v in sized_budgets(model, device, tier).items()
+                   if k not in config_fields}
+        for key, (value, _) in budgets.items():
+            setattr(cfg, key, value)
     if param_home is None:
         param_home = mapped.param_home if mapped is not None else "nvme"
     if mapped is not None and mapped.param_dtype is not None:
@@ -924,7 +1039,7 @@ def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config
     runtime = Runtime(cfg)
     try:
         return OffloadedModel(model, runtime, device, param_home, grad_home, average_gradients,
-                              process_group, mapped, compute_tier)
+                              process_group, mapped, compute_tier, param_init_fn, budgets)
     except BaseException:
         runtime.close()
         raise
