@@ -8,14 +8,15 @@ own; the line printed per side gives the parameters, the model states (16 bytes 
 weights, gradients, two fp32 Adam moments), the resident set after importing torch and strata
 ("base"), the peak, the mean time of the steps after the first, and the losses.
 
-    # the quick start against plain PyTorch, a ~123M-parameter model
+    # the quick start against plain PyTorch, a 123M-parameter model
     /usr/bin/python3 bindings/python/examples/host_memory.py --hidden 768 --layers 12 \
-        --nvme /var/tmp
-    # tinyllama-1.1b itself, Strata only (17.6 GB of model states; plain PyTorch cannot run
-    # it in that RAM), then plain PyTorch at the largest size under a RAM limit
+        --steps 4 --nvme /var/tmp --nvme-capacity-gib 6
+    # tinyllama-1.1b itself, Strata only (17.6 GB of model states, 8x the RAM it may use),
+    # then plain PyTorch at the largest hidden size (22 layers) under the same 2.2 GB
     /usr/bin/python3 bindings/python/examples/host_memory.py --side strata --steps 3 \
-        --nvme /var/tmp
-    /usr/bin/python3 bindings/python/examples/host_memory.py --side torch --fit-rss-mib 2100
+        --nvme /var/tmp --nvme-capacity-gib 26
+    /usr/bin/python3 bindings/python/examples/host_memory.py --side torch --steps 3 \
+        --hidden 1024 --fit-rss-mib 2098
 
 The model is built on the meta device for Strata (offload initialises it one module at a time,
 param_init_fn=init_weights: it is never whole in host RAM) and materialised in the same module
