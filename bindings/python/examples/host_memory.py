@@ -52,7 +52,8 @@ def run_side(args):
     import strata.torch as st
     from tiny_llama import PRESETS, Llama, batches, corpus_bytes, init_weights, loss_fn
 
-    torch.set_num_threads(args.threads) if args.threads else None
+    if args.threads:
+        torch.set_num_threads(args.threads)
     base = current_rss()
     preset = PRESETS[args.preset]
     config = preset if args.hidden is None else preset.scaled(
