@@ -20,7 +20,9 @@ WORLD = 2
 
 def model():
     torch.manual_seed(0)
-    return Llama(PRESETS["tinyllama-1.1b"].scaled(32, 1, vocab_size=256, max_positions=32))
+    m = Llama(PRESETS["tinyllama-1.1b"].scaled(32, 1, vocab_size=256, max_positions=32))
+    m.lm_head.weight = m.embed_tokens.weight  # tied, as in test_torch_habits.py
+    return m
 
 
 def data():

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -100,6 +101,38 @@ def test_clip_grad_norm_gives_torchs_result(data, nvme_dir):
     assert theirs.abs().max() == 1e-3 and torch.equal(mine == 1e-3, theirs == 1e-3)
 
 
+PRE_BOUND = """
+from torch.nn.utils import clip_grad_norm_, clip_grad_value_  # bound before strata.torch
+import copy, sys
+import torch
+sys.path.insert(0, {examples!r})
+import strata.torch as st
+from tiny_llama import PRESETS, Llama, loss_fn
+torch.manual_seed(0)
+reference = Llama(PRESETS["tinyllama-1.1b"].scaled(32, 1, vocab_size=64, max_positions=16))
+ours = copy.deepcopy(reference)
+handle = st.offload(ours, nvme_path={nvme!r}, device="cpu", nvme_capacity_bytes=32 << 20)
+x = torch.randint(0, 64, (2, 16))
+for m in (reference, ours):
+    loss_fn(m(x), x).backward()
+norms = [float(clip_grad_norm_(m.parameters(), 0.05)) for m in (reference, ours)]
+clipped = [reference.lm_head.weight.grad, handle.gradient(ours.lm_head.weight)]
+print(norms[0], norms[1], float((clipped[0] - clipped[1]).abs().max()))
+"""
+
+
+def test_clip_grad_norm_bound_before_importing_strata(nvme_dir):
+    code = PRE_BOUND.format(examples=os.path.join(ROOT, "bindings", "python", "examples"),
+                            nvme=nvme_dir)
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "bindings", "python"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    theirs, ours, diff = map(float, done.stdout.split())
+    assert theirs > 0.05  # the clip acts
+    assert abs(ours - theirs) <= REL * theirs and diff <= 1e-7
+
+
 # 2 ----------------------------------------------------------------------------------------------
 def test_zero_grad_means_what_it_means_in_torch(data, nvme_dir):
     reference, ref_opt, ours, opt, handle = pair(nvme_dir, seed=1, lr=3e-3, weight_decay=0.1)
@@ -151,17 +184,49 @@ def test_failed_adamw_leaves_nothing_registered(data, nvme_dir):
     with pytest.raises(strata.StrataError) as e:
         st.AdamW(model.parameters())
     assert "does not require grad" in e.value.message
-    # Groups chosen by p.dim() after offload are empty: refused, with what to do instead.
-    with pytest.raises(strata.StrataError) as e:
-        st.AdamW([{"params": [p for p in model.parameters() if p.dim() >= 2]},
-                  {"params": [p for p in model.parameters()
-                              if p.dim() < 2 and p.requires_grad]}])
-    assert "by name" in e.value.message
     opt = st.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     x, y = data[0]
     loss_fn(model(x), y).backward()
     opt.step()
     assert opt.runtime.optimizer_get_step() == 1
+
+
+# 3 ----------------------------------------------------------------------------------------------
+def decay_groups(model):
+    """The model files' own configure_optimizers: weight decay on 2-D weights only."""
+    return [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def test_parameters_keep_shape_and_dtype_while_offloaded(data, nvme_dir):
+    reference, ref_opt, ours, opt, handle = pair(nvme_dir, seed=3, opt_args=decay_groups,
+                                                 lr=3e-3)
+    plain = {n: (p.shape, p.dtype, p.dim(), p.numel(), p.device)
+             for n, p in reference.named_parameters()}
+    after = {n: (p.shape, p.dtype, p.dim(), p.numel(), p.device)
+             for n, p in ours.named_parameters()}
+    assert after == plain
+    assert [len(g["params"]) for g in opt.param_groups] == \
+        [len(g["params"]) for g in ref_opt.param_groups] and \
+        len(opt.param_groups[1]["params"]) > 0 and len(opt.param_groups[0]["params"]) > 0
+    assert repr(ours) == repr(reference)
+    # No memory behind the shape: one element per parameter, whatever its size.
+    for p in ours.parameters():
+        storage = p.untyped_storage() if hasattr(p, "untyped_storage") else p.storage()
+        assert storage.nbytes() == p.element_size(), storage.nbytes()
+    losses = ([], [])
+    train_both(((reference, ref_opt), (ours, opt)), data[:STEPS], losses)
+    assert_close(losses[1], losses[0])
+    # A value read outside the parameter's unit is NaN, never a plausible number.
+    assert torch.isnan(ours.norm.weight).all()
+    # Writes there would go nowhere: refused (in torch, or at the next use).
+    with torch.no_grad(), pytest.raises(RuntimeError):
+        ours.layers[0].mlp.up_proj.weight.mul_(2)
+    with torch.no_grad():
+        ours.norm.weight.fill_(1.0)
+    with pytest.raises(strata.StrataError) as e:
+        ours(data[0][0])
+    assert "load_state_dict" in e.value.message
 
 
 # 10 ---------------------------------------------------------------------------------------------
@@ -330,6 +395,29 @@ def test_activation_checkpointing_exact_under_a_tight_budget(data, nvme_dir, ree
     losses = ([], [])
     train_both(((reference, ref_opt), (ours, opt)), data[:STEPS], losses)
     assert_close(losses[1], losses[0])
+
+
+def test_activation_checkpointing_without_room_fails_at_once(data, nvme_dir):
+    # A device budget below one recomputed block beside the tied embedding (held from the
+    # output layer's backward to the input layer's): no order of acquires can fit, and Strata's
+    # acquire would wait 300 s for a release. Refused at once, saying what to change.
+    torch.manual_seed(6)
+    c = PRESETS["tinyllama-1.1b"].scaled(128, 3, vocab_size=256, max_positions=64)
+    model = CheckpointedLlama(c)
+    model.lm_head.weight = model.embed_tokens.weight
+    block = sum(p.numel() * 4 for p in model.layers[0].parameters())
+    st.offload(model, nvme_path=nvme_dir, device="cpu", compute_tier="device",
+               **dict(SMALL, device_budget_bytes=int(1.0 * block)))
+    opt = st.AdamW(model.parameters())
+    x, y = data[0]
+    start = time.monotonic()
+    with pytest.raises(strata.StrataError) as e:
+        loss_fn(model(x), y).backward()
+    assert time.monotonic() - start < 30
+    assert e.value.name == "STRATA_E_DEVICE_BUDGET"
+    assert "checkpoint smaller segments" in e.value.message
+    assert "device_budget_bytes" in e.value.message
+    del opt
 
 
 # 8 ----------------------------------------------------------------------------------------------

@@ -50,10 +50,13 @@ PRESETS = {
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim, eps):
+    def __init__(self, dim, eps, device=None):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim, device=device))
         self.eps = eps
+
+    def reset_parameters(self):
+        nn.init.ones_(self.weight)
 
     def forward(self, x):
         variance = x.pow(2).mean(-1, keepdim=True)
@@ -66,15 +69,16 @@ def _rotate_half(x):
 
 
 class Attention(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, device=None):
         super().__init__()
         self.heads = c.num_attention_heads
         self.kv_heads = c.num_key_value_heads
         self.head_dim = c.hidden_size // c.num_attention_heads
-        self.q_proj = nn.Linear(c.hidden_size, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(c.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(c.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, c.hidden_size, bias=False)
+        kw = dict(bias=False, device=device)
+        self.q_proj = nn.Linear(c.hidden_size, self.heads * self.head_dim, **kw)
+        self.k_proj = nn.Linear(c.hidden_size, self.kv_heads * self.head_dim, **kw)
+        self.v_proj = nn.Linear(c.hidden_size, self.kv_heads * self.head_dim, **kw)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, c.hidden_size, **kw)
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, self.head_dim, 2).float() /
                                            self.head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
@@ -101,23 +105,24 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, device=None):
         super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        kw = dict(bias=False, device=device)
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, **kw)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, **kw)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, **kw)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Block(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, device=None):
         super().__init__()
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn = Attention(c)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = MLP(c)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, device)
+        self.self_attn = Attention(c, device)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, device)
+        self.mlp = MLP(c, device)
 
     def forward(self, x):
         x = x + self.self_attn(self.input_layernorm(x))
@@ -125,22 +130,32 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
-    def __init__(self, c):
+    """device="meta": parameters with shapes and no memory, for strata.torch.offload to
+    initialise one module at a time (param_init_fn=init_weights)."""
+
+    def __init__(self, c, device=None):
         super().__init__()
         self.config = c
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(Block(c) for _ in range(c.num_hidden_layers))
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, device=device)
+        self.layers = nn.ModuleList(Block(c, device) for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False, device=device)
         for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, std=0.02)
+            init_weights(m)
 
     def forward(self, ids):
         x = self.embed_tokens(ids)
         for layer in self.layers:
             x = layer(x)
         return self.lm_head(self.norm(x))
+
+
+def init_weights(module):
+    """The model's initialisation of one module's own parameters."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+    elif isinstance(module, RMSNorm):
+        module.reset_parameters()
 
 
 def loss_fn(logits, targets):

@@ -3,16 +3,21 @@
 An offloaded parameter has no p.grad between its backward and optimizer.step() (the gradient is
 in Strata) and no data outside its unit's forward and backward. torch's gradient clipping would
 therefore find no gradients and return 0 without clipping, and DistributedDataParallel would
-fail deep inside backward. install() (run by `import strata.torch`) replaces
-torch.nn.utils.clip_grad_norm_ / clip_grad_value_ (and their torch.nn.utils.clip_grad
-originals) by versions that give torch's result on Strata's gradients, and makes
-DistributedDataParallel refuse an offloaded model with a message naming what works.
+fail deep inside backward. install() (run by `import strata.torch`) makes
+torch.nn.utils.clip_grad_norm_ / clip_grad_value_ give torch's result on Strata's gradients, and
+makes DistributedDataParallel refuse an offloaded model with a message naming what works.
 Everything else passes through to torch unchanged.
 
-A script that bound the function itself before importing strata.torch
-(`from torch.nn.utils import clip_grad_norm_`) keeps torch's; docs/pytorch.md says so.
+A script may have bound the function itself before importing strata.torch
+(`from torch.nn.utils import clip_grad_norm_`); replacing the module attribute would leave it
+torch's, which finds no p.grad and returns 0 without clipping. So install() changes the function
+object itself: torch's function gets a code object that calls ours (its own code lives on in a
+copy that ours calls for plain parameters), and every reference to it, bound before or after,
+clips Strata's gradients.
 """
+import inspect
 import math
+import types
 
 import torch
 
@@ -123,15 +128,46 @@ def _refuse_offloaded_ddp(init):
     return __init__
 
 
+def _trampoline(*args, _strata_impl=None, **kwargs):
+    # The code torch's clip functions run once redirected: no globals, no closure, so that it
+    # runs the same in torch's module; _strata_impl is a keyword default set on the function.
+    return _strata_impl(*args, **kwargs)
+
+
+def _redirect(function, replacement):
+    """Makes torch's `function` (through any functools.wraps decorators, as torch 2.x's
+    _no_grad) run `replacement`; returns a copy of the original that still runs torch's code.
+    None where the innermost function has a closure (its code cannot be swapped)."""
+    inner = inspect.unwrap(function)
+    if not isinstance(inner, types.FunctionType) or inner.__closure__:
+        return None
+    original = types.FunctionType(inner.__code__, inner.__globals__, inner.__name__,
+                                  inner.__defaults__, None)
+    original.__kwdefaults__ = inner.__kwdefaults__
+    original.__qualname__ = inner.__qualname__
+    original.__doc__ = inner.__doc__
+    signature = inspect.signature(inner)
+    inner.__code__ = _trampoline.__code__
+    inner.__defaults__ = None
+    inner.__kwdefaults__ = {"_strata_impl": replacement}
+    inner.__signature__ = signature  # help() and inspect still show torch's parameters
+    return original
+
+
 def install():
     if _ORIGINAL:
         return
     clip = torch.nn.utils.clip_grad
-    _ORIGINAL["clip_grad_norm_"] = clip.clip_grad_norm_
-    _ORIGINAL["clip_grad_value_"] = clip.clip_grad_value_
-    for module in (torch.nn.utils, clip):
-        module.clip_grad_norm_ = clip_grad_norm_
-        module.clip_grad_value_ = clip_grad_value_
+    for name, ours in (("clip_grad_norm_", clip_grad_norm_),
+                       ("clip_grad_value_", clip_grad_value_)):
+        theirs = getattr(clip, name)
+        original = _redirect(theirs, ours)
+        if original is None:  # a torch whose function cannot be redirected: names only
+            _ORIGINAL[name] = theirs
+            for module in (torch.nn.utils, clip):
+                setattr(module, name, ours)
+        else:
+            _ORIGINAL[name] = original
     if torch.distributed.is_available():
         ddp = torch.nn.parallel.DistributedDataParallel
         ddp.__init__ = _refuse_offloaded_ddp(ddp.__init__)

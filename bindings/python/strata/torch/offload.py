@@ -1,8 +1,9 @@
 """strata.torch.offload: a torch.nn.Module whose parameters live in Strata.
 
 Every parameter becomes a Strata tensor (kind PARAMETER, home NVMe by default) and, if it needs
-a gradient, a second one (kind GRADIENT). Between uses a parameter's .data is an empty tensor on
-the compute device, so a layer not in use holds no memory outside Strata's budgets.
+a gradient, a second one (kind GRADIENT). Between uses a parameter's .data is a placeholder of its
+shape and dtype over one element on the compute device, so a layer not in use holds no memory
+outside Strata's budgets and shape-based code (p.dim(), p.shape, numel()) still works.
 
 The units are the modules that own parameters directly (a Linear, an RMSNorm, an Embedding). For
 each unit:
@@ -51,7 +52,7 @@ class _Param:
 
     __slots__ = ("name", "param", "shape", "dtype", "tensor", "grad", "units", "pins",
                  "acquisition", "bwd_held", "grad_written", "grad_zero", "grad_consumed",
-                 "grad_stale",
+                 "grad_stale", "placeholder", "sentinel",
                  "hooks", "owner", "names", "__weakref__")
 
     def __init__(self, name, param):
@@ -76,6 +77,8 @@ class _Param:
         self.names = [name]  # every name of the parameter in the module (tied weights: several)
         self.hooks = []
         self.owner = None
+        self.placeholder = None  # p.data between uses: the full shape over one element
+        self.sentinel = None  # that one element (NaN for floating point)
 
     @property
     def numel(self):
@@ -213,8 +216,10 @@ class OffloadedModel:
     """The handle offload() returns: the runtime, the hooks, and what they track."""
 
     def __init__(self, module, runtime, device, param_home="nvme", grad_home="nvme",
-                 average_gradients=None, process_group=None, mapped=None, compute_tier=None):
+                 average_gradients=None, process_group=None, mapped=None, compute_tier=None,
+                 param_init_fn=None, budgets=None):
         self.module = module
+        self.budgets = budgets  # {field: (bytes, why)} for budgets offload() sized itself
         self.runtime = runtime
         self.device = device
         # Where torch computes on a parameter: Strata's device tier on a GPU; on a CPU its
@@ -242,12 +247,13 @@ class OffloadedModel:
         self._in_forward = 0  # depth of calls of the model's forward under way
         self._root_step_started = False
         self._fetched = {}  # storage address -> _Param
+        self._held_bytes = 0  # bytes of parameters acquired now on the compute tier
         self._grad_nodes = {}  # id(_Param) -> its parameter's AccumulateGrad node
         self.params = []  # _Param, in registration order
         self.units = []
-        self._placeholders = {}
         self._closed = False
         self._original_forward = None
+        self._param_init_fn = param_init_fn
         try:
             self._register(module)
         except BaseException:
@@ -259,18 +265,86 @@ class OffloadedModel:
         weakref.finalize(module, runtime.close)
 
     # -- set-up ---------------------------------------------------------------------------------
-    def _placeholder(self, dtype):
-        if dtype not in self._placeholders:
-            self._placeholders[dtype] = torch.empty(0, dtype=dtype, device=self.device)
-        return self._placeholders[dtype]
+    def _make_placeholder(self, rec):
+        """p.data between uses: a tensor of the parameter's shape and dtype, on the compute
+        device, over a single element (every stride 0), so that p.shape, p.dim(), numel(),
+        dtype and device are the parameter's while its memory is in Strata. That element is NaN
+        (the dtype's largest value for integers): a value read outside the parameter's unit is
+        unmistakable, never a plausible number; in-place writes other than fill_/zero_ fail in
+        torch (more than one element refers to one memory location), and fill_/zero_ or a
+        replaced .data are caught at the next use (_check_placeholder)."""
+        if rec.dtype.is_floating_point:
+            fill = float("nan")
+        else:
+            fill = torch.iinfo(rec.dtype).max
+        rec.sentinel = torch.full((1,), fill, dtype=rec.dtype, device=self.device)
+        rec.placeholder = rec.sentinel.expand(rec.shape)
+
+    def _check_placeholder(self, rec):
+        """Refuses to use a parameter whose placeholder was written or replaced since its last
+        use: the write went nowhere (Strata holds the value), so going on would be silent."""
+        data = rec.param.data
+        replaced = data.data_ptr() != rec.sentinel.data_ptr() or tuple(data.shape) != rec.shape
+        written = False
+        if not replaced and self.device.type == "cpu":  # a CUDA read would synchronise
+            value = rec.sentinel[0].item()
+            written = not (value != value) if rec.dtype.is_floating_point else \
+                value != torch.iinfo(rec.dtype).max
+        if replaced or written:
+            raise StrataError(_lib.E_STATE,
+                              f"parameter {rec.name!r} was {'replaced' if replaced else 'written'}"
+                              " outside its module's forward and backward (its .data there "
+                              "is a placeholder; the value is in Strata, so the change went "
+                              "nowhere). Change offloaded weights with model.load_state_dict()"
+                              ", or before offload; model.to() / .half() need close() first")
+
+    def _materialise(self, module_name, sub, direct, replaced, names):
+        """A unit's parameters on the meta device become real CPU parameters, initialised by
+        param_init_fn(sub) (default: sub.reset_parameters()), just before they go into Strata:
+        a model built on the meta device is never whole in host RAM, one unit at a time is.
+        New Parameter objects replace the meta ones in the module (as Module.to_empty does);
+        a tied parameter is replaced once, by the same object under each name."""
+        fresh = False
+        for key, p in direct:
+            if not p.is_meta:
+                continue
+            new = replaced.get(id(p))
+            if new is None:
+                new = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype),
+                                         requires_grad=p.requires_grad)
+                replaced[id(p)] = new
+                names[id(new)] = names.get(id(p), f"{module_name}.{key}")
+                fresh = True
+            sub._parameters[key] = new
+        if fresh:
+            if self._param_init_fn is not None:
+                self._param_init_fn(sub)
+            elif callable(getattr(sub, "reset_parameters", None)):
+                sub.reset_parameters()
+            else:
+                raise StrataError(_lib.E_INVALID,
+                                  f"module {module_name or '<root>'!r} has parameters on the "
+                                  f"meta device and no reset_parameters(): pass "
+                                  "offload(..., param_init_fn=f), f(module) initialising the "
+                                  "module's own parameters in place")
+        out = [(k, q) for k, q in sub._parameters.items() if q is not None]
+        still = [k for k, q in out if q.is_meta]
+        if still:
+            raise StrataError(_lib.E_INVALID, f"module {module_name or '<root>'!r}: parameters "
+                                              f"{still} are still on the meta device after "
+                                              "initialisation")
+        return out
 
     def _register(self, module):
         by_id = {}
         names = {id(p): n for n, p in module.named_parameters()}
+        replaced = {}  # id(meta parameter) -> the CPU parameter that replaces it
         for module_name, sub in module.named_modules():
             direct = [(k, p) for k, p in sub._parameters.items() if p is not None]
             if not direct:
                 continue
+            if any(p.is_meta for _, p in direct):
+                direct = self._materialise(module_name, sub, direct, replaced, names)
             unit = _Unit(len(self.units), module_name or "<root>", sub)
             self.units.append(unit)
             for key, p in direct:
@@ -347,7 +421,8 @@ class OffloadedModel:
         if p.requires_grad:
             self._ensure_grad(rec, layer)
         p._strata = rec
-        p.data = self._placeholder(p.dtype)
+        self._make_placeholder(rec)
+        p.data = rec.placeholder
 
     def _ensure_grad(self, rec, layer=None):
         """Gives a parameter that requires grad its GRADIENT tensor and hooks: at offload, or
@@ -379,11 +454,14 @@ class OffloadedModel:
             if rec.pins > 1:
                 return
             try:
+                self._check_placeholder(rec)
+                self._check_room(rec.tensor.nbytes, rec.name)
                 acq = rec.tensor.acquire(self.compute_tier)
                 data = _views.as_tensor(acq, rec.dtype, rec.shape, self.device)
             except BaseException:
                 rec.pins -= 1
                 raise
+            self._held_bytes += rec.tensor.nbytes
             rec.acquisition = acq
             self._fetched[_views.storage_address(data)] = rec
             rec.param.data = data
@@ -396,9 +474,30 @@ class OffloadedModel:
             if rec.pins:
                 return
             acq, rec.acquisition = rec.acquisition, None
+            self._held_bytes -= rec.tensor.nbytes
             self._fetched.pop(_views.storage_address(rec.param.data), None)
-            rec.param.data = self._placeholder(rec.dtype)
+            rec.param.data = rec.placeholder
             acq.release(dirty=False, stream=_views.stream_pointer(self.device))
+
+    def _check_room(self, nbytes, what):
+        """Refuses at once an acquire on the compute tier that cannot succeed: the parameters
+        this process holds there and the new tensor exceed the tier's budget. Strata's acquire
+        would wait for a release (another thread may hold them), and here none can come before
+        the acquire returns: the wait would end only in STRATA_E_TIMEOUT after 300 s."""
+        budget = getattr(self.runtime.config, f"{self.compute_tier}_budget_bytes")
+        if self._held_bytes + nbytes <= budget:
+            return
+        held = [rec.name for rec in self.params if rec.pins]
+        field = f"{self.compute_tier}_budget_bytes"
+        code = _lib.E_DEVICE_BUDGET if self.compute_tier == "device" else _lib.E_PINNED_BUDGET
+        checkpointing = " (activation checkpointing holds a recomputed segment's parameters " \
+                        "until their gradients are taken: checkpoint smaller segments, or)" \
+            if self._in_backward else ""
+        raise StrataError(code, f"{what} needs {nbytes} bytes on the {self.compute_tier} tier "
+                                f"beside {self._held_bytes} bytes of parameters in use there "
+                                f"({listed(held)}); the budget is {budget} bytes and nothing "
+                                f"in use can leave before this returns{checkpointing} raise "
+                                f"{field} to at least {self._held_bytes + nbytes}")
 
     def _enter_phase(self, phase, layer):
         with self._lock:
@@ -534,6 +633,13 @@ class OffloadedModel:
             torch.distributed.all_reduce(grad, group=self.process_group)
             grad.div_(self.world_size)
         with self._lock:
+            # Every use of the parameter has done its backward: its memory goes first, so that
+            # the gradient finds the room the parameter held (a tight budget, a recomputed
+            # checkpoint segment filling it) rather than wait for a release that cannot come.
+            if rec.bwd_held:
+                rec.bwd_held = False
+                self._unpin(rec)
+            self._check_room(rec.grad.nbytes, f"the gradient of {rec.name!r}")
             acq = rec.grad.acquire(self.compute_tier, discard=not rec.grad_written)
             try:
                 view = _views.as_tensor(acq, rec.dtype, rec.shape, self.device)
@@ -546,9 +652,6 @@ class OffloadedModel:
             rec.grad_written = True
             rec.grad_zero = False
             p.grad = None
-            if rec.bwd_held:
-                rec.bwd_held = False
-                self._unpin(rec)
 
     # saved tensors that alias a parameter's memory
     def _pack(self, t):
@@ -833,9 +936,69 @@ def _grad_accumulated_hook(owner_ref, rec_ref, *unused):
         owner._grad_accumulated(rec)
 
 
+_MIB = 1 << 20
+# Pinned budget sized from the model: this many times its largest unit (the parameters of one
+# module, or one parameter) - a unit and its gradient in use with the tied embedding held across
+# backward, and the optimizer's need (a parameter, its gradient and two sub-groups of states of
+# pinned/16 each, at most 3.2x the parameter) - with no less than 64 MiB.
+_PINNED_UNITS = 5
+_PINNED_FLOOR = 64 * _MIB
+
+
+def _host_available_bytes():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def sized_budgets(model, device, compute_tier):
+    """The budgets offload() uses when none is given: {field: (bytes, why)}.
+
+    pinned_budget_bytes: 5x the model's largest unit, at least 64 MiB, at most half of the
+    host's available memory; not the model's size, so the model states live on NVMe and host
+    RAM stays far below plain PyTorch's 16 bytes per parameter. device_budget_bytes, on CUDA:
+    half of the device's free memory (the rest for torch's activations), at most the model's
+    parameters and gradients."""
+    unit_bytes, seen = 0, set()
+    total = 0
+    for sub in model.modules():
+        own = 0
+        for p in sub._parameters.values():
+            if p is None:
+                continue
+            nbytes = p.numel() * p.element_size()
+            own += nbytes
+            unit_bytes = max(unit_bytes, nbytes)
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += nbytes
+        unit_bytes = max(unit_bytes, own)
+    out = {}
+    pinned = max(_PINNED_FLOOR, _PINNED_UNITS * unit_bytes)
+    why = f"{_PINNED_UNITS} x the largest unit ({unit_bytes} bytes), at least {_PINNED_FLOOR}"
+    available = _host_available_bytes()
+    if available is not None and pinned > available // 2:
+        pinned = available // 2
+        why += f"; capped at half of MemAvailable ({available} bytes)"
+    out["pinned_budget_bytes"] = ((pinned + _MIB - 1) // _MIB * _MIB, why)
+    if device.type == "cuda" and compute_tier == "device":
+        free, _ = torch.cuda.mem_get_info(device)
+        wanted = 2 * total
+        budget = min(free // 2, wanted)
+        out["device_budget_bytes"] = (max(_PINNED_FLOOR, budget // _MIB * _MIB),
+                                      f"half of the device's free {free} bytes, at most the "
+                                      f"parameters and gradients ({wanted} bytes)")
+    return out
+
+
 def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config=None,
             param_home=None, grad_home="nvme", average_gradients=None, process_group=None,
-            compute_tier=None, **config_fields):
+            compute_tier=None, param_init_fn=None, **config_fields):
     """Puts model's parameters under a new Strata runtime and hooks its forward and backward.
 
     nvme_path: the directory for the swap file ("{rank}" is replaced by the torch.distributed
@@ -848,10 +1011,22 @@ def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config
     compute_tier: the tier torch computes on, "device" (default on CUDA) or "pinned" (default
     on the CPU: torch uses Strata's pinned host buffers directly, no emulated-device copy;
     "device" on the CPU runs the host-emulated device, for testing the GPU code path).
+    Budgets not given (no config, no deepspeed_config, no *_budget_bytes keyword) are sized
+    from the model and the machine (sized_budgets; the handle's .budgets says how).
+    param_init_fn: for parameters on the meta device, f(module) initialising a module's own
+    parameters, called one module at a time as they go into Strata (default: the module's
+    reset_parameters()), so that a model larger than host RAM never exists whole there.
     Returns an OffloadedModel; the model itself is used as before.
     """
     cfg, mapped, device = build_config(nvme_path, device, config, deepspeed_config,
                                        **config_fields)
+    budgets = None
+    if config is None and deepspeed_config is None:
+        tier = compute_tier or ("device" if device.type == "cuda" else "pinned")
+        budgets = {k: v for k, v in sized_budgets(model, device, tier).items()
+                   if k not in config_fields}
+        for key, (value, _) in budgets.items():
+            setattr(cfg, key, value)
     if param_home is None:
         param_home = mapped.param_home if mapped is not None else "nvme"
     if mapped is not None and mapped.param_dtype is not None:
@@ -864,7 +1039,7 @@ def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config
     runtime = Runtime(cfg)
     try:
         return OffloadedModel(model, runtime, device, param_home, grad_home, average_gradients,
-                              process_group, mapped, compute_tier)
+                              process_group, mapped, compute_tier, param_init_fn, budgets)
     except BaseException:
         runtime.close()
         raise

@@ -237,13 +237,6 @@ class AdamW(torch.optim.Optimizer):
         """Raises for anything Strata would refuse in group, before registering any of it."""
         if group.get("amsgrad") or group.get("maximize"):
             raise StrataError(_lib.E_UNSUPPORTED, "amsgrad and maximize are not supported")
-        if not group["params"] and self._model is not None:
-            raise StrataError(_lib.E_INVALID,
-                              "a parameter group is empty. After strata.torch.offload a "
-                              "parameter's .data is an empty placeholder (p.dim() == 1, "
-                              "p.shape == (0,)), so groups chosen by p.dim() or p.shape end "
-                              "up empty: choose them by name (model.named_parameters()) or "
-                              "before offloading")
         for p in group["params"]:
             if id(p) in self._records or sum(q is p for g in groups for q in g["params"]) > 1:
                 raise StrataError(_lib.E_INVALID, "a parameter appears twice in the optimizer")
