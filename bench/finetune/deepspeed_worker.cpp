@@ -711,6 +711,7 @@ Status DeepSpeedWorker::optimizer_step() {
       STRATA_TRY(read_sub_group(g + 1, next, read_tickets));
     }
     const uint64_t begin = now_us();
+    const uint64_t stall_before = stall_us_;
     const bool swapped = group.swapped_states;
     auto* grad = swapped ? reinterpret_cast<float*>(opt_buffer(set, 3)) : host_state(group, 3);
     // The fp32 gradient is one flat tensor of the sub-group; slices were read io-aligned, so
@@ -772,7 +773,8 @@ Status DeepSpeedWorker::optimizer_step() {
         offset += s.file_bytes;
       }
     }
-    optimizer_seconds_ += static_cast<double>(now_us() - begin) / 1e6;
+    // CPU time of the update alone: the wait for the previous write-back above is a stall.
+    optimizer_seconds_ += static_cast<double>(now_us() - begin - (stall_us_ - stall_before)) / 1e6;
     span("optimizer", "sub-group " + std::to_string(g), begin, now_us(),
          static_cast<int64_t>(group.elements));
     // swap_out_optimizer_state: write and wait, or (pipeline_write) leave it in flight until

@@ -42,10 +42,11 @@ Result<ComputeMode> parse_compute_mode(const std::string& name);
 
 // Defaults of the README's main command (`--model llama-2-70b --strategy both`): a llama-2-70b
 // shape narrowed to a quarter of its width and cut to 6 of its 80 layers (354M parameters,
-// 5.7 GB of model states per strategy on NVMe), 4 steps. docs/results.md explains each choice.
+// 5.7 GB of model states per worker on NVMe), 3 steps (five workers: Strata twice, DeepSpeed in
+// three configurations, in about five minutes). docs/results.md explains each choice.
 inline constexpr double kDefaultScale = 0.25;
 inline constexpr int kDefaultLayers = 6;
-inline constexpr uint32_t kDefaultSteps = 4;
+inline constexpr uint32_t kDefaultSteps = 3;
 inline constexpr uint32_t kDefaultSeq = 4096;
 // 8 sequences: this machine's disk (~0.9 GB/s) is ~8x slower than one Gen4 NVMe drive (7 GB/s),
 // so 8x the tokens of a seq-4096 batch-1 fine-tune keep compute : NVMe time per parameter what

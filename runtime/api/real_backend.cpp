@@ -56,11 +56,11 @@ RealBackend::~RealBackend() {
   std::lock_guard lock(buffers_mutex_);
   for (auto& [token, data] : device_buffers_) (void)device_.free(data);
   device_buffers_.clear();
-  for (auto& [token, buffer] : pinned_)
-    pinned_recycler_.give_back(std::move(buffer), TensorKind::kOther);
+  for (auto& [token, entry] : pinned_)
+    pinned_recycler_.give_back(std::move(entry.buffer), entry.kind);
   pinned_.clear();
   pinned_recycler_.trim();
-  for (auto& [token, extent] : extents_) (void)store_.free(extent);
+  for (auto& [token, entry] : extents_) (void)store_.free(entry.extent);
   extents_.clear();
 }
 
@@ -74,21 +74,21 @@ uint64_t RealBackend::now_us() const {
 
 // ---- Memory ----
 
-Result<sched::Buffer> RealBackend::allocate(sched::Tier tier, uint64_t bytes) {
+Result<sched::Buffer> RealBackend::allocate(sched::Tier tier, uint64_t bytes, TensorKind kind) {
   if (bytes == 0) return invalid_argument("allocate: zero bytes");
   if (tier == sched::Tier::kPinned) {
     // The extent store moves whole aligned blocks, so the buffer covers the padded length too.
     const uint64_t padded = align_up(bytes, store_.alignment());
-    auto buffer = pinned_recycler_.take(padded, TensorKind::kOther);
+    auto buffer = pinned_recycler_.take(padded, kind);
     if (!buffer) return std::move(buffer).take_status();
     std::lock_guard lock(buffers_mutex_);
     const uint64_t token = next_token_++;
     sched::Buffer out{buffer->data(), padded, token};
-    pinned_.emplace(token, std::move(buffer.value()));
+    pinned_.emplace(token, PinnedEntry{std::move(buffer.value()), kind});
     return out;
   }
   if (tier == sched::Tier::kDevice) {
-    auto data = device_.allocate(bytes, TensorKind::kOther);
+    auto data = device_.allocate(bytes, kind);
     if (!data) return std::move(data).take_status();
     std::lock_guard lock(buffers_mutex_);
     const uint64_t token = next_token_++;
@@ -103,7 +103,7 @@ void RealBackend::free(sched::Tier tier, const sched::Buffer& buffer) {
   if (tier == sched::Tier::kPinned) {
     auto it = pinned_.find(buffer.token);
     STRATA_ASSERT(it != pinned_.end());
-    pinned_recycler_.give_back(std::move(it->second), TensorKind::kOther);
+    pinned_recycler_.give_back(std::move(it->second.buffer), it->second.kind);
     pinned_.erase(it);
     return;
   }
@@ -113,31 +113,32 @@ void RealBackend::free(sched::Tier tier, const sched::Buffer& buffer) {
   device_buffers_.erase(it);
 }
 
-Result<sched::Extent> RealBackend::allocate_extent(uint64_t bytes) {
+Result<sched::Extent> RealBackend::allocate_extent(uint64_t bytes, TensorKind kind) {
   auto extent = store_.allocate(bytes);
   if (!extent) return std::move(extent).take_status();
-  // The backend sees no tensor kinds: NVMe space in use is counted as OTHER.
   if (memory::Accounting* accounting = arena_.accounting()) {
-    accounting->use(memory::Tier::kNvme, TensorKind::kOther, extent->capacity);
+    accounting->use(memory::Tier::kNvme, kind, extent->capacity);
   }
   std::lock_guard lock(buffers_mutex_);
-  extents_.emplace(extent->id, extent.value());
+  extents_.emplace(extent->id, ExtentEntry{extent.value(), kind});
   return sched::Extent{extent->id, bytes};
 }
 
 void RealBackend::free_extent(const sched::Extent& extent) {
   storage::Extent found;
+  TensorKind kind = TensorKind::kOther;
   {
     std::lock_guard lock(buffers_mutex_);
     auto it = extents_.find(extent.token);
     STRATA_ASSERT(it != extents_.end());
-    found = it->second;
+    found = it->second.extent;
+    kind = it->second.kind;
     extents_.erase(it);
   }
   const Status status = store_.free(found);
   STRATA_ASSERT(status.is_ok());
   if (memory::Accounting* accounting = arena_.accounting()) {
-    accounting->unuse(memory::Tier::kNvme, TensorKind::kOther, found.capacity);
+    accounting->unuse(memory::Tier::kNvme, kind, found.capacity);
   }
 }
 
@@ -145,13 +146,13 @@ Result<storage::Extent> RealBackend::find_extent(uint64_t token) const {
   std::lock_guard lock(buffers_mutex_);
   auto it = extents_.find(token);
   if (it == extents_.end()) return Status::error(STRATA_E_INTERNAL, "unknown extent token");
-  return it->second;
+  return it->second.extent;
 }
 
 int32_t RealBackend::io_index(const sched::Buffer& pinned, uint64_t bytes) const {
   std::lock_guard lock(buffers_mutex_);
   auto it = pinned_.find(pinned.token);
-  return it == pinned_.end() ? -1 : it->second.io_buffer_index(0, bytes);
+  return it == pinned_.end() ? -1 : it->second.buffer.io_buffer_index(0, bytes);
 }
 
 // ---- NVMe transfers ----

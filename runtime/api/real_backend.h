@@ -45,9 +45,9 @@ class RealBackend final : public sched::TierBackend {
   RealBackend& operator=(const RealBackend&) = delete;
 
   const char* name() const override { return "real"; }
-  Result<sched::Buffer> allocate(sched::Tier tier, uint64_t bytes) override;
+  Result<sched::Buffer> allocate(sched::Tier tier, uint64_t bytes, TensorKind kind) override;
   void free(sched::Tier tier, const sched::Buffer& buffer) override;
-  Result<sched::Extent> allocate_extent(uint64_t bytes) override;
+  Result<sched::Extent> allocate_extent(uint64_t bytes, TensorKind kind) override;
   void free_extent(const sched::Extent& extent) override;
   Status read(const sched::Extent& from, const sched::Buffer& to_pinned, uint64_t bytes,
               sched::Completion done) override;
@@ -125,9 +125,18 @@ class RealBackend final : public sched::TierBackend {
   mutable std::mutex buffers_mutex_;
   // Pinned buffers come from and go back to the recycler: steady-state steps map nothing.
   memory::PinnedRecycler pinned_recycler_{arena_};
-  std::unordered_map<uint64_t, memory::PinnedBuffer> pinned_;
-  std::unordered_map<uint64_t, void*> device_buffers_;
-  std::unordered_map<uint64_t, storage::Extent> extents_;
+  // Each with the kind it is counted under, so that it is uncounted under the same one.
+  struct PinnedEntry {
+    memory::PinnedBuffer buffer;
+    TensorKind kind = TensorKind::kOther;
+  };
+  struct ExtentEntry {
+    storage::Extent extent;
+    TensorKind kind = TensorKind::kOther;
+  };
+  std::unordered_map<uint64_t, PinnedEntry> pinned_;
+  std::unordered_map<uint64_t, void*> device_buffers_;  // the device remembers the kind
+  std::unordered_map<uint64_t, ExtentEntry> extents_;
   uint64_t next_token_ = 1;
 
   std::mutex nvme_mutex_;

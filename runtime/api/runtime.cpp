@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include "api/torch_memory.h"
 #include "api/versioned_struct.h"
 #include "common/align.h"
 #include "common/units.h"
@@ -285,6 +286,10 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in, uint16
       sched::Scheduler::create(sched_config, *rt->backend_, rt->completions_->get_executor());
   if (!scheduler) return std::move(scheduler).take_status().with_context("scheduler");
   rt->scheduler_ = std::move(scheduler.value());
+  // PyTorch's pluggable allocator (strata_torch_alloc) now takes this runtime's device memory,
+  // under its device budget (api/torch_memory.h).
+  rt->torch_memory_ = std::make_unique<TorchMemory>(*rt->scheduler_, rt->device_->ordinal());
+  rt->torch_binding_ = memory::TorchAllocatorBinding::install(*rt->torch_memory_);
   // Read during creation only: the caller's array need not outlive the call.
   c.planned_tensors = nullptr;
   c.planned_tensor_count = 0;
@@ -292,6 +297,8 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in, uint16
 }
 
 Runtime::~Runtime() {
+  torch_binding_.reset();  // no torch call reaches the scheduler from here on
+  torch_memory_.reset();
   optimizer_.reset();
   scheduler_.reset();
   backend_.reset();

@@ -19,12 +19,15 @@
 #include "memory/accounting.h"
 #include "memory/device.h"
 #include "memory/pinned_arena.h"
+#include "memory/torch_allocator.h"
 #include "optim/tiered_optimizer.h"
 #include "sched/scheduler.h"
 #include "storage/swap_store.h"
 #include "telemetry/trace_recorder.h"
 
 namespace strata::api {
+
+class TorchMemory;
 
 // Longest an acquire waits before STRATA_E_TIMEOUT: a deadlock shows up as an error, not a hang.
 inline constexpr std::chrono::seconds kAcquireTimeout{300};
@@ -77,6 +80,9 @@ class Runtime {
   std::unique_ptr<sched::Scheduler> scheduler_;
   std::mutex optimizer_mutex_;
   std::unique_ptr<optim::TieredOptimizer> optimizer_;  // uses the scheduler: destroyed first
+  // strata_torch_alloc's memory, through the scheduler; the binding goes before it.
+  std::unique_ptr<TorchMemory> torch_memory_;
+  std::unique_ptr<memory::TorchAllocatorBinding> torch_binding_;
 
   mutable std::mutex errors_mutex_;
   std::unordered_map<std::thread::id, std::string> errors_;

@@ -21,7 +21,7 @@ namespace {
 // never unbound while a call uses it.
 struct Binding {
   std::shared_mutex mutex;
-  std::vector<Device*> devices;  // installation order; back() serves allocations
+  std::vector<TorchMemorySource*> sources;  // installation order; back() serves allocations
   // Pointers from the no-runtime fallback (cudaMalloc). Tracked so that a free goes back to
   // cudaFree only for memory that really came from it.
   std::mutex fallback_mutex;
@@ -72,29 +72,29 @@ bool fallback_free(void* ptr) {
 
 }  // namespace
 
-std::unique_ptr<TorchAllocatorBinding> TorchAllocatorBinding::install(Device& device) {
+std::unique_ptr<TorchAllocatorBinding> TorchAllocatorBinding::install(TorchMemorySource& source) {
   Binding& b = binding();
   std::unique_lock lock(b.mutex);
-  b.devices.push_back(&device);
-  return std::unique_ptr<TorchAllocatorBinding>(new TorchAllocatorBinding(device));
+  b.sources.push_back(&source);
+  return std::unique_ptr<TorchAllocatorBinding>(new TorchAllocatorBinding(source));
 }
 
 TorchAllocatorBinding::~TorchAllocatorBinding() {
   Binding& b = binding();
   std::unique_lock lock(b.mutex);
-  const auto it = std::find(b.devices.rbegin(), b.devices.rend(), &device_);
-  if (it != b.devices.rend()) b.devices.erase(std::next(it).base());
+  const auto it = std::find(b.sources.rbegin(), b.sources.rend(), &source_);
+  if (it != b.sources.rend()) b.sources.erase(std::next(it).base());
 }
 
-const Device* torch_allocator_device() {
+const TorchMemorySource* torch_allocator_source() {
   Binding& b = binding();
   std::shared_lock lock(b.mutex);
-  return b.devices.empty() ? nullptr : b.devices.back();
+  return b.sources.empty() ? nullptr : b.sources.back();
 }
 
 }  // namespace strata::memory
 
-using strata::memory::Device;
+using strata::memory::TorchMemorySource;
 
 extern "C" STRATA_API void* strata_torch_alloc(ssize_t size, int device,
                                                strata_cuda_stream /*stream*/) {
@@ -105,10 +105,10 @@ extern "C" STRATA_API void* strata_torch_alloc(ssize_t size, int device,
     auto& b = strata::memory::binding();
     {
       std::shared_lock lock(b.mutex);
-      if (!b.devices.empty()) {
-        Device* d = b.devices.back();
+      if (!b.sources.empty()) {
+        TorchMemorySource* d = b.sources.back();
         if (d->ordinal() == device) {
-          strata::Result<void*> p = d->allocate(bytes, strata::TensorKind::kOther);
+          strata::Result<void*> p = d->allocate(bytes);
           if (p.is_ok()) return *p;
           strata::memory::warn("strata_torch_alloc: %s", p.status().message().c_str());
           return nullptr;
@@ -129,8 +129,8 @@ extern "C" STRATA_API void strata_torch_free(void* ptr, ssize_t size, int /*devi
     auto& b = strata::memory::binding();
     {
       std::shared_lock lock(b.mutex);
-      for (auto it = b.devices.rbegin(); it != b.devices.rend(); ++it) {
-        Device* d = *it;
+      for (auto it = b.sources.rbegin(); it != b.sources.rend(); ++it) {
+        TorchMemorySource* d = *it;
         if (!d->owns(ptr)) continue;
         const uint64_t allocated = d->allocation_size(ptr);
         if (size >= 0 && allocated != 0 && allocated != static_cast<uint64_t>(size)) {

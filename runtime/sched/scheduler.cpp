@@ -180,7 +180,7 @@ Result<TensorHandle> Scheduler::register_tensor(const TensorSpec& spec,
   // A tensor that rests on NVMe gets its NVMe space now: over-commit is an error at set-up, with
   // the numbers, never a write-back failing hours into a run. Write-backs reuse this extent.
   if (options.home == Tier::kNvme || options.contents_on_nvme) {
-    Result<Extent> extent = backend_.allocate_extent(r.bytes);
+    Result<Extent> extent = backend_.allocate_extent(r.bytes, r.spec.kind);
     if (!extent) {
       return fail(std::move(extent).take_status().with_context("registering " + label(r)));
     }
@@ -895,7 +895,7 @@ bool Scheduler::start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use
   if (tier == Tier::kPinned) {
     if (!link_free(Link::kNvmeWrite)) return false;
     if (!r.extent.valid()) {
-      Result<Extent> extent = backend_.allocate_extent(r.bytes);
+      Result<Extent> extent = backend_.allocate_extent(r.bytes, r.spec.kind);
       if (!extent) {
         note_async_failure(r,
                            std::move(extent).take_status().with_context("writing back " + label(r)),
@@ -1056,7 +1056,7 @@ Status Scheduler::allocate_buffer(TensorRecord& r, Tier tier) {
   const int mi = memory_index(tier);
   STRATA_ASSERT(!r.buffer[mi].valid() && r.pool[mi] != kNoPool);
   STRATA_ASSERT(pools_[r.pool[mi]].used + r.charged[mi] <= pools_[r.pool[mi]].spec.budget_bytes);
-  Result<Buffer> buffer = backend_.allocate(tier, r.bytes);
+  Result<Buffer> buffer = backend_.allocate(tier, r.bytes, r.spec.kind);
   if (!buffer) {
     return std::move(buffer).take_status().with_context(
         "allocating " + std::string(to_string(tier)) + " memory for " + label(r));

@@ -62,7 +62,7 @@ Result<DeviceModel> calibrate(const Measurements& measured, const DeviceModel& b
 
 SimulatedBackend::SimulatedBackend(const DeviceModel& model) : model_(model) {}
 
-Result<Buffer> SimulatedBackend::allocate(Tier tier, uint64_t bytes) {
+Result<Buffer> SimulatedBackend::allocate(Tier tier, uint64_t bytes, TensorKind /*kind*/) {
   if (tier == Tier::kNvme || bytes == 0) return invalid_argument("simulated allocate: bad request");
   const int t = static_cast<int>(tier);
   const uint64_t rounded = align_up(bytes, kPageSize);
@@ -81,7 +81,7 @@ void SimulatedBackend::free(Tier tier, const Buffer& buffer) {
   allocated_[t] -= buffer.bytes;
 }
 
-Result<Extent> SimulatedBackend::allocate_extent(uint64_t bytes) {
+Result<Extent> SimulatedBackend::allocate_extent(uint64_t bytes, TensorKind /*kind*/) {
   if (bytes == 0) return invalid_argument("simulated allocate_extent: 0 bytes");
   const int t = static_cast<int>(Tier::kNvme);
   const uint64_t rounded = align_up(bytes, kPageSize);

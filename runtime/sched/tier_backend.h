@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "common/status.h"
+#include "model/tensor_spec.h"
 #include "sched/residency.h"
 
 namespace strata::sched {
@@ -83,14 +84,15 @@ class TierBackend {
   virtual ~TierBackend() = default;
   virtual const char* name() const = 0;
 
-  // Memory on the pinned or device tier. Fails with STRATA_E_PINNED_BUDGET /
+  // Memory on the pinned or device tier, for a tensor of `kind` (so that the backend's
+  // accounting counts it under its kind: strata_get_stats). Fails with STRATA_E_PINNED_BUDGET /
   // STRATA_E_DEVICE_BUDGET when the backend's own limit (or fragmentation) refuses, STRATA_E_NOMEM
   // when the OS does; the scheduler then evicts more or reports the error.
-  virtual Result<Buffer> allocate(Tier tier, uint64_t bytes) = 0;
+  virtual Result<Buffer> allocate(Tier tier, uint64_t bytes, TensorKind kind) = 0;
   virtual void free(Tier tier, const Buffer& buffer) = 0;
 
-  // NVMe space. STRATA_E_NOSPACE when the tier is full.
-  virtual Result<Extent> allocate_extent(uint64_t bytes) = 0;
+  // NVMe space for a tensor of `kind`. STRATA_E_NOSPACE when the tier is full.
+  virtual Result<Extent> allocate_extent(uint64_t bytes, TensorKind kind) = 0;
   virtual void free_extent(const Extent& extent) = 0;
 
   // Asynchronous transfers of `bytes` (<= both sides' sizes). OK means the completion will come.

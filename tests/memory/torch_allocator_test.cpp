@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "memory/accounting.h"
+#include "memory/device.h"
 #include "torch_allocator_c_helpers.h"
 
 namespace strata::memory {
@@ -20,8 +21,25 @@ std::unique_ptr<Device> open_emulated(uint64_t budget, Accounting* accounting = 
   return std::move(device).value();
 }
 
+// The binding's mechanics over a bare device (a runtime's source goes through its scheduler:
+// tests/api/torch_memory_test.cpp).
+class DeviceSource final : public TorchMemorySource {
+ public:
+  explicit DeviceSource(Device& device) : device_(device) {}
+  int ordinal() const override { return device_.ordinal(); }
+  Result<void*> allocate(uint64_t bytes) override {
+    return device_.allocate(bytes, TensorKind::kOther);
+  }
+  bool owns(const void* ptr) const override { return device_.owns(ptr); }
+  uint64_t allocation_size(const void* ptr) const override { return device_.allocation_size(ptr); }
+  Status free(void* ptr, void* stream) override { return device_.free(ptr, stream); }
+
+ private:
+  Device& device_;
+};
+
 TEST(TorchAllocator, WithoutARuntimeCallsFromCDoNotCrash) {
-  ASSERT_EQ(torch_allocator_device(), nullptr);
+  ASSERT_EQ(torch_allocator_source(), nullptr);
   void* p = c_torch_alloc(1 << 20, 0);
   if (usable_cuda_devices() == 0) {
     EXPECT_EQ(p, nullptr);  // no runtime, no GPU: torch reports out of memory
@@ -40,8 +58,9 @@ TEST(TorchAllocator, ARuntimesDeviceServesCallsFromC) {
   Accounting accounting;
   auto device = open_emulated(8 << 20, &accounting);
   {
-    const auto binding = TorchAllocatorBinding::install(*device);
-    EXPECT_EQ(torch_allocator_device(), device.get());
+    DeviceSource source(*device);
+    const auto binding = TorchAllocatorBinding::install(source);
+    EXPECT_EQ(torch_allocator_source(), &source);
     void* p = c_torch_alloc(3 << 20, 0);
     ASSERT_NE(p, nullptr);
     EXPECT_TRUE(device->owns(p));
@@ -58,19 +77,20 @@ TEST(TorchAllocator, ARuntimesDeviceServesCallsFromC) {
     if (usable_cuda_devices() < 2) EXPECT_EQ(elsewhere, nullptr);
     c_torch_free(elsewhere, 4096, 1);
   }
-  EXPECT_EQ(torch_allocator_device(), nullptr);
+  EXPECT_EQ(torch_allocator_source(), nullptr);
   if (usable_cuda_devices() == 0) EXPECT_EQ(c_torch_alloc(4096, 0), nullptr);
 }
 
 TEST(TorchAllocator, FreesReachTheOwningDeviceAcrossBindings) {
   auto first = open_emulated(1 << 20);
   auto second = open_emulated(1 << 20);
-  auto outer = TorchAllocatorBinding::install(*first);
+  DeviceSource first_source(*first), second_source(*second);
+  auto outer = TorchAllocatorBinding::install(first_source);
   void* from_first = c_torch_alloc(4096, 0);
   ASSERT_TRUE(first->owns(from_first));
   {
-    auto inner = TorchAllocatorBinding::install(*second);
-    EXPECT_EQ(torch_allocator_device(), second.get());  // the newest runtime serves
+    auto inner = TorchAllocatorBinding::install(second_source);
+    EXPECT_EQ(torch_allocator_source(), &second_source);  // the newest runtime serves
     void* from_second = c_torch_alloc(4096, 0);
     ASSERT_TRUE(second->owns(from_second));
     c_torch_free(from_first, 4096, 0);  // still goes back to the first device
@@ -78,16 +98,17 @@ TEST(TorchAllocator, FreesReachTheOwningDeviceAcrossBindings) {
     c_torch_free(from_second, 4096, 0);
     EXPECT_EQ(second->in_use_bytes(), 0u);
   }
-  EXPECT_EQ(torch_allocator_device(), first.get());
+  EXPECT_EQ(torch_allocator_source(), &first_source);
   outer.reset();
-  EXPECT_EQ(torch_allocator_device(), nullptr);
+  EXPECT_EQ(torch_allocator_source(), nullptr);
 }
 
 TEST(TorchAllocator, AFreeOfAPointerAfterItsRuntimeIsGoneIsIgnored) {
   void* p = nullptr;
   {
     auto device = open_emulated(1 << 20);
-    auto binding = TorchAllocatorBinding::install(*device);
+    DeviceSource source(*device);
+    auto binding = TorchAllocatorBinding::install(source);
     p = c_torch_alloc(4096, 0);
     ASSERT_NE(p, nullptr);
     binding.reset();

@@ -21,7 +21,7 @@ FakeBackend::~FakeBackend() {
   worker_.join();
 }
 
-Result<Buffer> FakeBackend::allocate(Tier tier, uint64_t bytes) {
+Result<Buffer> FakeBackend::allocate(Tier tier, uint64_t bytes, TensorKind /*kind*/) {
   if (tier == Tier::kNvme || bytes == 0) return invalid_argument("fake allocate: bad request");
   void* data = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   if (data == nullptr) return Status::error(STRATA_E_NOMEM, "fake allocate");
@@ -35,7 +35,7 @@ void FakeBackend::free(Tier, const Buffer& buffer) {
   --live_buffers_;
 }
 
-Result<Extent> FakeBackend::allocate_extent(uint64_t bytes) {
+Result<Extent> FakeBackend::allocate_extent(uint64_t bytes, TensorKind /*kind*/) {
   std::lock_guard lock(mu_);
   if (extent_failures_ > 0) {
     --extent_failures_;

@@ -518,11 +518,17 @@ STRATA_API int strata_optimizer_import(strata_runtime* rt, const char* path);
  * The stream is a cudaStream_t (declared as void* so that this header needs no CUDA headers; the
  * two have the same ABI). Torch's interface has no context pointer, so these functions serve the
  * device of the runtime that was created most recently and is still alive (the one exception to
- * "no global state"). Without such a runtime, memory comes from cudaMalloc / cudaFree when the
- * library was built with CUDA and a GPU is usable, and strata_torch_alloc returns NULL otherwise
- * (torch reports an out-of-memory error). A memory block freed on a stream is reused only after
- * the work queued on that stream so far has finished. Freeing NULL is a no-op; freeing a pointer
- * that Strata did not hand out is a no-op with a warning on stderr. Any thread.
+ * "no global state"). Each allocation is taken as a strata_malloc on STRATA_TIER_DEVICE is: from
+ * the device budget, at once (NULL when the budget cannot hold it beside what is resident or in
+ * use: an allocator does not wait for releases), counted in strata_get_stats under the device
+ * tier and kind STRATA_KIND_OTHER, and held until strata_torch_free; room torch holds is room
+ * Strata's tensors cannot use. A device of another ordinal than the runtime's is not served from
+ * it. Destroying the runtime gives back what torch still holds; a later free of such a pointer
+ * is a no-op with a warning. Without such a runtime, memory comes from cudaMalloc / cudaFree when
+ * the library was built with CUDA and a GPU is usable, and strata_torch_alloc returns NULL
+ * otherwise (torch reports an out-of-memory error). A memory block freed on a stream is reused only
+ * after the work queued on that stream so far has finished. Freeing NULL is a no-op; freeing a
+ * pointer that Strata did not hand out is a no-op with a warning on stderr. Any thread.
  * ------------------------------------------------------------------------------------------- */
 typedef void* strata_cuda_stream; /* cudaStream_t */
 
