@@ -103,49 +103,86 @@ STRATA_INLINE void update(const Constants& c, __m256 g, __m256& p, __m256& m, __
   p = _mm256_sub_ps(p, _mm256_mul_ps(c.step_size, _mm256_div_ps(m, denom)));
 }
 
-template <int kGrad, int kOut, bool kL2>
+// kStream: the weight copy goes out with non-temporal stores (out + i 16-byte aligned). The copy
+// is written and never read in this pass, so an ordinary store would first read each of its
+// lines from memory (a read for ownership) only to overwrite it: 2 of the 30 bytes per parameter
+// wasted. Streaming p, m and v, which were just read into the cache, halved the rate in A/B runs
+// instead (docs/optimizer.md), so they keep ordinary stores.
+// kTraffic: the TrafficKernel (adam_kernels.h), the same memory operations with none of the
+// update's arithmetic.
+template <int kGrad, int kOut, bool kL2, bool kTraffic, bool kStream = false>
 STRATA_INLINE void step8(const Constants& c, float* param, float* m, float* v, const void* grad,
                          void* out, size_t i) {
   __m256 p = _mm256_loadu_ps(param + i);
   __m256 mm = _mm256_loadu_ps(m + i);
   __m256 vv = _mm256_loadu_ps(v + i);
-  update<kL2>(c, load_grad<kGrad>(grad, i), p, mm, vv);
+  if constexpr (kTraffic) {
+    const __m256 x = _mm256_mul_ps(load_grad<kGrad>(grad, i), c.grad_scale);
+    p = _mm256_add_ps(p, x);
+    mm = _mm256_add_ps(mm, x);
+    vv = _mm256_add_ps(vv, x);
+  } else {
+    update<kL2>(c, load_grad<kGrad>(grad, i), p, mm, vv);
+  }
   _mm256_storeu_ps(param + i, p);
   _mm256_storeu_ps(m + i, mm);
   _mm256_storeu_ps(v + i, vv);
   if constexpr (kOut != 0) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(out) + i), narrow<kOut>(p));
+    auto* dst = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(out) + i);
+    if constexpr (kStream) {
+      _mm_stream_si128(dst, narrow<kOut>(p));
+    } else {
+      _mm_storeu_si128(dst, narrow<kOut>(p));
+    }
   }
 }
 
-template <int kGrad, int kOut, bool kL2>
+// Fewer than 8 elements at i: copied into zeroed vectors, run through step8, copied back.
+template <int kGrad, int kOut, bool kL2, bool kTraffic>
+STRATA_INLINE void step_partial(const Constants& c, float* param, float* m, float* v,
+                                const void* grad, void* out, size_t i, size_t count) {
+  const size_t grad_bytes = kGrad == 0 ? 4 : 2;
+  alignas(32) float tp[8] = {}, tm[8] = {}, tv[8] = {};
+  alignas(32) unsigned char tg[32] = {}, to[16] = {};
+  std::memcpy(tp, param + i, count * 4);
+  std::memcpy(tm, m + i, count * 4);
+  std::memcpy(tv, v + i, count * 4);
+  std::memcpy(tg, static_cast<const unsigned char*>(grad) + i * grad_bytes, count * grad_bytes);
+  step8<kGrad, kOut, kL2, kTraffic>(c, tp, tm, tv, tg, to, 0);
+  std::memcpy(param + i, tp, count * 4);
+  std::memcpy(m + i, tm, count * 4);
+  std::memcpy(v + i, tv, count * 4);
+  if constexpr (kOut != 0) std::memcpy(static_cast<uint16_t*>(out) + i, to, count * 2);
+}
+
+template <int kGrad, int kOut, bool kL2, bool kTraffic = false>
 void adamw(const AdamWConstants& constants, float* param, float* m, float* v, const void* grad,
            void* out, size_t n) {
   const Constants c = broadcast(constants);
   size_t i = 0;
+  // Streaming stores need out + i 16-byte aligned: a 2-byte aligned copy gets there after at
+  // most 7 elements, which go through the partial path (the same instructions, the same bits).
+  constexpr bool kStream = kOut != 0;
+  if constexpr (kStream) {
+    const size_t misaligned = reinterpret_cast<uintptr_t>(out) & 15;
+    size_t head = ((16 - misaligned) & 15) / 2;
+    if (head > n) head = n;  // not std::min: no vague linkage here (adam_kernels.h)
+    if (head != 0) step_partial<kGrad, kOut, kL2, kTraffic>(c, param, m, v, grad, out, 0, head);
+    i = head;
+  }
+  // Four vectors per iteration; eight, and fused multiply-adds, were no faster here (docs).
   for (; i + 32 <= n; i += 32) {
     prefetch_ahead<kGrad>(param, m, v, grad, i);
-    step8<kGrad, kOut, kL2>(c, param, m, v, grad, out, i);
-    step8<kGrad, kOut, kL2>(c, param, m, v, grad, out, i + 8);
-    step8<kGrad, kOut, kL2>(c, param, m, v, grad, out, i + 16);
-    step8<kGrad, kOut, kL2>(c, param, m, v, grad, out, i + 24);
+    step8<kGrad, kOut, kL2, kTraffic, kStream>(c, param, m, v, grad, out, i);
+    step8<kGrad, kOut, kL2, kTraffic, kStream>(c, param, m, v, grad, out, i + 8);
+    step8<kGrad, kOut, kL2, kTraffic, kStream>(c, param, m, v, grad, out, i + 16);
+    step8<kGrad, kOut, kL2, kTraffic, kStream>(c, param, m, v, grad, out, i + 24);
   }
-  for (; i + 8 <= n; i += 8) step8<kGrad, kOut, kL2>(c, param, m, v, grad, out, i);
-  if (i < n) {
-    const size_t rest = n - i;
-    const size_t grad_bytes = kGrad == 0 ? 4 : 2;
-    alignas(32) float tp[8] = {}, tm[8] = {}, tv[8] = {};
-    alignas(32) unsigned char tg[32] = {}, to[16] = {};
-    std::memcpy(tp, param + i, rest * 4);
-    std::memcpy(tm, m + i, rest * 4);
-    std::memcpy(tv, v + i, rest * 4);
-    std::memcpy(tg, static_cast<const unsigned char*>(grad) + i * grad_bytes, rest * grad_bytes);
-    step8<kGrad, kOut, kL2>(c, tp, tm, tv, tg, to, 0);
-    std::memcpy(param + i, tp, rest * 4);
-    std::memcpy(m + i, tm, rest * 4);
-    std::memcpy(v + i, tv, rest * 4);
-    if constexpr (kOut != 0) std::memcpy(static_cast<uint16_t*>(out) + i, to, rest * 2);
-  }
+  for (; i + 8 <= n; i += 8)
+    step8<kGrad, kOut, kL2, kTraffic, kStream>(c, param, m, v, grad, out, i);
+  if (i < n) step_partial<kGrad, kOut, kL2, kTraffic>(c, param, m, v, grad, out, i, n - i);
+  // Streaming stores are weakly ordered: make them visible before the step reports done.
+  if constexpr (kStream) _mm_sfence();
 }
 
 STRATA_INLINE void accumulate(__m256 x, __m256d& lo, __m256d& hi) {
@@ -217,6 +254,9 @@ constexpr void fill_grad(KernelTable& t) {
   t.adamw[kGrad][1][1] = &adamw<kGrad, 1, true>;
   t.adamw[kGrad][2][0] = &adamw<kGrad, 2, false>;
   t.adamw[kGrad][2][1] = &adamw<kGrad, 2, true>;
+  t.traffic[kGrad][0] = &adamw<kGrad, 0, false, true>;
+  t.traffic[kGrad][1] = &adamw<kGrad, 1, false, true>;
+  t.traffic[kGrad][2] = &adamw<kGrad, 2, false, true>;
   t.sum_squares[kGrad] = &sum_squares<kGrad>;
 }
 

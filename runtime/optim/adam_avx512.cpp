@@ -118,13 +118,27 @@ STRATA_INLINE void update(const Constants& c, __m512 g, __m512& p, __m512& m, __
   p = _mm512_sub_ps(p, _mm512_mul_ps(c.step_size, _mm512_div_ps(m, denom)));
 }
 
-template <int kGrad, int kOut, bool kL2>
+// kTraffic: the TrafficKernel (adam_kernels.h), the same memory operations with none of the
+// update's arithmetic.
+template <bool kL2, bool kTraffic>
+STRATA_INLINE void apply(const Constants& c, __m512 g, __m512& p, __m512& m, __m512& v) {
+  if constexpr (kTraffic) {
+    const __m512 x = _mm512_mul_ps(g, c.grad_scale);
+    p = _mm512_add_ps(p, x);
+    m = _mm512_add_ps(m, x);
+    v = _mm512_add_ps(v, x);
+  } else {
+    update<kL2>(c, g, p, m, v);
+  }
+}
+
+template <int kGrad, int kOut, bool kL2, bool kTraffic>
 STRATA_INLINE void step16(const Constants& c, float* param, float* m, float* v, const void* grad,
                           void* out, size_t i) {
   __m512 p = _mm512_loadu_ps(param + i);
   __m512 mm = _mm512_loadu_ps(m + i);
   __m512 vv = _mm512_loadu_ps(v + i);
-  update<kL2>(c, load_grad<kGrad>(grad, i), p, mm, vv);
+  apply<kL2, kTraffic>(c, load_grad<kGrad>(grad, i), p, mm, vv);
   _mm512_storeu_ps(param + i, p);
   _mm512_storeu_ps(m + i, mm);
   _mm512_storeu_ps(v + i, vv);
@@ -134,7 +148,7 @@ STRATA_INLINE void step16(const Constants& c, float* param, float* m, float* v, 
   }
 }
 
-template <int kGrad, int kOut, bool kL2>
+template <int kGrad, int kOut, bool kL2, bool kTraffic = false>
 void adamw(const AdamWConstants& constants, float* param, float* m, float* v, const void* grad,
            void* out, size_t n) {
   const Constants c = broadcast(constants);
@@ -142,16 +156,16 @@ void adamw(const AdamWConstants& constants, float* param, float* m, float* v, co
   // Two vectors per iteration: two independent divide/sqrt chains in flight.
   for (; i + 32 <= n; i += 32) {
     prefetch_ahead<kGrad>(param, m, v, grad, i);
-    step16<kGrad, kOut, kL2>(c, param, m, v, grad, out, i);
-    step16<kGrad, kOut, kL2>(c, param, m, v, grad, out, i + 16);
+    step16<kGrad, kOut, kL2, kTraffic>(c, param, m, v, grad, out, i);
+    step16<kGrad, kOut, kL2, kTraffic>(c, param, m, v, grad, out, i + 16);
   }
-  for (; i + 16 <= n; i += 16) step16<kGrad, kOut, kL2>(c, param, m, v, grad, out, i);
+  for (; i + 16 <= n; i += 16) step16<kGrad, kOut, kL2, kTraffic>(c, param, m, v, grad, out, i);
   if (i < n) {
     const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1u);
     __m512 p = _mm512_maskz_loadu_ps(k, param + i);
     __m512 mm = _mm512_maskz_loadu_ps(k, m + i);
     __m512 vv = _mm512_maskz_loadu_ps(k, v + i);
-    update<kL2>(c, load_grad_masked<kGrad>(grad, i, k), p, mm, vv);
+    apply<kL2, kTraffic>(c, load_grad_masked<kGrad>(grad, i, k), p, mm, vv);
     _mm512_mask_storeu_ps(param + i, k, p);
     _mm512_mask_storeu_ps(m + i, k, mm);
     _mm512_mask_storeu_ps(v + i, k, vv);
@@ -230,6 +244,9 @@ constexpr void fill_grad(KernelTable& t) {
   t.adamw[kGrad][1][1] = &adamw<kGrad, 1, true>;
   t.adamw[kGrad][2][0] = &adamw<kGrad, 2, false>;
   t.adamw[kGrad][2][1] = &adamw<kGrad, 2, true>;
+  t.traffic[kGrad][0] = &adamw<kGrad, 0, false, true>;
+  t.traffic[kGrad][1] = &adamw<kGrad, 1, false, true>;
+  t.traffic[kGrad][2] = &adamw<kGrad, 2, false, true>;
   t.sum_squares[kGrad] = &sum_squares<kGrad>;
 }
 

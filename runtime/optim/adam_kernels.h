@@ -21,6 +21,10 @@ inline constexpr int kOutKinds = 3;
 // when the table entry is the "none" one.
 using AdamWKernel = void (*)(const AdamWConstants& c, float* param, float* m, float* v,
                              const void* grad, void* out, size_t n);
+// The same loads, stores, prefetches and loop as the AdamWKernel of the same [grad][out] entry,
+// with the update's arithmetic replaced by p, m, v += c.grad_scale * g (the copy is still p
+// narrowed): what the memory system allows the update, measured with its own access pattern.
+using TrafficKernel = AdamWKernel;
 // Sum of squares of n gradient elements in double; NaN or infinity propagates.
 using SumSquaresKernel = double (*)(const void* grad, size_t n);
 // a = b + scalar * c, the STREAM triad; non-temporal stores when `streaming`.
@@ -30,6 +34,7 @@ using TriadKernel = void (*)(float* a, const float* b, const float* c, float sca
 struct KernelTable {
   const char* name;
   AdamWKernel adamw[kGradKinds][kOutKinds][2];  // [grad][out][l2 term present]
+  TrafficKernel traffic[kGradKinds][kOutKinds];
   SumSquaresKernel sum_squares[kGradKinds];
   TriadKernel triad;
 };

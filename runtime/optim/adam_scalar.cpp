@@ -14,14 +14,23 @@ float load_grad(const void* grad, size_t i) {
   if constexpr (kGrad == 2) return fp16_to_float(static_cast<const uint16_t*>(grad)[i]);
 }
 
-template <int kGrad, int kOut, bool kL2>
+// kTraffic: the TrafficKernel (adam_kernels.h), the same memory operations with none of the
+// update's arithmetic.
+template <int kGrad, int kOut, bool kL2, bool kTraffic = false>
 void adamw(const AdamWConstants& c, float* param, float* m, float* v, const void* grad, void* out,
            size_t n) {
   for (size_t i = 0; i < n; ++i) {
     float p = param[i];
     float mi = m[i];
     float vi = v[i];
-    adamw_element<kL2>(c, load_grad<kGrad>(grad, i), p, mi, vi);
+    if constexpr (kTraffic) {
+      const float x = load_grad<kGrad>(grad, i) * c.grad_scale;
+      p += x;
+      mi += x;
+      vi += x;
+    } else {
+      adamw_element<kL2>(c, load_grad<kGrad>(grad, i), p, mi, vi);
+    }
     param[i] = p;
     m[i] = mi;
     v[i] = vi;
@@ -65,6 +74,9 @@ constexpr void fill_grad(KernelTable& t) {
   t.adamw[kGrad][1][1] = pick<kGrad, 1>(true);
   t.adamw[kGrad][2][0] = pick<kGrad, 2>(false);
   t.adamw[kGrad][2][1] = pick<kGrad, 2>(true);
+  t.traffic[kGrad][0] = &adamw<kGrad, 0, false, true>;
+  t.traffic[kGrad][1] = &adamw<kGrad, 1, false, true>;
+  t.traffic[kGrad][2] = &adamw<kGrad, 2, false, true>;
   t.sum_squares[kGrad] = &sum_squares<kGrad>;
 }
 

@@ -65,6 +65,7 @@ struct StepJob {
   const detail::KernelTable* kernels;
   AdamWConstants constants;
   bool l2;
+  bool traffic = false;  // the TrafficKernel instead of the update
   std::span<const AdamWSlice> slices;
   const uint64_t* prefix;
   uint64_t total;
@@ -81,9 +82,12 @@ struct StepJob {
             const size_t grad_bytes = dtype_size(s.grad_dtype);
             const int out = out_index(s);
             void* param_out = out == 0 ? nullptr : static_cast<uint16_t*>(s.param_out) + offset;
-            kernels->adamw[grad_index(s.grad_dtype)][out][l2 ? 1 : 0](
-                constants, s.param + offset, s.m + offset, s.v + offset,
-                static_cast<const unsigned char*>(s.grad) + offset * grad_bytes, param_out, count);
+            const int g = grad_index(s.grad_dtype);
+            const detail::AdamWKernel kernel =
+                traffic ? kernels->traffic[g][out] : kernels->adamw[g][out][l2 ? 1 : 0];
+            kernel(constants, s.param + offset, s.m + offset, s.v + offset,
+                   static_cast<const unsigned char*>(s.grad) + offset * grad_bytes, param_out,
+                   count);
           });
     }
   }
@@ -179,13 +183,26 @@ uint64_t CpuAdam::build_prefix(std::span<const Slice> slices) {
 
 Status CpuAdam::step(const AdamWParams& params, std::span<const AdamWSlice> slices) {
   STRATA_TRY(validate(params));
+  return run_step(derive_constants(params), /*traffic=*/false, slices);
+}
+
+Status CpuAdam::step_traffic(float scale, std::span<const AdamWSlice> slices) {
+  if (!std::isfinite(scale)) return invalid_argument("step_traffic: the scale must be finite");
+  AdamWConstants constants{};
+  constants.grad_scale = scale;
+  return run_step(constants, /*traffic=*/true, slices);
+}
+
+Status CpuAdam::run_step(const AdamWConstants& constants, bool traffic,
+                         std::span<const AdamWSlice> slices) {
   for (const AdamWSlice& s : slices) STRATA_TRY(validate(s));
 
   std::lock_guard lock(mutex_);
   StepJob job;
   job.kernels = kernels_;
-  job.constants = derive_constants(params);
+  job.constants = constants;
   job.l2 = job.constants.l2 != 0.0f;
+  job.traffic = traffic;
   job.slices = slices;
   job.total = build_prefix(slices);
   job.prefix = prefix_.data();

@@ -50,6 +50,12 @@ class CpuAdam {
   // of slices per call has been seen. Thread-safe; concurrent calls run one after the other.
   Status step(const AdamWParams& params, std::span<const AdamWSlice> slices);
 
+  // The memory traffic of step() without its arithmetic: the same slices, threads, chunks, loads,
+  // prefetches and stores (streaming ones included), with p, m, v += scale * g and the copy
+  // written from p. `strata bench adam` times it as the bound step() is held to; scale 0 leaves
+  // the values as they were (but -0 becomes +0). Validates the slices as step() does.
+  Status step_traffic(float scale, std::span<const AdamWSlice> slices);
+
   // One read-only pass over the gradients: any NaN/infinity, and the sum of squares in double.
   Result<GradStats> grad_stats(std::span<const GradSlice> slices);
 
@@ -74,6 +80,8 @@ class CpuAdam {
 
  private:
   CpuAdam(SimdLevel level, const detail::KernelTable* kernels, std::unique_ptr<ThreadPool> pool);
+  Status run_step(const AdamWConstants& constants, bool traffic,
+                  std::span<const AdamWSlice> slices);
   // Prefix sums of slice lengths; grows only when a call has more slices than any before.
   template <typename Slice>
   uint64_t build_prefix(std::span<const Slice> slices);

@@ -15,6 +15,10 @@ using Clock = std::chrono::steady_clock;
 
 constexpr Tier kMemoryTiers[] = {Tier::kDevice, Tier::kPinned};
 
+// How many records ahead the scans over resident tensors and scheduled accesses prefetch: enough
+// to cover a miss to memory at a few nanoseconds of work per record.
+constexpr size_t kPrefetchDistance = 8;
+
 int budget_code(Tier tier) {
   return tier == Tier::kDevice ? STRATA_E_DEVICE_BUDGET : STRATA_E_PINNED_BUDGET;
 }
@@ -838,22 +842,37 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
     return Space::kImpossible;
   }
   const Link cleaning_link = tier == Tier::kPinned ? Link::kNvmeWrite : Link::kDeviceToHost;
+  // Dropping a clean victim changes nothing about the other candidates (their records, the
+  // links, what could ever be freed): the next round reuses the scan without the victim instead
+  // of scanning the pool again. choose_victim's order is total, so the list's order is no matter.
+  // Anything else (a cleaning, which may recurse into the pinned pool and reuse scratch_) scans
+  // afresh.
+  bool scanned = false;
+  uint64_t potential = 0;
+  const TensorRecord* failed_holder = nullptr;
   for (;;) {
     STRATA_ASSERT(pool.used <= budget);
     if (pool.used + need <= budget) return Space::kReady;
     const uint64_t free = budget - pool.used;
     if (free + pool.cleaning >= need) return Space::kWaiting;
-    scratch_.clear();
-    // What could ever be freed, to tell "wait" from "never": everything but home tensors and
-    // dirty ones whose write-back failed (they stay until the failure has been reported).
-    uint64_t potential = free;
-    const TensorRecord* failed_holder = nullptr;
-    for (uint32_t index : pool.resident) {
-      const TensorRecord& c = registry_.at(index);
-      if (c.failed() && needs_cleaning(c, tier)) failed_holder = &c;
-      if (!held_until_a_call(c, tier)) potential += c.charged[mi];
-      if (!evictable(c, tier)) continue;
-      scratch_.push_back({index, next_use(c, tier), c.charged[mi], needs_cleaning(c, tier)});
+    if (!scanned) {
+      scratch_.clear();
+      // What could ever be freed, to tell "wait" from "never": everything but home tensors and
+      // dirty ones whose write-back failed (they stay until the failure has been reported).
+      potential = free;
+      failed_holder = nullptr;
+      for (size_t k = 0; k < pool.resident.size(); ++k) {
+        const uint32_t index = pool.resident[k];
+        if (k + kPrefetchDistance < pool.resident.size()) {
+          registry_.prefetch(pool.resident[k + kPrefetchDistance]);
+        }
+        const TensorRecord& c = registry_.at(index);
+        if (c.failed() && needs_cleaning(c, tier)) failed_holder = &c;
+        if (!held_until_a_call(c, tier)) potential += c.charged[mi];
+        if (!evictable(c, tier)) continue;
+        scratch_.push_back({index, next_use(c, tier), c.charged[mi], needs_cleaning(c, tier)});
+      }
+      scanned = true;
     }
     const size_t v = choose_victim(scratch_, min_next_use, link_free(cleaning_link));
     if (v == kNoVictim) {
@@ -877,10 +896,15 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
     }
     TensorRecord& victim = registry_.at(scratch_[v].tensor);
     if (!scratch_[v].needs_cleaning) {
+      // The bytes leave `free` what they added to `potential`: potential stays as it was.
+      STRATA_ASSERT(!held_until_a_call(victim, tier));
       drop_copy(victim, tier);
       ++stats_.evictions;
+      scratch_[v] = scratch_.back();
+      scratch_.pop_back();
       continue;
     }
+    scanned = false;
     if (!start_cleaning(victim, tier, min_next_use)) {
       // A cleaning that failed outright (no NVMe space for the write-back) marked the victim
       // failed: look again without it, so that a hard error is never turned into a wait.
@@ -1225,8 +1249,14 @@ void Scheduler::walk_schedule(uint32_t blocked_pools) {
   uint32_t examined = 0;
   for (uint32_t d = 0; d < reach; ++d) {
     const uint32_t phase = (cursor_ + d) % phases;
-    for (const Access& a : schedule_->phase_accesses(phase)) {
+    const std::span<const Access> accesses = schedule_->phase_accesses(phase);
+    for (size_t j = 0; j < accesses.size(); ++j) {
+      const Access& a = accesses[j];
       if (++examined > config_.window.max_accesses) return;
+      // The record load below misses the cache more often than not: ask for a later one now.
+      if (j + kPrefetchDistance < accesses.size()) {
+        registry_.prefetch(accesses[j + kPrefetchDistance].tensor.index);
+      }
       if (a.mode == AccessMode::kOverwrite) continue;  // nothing to load ahead
       Result<uint32_t> index = registry_.resolve(a.tensor);
       if (!index) continue;
@@ -1260,18 +1290,43 @@ void Scheduler::clean_ahead() {
     }
     // Bounded by the link's in-flight limit: each round starts one cleaning or stops.
     while (link_free(link)) {
+      // First what could be dropped without a write and which dirty tensors could be cleaned;
+      // their next uses (a search each) only when the dropping alone leaves too little room,
+      // which on most pumps it does not. The victim is the same: better_victim is a total order.
+      // wants_cleaning only turns false as droppable grows, so the scan stops as soon as the
+      // droppable bytes seen so far make the room: the rest of the pool could not change that.
       uint64_t droppable = 0;
-      EvictionCandidate best;
-      bool have = false;
-      for (uint32_t index : pool.resident) {
+      bool enough = false;
+      scratch_.clear();
+      for (size_t k = 0; k < pool.resident.size(); ++k) {
+        const uint32_t index = pool.resident[k];
+        if (k + kPrefetchDistance < pool.resident.size()) {
+          registry_.prefetch(pool.resident[k + kPrefetchDistance]);
+        }
         const TensorRecord& c = registry_.at(index);
         if (!evictable(c, tier)) continue;
-        const bool dirty = needs_cleaning(c, tier);
-        if (!dirty) {
+        if (!needs_cleaning(c, tier)) {
           droppable += c.charged[mi];
+          if (!wants_cleaning(pool.spec.budget_bytes, pool.used, droppable, pool.cleaning,
+                              config_.clean_headroom)) {
+            enough = true;
+            break;
+          }
           continue;
         }
-        const EvictionCandidate candidate{index, next_use(c, tier), c.charged[mi], true};
+        scratch_.push_back({index, 0, c.charged[mi], true});
+      }
+      // (The check before the loop does not cover a round after a cleaning started: it grew
+      // pool.cleaning.)
+      if (enough || scratch_.empty() ||
+          !wants_cleaning(pool.spec.budget_bytes, pool.used, droppable, pool.cleaning,
+                          config_.clean_headroom)) {
+        break;
+      }
+      EvictionCandidate best;
+      bool have = false;
+      for (EvictionCandidate& candidate : scratch_) {
+        candidate.next_use = next_use(registry_.at(candidate.tensor), tier);
         // Data the current phase still reads stays put; it is likely about to be modified.
         if (schedule_ && candidate.next_use == 0) continue;
         if (!have || better_victim(candidate, best)) {
@@ -1279,10 +1334,7 @@ void Scheduler::clean_ahead() {
           have = true;
         }
       }
-      if (!have || !wants_cleaning(pool.spec.budget_bytes, pool.used, droppable, pool.cleaning,
-                                   config_.clean_headroom)) {
-        break;
-      }
+      if (!have) break;
       // Cleaning device data needs pinned room: only free room or never-used buffers.
       if (!start_cleaning(registry_.at(best.tensor), tier, kNeverUsed)) break;
     }

@@ -56,8 +56,11 @@ struct AsyncFailure {
   uint64_t sequence = 0;
 };
 
+// The fields the scheduler's scans read for every resident tensor (evictable(), next_use(),
+// walk_schedule's residency checks) come first and the spec (name, shape) last, so that a scan
+// touches one or two cache lines per record instead of four: the simulator of a 70B plan spends
+// most of its time in these scans.
 struct TensorRecord {
-  TensorSpec spec;
   uint64_t bytes = 0;
   Tier home = Tier::kNvme;
   TensorHandle handle;
@@ -88,6 +91,7 @@ struct TensorRecord {
   // tensor forgets it.
   std::optional<AsyncFailure> failure;
   uint64_t last_use_tick = 0;  // for LRU when no schedule exists yet
+  TensorSpec spec;
 
   bool failed() const { return failure.has_value(); }
   // A lost write-back (or the device->pinned copy before one): the newest data is still in
@@ -123,6 +127,14 @@ class TensorRegistry {
   }
 
   uint32_t slot_count() const { return static_cast<uint32_t>(slots_.size()); }
+  // A hint, no access: asks the cache for the first two lines of the record at `index` (where
+  // the scans' fields are), so that a loop over many records overlaps their misses. Any index.
+  void prefetch(uint32_t index) const {
+    if (index >= slots_.size()) return;
+    const auto* line = reinterpret_cast<const char*>(&slots_[index].record);
+    __builtin_prefetch(line);
+    __builtin_prefetch(line + 64);
+  }
   uint32_t live_count() const { return live_; }
   uint32_t max_tensors() const { return max_tensors_; }
 

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -246,6 +248,86 @@ TEST_P(CpuAdamPath, AdamAndAdamWDifferOnlyThroughWeightDecay) {
   };
   EXPECT_EQ(run(true, 0.0), run(false, 0.0));
   EXPECT_NE(run(true, 0.1), run(false, 0.1));
+}
+
+// The copy goes out with streaming stores once its pointer is 16-byte aligned, the elements
+// before that through the tail path: at every starting alignment and length, the same bits as
+// the scalar path and not one byte outside the copy written.
+TEST_P(CpuAdamPath, WeightCopyIsExactAtEveryAlignmentAndWritesNothingOutsideIt) {
+  auto adam = make_adam(GetParam(), 1);
+  auto scalar = make_adam(SimdLevel::kScalar, 1);
+  ASSERT_NE(adam, nullptr);
+  ASSERT_NE(scalar, nullptr);
+  constexpr uint16_t kGuard = 0xDEAD;
+  constexpr size_t kMargin = 16;
+  for (DType out_dtype : {DType::kBFloat16, DType::kFloat16}) {
+    for (size_t shift = 0; shift < 9; ++shift) {
+      for (size_t n : {1, 3, 7, 8, 9, 15, 33, 100, 1001}) {
+        SCOPED_TRACE(std::string(to_string(out_dtype)) + " shift=" + std::to_string(shift) +
+                     " n=" + std::to_string(n));
+        Rng rng(n * 17 + shift);
+        States a = make_states(n, rng, 0.1f);
+        const Gradients g = make_gradients(n, DType::kFloat32, rng, 0.1f);
+        States b = a;
+        // 64-byte aligned storage, so that `shift` alone decides the copy's alignment.
+        struct alignas(64) Line {
+          uint16_t h[32];
+        };
+        std::vector<Line> out_a((n + 2 * kMargin + 31) / 32 + 1), out_b(out_a.size());
+        auto* base_a = out_a.front().h;
+        auto* base_b = out_b.front().h;
+        std::fill(base_a, base_a + out_a.size() * 32, kGuard);
+        std::fill(base_b, base_b + out_b.size() * 32, kGuard);
+        AdamWParams h;
+        h.weight_decay = 0.01;
+        h.step = 3;
+        const AdamWSlice sa = slice_of(a, g, base_a + kMargin + shift, out_dtype);
+        const AdamWSlice sb = slice_of(b, g, base_b + kMargin + shift, out_dtype);
+        ASSERT_TRUE(adam->step(h, {&sa, 1}).is_ok());
+        ASSERT_TRUE(scalar->step(h, {&sb, 1}).is_ok());
+        ASSERT_EQ(0, std::memcmp(a.p.data(), b.p.data(), n * 4));
+        for (size_t i = 0; i < out_a.size() * 32; ++i) {
+          const bool inside = i >= kMargin + shift && i < kMargin + shift + n;
+          ASSERT_EQ(base_a[i], base_b[i]) << i;
+          if (!inside) ASSERT_EQ(base_a[i], kGuard) << i;
+        }
+      }
+    }
+  }
+}
+
+// step_traffic, the bench's bound, moves what step() moves: p, m, v += scale * g exactly (the
+// additions round as fp32 ones do) and the copy from the new p, on every dtype and tail.
+TEST_P(CpuAdamPath, TrafficPassAddsTheScaledGradientAndWritesTheCopy) {
+  auto adam = make_adam(GetParam(), 2);
+  ASSERT_NE(adam, nullptr);
+  for (DType grad_dtype : kGradTypes) {
+    for (int out_kind = 0; out_kind < 3; ++out_kind) {
+      for (uint64_t n : {uint64_t{5}, uint64_t{64}, uint64_t{1000}, 3 * CpuAdam::kStepChunk + 13}) {
+        SCOPED_TRACE(std::string(to_string(grad_dtype)) + " out=" + std::to_string(out_kind) +
+                     " n=" + std::to_string(n));
+        Rng rng(n + out_kind);
+        States s = make_states(n, rng, 0.1f);
+        const Gradients g = make_gradients(n, grad_dtype, rng, 0.1f);
+        const States before = s;
+        std::vector<uint16_t> out(n, 0xDEAD);
+        const DType out_dtype = out_kind == 2 ? DType::kFloat16 : DType::kBFloat16;
+        const AdamWSlice slice = slice_of(s, g, out_kind == 0 ? nullptr : out.data(), out_dtype);
+        ASSERT_TRUE(adam->step_traffic(0.5f, {&slice, 1}).is_ok());
+        for (size_t i = 0; i < n; ++i) {
+          // Exact in double, then one rounding to fp32: what a single fp32 addition gives.
+          const double x = static_cast<double>(g.value(i)) * 0.5;
+          ASSERT_EQ(s.p[i], static_cast<float>(before.p[i] + x)) << i;
+          ASSERT_EQ(s.m[i], static_cast<float>(before.m[i] + x)) << i;
+          ASSERT_EQ(s.v[i], static_cast<float>(before.v[i] + x)) << i;
+          if (out_kind == 1) ASSERT_EQ(out[i], float_to_bf16(s.p[i])) << i;
+          if (out_kind == 2) ASSERT_EQ(out[i], float_to_fp16(s.p[i])) << i;
+        }
+      }
+    }
+  }
+  const AdamWSlice none{};
+  EXPECT_EQ(adam->step_traffic(NAN, {&none, 1}).code(), STRATA_E_INVALID);
 }
 
 INSTANTIATE_TEST_SUITE_P(Simd, CpuAdamPath,
