@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash cmake/bootstrap.sh
-# The main job: the same fine-tuning steps of a llama-2-70b-shaped model (scaled to finish in about
-# five minutes on 2 cores) done ZeRO-Infinity's way and Strata's way, each in its own process,
+# The main job: the same fine-tuning steps of a llama-2-70b-shaped model (scaled so that its five
+# workers finish in about six minutes on 2 cores) done by Strata and by DeepSpeed ZeRO-3 in its
+# three labelled configurations, each in its own process, under the same training semantics,
 # with peak host memory, step time and NVMe traffic side by side (docs/results.md).
 exec build/runtime/cli/strata bench finetune --model llama-2-70b --strategy both "$@"

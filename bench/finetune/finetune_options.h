@@ -43,7 +43,7 @@ Result<ComputeMode> parse_compute_mode(const std::string& name);
 // Defaults of the README's main command (`--model llama-2-70b --strategy both`): a llama-2-70b
 // shape narrowed to a quarter of its width and cut to 6 of its 80 layers (354M parameters,
 // 5.7 GB of model states per worker on NVMe), 3 steps (five workers: Strata twice, DeepSpeed in
-// three configurations, in about five minutes). docs/results.md explains each choice.
+// three configurations, in about six minutes). docs/results.md explains each choice.
 inline constexpr double kDefaultScale = 0.25;
 inline constexpr int kDefaultLayers = 6;
 inline constexpr uint32_t kDefaultSteps = 3;
