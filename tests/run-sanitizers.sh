@@ -63,7 +63,7 @@ asan_test() {
       -E "$asan_excluded"
 }
 # Measures pinned memory as the OS reports locked pages, which ASan's no-op mlock leaves at 0.
-asan_excluded='^FinetuneBench\.JsonHasEveryKeyFromTwoSeparateWorkerProcesses$'
+asan_excluded='^FinetuneBench\.JsonHasEveryKeyFromOneProcessPerContender$'
 
 # The concurrency-labelled test binaries (tests/*/CMakeLists.txt: LABELS concurrency); only these
 # are built, which keeps the stage short.
