@@ -9,9 +9,10 @@ namespace {
 constexpr uint32_t kModelDtypeBytes = 2;  // bf16 and fp16 alike
 constexpr uint32_t kFp32Bytes = 4;
 
-BufferSpec make(std::string name, uint32_t count, uint64_t bytes, bool pinned, bool zero_source,
-                BufferLife life, std::string when, std::string source) {
+BufferSpec make(BufferRole role, std::string name, uint32_t count, uint64_t bytes, bool pinned,
+                bool zero_source, BufferLife life, std::string when, std::string source) {
   BufferSpec b;
+  b.role = role;
   b.name = std::move(name);
   b.count = count;
   b.each_bytes = bytes;
@@ -59,20 +60,20 @@ std::vector<BufferSpec> deepspeed_buffers(const DeepSpeedConfig& c, const DeepSp
     }
   }
   if (small_bytes > 0) {
-    out.push_back(make("unswapped parameter partitions", 1, small_bytes, c.param_pin_memory, false,
-                       BufferLife::kRun, "zero.Init, held",
+    out.push_back(make(BufferRole::kUnswappedParameters, "unswapped parameter partitions", 1,
+                       small_bytes, c.param_pin_memory, false, BufferLife::kRun, "zero.Init, held",
                        "partition_parameters.py:1609-1616; partitioned_param_swapper.py:100,144 "
                        "(under max(1 MiB, block_size) bytes)"));
   }
   if (any_swapped) {
     const uint64_t slot = io_aligned_elements(c, c.param_buffer_elements, kModelDtypeBytes);
-    out.push_back(make("parameter swap buffers (buffer_count x buffer_size)", 1,
-                       uint64_t{c.param_buffer_count} * slot * kModelDtypeBytes, true, false,
-                       BufferLife::kRun, "zero.Init, held",
-                       "partitioned_param_swapper.py:104-134 (pin_memory(torch.empty))"));
+    out.push_back(make(
+        BufferRole::kParameterSwap, "parameter swap buffers (buffer_count x buffer_size)", 1,
+        uint64_t{c.param_buffer_count} * slot * kModelDtypeBytes, true, false, BufferLife::kRun,
+        "zero.Init, held", "partitioned_param_swapper.py:104-134 (pin_memory(torch.empty))"));
   }
   if (layout.cpu_flat_elements > 0) {
-    out.push_back(make("max_in_cpu flat parameter buffer", 1,
+    out.push_back(make(BufferRole::kCpuFlatParameters, "max_in_cpu flat parameter buffer", 1,
                        layout.cpu_flat_elements * kModelDtypeBytes, true, false, BufferLife::kRun,
                        "optimizer init, held", "stage3.py:678-701 (pin_memory(torch.empty))"));
   }
@@ -88,37 +89,41 @@ std::vector<BufferSpec> deepspeed_buffers(const DeepSpeedConfig& c, const DeepSp
     for (size_t p : largest_nvme->params) {
       elements += io_aligned_elements(c, inventory[layout.params[p]].elements(), kModelDtypeBytes);
     }
-    out.push_back(make("parameter write-back buffer (largest sub-group, model dtype)", 1,
-                       elements * kModelDtypeBytes, true, true, BufferLife::kRun,
-                       "optimizer init, held",
-                       "stage3.py:776-784; partitioned_param_swapper.py:396-402 "
-                       "(pin_memory(torch.zeros))"));
+    out.push_back(
+        make(BufferRole::kWriteBack, "parameter write-back buffer (largest sub-group, model dtype)",
+             1, elements * kModelDtypeBytes, true, true, BufferLife::kRun, "optimizer init, held",
+             "stage3.py:776-784; partitioned_param_swapper.py:396-402 "
+             "(pin_memory(torch.zeros))"));
   }
-  out.push_back(make("optimizer swap buffers (buffer_count x largest sub-group, fp32)",
+  out.push_back(make(BufferRole::kOptimizerSwap,
+                     "optimizer swap buffers (buffer_count x largest sub-group, fp32)",
                      c.optimizer_buffer_count, layout.largest_sub_group_swap_elements * kFp32Bytes,
                      true, true, BufferLife::kRun, "optimizer init, held",
                      "swap_tensor/utils.py:182-189; optimizer_utils.py:137-141 "
                      "(pin_memory(torch.zeros) each)"));
   if (any_nvme_group) {
-    out.push_back(make("fp32 master source of one sub-group", 1,
+    out.push_back(make(BufferRole::kMasterSource, "fp32 master source of one sub-group", 1,
                        largest_nvme->elements * kFp32Bytes, false, false, BufferLife::kStartup,
                        "optimizer init, one sub-group at a time, freed after its swap-out",
                        "stage3.py:879-883 (torch.empty, filled from the bf16 partition)"));
   }
   if (layout.host_state_elements > 0) {
-    out.push_back(make("unswapped sub-groups: fp32 master, exp_avg, exp_avg_sq, gradient", 1,
+    out.push_back(make(BufferRole::kHostStates,
+                       "unswapped sub-groups: fp32 master, exp_avg, exp_avg_sq, gradient", 1,
                        layout.host_state_elements * 4 * kFp32Bytes, false, false, BufferLife::kRun,
                        "optimizer init and first step, held",
                        "stage3.py:990-995, 1511-1515 (sub-groups under the minimum I/O size "
                        "stay in CPU memory)"));
   }
-  out.push_back(make("flat gradient buffer (gradient accumulation dtype)", 1,
+  out.push_back(make(BufferRole::kFlatGradients,
+                     "flat gradient buffer (gradient accumulation dtype)", 1,
                      layout.total_elements * kModelDtypeBytes, c.optimizer_pin_memory,
                      c.optimizer_pin_memory, BufferLife::kRun, "optimizer init, held",
                      "stage3.py:547-551 (torch.zeros, pinned only if "
                      "offload_optimizer.pin_memory); engine.py:1017-1021"));
   if (precision == Precision::kFp16) {
-    out.push_back(make("overflow check temporaries (isinf, then isnan)", 1, layout.total_elements,
+    out.push_back(make(BufferRole::kOverflowTemporary,
+                       "overflow check temporaries (isinf, then isnan)", 1, layout.total_elements,
                        false, false, BufferLife::kStep,
                        "every step before the update, one pass after the other",
                        "stage3.py:2034 (fp16 only), 2208-2218"));

@@ -24,8 +24,22 @@ enum class BufferLife : uint8_t {
 };
 const char* to_string(BufferLife life);
 
+// What the worker uses a buffer for (names are for people; this is for the code).
+enum class BufferRole : uint8_t {
+  kUnswappedParameters,  // parameter partitions under the minimum I/O size
+  kParameterSwap,        // buffer_count slots of buffer_size
+  kCpuFlatParameters,    // the max_in_cpu flat buffer
+  kWriteBack,            // bf16 weights of one sub-group on their way to NVMe
+  kOptimizerSwap,        // fp32 master, m, v and gradient of sub-groups in flight
+  kMasterSource,         // start-up only
+  kHostStates,           // unswapped sub-groups' master | m | v | gradient
+  kFlatGradients,        // every bf16 gradient
+  kOverflowTemporary,    // fp16 only, inside the step
+};
+
 struct BufferSpec {
   std::string name;
+  BufferRole role = BufferRole::kFlatGradients;
   uint32_t count = 1;       // separate allocations of `each_bytes`
   uint64_t each_bytes = 0;  // requested
   uint64_t each_held = 0;   // held: rounded when pinned

@@ -34,12 +34,12 @@
 #include <deque>
 #include <filesystem>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/align.h"
+#include "common/assert.h"
 #include "common/interrupt_cleanup.h"
 #include "common/unique_fd.h"
 #include "finetune/deepspeed_aio.h"
@@ -58,14 +58,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kVersionModelled = "DeepSpeed 0.16.5 (commit 38327e07f)";
-constexpr size_t kMaxSpans = size_t{1} << 20;
-constexpr size_t kSeriesPoints = 2000;
-constexpr auto kSampleInterval = std::chrono::milliseconds(5);
-constexpr uint32_t kSeriesEvery = 4;
-constexpr auto kMetricsInterval = std::chrono::milliseconds(250);
 constexpr uint32_t kModelBytes = 2;
 constexpr uint32_t kFp32Bytes = 4;
-constexpr uint64_t kWaitSpanUs = 50;
 
 // A worker-private directory for DeepSpeed's swap files (its nvme_path/zero_stage_3), removed at
 // the end and on SIGINT/SIGTERM.
@@ -166,7 +160,8 @@ class DeepSpeedWorker {
         layout_(contender.layout),
         channel_(fd),
         trace_path_(std::move(trace_path)),
-        units_(build_units(plan.inventory, plan.model.num_hidden_layers)) {}
+        units_(build_units(plan.inventory, plan.model.num_hidden_layers)),
+        log_(!trace_path_.empty()) {}
   ~DeepSpeedWorker() {
     if (sampler_) sampler_->stop();
     // Handles first: no request may outlive the buffers it reads or writes.
@@ -177,12 +172,7 @@ class DeepSpeedWorker {
   }
 
   Status run();
-  void send_error(const Status& status) {
-    channel_.send({{"event", "error"},
-                   {"strategy", c_.name},
-                   {"message", status.message()},
-                   {"code", strata_strerror(status.code())}});
-  }
+  void send_error(const Status& status) { channel_.send(error_event(c_.name, status)); }
 
  private:
   struct ParamState {
@@ -197,30 +187,23 @@ class DeepSpeedWorker {
     bool on_device = false;
   };
 
-  uint64_t now_us() const {
-    return static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - epoch_).count());
-  }
+  uint64_t now_us() const { return log_.now_us(); }
   void span(const char* track, std::string name, uint64_t begin, uint64_t end, int64_t bytes = -1) {
-    if (trace_path_.empty() || spans_.size() >= kMaxSpans) return;
-    std::lock_guard lock(span_mutex_);
-    spans_.push_back({track, std::move(name), begin, end, bytes});
+    log_.add(track, std::move(name), begin, end, bytes);
   }
+  // A wait on an aio handle (one ticket, or kAll for everything submitted): a stall.
+  static constexpr uint64_t kAll = 0;
   Status wait(AioHandle& handle, uint64_t ticket, const std::string& what) {
     const uint64_t begin = now_us();
-    Status s = handle.wait(ticket);
+    Status s = ticket == kAll ? handle.wait_all() : handle.wait(ticket);
     const uint64_t end = now_us();
     stall_us_ += end - begin;
-    if (end - begin >= kWaitSpanUs) span("acquire wait", what, begin, end);
+    if (end - begin >= kMinWaitSpanUs) span("acquire wait", what, begin, end);
     return s;
   }
-  Status wait_all(AioHandle& handle, const std::string& what) {
-    const uint64_t begin = now_us();
-    Status s = handle.wait_all();
-    const uint64_t end = now_us();
-    stall_us_ += end - begin;
-    if (end - begin >= kWaitSpanUs) span("acquire wait", what, begin, end);
-    return s;
+  Status wait(AioHandle& handle, const std::vector<uint64_t>& tickets, const std::string& what) {
+    for (uint64_t t : tickets) STRATA_TRY(wait(handle, t, what));
+    return Status::ok();
   }
 
   Status allocate_buffers();
@@ -229,9 +212,12 @@ class DeepSpeedWorker {
   Status step(uint32_t index);
   Status fetch(size_t p);
   void prefetch(size_t position);
+  Status start_read(ParamState& s);
+  void fill_master(const SubGroup& group, float* out) const;
   Status release_from_device(size_t p);
   Status gradient_out(size_t p);
   Status optimizer_step();
+  Status move_states(size_t g, int set, bool read, std::vector<uint64_t>& tickets);
   Status read_sub_group(size_t g, int set, std::vector<uint64_t>& tickets);
   Status write_sub_group(size_t g, int set, std::vector<uint64_t>& tickets);
   void progress(const char* phase, uint32_t step);
@@ -261,7 +247,7 @@ class DeepSpeedWorker {
   Channel channel_;
   const std::string trace_path_;
   const std::vector<Unit> units_;
-  const Clock::time_point epoch_ = Clock::now();
+  SpanLog log_;
 
   std::unique_ptr<MemorySampler> sampler_;
   std::unique_ptr<LayerCompute> compute_;
@@ -288,6 +274,9 @@ class DeepSpeedWorker {
   std::vector<ParamState> params_;
   std::vector<size_t> trace_;  // fetch order of one step (forward, then backward)
   std::vector<size_t> param_units_;
+  // Per param: kept on the device from its forward to its backward (its next use comes within
+  // max_reuse_distance elements of fetches).
+  std::vector<bool> kept_for_backward_;
   bool trace_complete_ = false;
   std::byte* device_params_ = nullptr;  // the unit being computed
   std::byte* device_grads_ = nullptr;
@@ -297,8 +286,6 @@ class DeepSpeedWorker {
   uint64_t grad_buffer_used_ = 0;
   std::vector<std::vector<uint64_t>> grad_buffer_tickets_;
 
-  std::mutex span_mutex_;
-  std::vector<Span> spans_;
   uint64_t stall_us_ = 0;
   std::atomic<uint64_t> stall_total_us_{0};
   double sum_squares_ = 0;
@@ -330,7 +317,7 @@ Status DeepSpeedWorker::allocate_buffers() {
       if (b.pinned) {
         pinned_bytes_ += b.each_held;
         if (block->locked()) locked_bytes_ += b.each_held;
-        sampler_->set_deepspeed_blocks(pinned_bytes_, locked_bytes_);
+        sampler_->set_unlocked_pinned(pinned_bytes_ - locked_bytes_);
       }
       sampler_->sample_now();  // both copies exist here
       blocks_.push_back(std::move(*block));
@@ -341,14 +328,31 @@ Status DeepSpeedWorker::allocate_buffers() {
   for (const BufferSpec& b : c_.buffers) {
     if (b.life != BufferLife::kRun) continue;
     HostBlock* first = &blocks_[next];
-    if (b.name.starts_with("unswapped")) unswapped_ = first;
-    if (b.name.starts_with("parameter swap")) param_slots_ = first;
-    if (b.name.starts_with("max_in_cpu")) cpu_flat_ = first;
-    if (b.name.starts_with("parameter write-back")) writeback_ = first;
-    if (b.name.starts_with("flat gradient")) grad_flat_ = first;
-    if (b.name.starts_with("unswapped sub-groups")) host_states_ = first;
-    if (b.name.starts_with("optimizer swap")) {
-      for (uint32_t i = 0; i < b.count; ++i) opt_buffers_.push_back(std::move(blocks_[next + i]));
+    switch (b.role) {
+      case BufferRole::kUnswappedParameters:
+        unswapped_ = first;
+        break;
+      case BufferRole::kParameterSwap:
+        param_slots_ = first;
+        break;
+      case BufferRole::kCpuFlatParameters:
+        cpu_flat_ = first;
+        break;
+      case BufferRole::kWriteBack:
+        writeback_ = first;
+        break;
+      case BufferRole::kFlatGradients:
+        grad_flat_ = first;
+        break;
+      case BufferRole::kHostStates:
+        host_states_ = first;
+        break;
+      case BufferRole::kOptimizerSwap:
+        for (uint32_t i = 0; i < b.count; ++i) opt_buffers_.push_back(std::move(blocks_[next + i]));
+        break;
+      case BufferRole::kMasterSource:
+      case BufferRole::kOverflowTemporary:
+        STRATA_ASSERT(false);  // not run-long
     }
     next += b.count;
   }
@@ -376,7 +380,7 @@ Status DeepSpeedWorker::create_handles() {
     o.block_bytes = config_.aio_block_bytes;
     o.queue_depth = config_.aio_queue_depth;
     o.threads = config_.aio_intra_op_parallelism;
-    o.epoch = epoch_;
+    o.epoch = log_.epoch();
     Result<std::unique_ptr<AioHandle>> h = AioHandle::create(o, on_done);
     if (!h) return std::move(h).take_status();
     out = std::move(*h);
@@ -440,14 +444,7 @@ Status DeepSpeedWorker::initialize_files() {
   for (size_t g = 0; g < layout_.sub_groups.size(); ++g) {
     const SubGroup& group = layout_.sub_groups[g];
     if (!group.swapped_states) {
-      float* master = host_state(group, 0);
-      uint64_t at = 0;
-      for (size_t p : group.params) {
-        for (uint64_t i = 0; i < params_[p].elements; ++i) {
-          master[at + i] = initial_weight(params_[p].spec, i);
-        }
-        at += params_[p].elements;
-      }
+      fill_master(group, host_state(group, 0));
       std::memset(host_state(group, 1), 0, group.elements * kFp32Bytes);
       std::memset(host_state(group, 2), 0, group.elements * kFp32Bytes);
       continue;
@@ -456,12 +453,7 @@ Status DeepSpeedWorker::initialize_files() {
     Result<HostBlock> source = HostBlock::map(group.elements * kFp32Bytes, false);
     if (!source) return std::move(source).take_status().with_context("fp32 master source");
     auto* f = reinterpret_cast<float*>(source->data());
-    uint64_t at = 0;
-    for (size_t p : group.params) {
-      for (uint64_t i = 0; i < params_[p].elements; ++i)
-        f[at + i] = initial_weight(params_[p].spec, i);
-      at += params_[p].elements;
-    }
+    fill_master(group, f);
     sampler_->sample_now();
     std::memset(opt_buffer(0, 0), 0, bytes);
     std::memcpy(opt_buffer(0, 0), f, group.elements * kFp32Bytes);
@@ -500,6 +492,20 @@ Status DeepSpeedWorker::initialize_files() {
     for (size_t i = units_[u].params.size(); i-- > 0;)
       trace_.push_back(by_spec[units_[u].params[i].param]);
   }
+  // Released after its forward use unless its backward use comes within max_reuse_distance
+  // elements of fetches. Only the last unit's parameters can be kept here: every other unit's
+  // device memory is reused by the units after it.
+  kept_for_backward_.assign(params_.size(), false);
+  const size_t forward_end = trace_.size() / 2;
+  for (size_t i = 0; i < forward_end; ++i) {
+    const size_t p = trace_[i];
+    if (param_units_[p] + 1 != units_.size()) continue;
+    uint64_t between = 0;
+    for (size_t j = i + 1; j < trace_.size() && trace_[j] != p; ++j) {
+      between += params_[trace_[j]].elements;
+    }
+    kept_for_backward_[p] = between < config_.max_reuse_distance;
+  }
   Result<EmulatedGpu> gpu = EmulatedGpu::create(2 * largest_unit);
   if (!gpu) return std::move(gpu).take_status();
   gpu_ = std::move(*gpu);
@@ -519,19 +525,35 @@ void DeepSpeedWorker::prefetch(size_t position) {
   for (size_t i = position + 1; i < trace_.size(); ++i) {
     ParamState& s = params_[trace_[i]];
     if (s.file.empty()) continue;  // no nvme_swapper
-    const size_t free = static_cast<size_t>(std::count(slot_free_.begin(), slot_free_.end(), true));
-    if (considered > 2 * in_flight || free == 0) break;
-    if (s.slot < 0 && !s.on_device) {
-      const size_t slot = static_cast<size_t>(
-          std::find(slot_free_.begin(), slot_free_.end(), true) - slot_free_.begin());
-      Result<uint64_t> t =
-          param_read_->read(s.file, param_slots_->data() + slot * slot_bytes_, s.file_bytes);
-      if (!t) return;  // the fetch reads it synchronously and reports the error
-      slot_free_[slot] = false;
-      s.slot = static_cast<int>(slot);
-      s.ticket = *t;
+    const bool free = std::find(slot_free_.begin(), slot_free_.end(), true) != slot_free_.end();
+    if (considered > 2 * in_flight || !free) break;
+    if (s.slot < 0 && !s.on_device && !start_read(s).is_ok()) {
+      return;  // its fetch reads it again and reports the error
     }
     considered += s.elements;
+  }
+}
+
+// Reads a swapped parameter into a free swap buffer, asynchronously.
+Status DeepSpeedWorker::start_read(ParamState& s) {
+  const auto free = std::find(slot_free_.begin(), slot_free_.end(), true);
+  if (free == slot_free_.end()) {
+    return Status::error(STRATA_E_INTERNAL, "no free parameter swap buffer");
+  }
+  const size_t slot = static_cast<size_t>(free - slot_free_.begin());
+  Result<uint64_t> t =
+      param_read_->read(s.file, param_slots_->data() + slot * slot_bytes_, s.file_bytes);
+  if (!t) return std::move(t).take_status();
+  *free = false;
+  s.slot = static_cast<int>(slot);
+  s.ticket = *t;
+  return Status::ok();
+}
+
+void DeepSpeedWorker::fill_master(const SubGroup& group, float* out) const {
+  for (size_t p : group.params) {
+    for (uint64_t i = 0; i < params_[p].elements; ++i) out[i] = initial_weight(params_[p].spec, i);
+    out += params_[p].elements;
   }
 }
 
@@ -540,19 +562,7 @@ Status DeepSpeedWorker::fetch(size_t p) {
   if (s.on_device) return Status::ok();  // kept: within max_reuse_distance
   const std::byte* from = s.host;
   if (!s.file.empty()) {
-    if (s.slot < 0) {
-      const auto free = std::find(slot_free_.begin(), slot_free_.end(), true);
-      if (free == slot_free_.end()) {
-        return Status::error(STRATA_E_INTERNAL, "no free parameter swap buffer");
-      }
-      const size_t slot = static_cast<size_t>(free - slot_free_.begin());
-      Result<uint64_t> t =
-          param_read_->read(s.file, param_slots_->data() + slot * slot_bytes_, s.file_bytes);
-      if (!t) return std::move(t).take_status();
-      *free = false;
-      s.slot = static_cast<int>(slot);
-      s.ticket = *t;
-    }
+    if (s.slot < 0) STRATA_TRY(start_read(s));
     STRATA_TRY(wait(*param_read_, s.ticket, plan_.inventory[s.spec].name));
     from = param_slots_->data() + static_cast<size_t>(s.slot) * slot_bytes_;
   }
@@ -593,10 +603,12 @@ Status DeepSpeedWorker::gradient_out(size_t p) {
   if (!stats) return std::move(stats).take_status();
   sum_squares_ += stats->sum_squares;
   const SubGroup& group = layout_.sub_groups[layout_.sub_group[p]];
+  auto upcast = [&](float* out) {
+    for (uint64_t i = 0; i < s.elements; ++i) out[i] = optim::bf16_to_float(device_grad[i]);
+  };
   if (!group.swapped_states) {
     // stage3.py:1511-1515: into the fp32 partition's gradient in CPU memory.
-    float* out = host_state(group, 3) + (s.grad_offset - params_[group.params.front()].grad_offset);
-    for (uint64_t i = 0; i < s.elements; ++i) out[i] = optim::bf16_to_float(device_grad[i]);
+    upcast(host_state(group, 3) + (s.grad_offset - params_[group.params.front()].grad_offset));
     return Status::ok();
   }
   const uint64_t bytes = io_aligned_elements(config_, s.elements, kFp32Bytes) * kFp32Bytes;
@@ -604,13 +616,12 @@ Status DeepSpeedWorker::gradient_out(size_t p) {
   if (grad_buffer_used_ + bytes > capacity) {
     grad_buffer_ = (grad_buffer_ + 1) % opt_buffers_.size();
     grad_buffer_used_ = 0;
-    for (uint64_t t : grad_buffer_tickets_[grad_buffer_]) {
-      STRATA_TRY(wait(*optimizer_writes_, t, "gradient swap buffer"));
-    }
+    STRATA_TRY(
+        wait(*optimizer_writes_, grad_buffer_tickets_[grad_buffer_], "gradient swap buffer"));
     grad_buffer_tickets_[grad_buffer_].clear();
   }
   auto* out = reinterpret_cast<float*>(opt_buffers_[grad_buffer_].data() + grad_buffer_used_);
-  for (uint64_t i = 0; i < s.elements; ++i) out[i] = optim::bf16_to_float(device_grad[i]);
+  upcast(out);
   std::memset(reinterpret_cast<std::byte*>(out) + s.elements * kFp32Bytes, 0,
               bytes - s.elements * kFp32Bytes);
   Result<uint64_t> t = optimizer_writes_->write(gradient_file(p), out, bytes);
@@ -620,17 +631,26 @@ Status DeepSpeedWorker::gradient_out(size_t p) {
   return Status::ok();
 }
 
-Status DeepSpeedWorker::read_sub_group(size_t g, int set, std::vector<uint64_t>& tickets) {
-  const SubGroup& group = layout_.sub_groups[g];
-  if (!group.swapped_states) return Status::ok();
-  const uint64_t bytes = io_aligned_elements(config_, group.elements, kFp32Bytes) * kFp32Bytes;
+// master, exp_avg and exp_avg_sq of sub-group `g`, a file each, to or from buffer set `set`.
+Status DeepSpeedWorker::move_states(size_t g, int set, bool read, std::vector<uint64_t>& tickets) {
+  const uint64_t bytes =
+      io_aligned_elements(config_, layout_.sub_groups[g].elements, kFp32Bytes) * kFp32Bytes;
+  AioHandle& handle = read ? *optimizer_reads_ : *optimizer_writes_;
   int which = 0;
   for (const char* name : {"master", "exp_avg", "exp_avg_sq"}) {
-    Result<uint64_t> t =
-        optimizer_reads_->read(state_file(g, name), opt_buffer(set, which++), bytes);
+    std::byte* buffer = opt_buffer(set, which++);
+    Result<uint64_t> t = read ? handle.read(state_file(g, name), buffer, bytes)
+                              : handle.write(state_file(g, name), buffer, bytes);
     if (!t) return std::move(t).take_status();
     tickets.push_back(*t);
   }
+  return Status::ok();
+}
+
+Status DeepSpeedWorker::read_sub_group(size_t g, int set, std::vector<uint64_t>& tickets) {
+  const SubGroup& group = layout_.sub_groups[g];
+  if (!group.swapped_states) return Status::ok();
+  STRATA_TRY(move_states(g, set, true, tickets));
   // The fp32 gradient: its slices, each from its own file, into the fourth buffer
   // (partitioned_optimizer_swapper.py:207-230).
   uint64_t offset = 0;
@@ -647,26 +667,14 @@ Status DeepSpeedWorker::read_sub_group(size_t g, int set, std::vector<uint64_t>&
 }
 
 Status DeepSpeedWorker::write_sub_group(size_t g, int set, std::vector<uint64_t>& tickets) {
-  const SubGroup& group = layout_.sub_groups[g];
-  if (!group.swapped_states) return Status::ok();
-  const uint64_t bytes = io_aligned_elements(config_, group.elements, kFp32Bytes) * kFp32Bytes;
-  int which = 0;
-  for (const char* name : {"master", "exp_avg", "exp_avg_sq"}) {
-    Result<uint64_t> t =
-        optimizer_writes_->write(state_file(g, name), opt_buffer(set, which++), bytes);
-    if (!t) return std::move(t).take_status();
-    tickets.push_back(*t);
-  }
-  return Status::ok();
+  if (!layout_.sub_groups[g].swapped_states) return Status::ok();
+  return move_states(g, set, false, tickets);
 }
 
 Status DeepSpeedWorker::optimizer_step() {
   sampler_->set_moment("step: optimizer");
   // flush_gradients: every gradient write done before the buffers become state buffers.
-  STRATA_TRY(wait_all(*optimizer_writes_, "gradient swap-out"));
-  for (auto& t : grad_buffer_tickets_) t.clear();
-  grad_buffer_ = 0;
-  grad_buffer_used_ = 0;
+  STRATA_TRY(wait(*optimizer_writes_, kAll, "gradient swap-out"));
   if (plan_.precision == Precision::kFp16) {
     std::vector<GradientView> views{
         {reinterpret_cast<const uint16_t*>(grad_flat_->data()), layout_.total_elements, true}};
@@ -691,25 +699,25 @@ Status DeepSpeedWorker::optimizer_step() {
   hp.step = static_cast<int64_t>(steps_.size()) + 1;
   const bool pipelined = config_.pipeline_read || config_.pipeline_write;
   const int sets = pipelined ? 3 : 1;
-  std::vector<uint64_t> read_tickets, write_tickets, param_write_tickets;
+  std::vector<uint64_t> read_tickets, param_write_tickets;
   std::vector<std::vector<uint64_t>> async_writes(static_cast<size_t>(sets));
   const size_t groups = layout_.sub_groups.size();
+  // The next sub-group's reads, into the set whose asynchronous write has completed.
+  auto read_next = [&](size_t g) -> Status {
+    const auto next = (g + 1) % static_cast<size_t>(sets);
+    STRATA_TRY(wait(*optimizer_writes_, async_writes[next], "optimizer swap-out"));
+    async_writes[next].clear();
+    return read_sub_group(g + 1, static_cast<int>(next), read_tickets);
+  };
   STRATA_TRY(read_sub_group(0, 0, read_tickets));
   for (size_t g = 0; g < groups; ++g) {
     const int set = static_cast<int>(g % static_cast<size_t>(sets));
     const SubGroup& group = layout_.sub_groups[g];
     // swap_in_optimizer_state: wait for this sub-group's reads; pipelined, start the next one's
     // into a set whose asynchronous write has completed.
-    for (uint64_t t : read_tickets) STRATA_TRY(wait(*optimizer_reads_, t, "optimizer swap-in"));
+    STRATA_TRY(wait(*optimizer_reads_, read_tickets, "optimizer swap-in"));
     read_tickets.clear();
-    if (config_.pipeline_read && g + 1 < groups) {
-      const int next = static_cast<int>((g + 1) % static_cast<size_t>(sets));
-      for (uint64_t t : async_writes[static_cast<size_t>(next)]) {
-        STRATA_TRY(wait(*optimizer_writes_, t, "optimizer swap-out"));
-      }
-      async_writes[static_cast<size_t>(next)].clear();
-      STRATA_TRY(read_sub_group(g + 1, next, read_tickets));
-    }
+    if (config_.pipeline_read && g + 1 < groups) STRATA_TRY(read_next(g));
     const uint64_t begin = now_us();
     const uint64_t stall_before = stall_us_;
     const bool swapped = group.swapped_states;
@@ -752,8 +760,7 @@ Status DeepSpeedWorker::optimizer_step() {
         at += params_[p].elements;
       }
     } else {
-      for (uint64_t t : param_write_tickets)
-        STRATA_TRY(wait(*param_write_, t, "parameter write-back"));
+      STRATA_TRY(wait(*param_write_, param_write_tickets, "parameter write-back"));
       param_write_tickets.clear();
       uint64_t at = 0, offset = 0;
       for (size_t p : group.params) {
@@ -784,21 +791,14 @@ Status DeepSpeedWorker::optimizer_step() {
     if (config_.pipeline_write) {
       async_writes[static_cast<size_t>(set)] = std::move(tickets);
     } else {
-      for (uint64_t t : tickets) STRATA_TRY(wait(*optimizer_writes_, t, "optimizer swap-out"));
+      STRATA_TRY(wait(*optimizer_writes_, tickets, "optimizer swap-out"));
     }
-    if (!config_.pipeline_read && g + 1 < groups) {
-      const int next = static_cast<int>((g + 1) % static_cast<size_t>(sets));
-      for (uint64_t t : async_writes[static_cast<size_t>(next)]) {
-        STRATA_TRY(wait(*optimizer_writes_, t, "optimizer swap-out"));
-      }
-      async_writes[static_cast<size_t>(next)].clear();
-      STRATA_TRY(read_sub_group(g + 1, next, read_tickets));
-    }
+    if (!config_.pipeline_read && g + 1 < groups) STRATA_TRY(read_next(g));
     done_units_ += static_cast<double>(units_.size()) / static_cast<double>(groups);
     progress("optimizer", static_cast<uint32_t>(steps_.size()));
   }
-  STRATA_TRY(wait_all(*optimizer_writes_, "optimizer swap-out"));
-  STRATA_TRY(wait_all(*param_write_, "parameter write-back"));
+  STRATA_TRY(wait(*optimizer_writes_, kAll, "optimizer swap-out"));
+  STRATA_TRY(wait(*param_write_, kAll, "parameter write-back"));
   return Status::ok();
 }
 
@@ -833,14 +833,7 @@ Status DeepSpeedWorker::step(uint32_t index) {
     STRATA_TRY(fetch(p));
     prefetch(i);
     STRATA_TRY(compute_share(p, false));
-    // Released after use unless its next use (its backward) comes within max_reuse_distance
-    // elements of fetches: only the last unit's, whose backward follows at once.
-    uint64_t between = 0;
-    for (size_t j = i + 1; j < trace_.size() && trace_[j] != p; ++j)
-      between += params_[trace_[j]].elements;
-    if (between >= config_.max_reuse_distance || param_units_[p] + 1 != units_.size()) {
-      STRATA_TRY(release_from_device(p));
-    }
+    if (!kept_for_backward_[p]) STRATA_TRY(release_from_device(p));
     if (param_units_[p] != previous_unit) {
       done_units_ += 1;
       previous_unit = param_units_[p];
@@ -891,7 +884,8 @@ void DeepSpeedWorker::progress(const char* phase, uint32_t step) {
 }
 
 Status DeepSpeedWorker::write_trace() {
-  return write_worker_trace(trace_path_, {{"strategy", c_.name}, {"runtime_trace", ""}}, spans_);
+  return write_worker_trace(trace_path_, {{"strategy", c_.name}, {"runtime_trace", ""}},
+                            log_.spans());
 }
 
 json buffers_json(const std::vector<BufferSpec>& buffers) {
@@ -985,17 +979,11 @@ void DeepSpeedWorker::send_result() {
        {"config", config_json(config_, layout_)},
        {"buffers", buffers_json(c_.buffers)},
        {"steps", std::move(totals.steps)},
-       {"memory_series", memory_series_json(*sampler_, kSeriesPoints)}});
+       {"memory_series", memory_series_json(*sampler_)}});
 }
 
 Status DeepSpeedWorker::run() {
-  sampler_ = std::make_unique<MemorySampler>(
-      std::chrono::duration_cast<std::chrono::microseconds>(kSampleInterval), kSeriesEvery,
-      kMetricsInterval, [this](const MemoryReading& m) {
-        channel_.send(metrics_event(
-            c_.name, m,
-            static_cast<double>(stall_total_us_.load(std::memory_order_relaxed)) / 1e6));
-      });
+  sampler_ = start_sampler(channel_, c_.name, stall_total_us_);
   Result<std::unique_ptr<LayerCompute>> compute = make_layer_compute(plan_);
   if (!compute) return std::move(compute).take_status();
   compute_ = std::move(*compute);

@@ -29,15 +29,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Explicit limits.
-constexpr size_t kMaxSpans = size_t{1} << 20;  // this worker's own trace spans
-constexpr size_t kSeriesPoints = 2000;         // memory samples sent for the plot
-constexpr auto kSampleInterval = std::chrono::milliseconds(5);
-constexpr uint32_t kSeriesEvery = 4;  // one series point per 20 ms
-constexpr auto kMetricsInterval = std::chrono::milliseconds(250);
-// A wait inside acquire shorter than this is bookkeeping, not a stall worth a trace span.
-constexpr uint64_t kMinWaitSpanUs = 50;
-
 class Worker {
  public:
   // The runtime's own accounting (strata_get_stats), zeroed when it cannot be had.
@@ -56,34 +47,24 @@ class Worker {
         contender_(contender),
         channel_(fd),
         trace_path_(std::move(trace_path)),
-        units_(build_units(plan.inventory, plan.model.num_hidden_layers)) {
-    spans_.reserve(trace_path_.empty() ? 0 : 16384);
-  }
+        units_(build_units(plan.inventory, plan.model.num_hidden_layers)),
+        log_(!trace_path_.empty()) {}
   ~Worker() {
     if (sampler_) sampler_->stop();
     if (rt_ != nullptr) (void)strata_runtime_destroy(rt_);
   }
 
   Status run();
-  void send_error(const Status& status) {
-    channel_.send({{"event", "error"},
-                   {"strategy", contender_.name},
-                   {"message", status.message()},
-                   {"code", strata_strerror(status.code())}});
-  }
+  void send_error(const Status& status) { channel_.send(error_event(contender_.name, status)); }
 
  private:
-  uint64_t now_us() const {
-    return static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - epoch_).count());
-  }
+  uint64_t now_us() const { return log_.now_us(); }
   Status check(int rc, const char* what) {
     if (rc == STRATA_OK) return Status::ok();
     return Status::error(rc, std::string(what) + ": " + strata_last_error(rt_));
   }
   void span(const char* track, std::string name, uint64_t begin, uint64_t end, int64_t bytes = -1) {
-    if (trace_path_.empty() || spans_.size() >= kMaxSpans) return;
-    spans_.push_back({track, std::move(name), begin, end, bytes});
+    log_.add(track, std::move(name), begin, end, bytes);
   }
 
   Status create_runtime();
@@ -104,7 +85,7 @@ class Worker {
   Channel channel_;
   const std::string trace_path_;
   const std::vector<Unit> units_;
-  const Clock::time_point epoch_ = Clock::now();
+  SpanLog log_;
 
   std::unique_ptr<MemorySampler> sampler_;
   strata_runtime* rt_ = nullptr;
@@ -112,7 +93,6 @@ class Worker {
   std::vector<strata_tensor> handles_;
   std::unique_ptr<LayerCompute> compute_;
   std::unique_ptr<optim::CpuAdam> adam_;
-  std::vector<Span> spans_;
   uint64_t runtime_epoch_lo_us_ = 0, runtime_epoch_hi_us_ = 0;
 
   // Per step.
@@ -461,7 +441,7 @@ Status Worker::write_trace(const std::string& runtime_trace) {
                              {"runtime_trace", runtime_trace},
                              {"runtime_epoch_us", runtime_epoch_hi_us_},
                              {"runtime_epoch_lo_us", runtime_epoch_lo_us_}},
-                            spans_);
+                            log_.spans());
 }
 
 void Worker::send_result() {
@@ -505,8 +485,6 @@ void Worker::send_result() {
       {"peak_host_bytes_during_steps", during_steps.host},
       {"peak_pinned_bytes_during_steps", during_steps.pinned},
       {"os_vmhwm_bytes", proc ? proc->vm_hwm : 0},
-      {"os_peak_host_bytes_unadjusted", peaks.raw_host},
-      {"runtime_pinned_peak_bytes", peaks.runtime_pinned},
       {"strata_accounting", accounting},
       {"peak_host_moment", peaks.host_moment},
       {"peak_host_moment_during_steps", during_steps.host_moment},
@@ -520,18 +498,12 @@ void Worker::send_result() {
       {"nvme_read_bytes", read},
       {"nvme_write_bytes", written},
       {"steps", std::move(totals.steps)},
-      {"memory_series", memory_series_json(*sampler_, kSeriesPoints)}};
+      {"memory_series", memory_series_json(*sampler_)}};
   channel_.send(result);
 }
 
 Status Worker::run() {
-  sampler_ = std::make_unique<MemorySampler>(
-      std::chrono::duration_cast<std::chrono::microseconds>(kSampleInterval), kSeriesEvery,
-      kMetricsInterval, [this](const MemoryReading& m) {
-        channel_.send(metrics_event(
-            contender_.name, m,
-            static_cast<double>(stall_us_total_.load(std::memory_order_relaxed)) / 1e6));
-      });
+  sampler_ = start_sampler(channel_, contender_.name, stall_us_total_);
   // Descriptors: every tensor's home is NVMe.
   for (const TensorSpec& t : plan_.inventory) {
     strata_tensor_desc d{};

@@ -67,9 +67,8 @@ void MemorySampler::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void MemorySampler::set_deepspeed_blocks(uint64_t bytes, uint64_t locked_bytes) {
-  blocks_.store(bytes, std::memory_order_relaxed);
-  blocks_locked_.store(locked_bytes, std::memory_order_relaxed);
+void MemorySampler::set_unlocked_pinned(uint64_t bytes) {
+  unlocked_pinned_.store(bytes, std::memory_order_relaxed);
   sample_now();
 }
 
@@ -85,19 +84,8 @@ Result<MemoryReading> MemorySampler::read() const {
     if (::fstat(fd, &st) == 0) r.device = static_cast<uint64_t>(st.st_blocks) * 512;
   }
   const uint64_t other_shmem = proc->rss_shmem > r.device ? proc->rss_shmem - r.device : 0;
-  r.raw_host = proc->rss_anon + proc->rss_file + other_shmem;
-  r.locked = proc->vm_lck;
-  const uint64_t blocks = blocks_.load(std::memory_order_relaxed);
-  const uint64_t blocks_locked = blocks_locked_.load(std::memory_order_relaxed);
-  const uint64_t runtime_pinned = r.locked > blocks_locked ? r.locked - blocks_locked : 0;
-  if (blocks == 0) {
-    r.host = r.raw_host;
-    r.pinned = runtime_pinned;
-  } else {
-    const uint64_t inside = std::min(runtime_pinned, blocks);
-    r.host = r.raw_host > inside ? r.raw_host - inside : 0;
-    r.pinned = std::max(runtime_pinned, blocks);
-  }
+  r.host = proc->rss_anon + proc->rss_file + other_shmem;
+  r.pinned = proc->vm_lck + unlocked_pinned_.load(std::memory_order_relaxed);
   return r;
 }
 
@@ -105,21 +93,17 @@ void MemorySampler::sample_now() {
   Result<MemoryReading> reading = read();
   if (!reading) return;  // no /proc: peaks stay 0, which the report shows as unknown
   const MemoryReading& r = *reading;
-  const uint64_t blocks_locked = blocks_locked_.load(std::memory_order_relaxed);
   bool report = false;
   {
     std::lock_guard lock(mutex_);
     for (MemoryPeaks* p : {&peaks_, &window_}) {
-      if (r.host > p->host || p->host_moment.empty()) {
+      if (r.host > p->host) {
         const char* moment = moment_.load(std::memory_order_relaxed);
-        if (r.host > p->host) p->host_moment = moment != nullptr ? moment : "";
+        p->host_moment = moment != nullptr ? moment : "";
+        p->host = r.host;
       }
-      p->host = std::max(p->host, r.host);
       p->pinned = std::max(p->pinned, r.pinned);
       p->device = std::max(p->device, r.device);
-      p->raw_host = std::max(p->raw_host, r.raw_host);
-      p->runtime_pinned =
-          std::max(p->runtime_pinned, r.locked > blocks_locked ? r.locked - blocks_locked : 0);
     }
     last_ = r;
     if (samples_++ % series_every_ == 0 && series_.size() < kMaxSeries) series_.push_back(r);
@@ -178,7 +162,6 @@ std::vector<MemoryReading> MemorySampler::series(size_t max_points) const {
       m.host = std::max(m.host, series_[j].host);
       m.pinned = std::max(m.pinned, series_[j].pinned);
       m.device = std::max(m.device, series_[j].device);
-      m.raw_host = std::max(m.raw_host, series_[j].raw_host);
     }
     out.push_back(m);
   }

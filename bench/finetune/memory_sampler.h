@@ -2,16 +2,10 @@
 // OS reports it (/proc/self/status), sampled on its own thread.
 //
 // "Host" is RssAnon + RssFile + RssShmem less the emulated device's memfd (the memory standing in
-// for a GPU is not host memory on a GPU machine). "Pinned" is VmLck: Strata's pinned arena
-// mlock()s every buffer it maps, and nothing else in the worker locks memory unless the
-// DeepSpeed emulation does (it reports how much, see set_deepspeed_blocks).
-//
-// ZeRO-Infinity worker: DeepSpeed holds its pinned blocks (parameter slots, optimizer sub-group
-// buffers, flat gradient buffer) for the whole run, and the tensors it stages live inside them.
-// The runtime (policy ZERO_INFINITY) reproduces that staging's budgets but maps each staged
-// tensor exactly, so the worker also allocates the blocks themselves, and the runtime's staged
-// bytes (which DeepSpeed would hold inside those blocks) are counted once, not twice:
-//   host = RSS excluding the device - min(runtime pinned, blocks);  pinned = max(runtime, blocks).
+// for a GPU is not host memory on a GPU machine). "Pinned" is VmLck (Strata's pinned arena and
+// the DeepSpeed worker's pinned buffers mlock() what they map; nothing else in a worker locks
+// memory) plus what a worker pinned where mlock was refused (set_unlocked_pinned: touched
+// instead, so it is in RSS but not in VmLck).
 #pragma once
 
 #include <atomic>
@@ -30,20 +24,16 @@ namespace strata::bench::finetune {
 
 struct MemoryReading {
   double seconds = 0;  // since the sampler started
-  uint64_t host = 0;   // as defined above (ZeRO-Infinity: blocks counted once)
+  uint64_t host = 0;   // as defined above
   uint64_t pinned = 0;
-  uint64_t device = 0;    // the emulated device's resident memory
-  uint64_t raw_host = 0;  // RSS excluding the device, without the adjustment
-  uint64_t locked = 0;    // VmLck
+  uint64_t device = 0;  // the emulated device's resident memory
 };
 
 struct MemoryPeaks {
   uint64_t host = 0;
   uint64_t pinned = 0;
   uint64_t device = 0;
-  uint64_t raw_host = 0;
-  uint64_t runtime_pinned = 0;  // VmLck less the DeepSpeed blocks' locked bytes
-  std::string host_moment;      // what the worker was doing when the host peak was sampled
+  std::string host_moment;  // what the worker was doing when the host peak was sampled
 };
 
 class MemorySampler {
@@ -60,8 +50,8 @@ class MemorySampler {
 
   // The emulated device's memfd (-1: none, e.g. CUDA): its resident pages are left out of host.
   void set_device_fd(int fd) { device_fd_.store(fd, std::memory_order_relaxed); }
-  // DeepSpeed emulation: bytes of its blocks now, and how many of them are mlock()ed.
-  void set_deepspeed_blocks(uint64_t bytes, uint64_t locked_bytes);
+  // Bytes this worker holds as pinned without a lock (mlock refused), counted as pinned.
+  void set_unlocked_pinned(uint64_t bytes);
   // What the worker is doing now ("step 2 backward", "start-up: ..."): a string that outlives
   // the sampler (a literal or a member), recorded beside each peak.
   void set_moment(const char* moment) { moment_.store(moment, std::memory_order_relaxed); }
@@ -90,8 +80,7 @@ class MemorySampler {
   std::function<void(const MemoryReading&)> on_sample_;
   std::atomic<int> device_fd_{-1};
   std::atomic<const char*> moment_{nullptr};
-  std::atomic<uint64_t> blocks_{0};
-  std::atomic<uint64_t> blocks_locked_{0};
+  std::atomic<uint64_t> unlocked_pinned_{0};
 
   mutable std::mutex mutex_;  // guards everything below
   std::condition_variable wake_;

@@ -1,6 +1,7 @@
 #include "finetune/worker_common.h"
 
 #include <fcntl.h>
+#include <strata/strata.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -129,25 +130,38 @@ Status write_worker_trace(const std::string& path, json header, const std::vecto
   return Status::ok();
 }
 
-json memory_series_json(const MemorySampler& sampler, size_t points) {
+json memory_series_json(const MemorySampler& sampler) {
   json series = json::array();
-  for (const MemoryReading& m : sampler.series(points)) {
+  for (const MemoryReading& m : sampler.series(kSeriesPoints)) {
     series.push_back({m.seconds, m.host, m.pinned, m.device});
   }
   return series;
 }
 
-json metrics_event(const std::string& name, const MemoryReading& m, double stall_seconds) {
-  const ProcIo io = read_proc_io();
-  return {{"event", "metrics"},
+std::unique_ptr<MemorySampler> start_sampler(Channel& channel, std::string name,
+                                             const std::atomic<uint64_t>& stall_us) {
+  return std::make_unique<MemorySampler>(
+      std::chrono::duration_cast<std::chrono::microseconds>(kSampleInterval), kSeriesEvery,
+      kMetricsInterval, [&channel, &stall_us, name = std::move(name)](const MemoryReading& m) {
+        const ProcIo io = read_proc_io();
+        channel.send(
+            {{"event", "metrics"},
+             {"strategy", name},
+             {"host_bytes", m.host},
+             {"pinned_bytes", m.pinned},
+             {"device_bytes", m.device},
+             {"nvme_read_bytes", io.read},
+             {"nvme_write_bytes", io.written},
+             {"stall_seconds", static_cast<double>(stall_us.load(std::memory_order_relaxed)) / 1e6},
+             {"seconds", m.seconds}});
+      });
+}
+
+json error_event(const std::string& name, const Status& status) {
+  return {{"event", "error"},
           {"strategy", name},
-          {"host_bytes", m.host},
-          {"pinned_bytes", m.pinned},
-          {"device_bytes", m.device},
-          {"nvme_read_bytes", io.read},
-          {"nvme_write_bytes", io.written},
-          {"stall_seconds", stall_seconds},
-          {"seconds", m.seconds}};
+          {"message", status.message()},
+          {"code", strata_strerror(status.code())}};
 }
 
 }  // namespace strata::bench::finetune

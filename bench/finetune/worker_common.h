@@ -6,9 +6,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <nlohmann/json.hpp>
@@ -58,12 +61,47 @@ ProcIo read_proc_io();
 // result says how busy the machine was.
 double load_average();
 
+// Explicit limits and rates, the same for both workers.
+inline constexpr size_t kMaxSpans = size_t{1} << 20;  // a worker's own trace spans
+inline constexpr size_t kSeriesPoints = 2000;         // memory samples sent for the plot
+inline constexpr auto kSampleInterval = std::chrono::milliseconds(5);
+inline constexpr uint32_t kSeriesEvery = 4;  // one series point per 20 ms
+inline constexpr auto kMetricsInterval = std::chrono::milliseconds(250);
+// A wait shorter than this is bookkeeping, not a stall worth a trace span.
+inline constexpr uint64_t kMinWaitSpanUs = 50;
+
 struct Span {
   const char* track;
   std::string name;
   uint64_t begin_us;
   uint64_t end_us;
   int64_t bytes;
+};
+
+// A worker's clock and its own trace spans, kept only when a trace was asked for, at most
+// kMaxSpans. Spans may come from several threads (the DeepSpeed worker's aio handles).
+class SpanLog {
+ public:
+  explicit SpanLog(bool enabled) : enabled_(enabled) {}
+  std::chrono::steady_clock::time_point epoch() const { return epoch_; }
+  uint64_t now_us() const {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                     std::chrono::steady_clock::now() - epoch_)
+                                     .count());
+  }
+  void add(const char* track, std::string name, uint64_t begin, uint64_t end, int64_t bytes = -1) {
+    if (!enabled_) return;
+    std::lock_guard lock(mutex_);
+    if (spans_.size() < kMaxSpans) spans_.push_back({track, std::move(name), begin, end, bytes});
+  }
+  // After every thread that adds spans has stopped.
+  const std::vector<Span>& spans() const { return spans_; }
+
+ private:
+  const bool enabled_;
+  const std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
+  std::mutex mutex_;
+  std::vector<Span> spans_;
 };
 
 // A parameter and the indices (into the inventory) of its states.
@@ -105,11 +143,14 @@ StepTotals summarize_steps(const std::vector<StepRecord>& steps);
 Status write_worker_trace(const std::string& path, json header, const std::vector<Span>& spans);
 
 class MemorySampler;
-struct MemoryReading;
-// The memory series of the result, max-pooled to `points`.
-json memory_series_json(const MemorySampler& sampler, size_t points);
-// The "metrics" event the parent's Prometheus endpoint serves.
-json metrics_event(const std::string& name, const MemoryReading& m, double stall_seconds);
+// The memory series of the result, max-pooled to kSeriesPoints.
+json memory_series_json(const MemorySampler& sampler);
+// A worker's sampler: a sample every kSampleInterval, and every kMetricsInterval a "metrics"
+// event on `channel` (what the parent's Prometheus endpoint serves) with the stall so far.
+std::unique_ptr<MemorySampler> start_sampler(Channel& channel, std::string name,
+                                             const std::atomic<uint64_t>& stall_us);
+// The "error" event a failed worker sends instead of its result.
+json error_event(const std::string& name, const Status& status);
 
 // Runs a worker (anything with Status run() and send_error(Status)) as the worker process's
 // body: an exception never escapes (out of memory is STRATA_E_NOMEM), a failure is sent to the

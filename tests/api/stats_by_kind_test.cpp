@@ -3,12 +3,12 @@
 // acquired on the device and on the pinned tier and resting on NVMe, every counter checked.
 #include <gtest/gtest.h>
 #include <strata/strata.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#include "model/test_dir.h"
 
 namespace {
 
@@ -19,11 +19,7 @@ constexpr int kKinds = STRATA_KIND_OTHER + 1;
 class StatsByKind : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* base = std::getenv("STRATA_TEST_DIR");
-    dir_ =
-        (fs::path(base != nullptr ? base : "/tmp") / ("stats-by-kind-" + std::to_string(getpid())))
-            .string();
-    fs::create_directories(dir_);
+    dir_ = strata::testing::scratch_dir("stats-by-kind").string();
     strata_config c;
     strata_config_init(&c);
     c.nvme_path = dir_.c_str();

@@ -4,15 +4,14 @@
 // budget, shows in strata_get_stats, competes with the tensors Strata moves, and goes back.
 #include <gtest/gtest.h>
 #include <strata/strata.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
 
 #include "memory/device.h"
 #include "memory/torch_allocator_c_helpers.h"
+#include "model/test_dir.h"
 
 namespace {
 
@@ -22,13 +21,10 @@ constexpr uint64_t kMiB = 1ull << 20;
 class TorchMemory : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* base = std::getenv("STRATA_TEST_DIR");
-    dir_ = (fs::path(base != nullptr ? base : "/tmp") /
-            ("torch-memory-" +
-             std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "-" +
-             std::to_string(getpid())))
+    dir_ = strata::testing::scratch_dir(
+               ("torch-memory-" +
+                std::string(::testing::UnitTest::GetInstance()->current_test_info()->name())))
                .string();
-    fs::create_directories(dir_);
     strata_config c;
     strata_config_init(&c);
     c.nvme_path = dir_.c_str();
