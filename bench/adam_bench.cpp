@@ -27,11 +27,11 @@
 
 #include "bench_commands.h"
 #include "common/interrupt_cleanup.h"
+#include "common/report.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "optim/cpu_adam.h"
 #include "progress.h"
-#include "report.h"
 
 namespace strata::bench {
 namespace {

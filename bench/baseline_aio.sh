@@ -6,10 +6,10 @@
 #
 #   ../shared/tools/deepspeed/aio-compare.sh bench/baseline_aio.sh --path /var/tmp --qd 8
 #
-# It runs build/runtime/cli/strata (or $STRATA_CLI) with `--engine deepspeed-aio` added to
+# It runs build/bin/strata (or $STRATA_CLI) with `--engine deepspeed-aio` added to
 # `bench io`; every other command passes through unchanged.
 set -euo pipefail
-strata=${STRATA_CLI:-"$(cd "$(dirname "$0")/.." && pwd)/build/runtime/cli/strata"}
+strata=${STRATA_CLI:-"$(cd "$(dirname "$0")/.." && pwd)/build/bin/strata"}
 if [[ "${1:-}" == bench && "${2:-}" == io ]]; then
   exec "$strata" "$@" --engine deepspeed-aio
 fi

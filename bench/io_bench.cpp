@@ -26,6 +26,7 @@
 #include "bench_commands.h"
 #include "common/align.h"
 #include "common/interrupt_cleanup.h"
+#include "common/report.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "common/units.h"
@@ -34,7 +35,6 @@
 #include "io/io_engine.h"
 #include "io/io_limits.h"
 #include "progress.h"
-#include "report.h"
 #include "storage/owned_names.h"
 
 extern char** environ;
@@ -499,9 +499,8 @@ class DeepSpeedAioSide {
     o.block_bytes = static_cast<uint32_t>(config.block);
     o.queue_depth = config.queue_depth;
     o.threads = 1;
-    auto handle = finetune::AioHandle::create(o, nullptr);
-    if (!handle) return std::move(handle).take_status();
-    side->handle_ = std::move(*handle);
+    STRATA_ASSIGN_OR_RETURN(auto handle, finetune::AioHandle::create(o, nullptr));
+    side->handle_ = std::move(handle);
     void* p =
         ::mmap(nullptr, config.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return errno_status(STRATA_E_NOMEM, "the aio buffer", errno);

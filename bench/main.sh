@@ -7,4 +7,4 @@ bash cmake/bootstrap.sh
 # workers finish in about six minutes on 2 cores) done by Strata and by DeepSpeed ZeRO-3 in its
 # three labelled configurations, each in its own process, under the same training semantics,
 # with peak host memory, step time and NVMe traffic side by side (docs/results.md).
-exec build/runtime/cli/strata bench finetune --model llama-2-70b --strategy both "$@"
+exec build/bin/strata bench finetune --model llama-2-70b --strategy both "$@"

@@ -27,12 +27,12 @@
 
 #include "api/runtime.h"
 #include "bench_commands.h"
+#include "common/report.h"
 #include "common/units.h"
 #include "io/paced_engine.h"
 #include "optim/half_convert.h"
 #include "optim/tiered_optimizer.h"
 #include "progress.h"
-#include "report.h"
 
 namespace strata::bench {
 namespace {
@@ -86,10 +86,9 @@ int fail(const char* what, const Status& status) {
 
 // Fills a tensor through a pinned acquire: bf16 values 1e-3 * (1 + (i + salt) % 7).
 Status fill_bf16(sched::Scheduler& s, sched::TensorHandle h, uint64_t elements, uint32_t salt) {
-  auto a =
-      s.acquire(h, sched::Tier::kPinned, sched::AccessMode::kOverwrite, std::chrono::seconds(300));
-  if (!a) return std::move(a).take_status();
-  auto* data = static_cast<uint16_t*>(a->data);
+  STRATA_ASSIGN_OR_RETURN(auto a, s.acquire(h, Tier::kPinned, sched::AccessMode::kOverwrite,
+                                            std::chrono::seconds(300)));
+  auto* data = static_cast<uint16_t*>(a.data);
   uint16_t pattern[7];
   for (uint32_t k = 0; k < 7; ++k) pattern[k] = optim::float_to_bf16(1e-3f * (1 + k));
   for (uint64_t i = 0; i < elements; ++i) data[i] = pattern[(i + salt) % 7];

@@ -13,7 +13,7 @@
 # flock /tmp/strata-bench.lock so that they never overlap with another one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STRATA=${STRATA:-build/runtime/cli/strata}
+STRATA=${STRATA:-build/bin/strata}
 NVME_RATES=${NVME_RATES:-0.9/0.9}
 MODEL=${MODEL:-llama-2-70b}
 work=$(mktemp -d)

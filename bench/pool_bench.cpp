@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bench_commands.h"
+#include "common/report.h"
 #include "common/units.h"
 #include "memory/buffer_pool.h"
 #include "memory/pinned_arena.h"
@@ -23,7 +24,6 @@
 #include "memory/staging_replay.h"
 #include "model/inventory.h"
 #include "model/model_config.h"
-#include "report.h"
 
 namespace strata::bench {
 namespace {

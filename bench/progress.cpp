@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "report.h"
+#include "common/report.h"
 
 namespace strata::bench {
 namespace {

@@ -9,7 +9,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   liburing-dev libaio-dev libhwloc-dev hwloc libboost-dev libxxhash-dev
   nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
-  fio clang libclang-rt-14-dev
+  fio clang clang-format clang-tidy libclang-rt-14-dev
   python3 python3-numpy python3-torch python3-pytest python3-matplotlib
   python3-venv python3-pip python3-setuptools python3-wheel
 )

@@ -24,13 +24,13 @@
 #include <vector>
 
 #include "bench_commands.h"
+#include "common/report.h"
 #include "common/units.h"
 #include "finetune/finetune_options.h"
 #include "finetune/finetune_output.h"
 #include "finetune/finetune_worker.h"
 #include "output_path.h"
 #include "progress.h"
-#include "report.h"
 #include "telemetry/counters.h"
 #include "telemetry/metrics_server.h"
 

@@ -12,8 +12,8 @@
 #include <sstream>
 
 #include "common/align.h"
+#include "common/report.h"
 #include "common/units.h"
-#include "report.h"
 #include "sched/simulator.h"
 
 #ifndef STRATA_PLOT_SCRIPT

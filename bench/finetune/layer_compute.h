@@ -14,7 +14,7 @@
 
 #include "common/status.h"
 #include "finetune/finetune_options.h"
-#include "model/tensor_spec.h"
+#include "vocabulary/tensor_spec.h"
 
 namespace strata::bench::finetune {
 

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "model/tensor_spec.h"
+#include "vocabulary/tensor_spec.h"
 
 namespace strata::bench::finetune {
 

@@ -76,12 +76,12 @@ int guarded(strata_runtime* rt, const char* function, F&& body) noexcept {
   return status.code();
 }
 
-Result<sched::Tier> memory_tier(strata_tier tier, const char* what) {
+Result<Tier> memory_tier(strata_tier tier, const char* what) {
   switch (tier) {
     case STRATA_TIER_DEVICE:
-      return sched::Tier::kDevice;
+      return Tier::kDevice;
     case STRATA_TIER_PINNED:
-      return sched::Tier::kPinned;
+      return Tier::kPinned;
     case STRATA_TIER_HOST:
     case STRATA_TIER_NVME:
       break;
@@ -90,14 +90,14 @@ Result<sched::Tier> memory_tier(strata_tier tier, const char* what) {
                           " is not DEVICE or PINNED");
 }
 
-Result<sched::Tier> home_tier(strata_tier tier) {
+Result<Tier> home_tier(strata_tier tier) {
   switch (tier) {
     case STRATA_TIER_DEVICE:
-      return sched::Tier::kDevice;
+      return Tier::kDevice;
     case STRATA_TIER_PINNED:
-      return sched::Tier::kPinned;
+      return Tier::kPinned;
     case STRATA_TIER_NVME:
-      return sched::Tier::kNvme;
+      return Tier::kNvme;
     case STRATA_TIER_HOST:
       break;
   }
@@ -125,29 +125,29 @@ constexpr size_t kMaxScheduleEntries = size_t{1} << 24;
 // tensor lives.
 Status copy_tensor(Runtime& rt, sched::TensorHandle handle, void* caller, uint64_t offset,
                    uint64_t bytes, bool write) {
-  auto info = rt.scheduler().describe(handle);
-  if (!info) return std::move(info).take_status();
+  STRATA_ASSIGN_OR_RETURN(auto info, rt.scheduler().describe(handle));
   if (bytes == 0) return invalid_argument("bytes is 0");
-  if (offset > info->bytes || bytes > info->bytes - offset) {
+  if (offset > info.bytes || bytes > info.bytes - offset) {
     return invalid_argument("range [" + std::to_string(offset) + ", " +
-                            std::to_string(offset + bytes) + ") is outside tensor '" + info->name +
-                            "' of " + std::to_string(info->bytes) + " bytes");
+                            std::to_string(offset + bytes) + ") is outside tensor '" + info.name +
+                            "' of " + std::to_string(info.bytes) + " bytes");
   }
-  if (info->uses != 0) {
-    return Status::error(STRATA_E_STATE, "tensor '" + info->name + "' is acquired");
+  if (info.uses != 0) {
+    return Status::error(STRATA_E_STATE, "tensor '" + info.name + "' is acquired");
   }
-  if (!write && info->residency == sched::Residency::kUnwritten) {
-    return Status::error(STRATA_E_STATE, "tensor '" + info->name + "' has no contents yet");
+  if (!write && info.residency == sched::Residency::kUnwritten) {
+    return Status::error(STRATA_E_STATE, "tensor '" + info.name + "' has no contents yet");
   }
   // A whole-tensor write replaces the contents, and a tensor never written has none to keep:
   // nothing to read first.
-  const bool whole = write && ((offset == 0 && bytes == info->bytes) ||
-                               info->residency == sched::Residency::kUnwritten);
-  auto acquired = rt.scheduler().acquire(
-      handle, sched::Tier::kPinned,
-      whole ? sched::AccessMode::kOverwrite : sched::AccessMode::kRead, kAcquireTimeout);
-  if (!acquired) return std::move(acquired).take_status();
-  auto* data = static_cast<unsigned char*>(acquired->data) + offset;
+  const bool whole = write && ((offset == 0 && bytes == info.bytes) ||
+                               info.residency == sched::Residency::kUnwritten);
+  STRATA_ASSIGN_OR_RETURN(
+      auto acquired,
+      rt.scheduler().acquire(handle, Tier::kPinned,
+                             whole ? sched::AccessMode::kOverwrite : sched::AccessMode::kRead,
+                             kAcquireTimeout));
+  auto* data = static_cast<unsigned char*>(acquired.data) + offset;
   if (write) {
     std::memcpy(data, caller, bytes);
   } else {
@@ -203,6 +203,7 @@ Result<optim::StateKind> state_kind(strata_optimizer_state state) {
 
 using strata::invalid_argument;
 using strata::Status;
+using strata::Tier;
 using strata::api::guarded;
 using strata::api::Runtime;
 namespace sched = strata::sched;
@@ -286,10 +287,10 @@ int strata_tensor_register(strata_runtime* rt, const strata_tensor_desc* desc, s
   return guarded(rt, "strata_tensor_register", [&](Runtime& r) -> Status {
     if (out == nullptr) return invalid_argument("out is NULL");
     *out = STRATA_TENSOR_NONE;
-    auto read =
-        strata::api::read_struct_in(desc, strata::api::default_tensor_desc(), "strata_tensor_desc");
-    if (!read) return std::move(read).take_status();
-    desc = &read.value();
+    STRATA_ASSIGN_OR_RETURN(auto read,
+                            strata::api::read_struct_in(desc, strata::api::default_tensor_desc(),
+                                                        "strata_tensor_desc"));
+    desc = &read;
     if (desc->bytes == 0 || desc->bytes > strata::api::kMaxTensorBytes) {
       return invalid_argument("tensor bytes " + std::to_string(desc->bytes) + " is zero or absurd");
     }
@@ -311,9 +312,8 @@ int strata_tensor_register(strata_runtime* rt, const strata_tensor_desc* desc, s
     sched::RegisterOptions options;
     options.home = home.value();
     options.bytes = desc->bytes;
-    auto handle = r.scheduler().register_tensor(spec, options);
-    if (!handle) return std::move(handle).take_status();
-    *out = handle->to_u64();
+    STRATA_ASSIGN_OR_RETURN(auto handle, r.scheduler().register_tensor(spec, options));
+    *out = handle.to_u64();
     return Status::ok();
   });
 }
@@ -340,9 +340,8 @@ int strata_tensor_read(strata_runtime* rt, strata_tensor tensor, void* dst, uint
 int strata_tensor_unregister(strata_runtime* rt, strata_tensor tensor) {
   return guarded(rt, "strata_tensor_unregister", [&](Runtime& r) -> Status {
     const auto handle = sched::TensorHandle::from_u64(tensor);
-    auto info = r.scheduler().describe(handle);
-    if (!info) return std::move(info).take_status();
-    if (info->allocation) {
+    STRATA_ASSIGN_OR_RETURN(auto info, r.scheduler().describe(handle));
+    if (info.allocation) {
       return Status::error(STRATA_E_STATE, "tensor " + std::to_string(tensor) +
                                                " is a strata_malloc allocation: free it with "
                                                "strata_free");
@@ -362,8 +361,7 @@ int strata_malloc(strata_runtime* rt, uint64_t bytes, strata_tier tier, uint32_t
     if ((flags & ~STRATA_MALLOC_OFFLOADABLE) != 0) {
       return invalid_argument("unknown flags " + std::to_string(flags));
     }
-    auto placed = strata::api::memory_tier(tier, "strata_malloc");
-    if (!placed) return std::move(placed).take_status();
+    STRATA_ASSIGN_OR_RETURN(auto placed, strata::api::memory_tier(tier, "strata_malloc"));
     strata::TensorSpec spec;
     spec.name = "malloc";
     spec.dtype = strata::DType::kUInt8;
@@ -372,19 +370,18 @@ int strata_malloc(strata_runtime* rt, uint64_t bytes, strata_tier tier, uint32_t
     options.bytes = bytes;
     options.allocation = true;
     // Offloadable: rests on NVMe when released, like any tensor. Otherwise it lives on its tier.
-    options.home = (flags & STRATA_MALLOC_OFFLOADABLE) ? sched::Tier::kNvme : placed.value();
-    auto handle = r.scheduler().register_tensor(spec, options);
-    if (!handle) return std::move(handle).take_status();
+    options.home = (flags & STRATA_MALLOC_OFFLOADABLE) ? Tier::kNvme : placed;
+    STRATA_ASSIGN_OR_RETURN(auto handle, r.scheduler().register_tensor(spec, options));
     // The memory is taken now, on its tier, as malloc's is: a budget that cannot hold it fails
     // here with the numbers, not at some later acquire. Its contents are undefined (whatever the
     // buffer held) until written, and an offloadable allocation may be spilled from here on.
-    Status reserved = r.scheduler().reserve(*handle, placed.value(), strata::api::kAcquireTimeout);
+    Status reserved = r.scheduler().reserve(handle, placed, strata::api::kAcquireTimeout);
     if (!reserved) {
-      (void)r.scheduler().unregister_tensor(*handle);
+      (void)r.scheduler().unregister_tensor(handle);
       return std::move(reserved).with_context("strata_malloc of " + std::to_string(bytes) +
                                               " bytes");
     }
-    *out = handle->to_u64();
+    *out = handle.to_u64();
     return Status::ok();
   });
 }
@@ -413,19 +410,17 @@ int strata_step_end(strata_runtime* rt) {
 
 int strata_layer_begin(strata_runtime* rt, strata_phase phase, int32_t layer) {
   return guarded(rt, "strata_layer_begin", [&](Runtime& r) -> Status {
-    auto kind = strata::api::phase_kind(phase);
-    if (!kind) return std::move(kind).take_status();
+    STRATA_ASSIGN_OR_RETURN(auto kind, strata::api::phase_kind(phase));
     if (layer < -1) return invalid_argument("layer must be >= -1");
-    return r.scheduler().begin_phase({kind.value(), layer});
+    return r.scheduler().begin_phase({kind, layer});
   });
 }
 
 int strata_layer_end(strata_runtime* rt, strata_phase phase, int32_t layer) {
   return guarded(rt, "strata_layer_end", [&](Runtime& r) -> Status {
-    auto kind = strata::api::phase_kind(phase);
-    if (!kind) return std::move(kind).take_status();
+    STRATA_ASSIGN_OR_RETURN(auto kind, strata::api::phase_kind(phase));
     if (layer < -1) return invalid_argument("layer must be >= -1");
-    return r.scheduler().end_phase({kind.value(), layer});
+    return r.scheduler().end_phase({kind, layer});
   });
 }
 
@@ -438,15 +433,16 @@ int strata_declare_schedule(strata_runtime* rt, const strata_schedule_entry* ent
     bool first = true;
     sched::PhaseKey current;
     for (size_t i = 0; i < count; ++i) {
-      auto kind = strata::api::phase_kind(entries[i].phase);
-      if (!kind) return std::move(kind).take_status().with_context("entry " + std::to_string(i));
+      STRATA_ASSIGN_OR_RETURN(auto kind, strata::api::phase_kind(entries[i].phase),
+                              "entry " + std::to_string(i));
       auto tier = strata::api::memory_tier(entries[i].tier, "strata_declare_schedule");
       if (!tier) return std::move(tier).take_status().with_context("entry " + std::to_string(i));
       // A handle must name a live tensor: the schedule sizes tables by handle slot, and a
       // garbage handle asked for gigabytes (found by tests/fuzz/c_api_fuzz).
-      auto info = r.scheduler().describe(sched::TensorHandle::from_u64(entries[i].tensor));
-      if (!info) return std::move(info).take_status().with_context("entry " + std::to_string(i));
-      const sched::PhaseKey key{kind.value(), entries[i].layer};
+      STRATA_ASSIGN_OR_RETURN(
+          auto info, r.scheduler().describe(sched::TensorHandle::from_u64(entries[i].tensor)),
+          "entry " + std::to_string(i));
+      const sched::PhaseKey key{kind, entries[i].layer};
       if (first || !(key == current)) {
         builder.begin_phase(key);
         current = key;
@@ -457,9 +453,8 @@ int strata_declare_schedule(strata_runtime* rt, const strata_schedule_entry* ent
       access.tier = tier.value();
       STRATA_TRY(builder.add(access));
     }
-    auto schedule = std::move(builder).build();
-    if (!schedule) return std::move(schedule).take_status();
-    return r.scheduler().declare_schedule(std::move(schedule.value()));
+    STRATA_ASSIGN_OR_RETURN(auto schedule, std::move(builder).build());
+    return r.scheduler().declare_schedule(std::move(schedule));
   });
 }
 
@@ -470,8 +465,7 @@ int strata_acquire(strata_runtime* rt, strata_tensor tensor, strata_tier tier, u
     if ((flags & ~STRATA_ACQUIRE_DISCARD) != 0) {
       return invalid_argument("unknown flags " + std::to_string(flags));
     }
-    auto where = strata::api::memory_tier(tier, "strata_acquire");
-    if (!where) return std::move(where).take_status();
+    STRATA_ASSIGN_OR_RETURN(auto where, strata::api::memory_tier(tier, "strata_acquire"));
     const auto handle = sched::TensorHandle::from_u64(tensor);
     // Without DISCARD the contents are read, and a tensor that has none (never written, or
     // discarded) is STRATA_E_STATE: handing out whatever the buffer holds as "the contents"
@@ -479,12 +473,11 @@ int strata_acquire(strata_runtime* rt, strata_tensor tensor, strata_tier tier, u
     // undefined ones, taken at the call.)
     const auto mode = (flags & STRATA_ACQUIRE_DISCARD) != 0 ? sched::AccessMode::kOverwrite
                                                             : sched::AccessMode::kRead;
-    auto acquired =
-        r.scheduler().acquire(handle, where.value(), mode, strata::api::kAcquireTimeout);
-    if (!acquired) return std::move(acquired).take_status();
+    STRATA_ASSIGN_OR_RETURN(
+        auto acquired, r.scheduler().acquire(handle, where, mode, strata::api::kAcquireTimeout));
     strata_acquired result{};
-    result.data = acquired->data;
-    result.bytes = acquired->bytes;
+    result.data = acquired.data;
+    result.bytes = acquired.bytes;
     // The backend completes a copy to the device only after its event fired: data is ready.
     result.ready_event = nullptr;
     strata::api::write_struct_out(out, result);
@@ -504,9 +497,8 @@ int strata_release(strata_runtime* rt, strata_tensor tensor, uint32_t flags, voi
 
 int strata_prefetch(strata_runtime* rt, strata_tensor tensor, strata_tier tier) {
   return guarded(rt, "strata_prefetch", [&](Runtime& r) -> Status {
-    auto where = strata::api::memory_tier(tier, "strata_prefetch");
-    if (!where) return std::move(where).take_status();
-    return r.scheduler().prefetch(sched::TensorHandle::from_u64(tensor), where.value());
+    STRATA_ASSIGN_OR_RETURN(auto where, strata::api::memory_tier(tier, "strata_prefetch"));
+    return r.scheduler().prefetch(sched::TensorHandle::from_u64(tensor), where);
   });
 }
 
@@ -566,13 +558,12 @@ int strata_optimizer_add_group(strata_runtime* rt, const strata_optimizer_group*
                                uint32_t* index) {
   return guarded(rt, "strata_optimizer_add_group", [&](Runtime& r) -> Status {
     if (index == nullptr) return invalid_argument("index is NULL");
-    auto read =
-        strata::api::read_struct_in(group, strata::api::default_group(), "strata_optimizer_group");
-    if (!read) return std::move(read).take_status();
+    STRATA_ASSIGN_OR_RETURN(
+        auto read,
+        strata::api::read_struct_in(group, strata::api::default_group(), "strata_optimizer_group"));
     STRATA_OPTIMIZER(r, optimizer);
-    auto added = optimizer.add_group(strata::api::group_settings(*read));
-    if (!added) return std::move(added).take_status();
-    *index = added.value();
+    STRATA_ASSIGN_OR_RETURN(auto added, optimizer.add_group(strata::api::group_settings(read)));
+    *index = added;
     return Status::ok();
   });
 }
@@ -580,11 +571,11 @@ int strata_optimizer_add_group(strata_runtime* rt, const strata_optimizer_group*
 int strata_optimizer_set_group(strata_runtime* rt, uint32_t index,
                                const strata_optimizer_group* group) {
   return guarded(rt, "strata_optimizer_set_group", [&](Runtime& r) -> Status {
-    auto read =
-        strata::api::read_struct_in(group, strata::api::default_group(), "strata_optimizer_group");
-    if (!read) return std::move(read).take_status();
+    STRATA_ASSIGN_OR_RETURN(
+        auto read,
+        strata::api::read_struct_in(group, strata::api::default_group(), "strata_optimizer_group"));
     STRATA_OPTIMIZER(r, optimizer);
-    return optimizer.set_group(index, strata::api::group_settings(*read));
+    return optimizer.set_group(index, strata::api::group_settings(read));
   });
 }
 
@@ -592,15 +583,14 @@ int strata_optimizer_get_group(strata_runtime* rt, uint32_t index, strata_optimi
   return guarded(rt, "strata_optimizer_get_group", [&](Runtime& r) -> Status {
     STRATA_TRY(strata::api::check_struct_out(out, "strata_optimizer_group"));
     STRATA_OPTIMIZER(r, optimizer);
-    auto group = optimizer.group(index);
-    if (!group) return std::move(group).take_status();
+    STRATA_ASSIGN_OR_RETURN(auto group, optimizer.group(index));
     strata_optimizer_group g{};
-    g.lr = group->lr;
-    g.beta1 = group->beta1;
-    g.beta2 = group->beta2;
-    g.eps = group->eps;
-    g.weight_decay = group->weight_decay;
-    g.decoupled_weight_decay = group->decoupled ? 1 : 0;
+    g.lr = group.lr;
+    g.beta1 = group.beta1;
+    g.beta2 = group.beta2;
+    g.eps = group.eps;
+    g.weight_decay = group.weight_decay;
+    g.decoupled_weight_decay = group.decoupled ? 1 : 0;
     strata::api::write_struct_out(out, g);
     return Status::ok();
   });
@@ -629,10 +619,10 @@ int strata_optimizer_options_init(strata_optimizer_options* options) {
 
 int strata_optimizer_configure(strata_runtime* rt, const strata_optimizer_options* options) {
   return guarded(rt, "strata_optimizer_configure", [&](Runtime& r) -> Status {
-    auto read = strata::api::read_struct_in(options, strata::api::default_options(),
-                                            "strata_optimizer_options");
-    if (!read) return std::move(read).take_status();
-    options = &read.value();
+    STRATA_ASSIGN_OR_RETURN(auto read,
+                            strata::api::read_struct_in(options, strata::api::default_options(),
+                                                        "strata_optimizer_options"));
+    options = &read;
     if ((options->check_overflow != 0 && options->check_overflow != 1) ||
         (options->overlap_backward != 0 && options->overlap_backward != 1)) {
       return invalid_argument("check_overflow and overlap_backward must be 0 or 1");
@@ -675,16 +665,15 @@ int strata_optimizer_step(strata_runtime* rt, double loss_scale, strata_optimize
       STRATA_TRY(strata::api::check_struct_out(result, "strata_optimizer_result"));
     }
     STRATA_OPTIMIZER(r, optimizer);
-    auto report = optimizer.step(loss_scale);
-    if (!report) return std::move(report).take_status();
+    STRATA_ASSIGN_OR_RETURN(auto report, optimizer.step(loss_scale));
     if (result != nullptr) {
       strata_optimizer_result out{};
-      out.found_nonfinite = report->found_nonfinite ? 1 : 0;
-      out.grad_norm = report->grad_norm;
-      out.step = report->step;
-      out.read_wait_seconds = report->read_wait_seconds;
-      out.update_seconds = report->update_seconds;
-      out.write_wait_seconds = report->write_wait_seconds;
+      out.found_nonfinite = report.found_nonfinite ? 1 : 0;
+      out.grad_norm = report.grad_norm;
+      out.step = report.step;
+      out.read_wait_seconds = report.read_wait_seconds;
+      out.update_seconds = report.update_seconds;
+      out.write_wait_seconds = report.write_wait_seconds;
       strata::api::write_struct_out(result, out);
     }
     return Status::ok();
@@ -711,10 +700,9 @@ int strata_optimizer_read_state(strata_runtime* rt, strata_tensor param,
                                 strata_optimizer_state state, void* dst, uint64_t bytes) {
   return guarded(rt, "strata_optimizer_read_state", [&](Runtime& r) -> Status {
     if (dst == nullptr) return invalid_argument("dst is NULL");
-    auto kind = strata::api::state_kind(state);
-    if (!kind) return std::move(kind).take_status();
+    STRATA_ASSIGN_OR_RETURN(auto kind, strata::api::state_kind(state));
     STRATA_OPTIMIZER(r, optimizer);
-    return optimizer.read_state(sched::TensorHandle::from_u64(param), kind.value(), dst, bytes);
+    return optimizer.read_state(sched::TensorHandle::from_u64(param), kind, dst, bytes);
   });
 }
 
@@ -722,10 +710,9 @@ int strata_optimizer_write_state(strata_runtime* rt, strata_tensor param,
                                  strata_optimizer_state state, const void* src, uint64_t bytes) {
   return guarded(rt, "strata_optimizer_write_state", [&](Runtime& r) -> Status {
     if (src == nullptr) return invalid_argument("src is NULL");
-    auto kind = strata::api::state_kind(state);
-    if (!kind) return std::move(kind).take_status();
+    STRATA_ASSIGN_OR_RETURN(auto kind, strata::api::state_kind(state));
     STRATA_OPTIMIZER(r, optimizer);
-    return optimizer.write_state(sched::TensorHandle::from_u64(param), kind.value(), src, bytes);
+    return optimizer.write_state(sched::TensorHandle::from_u64(param), kind, src, bytes);
   });
 }
 

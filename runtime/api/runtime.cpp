@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "api/torch_memory.h"
 #include "api/versioned_struct.h"
@@ -70,10 +72,10 @@ Result<sched::MemoryPlan> zero_infinity_plan(const strata_config& c) {
   inventory.reserve(c.planned_tensor_count);
   uint64_t planned_bytes = 0;
   for (size_t i = 0; i < c.planned_tensor_count; ++i) {
-    auto element = read_array_element_in(c.planned_tensors, i, default_tensor_desc(),
-                                         "config.planned_tensors");
-    if (!element) return std::move(element).take_status();
-    const strata_tensor_desc& d = element.value();
+    STRATA_ASSIGN_OR_RETURN(auto element,
+                            read_array_element_in(c.planned_tensors, i, default_tensor_desc(),
+                                                  "config.planned_tensors"));
+    const strata_tensor_desc& d = element;
     if (d.bytes == 0 || d.bytes > kMaxPlannedBytes - planned_bytes || d.dtype < STRATA_DTYPE_F32 ||
         d.dtype > STRATA_DTYPE_U8 || d.kind < STRATA_KIND_PARAMETER || d.kind > STRATA_KIND_OTHER) {
       return invalid_argument("planned_tensors[" + std::to_string(i) + "] is invalid (sizes: " +
@@ -100,9 +102,8 @@ Result<sched::MemoryPlan> zero_infinity_plan(const strata_config& c) {
 Result<strata_config> normalize_config(const strata_config* in) {
   strata_config defaults{};
   strata_config_init(&defaults);
-  auto read = read_struct_in(in, defaults, "strata_config");
-  if (!read) return std::move(read).take_status();
-  strata_config c = read.value();
+  STRATA_ASSIGN_OR_RETURN(auto read, read_struct_in(in, defaults, "strata_config"));
+  strata_config c = read;
 
   const bool has_path = c.nvme_path != nullptr && c.nvme_path[0] != '\0';
   const bool has_device = c.raw_device != nullptr && c.raw_device[0] != '\0';
@@ -160,73 +161,86 @@ Result<strata_config> normalize_config(const strata_config* in) {
 }
 
 Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in, uint16_t handle_owner) {
-  auto normalized = normalize_config(&in);
-  if (!normalized) return std::move(normalized).take_status();
+  STRATA_ASSIGN_OR_RETURN(auto config, normalize_config(&in));
   std::unique_ptr<Runtime> rt(new Runtime());
-  rt->config_ = normalized.value();
-  strata_config& c = rt->config_;
-  if (c.nvme_path != nullptr) rt->nvme_path_ = c.nvme_path;
-  if (c.raw_device != nullptr) rt->raw_device_ = c.raw_device;
-  // The caller's strings need not outlive the call.
-  c.nvme_path = rt->nvme_path_.empty() ? nullptr : rt->nvme_path_.c_str();
-  c.raw_device = rt->raw_device_.empty() ? nullptr : rt->raw_device_.c_str();
+  rt->adopt(config);
+  // Each step builds on the ones before it; the destructor takes them down in reverse.
+  STRATA_TRY(rt->open_io_engine());
+  STRATA_TRY(rt->open_nvme_tier());
+  STRATA_TRY(rt->open_memory_tiers());
+  STRATA_TRY(rt->open_scheduler(handle_owner));
+  // Read during creation only: the caller's array need not outlive the call.
+  rt->config_.planned_tensors = nullptr;
+  rt->config_.planned_tensor_count = 0;
+  return rt;
+}
 
+void Runtime::adopt(const strata_config& config) {
+  config_ = config;
+  if (config.nvme_path != nullptr) nvme_path_ = config.nvme_path;
+  if (config.raw_device != nullptr) raw_device_ = config.raw_device;
+  // The caller's strings need not outlive the call.
+  config_.nvme_path = nvme_path_.empty() ? nullptr : nvme_path_.c_str();
+  config_.raw_device = raw_device_.empty() ? nullptr : raw_device_.c_str();
+}
+
+Status Runtime::open_io_engine() {
+  const strata_config& c = config_;
   io::IoEngineOptions io_options;
   io_options.queue_depth = c.queue_depth;
   io_options.block_size = c.block_size;
   if (c.worker_threads != 0) io_options.threads = c.worker_threads;
-  auto engine = io::make_io_engine(engine_kind(c.io_engine), io_options);
-  if (!engine) return std::move(engine).take_status().with_context("I/O engine");
-  rt->engine_ = std::move(engine.value());
+  STRATA_ASSIGN_OR_RETURN(engine_, io::make_io_engine(engine_kind(c.io_engine), io_options),
+                          "I/O engine");
   // Fault injection (tests, drills): off unless STRATA_FAULTS names rules; see
   // io/fault_injection.h.
-  auto faults = io::fault_plan_from_env();
-  if (!faults) return std::move(faults).take_status().with_context("STRATA_FAULTS");
-  if (!faults->empty()) {
-    auto wrapped =
-        io::FaultInjectingEngine::wrap(std::move(rt->engine_), std::move(faults.value()));
-    if (!wrapped) return std::move(wrapped).take_status().with_context("STRATA_FAULTS");
-    rt->engine_ = std::move(wrapped.value());
+  STRATA_ASSIGN_OR_RETURN(auto faults, io::fault_plan_from_env(), "STRATA_FAULTS");
+  if (!faults.empty()) {
+    STRATA_ASSIGN_OR_RETURN(engine_,
+                            io::FaultInjectingEngine::wrap(std::move(engine_), std::move(faults)),
+                            "STRATA_FAULTS");
   }
   // A modelled drive (benchmarks): off unless STRATA_PACED_DRIVE gives rates; see
   // io/paced_engine.h.
-  auto drive = io::drive_model_from_env();
-  if (!drive) return std::move(drive).take_status();
-  if (drive->has_value()) {
-    auto paced = io::PacedEngine::wrap(std::move(rt->engine_), **drive);
-    if (!paced) return std::move(paced).take_status().with_context("STRATA_PACED_DRIVE");
-    rt->engine_ = std::move(paced.value());
+  STRATA_ASSIGN_OR_RETURN(auto drive, io::drive_model_from_env());
+  if (drive.has_value()) {
+    STRATA_ASSIGN_OR_RETURN(engine_, io::PacedEngine::wrap(std::move(engine_), *drive),
+                            "STRATA_PACED_DRIVE");
   }
+  return Status::ok();
+}
 
+Status Runtime::open_nvme_tier() {
+  const strata_config& c = config_;
   if (c.nvme_layout == STRATA_NVME_FILE_PER_TENSOR) {
     storage::FilePerTensorOptions files;
-    files.dir = rt->nvme_path_;
+    files.dir = nvme_path_;
     files.capacity_bytes = c.nvme_capacity_bytes;
     files.threads = c.worker_threads != 0 ? c.worker_threads : 1;
     files.keep = c.keep_swap_file != 0;
-    auto store = storage::FilePerTensorStore::open(files);
-    if (!store) return std::move(store).take_status().with_context("NVMe tier");
-    rt->store_ = std::move(store.value());
-  } else {
-    storage::BackingDeviceOptions backing;
-    backing.swap_dir = rt->nvme_path_;
-    backing.raw_device = rt->raw_device_;
-    backing.capacity_bytes = c.nvme_capacity_bytes;
-    backing.keep = c.keep_swap_file != 0;
-    auto device_file = storage::BackingDevice::open(backing);
-    if (!device_file) return std::move(device_file).take_status().with_context("NVMe tier");
-    storage::ExtentStoreOptions store_options;
-    store_options.verify_checksums = c.verify_checksums != 0;
-    auto store =
-        storage::ExtentStore::open(std::move(device_file.value()), *rt->engine_, store_options);
-    if (!store) return std::move(store).take_status().with_context("NVMe tier");
-    rt->store_ = std::move(store.value());
+    STRATA_ASSIGN_OR_RETURN(store_, storage::FilePerTensorStore::open(files), "NVMe tier");
+    return Status::ok();
   }
+  storage::BackingDeviceOptions backing;
+  backing.swap_dir = nvme_path_;
+  backing.raw_device = raw_device_;
+  backing.capacity_bytes = c.nvme_capacity_bytes;
+  backing.keep = c.keep_swap_file != 0;
+  STRATA_ASSIGN_OR_RETURN(auto device_file, storage::BackingDevice::open(backing), "NVMe tier");
+  storage::ExtentStoreOptions store_options;
+  store_options.verify_checksums = c.verify_checksums != 0;
+  STRATA_ASSIGN_OR_RETURN(
+      store_, storage::ExtentStore::open(std::move(device_file), *engine_, store_options),
+      "NVMe tier");
+  return Status::ok();
+}
 
-  rt->accounting_ = std::make_unique<memory::Accounting>();
+Status Runtime::open_memory_tiers() {
+  const strata_config& c = config_;
+  accounting_ = std::make_unique<memory::Accounting>();
   // The NVMe tier's reserved bytes are the swap file or device Strata holds; its in-use bytes are
   // the live extents (counted by the backend).
-  rt->accounting_->reserve(memory::Tier::kNvme, rt->store_->capacity());
+  accounting_->reserve(Tier::kNvme, store_->capacity());
 
   memory::DeviceOptions device_options;
   device_options.backend = device_backend(c.device_backend);
@@ -234,47 +248,46 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in, uint16
   // The scheduler keeps what it places within device_budget_bytes; the arena's slab has a
   // quarter more so that fragmentation of its sub-allocator never refuses what the budget allows.
   device_options.budget_bytes = c.device_budget_bytes + c.device_budget_bytes / 4;
-  device_options.accounting = rt->accounting_.get();
-  auto device = memory::open_device(device_options);
-  if (!device) return std::move(device).take_status().with_context("device");
-  rt->device_ = std::move(device.value());
+  device_options.accounting = accounting_.get();
+  STRATA_ASSIGN_OR_RETURN(device_, memory::open_device(device_options), "device");
 
   memory::PinnedArenaOptions arena_options;
   arena_options.budget_bytes = c.pinned_budget_bytes;
   arena_options.numa_node = c.numa_node;
-  arena_options.device = rt->device_.get();
-  arena_options.io_engine = rt->engine_.get();
-  arena_options.accounting = rt->accounting_.get();
-  auto arena = memory::PinnedArena::create(arena_options);
-  if (!arena) return std::move(arena).take_status().with_context("pinned memory");
-  rt->arena_ = std::move(arena.value());
+  arena_options.device = device_.get();
+  arena_options.io_engine = engine_.get();
+  arena_options.accounting = accounting_.get();
+  STRATA_ASSIGN_OR_RETURN(arena_, memory::PinnedArena::create(arena_options), "pinned memory");
 
   memory::HostMemorySamplerOptions sampler_options;
-  sampler_options.excluded_device = rt->device_.get();
-  rt->sampler_ = std::make_unique<memory::HostMemorySampler>(sampler_options);
+  sampler_options.excluded_device = device_.get();
+  sampler_ = std::make_unique<memory::HostMemorySampler>(sampler_options);
+  return Status::ok();
+}
 
+Status Runtime::open_scheduler(uint16_t handle_owner) {
+  const strata_config& c = config_;
   telemetry::TraceConfig trace_config;
   trace_config.capacity_events = std::max<uint64_t>(c.trace_events, 64);
   trace_config.start_enabled = c.trace_events != 0;
-  auto trace = telemetry::TraceRecorder::create(trace_config);
-  if (!trace) return std::move(trace).take_status().with_context("trace");
-  rt->trace_ = std::move(trace.value());
+  STRATA_ASSIGN_OR_RETURN(trace_, telemetry::TraceRecorder::create(trace_config), "trace");
 
   // Completions only take the scheduler's lock and issue the next transfers: one thread keeps
   // up with NVMe, a second covers a completion that waits on that lock.
-  rt->completions_ = std::make_unique<boost::asio::thread_pool>(2);
+  completions_ = std::make_unique<boost::asio::thread_pool>(2);
 
-  RealBackendOptions backend_options;
-  backend_options.trace = rt->trace_.get();
-  rt->backend_ =
-      std::make_unique<RealBackend>(*rt->store_, *rt->arena_, *rt->device_, backend_options);
+  datapath::RealBackendOptions backend_options;
+  backend_options.trace = trace_.get();
+  backend_ = std::make_unique<datapath::RealBackend>(*store_, *arena_, *device_, backend_options);
 
   sched::SchedulerConfig sched_config;
   sched_config.handle_owner = handle_owner;
+  // Tests and drills: STRATA_CHECK_INVARIANTS=1 has the scheduler recount its books after every
+  // pump and abort on a disagreement (docs/reliability.md). Off by default: it scans every tensor.
+  const char* check = std::getenv("STRATA_CHECK_INVARIANTS");
+  sched_config.check_invariants = check != nullptr && std::string_view(check) == "1";
   if (c.policy == STRATA_POLICY_ZERO_INFINITY) {
-    auto plan = zero_infinity_plan(c);
-    if (!plan) return std::move(plan).take_status().with_context("policy zero-infinity");
-    sched_config.memory = std::move(plan.value());
+    STRATA_ASSIGN_OR_RETURN(sched_config.memory, zero_infinity_plan(c), "policy zero-infinity");
   } else {
     sched_config.memory = sched::strata_memory_plan(c.pinned_budget_bytes, c.device_budget_bytes);
   }
@@ -282,18 +295,14 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in, uint16
   // backend's preallocated operations.
   const uint32_t nvme_inflight = std::clamp<uint32_t>(c.queue_depth, 4, 64);
   sched_config.max_inflight = {nvme_inflight, nvme_inflight, 8, 8};
-  auto scheduler =
-      sched::Scheduler::create(sched_config, *rt->backend_, rt->completions_->get_executor());
-  if (!scheduler) return std::move(scheduler).take_status().with_context("scheduler");
-  rt->scheduler_ = std::move(scheduler.value());
+  STRATA_ASSIGN_OR_RETURN(
+      scheduler_, sched::Scheduler::create(sched_config, *backend_, completions_->get_executor()),
+      "scheduler");
   // PyTorch's pluggable allocator (strata_torch_alloc) now takes this runtime's device memory,
   // under its device budget (api/torch_memory.h).
-  rt->torch_memory_ = std::make_unique<TorchMemory>(*rt->scheduler_, rt->device_->ordinal());
-  rt->torch_binding_ = memory::TorchAllocatorBinding::install(*rt->torch_memory_);
-  // Read during creation only: the caller's array need not outlive the call.
-  c.planned_tensors = nullptr;
-  c.planned_tensor_count = 0;
-  return rt;
+  torch_memory_ = std::make_unique<TorchMemory>(*scheduler_, device_->ordinal());
+  torch_binding_ = memory::TorchAllocatorBinding::install(*torch_memory_);
+  return Status::ok();
 }
 
 Runtime::~Runtime() {
@@ -319,9 +328,8 @@ Result<optim::TieredOptimizer*> Runtime::optimizer() {
     config.pinned_budget_bytes = config_.pinned_budget_bytes;
     config.adam.threads = static_cast<int>(config_.optimizer_threads);
     config.timeout = kAcquireTimeout;
-    auto made = optim::TieredOptimizer::create(*scheduler_, config);
-    if (!made) return std::move(made).take_status();
-    optimizer_ = std::move(made.value());
+    STRATA_ASSIGN_OR_RETURN(auto made, optim::TieredOptimizer::create(*scheduler_, config));
+    optimizer_ = std::move(made);
   }
   return optimizer_.get();
 }

@@ -13,8 +13,8 @@
 #include <thread>
 #include <unordered_map>
 
-#include "api/real_backend.h"
 #include "common/status.h"
+#include "datapath/real_backend.h"
 #include "io/io_engine.h"
 #include "memory/accounting.h"
 #include "memory/device.h"
@@ -45,7 +45,7 @@ class Runtime {
 
   const strata_config& config() const { return config_; }
   sched::Scheduler& scheduler() { return *scheduler_; }
-  RealBackend& backend() { return *backend_; }
+  datapath::RealBackend& backend() { return *backend_; }
   memory::Accounting& accounting() { return *accounting_; }
   memory::Device& device() { return *device_; }
   memory::PinnedArena& pinned_arena() { return *arena_; }
@@ -62,6 +62,12 @@ class Runtime {
 
  private:
   Runtime() = default;
+  // create()'s steps, in order; each needs the ones before it.
+  void adopt(const strata_config& config);       // owns copies of the config's strings
+  Status open_io_engine();                       // the engine, wrapped by fault injection or pacing
+  Status open_nvme_tier();                       // the extent store (or file per tensor)
+  Status open_memory_tiers();                    // accounting, the device arena, the pinned arena
+  Status open_scheduler(uint16_t handle_owner);  // trace, backend, scheduler, torch binding
 
   strata_config config_{};
   std::string nvme_path_;  // owned copies of the config's strings
@@ -76,7 +82,7 @@ class Runtime {
   std::unique_ptr<memory::HostMemorySampler> sampler_;
   std::unique_ptr<telemetry::TraceRecorder> trace_;
   std::unique_ptr<boost::asio::thread_pool> completions_;
-  std::unique_ptr<RealBackend> backend_;
+  std::unique_ptr<datapath::RealBackend> backend_;
   std::unique_ptr<sched::Scheduler> scheduler_;
   std::mutex optimizer_mutex_;
   std::unique_ptr<optim::TieredOptimizer> optimizer_;  // uses the scheduler: destroyed first

@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "common/report.h"
 #include "common/units.h"
 #include "model/plan.h"
 #include "model/plan_report.h"
-#include "report.h"
 
 namespace strata::cli {
 namespace {
@@ -58,14 +58,14 @@ std::string grouped(uint64_t value) {
 }
 
 std::string human_seconds(double s) {
-  if (s < 1) return bench::fixed(s * 1000, 1) + " ms";
-  if (s < 600) return bench::fixed(s, 2) + " s";
-  if (s < 3 * 3600) return bench::fixed(s / 60, 1) + " min";
-  return bench::fixed(s / 3600, 1) + " h";
+  if (s < 1) return fixed(s * 1000, 1) + " ms";
+  if (s < 600) return fixed(s, 2) + " s";
+  if (s < 3 * 3600) return fixed(s / 60, 1) + " min";
+  return fixed(s / 3600, 1) + " h";
 }
 
 std::string money(double usd) {
-  return "$" + bench::fixed(usd, usd < 1 ? 3 : 2);
+  return "$" + fixed(usd, usd < 1 ? 3 : 2);
 }
 
 Result<PlanRequest> to_request(const PlanOptions& o) {
@@ -149,13 +149,13 @@ std::string gpu_label(const GpuChoice& c) {
 }
 
 std::string percent(double fraction) {
-  return bench::fixed(fraction * 100, fraction < 0.1 ? 2 : 1) + "%";
+  return fixed(fraction * 100, fraction < 0.1 ? 2 : 1) + "%";
 }
 
 void print_host(const Plan& plan, const GpuPlan& p) {
   const PlanRequest& r = plan.request;
   const HostHeadroom& headroom = r.assume.host_headroom;
-  const std::string margin = "+" + bench::fixed(headroom.fraction * 100, 0) + "% + " +
+  const std::string margin = "+" + fixed(headroom.fraction * 100, 0) + "% + " +
                              format_bytes(headroom.reserve_bytes) + " for OS, framework, loader";
   std::printf("  host RAM       job %s, recommended %s (%s)\n",
               format_bytes(p.host.job_bytes).c_str(),
@@ -178,8 +178,7 @@ void print_host(const Plan& plan, const GpuPlan& p) {
     const RamUpgrade& m = *p.more_ram;
     std::printf("  with %s RAM: cpu offload, %s, %s tokens/s (x%s), %s/Mtok typical (now %s)\n",
                 format_bytes(m.host_ram_bytes).c_str(), human_seconds(m.step_seconds).c_str(),
-                bench::fixed(m.tokens_per_s, 0).c_str(),
-                bench::fixed(m.tokens_per_s / p.tokens_per_s, 1).c_str(),
+                fixed(m.tokens_per_s, 0).c_str(), fixed(m.tokens_per_s / p.tokens_per_s, 1).c_str(),
                 money(m.usd_per_mtok[1]).c_str(), money(p.usd_per_mtok[1]).c_str());
   }
 }
@@ -189,13 +188,12 @@ void print_wear(const Plan& plan, const GpuPlan& p) {
   const PlanRequest& r = plan.request;
   const NvmeWear& w = p.nvme_wear;
   std::printf("  SSD wear       %s TB written per step; %u x %s (%s TBW each) rated for %s steps\n",
-              bench::fixed(static_cast<double>(w.write_bytes_per_step) / 1e12, 3).c_str(),
+              fixed(static_cast<double>(w.write_bytes_per_step) / 1e12, 3).c_str(),
               std::max<uint32_t>(r.nvme.drives, 1), r.nvme_drive.name.c_str(),
-              bench::fixed(r.nvme_drive.tbw_tb, 0).c_str(),
-              bench::fixed(w.steps_to_endurance, 0).c_str());
+              fixed(r.nvme_drive.tbw_tb, 0).c_str(), fixed(w.steps_to_endurance, 0).c_str());
   if (w.job_share) {
     std::printf("                 job: %s TB, %s of the rated endurance%s\n",
-                bench::fixed(*w.job_write_bytes / 1e12, 1).c_str(), percent(*w.job_share).c_str(),
+                fixed(*w.job_write_bytes / 1e12, 1).c_str(), percent(*w.job_share).c_str(),
                 w.warn ? ("  -- WARNING: above " + percent(r.assume.nvme_wear_warn_fraction) +
                           "; more RAM or higher-endurance drives (--nvme-drive, --nvme-tbw)")
                              .c_str()
@@ -214,7 +212,7 @@ void print_comparison(const Plan& plan, const GpuPlan& p) {
   std::vector<std::string> header = {"", "Strata least RAM", "Strata equal RAM"};
   if (r.host_ram_bytes) header.push_back("Strata given RAM");
   header.push_back("ZeRO-Infinity");
-  bench::Table versus(header);
+  Table versus(header);
   auto row = [&](const std::string& name, auto cell) {
     std::vector<std::string> cells = {name, cell(c.strata_least), cell(c.strata_equal_ram)};
     if (r.host_ram_bytes) cells.push_back(cell(plan.strata_nvme));
@@ -237,7 +235,7 @@ void print_comparison(const Plan& plan, const GpuPlan& p) {
     });
   }
   std::fputs(versus.render().c_str(), stdout);
-  auto ratio = [](double a, double b) { return b > 0 ? bench::fixed(a / b, 2) : std::string("-"); };
+  auto ratio = [](double a, double b) { return b > 0 ? fixed(a / b, 2) : std::string("-"); };
   std::printf(
       "Each side's least RAM: host %s, step %s. Equal RAM (Strata given ZeRO-Infinity's %s): step "
       "%s.\n",
@@ -272,10 +270,10 @@ void print_text(const Plan& plan) {
   std::printf("  parameters     %s (trainable %s)\n", grouped(s.params).c_str(),
               grouped(s.trainable_params).c_str());
   std::printf("  model states   %s (%s B/param)\n", format_bytes(s.model_state_bytes).c_str(),
-              bench::fixed(static_cast<double>(s.model_state_bytes) / s.params, 2).c_str());
+              fixed(static_cast<double>(s.model_state_bytes) / s.params, 2).c_str());
   std::printf(
       "  attention      %s GFLOP per token (12 x L x heads x head_dim x s%s)\n",
-      bench::fixed(attention_flops_per_token(r.model, r.seq_len, r.checkpointing) / 1e9, 2).c_str(),
+      fixed(attention_flops_per_token(r.model, r.seq_len, r.checkpointing) / 1e9, 2).c_str(),
       r.checkpointing == Checkpointing::kFull ? ", + 4 x ... recomputed" : "");
 
   const GpuPlan& p = plan.gpus[plan.primary];
@@ -294,11 +292,11 @@ void print_text(const Plan& plan) {
       format_bytes(m.cuda_context).c_str());
   print_host(plan, p);
   std::printf("  NVMe           %s (%s: %s / %s GB/s)\n", format_bytes(p.nvme_bytes).c_str(),
-              r.nvme.label.c_str(), bench::fixed(r.nvme.read_gbps, 1).c_str(),
-              bench::fixed(r.nvme.write_gbps, 1).c_str());
+              r.nvme.label.c_str(), fixed(r.nvme.read_gbps, 1).c_str(),
+              fixed(r.nvme.write_gbps, 1).c_str());
   const OffloadEstimate& st = p.stages;
   std::printf("  step           %s, %s tokens/s, bound by %s%s\n",
-              human_seconds(p.step_seconds).c_str(), bench::fixed(p.tokens_per_s, 0).c_str(),
+              human_seconds(p.step_seconds).c_str(), fixed(p.tokens_per_s, 0).c_str(),
               p.bottleneck.c_str(), st.model == "simulated" ? " (simulated)" : "");
   std::printf("  busy           compute %s, PCIe %s, NVMe %s, CPU Adam %s",
               human_seconds(st.compute_seconds).c_str(), human_seconds(st.pcie_seconds).c_str(),
@@ -315,7 +313,7 @@ void print_text(const Plan& plan) {
       std::printf(
           "  job            %s tokens = %s steps: %s h, %s / %s / %s (low / typical / high)\n",
           grouped(static_cast<uint64_t>(j.tokens)).c_str(), grouped(j.steps).c_str(),
-          bench::fixed(j.hours, 1).c_str(), money(j.usd[0]).c_str(), money(j.usd[1]).c_str(),
+          fixed(j.hours, 1).c_str(), money(j.usd[0]).c_str(), money(j.usd[1]).c_str(),
           money(j.usd[2]).c_str());
     } else {
       std::printf("  job            not priced: it does not fit\n");
@@ -325,7 +323,7 @@ void print_text(const Plan& plan) {
     const Advice& a = plan.advice[k];
     std::printf("  %s %s: %s tokens/s (x%s), %s/Mtok typical; %s\n",
                 k == 0 ? "advice        " : "              ", a.knob.c_str(),
-                bench::fixed(a.tokens_per_s, 0).c_str(), bench::fixed(a.speedup, 2).c_str(),
+                fixed(a.tokens_per_s, 0).c_str(), fixed(a.speedup, 2).c_str(),
                 money(a.usd_per_mtok_typical).c_str(), a.reason.c_str());
   }
 
@@ -339,18 +337,18 @@ void print_text(const Plan& plan) {
   if (r.job_tokens) {
     header.insert(header.end(), {"job h", "job $ low", "typical", "high"});
   }
-  bench::Table table(header);
+  Table table(header);
   std::vector<std::string> why_not;
   for (const GpuPlan& g : plan.gpus) {
     std::vector<std::string> row = {gpu_label(g.choice), g.fits() ? "yes" : "no",
                                     to_string(g.offload), format_bytes(g.memory.total()),
                                     format_bytes(g.host.recommended_bytes)};
     if (g.fits()) {
-      row.insert(row.end(), {human_seconds(g.step_seconds), bench::fixed(g.tokens_per_s, 0),
-                             bench::fixed(g.hours_per_mtok, 2), money(g.usd_per_mtok[0]),
+      row.insert(row.end(), {human_seconds(g.step_seconds), fixed(g.tokens_per_s, 0),
+                             fixed(g.hours_per_mtok, 2), money(g.usd_per_mtok[0]),
                              money(g.usd_per_mtok[1]), money(g.usd_per_mtok[2])});
       if (g.job_cost) {
-        row.insert(row.end(), {bench::fixed(g.job_cost->hours, 1), money(g.job_cost->usd[0]),
+        row.insert(row.end(), {fixed(g.job_cost->hours, 1), money(g.job_cost->usd[0]),
                                money(g.job_cost->usd[1]), money(g.job_cost->usd[2])});
       }
     } else {
@@ -377,11 +375,9 @@ void print_text(const Plan& plan) {
       "NVMe offload come from a simulated step of the scheduler (sched::simulate). \"host\" is "
       "the\n"
       "recommended RAM (job + headroom).\n",
-      bench::fixed(r.assume.mfu, 2).c_str(),
-      bench::fixed(r.assume.adam_params_per_s / 1e9, 1).c_str(),
-      r.assume.pcie_efficiency > 0
-          ? (bench::fixed(r.assume.pcie_efficiency, 2) + " x link rate").c_str()
-          : "measured pinned-copy rate",
+      fixed(r.assume.mfu, 2).c_str(), fixed(r.assume.adam_params_per_s / 1e9, 1).c_str(),
+      r.assume.pcie_efficiency > 0 ? (fixed(r.assume.pcie_efficiency, 2) + " x link rate").c_str()
+                                   : "measured pinned-copy rate",
       r.nvme.label.c_str());
 }
 

@@ -38,9 +38,15 @@ class [[nodiscard]] Status {
 };
 
 // Shorthands for the common codes.
-inline Status invalid_argument(std::string m) { return Status::error(STRATA_E_INVALID, std::move(m)); }
-inline Status io_error(std::string m) { return Status::error(STRATA_E_IO, std::move(m)); }
-inline Status unsupported(std::string m) { return Status::error(STRATA_E_UNSUPPORTED, std::move(m)); }
+inline Status invalid_argument(std::string m) {
+  return Status::error(STRATA_E_INVALID, std::move(m));
+}
+inline Status io_error(std::string m) {
+  return Status::error(STRATA_E_IO, std::move(m));
+}
+inline Status unsupported(std::string m) {
+  return Status::error(STRATA_E_UNSUPPORTED, std::move(m));
+}
 
 // Builds "what: strerror(errno_value) (errno N)".
 Status errno_status(int code, const std::string& what, int errno_value);
@@ -48,7 +54,7 @@ Status errno_status(int code, const std::string& what, int errno_value);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : value_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
   Result(Status status) : status_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     assert(!status_.is_ok());
   }
@@ -76,9 +82,41 @@ class [[nodiscard]] Result {
 
 }  // namespace strata
 
-// Returns early with the status when an expression fails.
-#define STRATA_TRY(expr)                                  \
-  do {                                                    \
-    ::strata::Status strata_try_status_ = (expr);         \
-    if (!strata_try_status_.is_ok()) return strata_try_status_; \
+namespace strata::detail {
+// The status an early return hands back: as it is, or prefixed with what the caller was doing.
+inline Status returned(Status status) {
+  return status;
+}
+inline Status returned(Status status, const std::string& context) {
+  return std::move(status).with_context(context);
+}
+}  // namespace strata::detail
+
+// Returns early with the status when an expression fails, optionally saying what was being done:
+//   STRATA_TRY(file.sync());
+//   STRATA_TRY(store.write(extent, bytes), "writing tensor '" + name + "'");
+#define STRATA_TRY(expr, ...)                                                                      \
+  do {                                                                                             \
+    ::strata::Status strata_try_status_ = (expr);                                                  \
+    if (!strata_try_status_.is_ok()) {                                                             \
+      return ::strata::detail::returned(std::move(strata_try_status_) __VA_OPT__(, ) __VA_ARGS__); \
+    }                                                                                              \
   } while (0)
+
+// Declares or assigns `lhs` from a Result, or returns its status early (with the optional
+// context, as STRATA_TRY):
+//   STRATA_ASSIGN_OR_RETURN(auto file, UniqueFd::open(path));
+//   STRATA_ASSIGN_OR_RETURN(rt->engine_, io::make_io_engine(kind, options), "I/O engine");
+// It is two statements: use it in a block, never as the body of an unbraced if. `expr` is
+// evaluated once; a comma in it must sit inside parentheses.
+#define STRATA_ASSIGN_OR_RETURN(lhs, expr, ...)                                       \
+  STRATA_ASSIGN_OR_RETURN_IMPL_(STRATA_STATUS_CONCAT_(strata_result_, __LINE__), lhs, \
+                                expr __VA_OPT__(, ) __VA_ARGS__)
+#define STRATA_ASSIGN_OR_RETURN_IMPL_(result, lhs, expr, ...)                                      \
+  auto result = (expr);                                                                            \
+  if (!result.is_ok()) {                                                                           \
+    return ::strata::detail::returned(std::move(result).take_status() __VA_OPT__(, ) __VA_ARGS__); \
+  }                                                                                                \
+  lhs = std::move(result).value()
+#define STRATA_STATUS_CONCAT_(a, b) STRATA_STATUS_CONCAT_INNER_(a, b)
+#define STRATA_STATUS_CONCAT_INNER_(a, b) a##b

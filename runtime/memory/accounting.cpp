@@ -31,20 +31,6 @@ void subtract(std::atomic<uint64_t>& counter, uint64_t bytes) {
 
 }  // namespace
 
-const char* to_string(Tier tier) {
-  switch (tier) {
-    case Tier::kHost:
-      return "host";
-    case Tier::kPinned:
-      return "pinned";
-    case Tier::kDevice:
-      return "device";
-    case Tier::kNvme:
-      return "nvme";
-  }
-  return "?";
-}
-
 void Accounting::reserve(Tier tier, uint64_t bytes) {
   TierSlot& t = tiers_[static_cast<size_t>(tier)];
   raise_peak(t.peak_reserved, add(t.reserved, bytes));

@@ -21,17 +21,12 @@
 #include <thread>
 
 #include "common/status.h"
-#include "model/tensor_spec.h"
+#include "vocabulary/tensor_spec.h"
+#include "vocabulary/tier.h"
 
 namespace strata::memory {
 
 class Device;
-
-// The four places bytes live. (The public strata_tier has no host tier: unpinned host memory
-// is never a tensor's home, but Strata's own scratch buffers are counted here.)
-enum class Tier : uint8_t { kHost = 0, kPinned = 1, kDevice = 2, kNvme = 3 };
-inline constexpr int kTierCount = 4;
-const char* to_string(Tier tier);
 
 // reserved: held from the OS / the GPU / the NVMe space (what others cannot use).
 // in_use: handed out to tensors inside what is reserved (what Strata needs right now).

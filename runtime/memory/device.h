@@ -25,7 +25,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "model/tensor_spec.h"
+#include "vocabulary/tensor_spec.h"
 
 namespace strata::memory {
 

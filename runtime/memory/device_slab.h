@@ -11,7 +11,7 @@
 #include "common/status.h"
 #include "memory/accounting.h"
 #include "memory/range_allocator.h"
-#include "model/tensor_spec.h"
+#include "vocabulary/tensor_spec.h"
 
 namespace strata::memory {
 

@@ -23,7 +23,7 @@
 #include "common/status.h"
 #include "memory/accounting.h"
 #include "memory/numa.h"
-#include "model/tensor_spec.h"
+#include "vocabulary/tensor_spec.h"
 
 namespace strata::io {
 class IoEngine;

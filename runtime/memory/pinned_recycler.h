@@ -20,7 +20,7 @@
 
 #include "common/status.h"
 #include "memory/pinned_arena.h"
-#include "model/tensor_spec.h"
+#include "vocabulary/tensor_spec.h"
 
 namespace strata::memory {
 

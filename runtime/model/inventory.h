@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "model/model_config.h"
-#include "model/tensor_spec.h"
+#include "vocabulary/tensor_spec.h"
 
 namespace strata {
 

@@ -20,7 +20,7 @@
 #include "model/plan_headroom.h"
 #include "model/plan_job_cost.h"
 #include "model/plan_offload.h"
-#include "model/tensor_spec.h"
+#include "vocabulary/tensor_spec.h"
 
 namespace strata {
 

@@ -300,7 +300,7 @@ Result<OffloadEstimate> simulate_zero_infinity_offload(const OffloadJob& job) {
   Result<sched::MemoryPlan> plan =
       sched::zero_infinity_memory_plan(job.inventory, options, job.device_budget_bytes * job.gpus);
   if (!plan) return std::move(plan).take_status().with_context("zero-infinity memory plan");
-  const uint64_t pinned = sched::reserved_bytes(*plan, sched::Tier::kPinned);
+  const uint64_t pinned = sched::reserved_bytes(*plan, Tier::kPinned);
   return run_simulation(job, *plan, pinned);
 }
 

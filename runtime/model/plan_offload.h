@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "common/status.h"
-#include "model/tensor_spec.h"
 #include "sched/device_model.h"
+#include "vocabulary/tensor_spec.h"
 
 namespace strata {
 

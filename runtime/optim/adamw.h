@@ -7,8 +7,8 @@
 #include <cstdint>
 
 #include "common/status.h"
-#include "model/tensor_spec.h"
 #include "optim/adamw_constants.h"
+#include "vocabulary/tensor_spec.h"
 
 namespace strata::optim {
 

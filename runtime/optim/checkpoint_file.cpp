@@ -154,9 +154,7 @@ Result<std::unique_ptr<CheckpointWriter>> CheckpointWriter::create(const std::st
   std::unique_ptr<CheckpointWriter> writer(new CheckpointWriter(path, temp, std::move(fd)));
   writer->buffer_.resize(kIoBufferBytes);
   writer->record_hash_ = std::make_unique<Hasher>();
-  auto hash = new_hash();
-  if (!hash) return std::move(hash).take_status();
-  writer->record_hash_->state = std::move(hash.value());
+  STRATA_ASSIGN_OR_RETURN(writer->record_hash_->state, new_hash());
   return writer;
 }
 
@@ -390,8 +388,7 @@ Status CheckpointReader::read_header() {
 
 Result<uint64_t> CheckpointReader::scan_record(uint64_t start, CheckpointRecord* out, PieceFn piece,
                                                void* context, uint64_t* checksum) const {
-  auto hash = new_hash();
-  if (!hash) return std::move(hash).take_status();
+  STRATA_ASSIGN_OR_RETURN(auto hash, new_hash());
   unsigned char head[kRecordHeadBytes];
   STRATA_TRY(read_at(start, head, sizeof head));
   const uint32_t name_bytes = get_le<uint32_t>(head);
@@ -406,8 +403,8 @@ Result<uint64_t> CheckpointReader::scan_record(uint64_t start, CheckpointRecord*
   }
   std::string name(name_bytes, '\0');
   STRATA_TRY(read_at(at, name.data(), name_bytes));
-  XXH3_64bits_update(hash->get(), head, sizeof head);
-  XXH3_64bits_update(hash->get(), name.data(), name.size());
+  XXH3_64bits_update(hash.get(), head, sizeof head);
+  XXH3_64bits_update(hash.get(), name.data(), name.size());
   at += name_bytes;
   std::vector<unsigned char> buffer(
       std::min<uint64_t>(kIoBufferBytes, std::max<uint64_t>(elements * 4, 4)));
@@ -416,7 +413,7 @@ Result<uint64_t> CheckpointReader::scan_record(uint64_t start, CheckpointRecord*
     while (left > 0) {
       const uint64_t n = std::min<uint64_t>(left, buffer.size());
       STRATA_TRY(read_at(at, buffer.data(), n));
-      XXH3_64bits_update(hash->get(), buffer.data(), n);
+      XXH3_64bits_update(hash.get(), buffer.data(), n);
       if (piece != nullptr) STRATA_TRY(piece(context, buffer.data(), n));
       at += n;
       left -= n;
@@ -425,7 +422,7 @@ Result<uint64_t> CheckpointReader::scan_record(uint64_t start, CheckpointRecord*
   uint64_t stored = 0;
   STRATA_TRY(read_at(at, &stored, sizeof stored));
   at += sizeof stored;
-  const uint64_t computed = XXH3_64bits_digest(hash->get());
+  const uint64_t computed = XXH3_64bits_digest(hash.get());
   if (computed != stored) {
     return corrupt(path_, "checksum mismatch in the record of '" + name + "' (offset " +
                               std::to_string(start) + ")");
@@ -450,9 +447,8 @@ Status CheckpointReader::verify() {
   for (uint64_t i = 0; i < header_.record_count; ++i) {
     CheckpointRecord record;
     uint64_t checksum = 0;
-    auto next = scan_record(at, &record, nullptr, nullptr, &checksum);
-    if (!next) return std::move(next).take_status();
-    at = next.value();
+    STRATA_ASSIGN_OR_RETURN(auto next, scan_record(at, &record, nullptr, nullptr, &checksum));
+    at = next;
     total += record.elements;
     checksums.push_back(checksum);
     records_.push_back(std::move(record));

@@ -153,8 +153,8 @@ Status CheckpointReader::read_states(const CheckpointRecord& record, Sink&& sink
     return (*c.sink)(state, first, reinterpret_cast<const float*>(data), count);
   };
   uint64_t checksum = 0;
-  auto end = scan_record(record.offset, nullptr, piece, &context, &checksum);
-  if (!end) return std::move(end).take_status();
+  STRATA_ASSIGN_OR_RETURN(auto end,
+                          scan_record(record.offset, nullptr, piece, &context, &checksum));
   return Status::ok();
 }
 

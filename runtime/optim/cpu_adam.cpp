@@ -161,9 +161,8 @@ Result<std::unique_ptr<CpuAdam>> CpuAdam::create(const CpuAdamOptions& options) 
     return invalid_argument("CPU optimizer: threads must be >= 0, got " +
                             std::to_string(options.threads));
   }
-  auto pool = ThreadPool::create(options.threads, options.numa_node);
-  if (!pool) return std::move(pool).take_status();
-  std::unique_ptr<CpuAdam> adam(new CpuAdam(level, &kernels_for(level), std::move(*pool)));
+  STRATA_ASSIGN_OR_RETURN(auto pool, ThreadPool::create(options.threads, options.numa_node));
+  std::unique_ptr<CpuAdam> adam(new CpuAdam(level, &kernels_for(level), std::move(pool)));
   adam->prefix_.reserve(1024);
   adam->partials_ = std::make_unique<double[]>(kMaxStatsBlocks);
   return adam;

@@ -14,7 +14,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using sched::AccessMode;
-using sched::Tier;
+using strata::Tier;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -97,10 +97,9 @@ Result<std::unique_ptr<TieredOptimizer>> TieredOptimizer::create(
   if (config.pinned_budget_bytes < kPageSize) {
     return invalid_argument("optimizer: the pinned budget must be at least 4096 bytes");
   }
-  auto adam = CpuAdam::create(config.adam);
-  if (!adam) return std::move(adam).take_status().with_context("optimizer threads");
+  STRATA_ASSIGN_OR_RETURN(auto adam, CpuAdam::create(config.adam), "optimizer threads");
   std::unique_ptr<TieredOptimizer> optimizer(
-      new TieredOptimizer(scheduler, config, std::move(adam.value())));
+      new TieredOptimizer(scheduler, config, std::move(adam)));
   optimizer->worker_ = std::thread([raw = optimizer.get()] { raw->worker_loop(); });
   return optimizer;
 }
@@ -251,9 +250,8 @@ Result<uint32_t> TieredOptimizer::find_param(sched::TensorHandle param) {
   for (uint32_t i = 0; i < params_.size(); ++i) {
     if (params_[i].param == param) return i;
   }
-  auto info = scheduler_.describe(param);
-  if (!info) return std::move(info).take_status();
-  return Status::error(STRATA_E_STATE, "tensor '" + info->name +
+  STRATA_ASSIGN_OR_RETURN(auto info, scheduler_.describe(param));
+  return Status::error(STRATA_E_STATE, "tensor '" + info.name +
                                            "' is not under the optimizer "
                                            "(strata_optimizer_add_param)");
 }
@@ -266,34 +264,32 @@ Status TieredOptimizer::add_param(uint32_t group, sched::TensorHandle param,
     return invalid_argument("optimizer group " + std::to_string(group) +
                             " does not exist: strata_optimizer_add_group first");
   }
-  auto pinfo = scheduler_.describe(param);
-  if (!pinfo) return std::move(pinfo).take_status().with_context("param");
-  auto ginfo = scheduler_.describe(grad);
-  if (!ginfo) return std::move(ginfo).take_status().with_context("grad");
-  const std::string& name = pinfo->name;
+  STRATA_ASSIGN_OR_RETURN(auto pinfo, scheduler_.describe(param), "param");
+  STRATA_ASSIGN_OR_RETURN(auto ginfo, scheduler_.describe(grad), "grad");
+  const std::string& name = pinfo.name;
   if (param == grad) return invalid_argument("param and grad are the same tensor");
-  if (pinfo->kind != TensorKind::kParameter) {
+  if (pinfo.kind != TensorKind::kParameter) {
     return invalid_argument("tensor '" + name + "' is not of kind PARAMETER");
   }
-  if (ginfo->kind != TensorKind::kGradient) {
-    return invalid_argument("tensor '" + ginfo->name + "' is not of kind GRADIENT");
+  if (ginfo.kind != TensorKind::kGradient) {
+    return invalid_argument("tensor '" + ginfo.name + "' is not of kind GRADIENT");
   }
-  if (!is_float_dtype(pinfo->dtype) || !is_float_dtype(ginfo->dtype)) {
-    return invalid_argument("parameter '" + name + "' (" + to_string(pinfo->dtype) +
-                            ") and its gradient (" + to_string(ginfo->dtype) +
+  if (!is_float_dtype(pinfo.dtype) || !is_float_dtype(ginfo.dtype)) {
+    return invalid_argument("parameter '" + name + "' (" + to_string(pinfo.dtype) +
+                            ") and its gradient (" + to_string(ginfo.dtype) +
                             ") must be F32, BF16 or F16");
   }
-  const uint32_t psize = dtype_size(pinfo->dtype), gsize = dtype_size(ginfo->dtype);
-  if (pinfo->bytes % psize != 0 || ginfo->bytes % gsize != 0) {
+  const uint32_t psize = dtype_size(pinfo.dtype), gsize = dtype_size(ginfo.dtype);
+  if (pinfo.bytes % psize != 0 || ginfo.bytes % gsize != 0) {
     return invalid_argument("parameter '" + name +
                             "' or its gradient is not a whole number of "
                             "elements of its dtype");
   }
-  const uint64_t elements = pinfo->bytes / psize;
-  if (ginfo->bytes / gsize != elements) {
+  const uint64_t elements = pinfo.bytes / psize;
+  if (ginfo.bytes / gsize != elements) {
     return invalid_argument("parameter '" + name + "' has " + std::to_string(elements) +
-                            " elements, its gradient '" + ginfo->name + "' " +
-                            std::to_string(ginfo->bytes / gsize));
+                            " elements, its gradient '" + ginfo.name + "' " +
+                            std::to_string(ginfo.bytes / gsize));
   }
   for (const Param& p : params_) {
     if (p.param == param) {
@@ -301,20 +297,19 @@ Status TieredOptimizer::add_param(uint32_t group, sched::TensorHandle param,
                            "parameter '" + name + "' is already under the optimizer");
     }
     if (p.grad == grad || p.param == grad || p.grad == param) {
-      return invalid_argument("tensor '" + ginfo->name + "' already belongs to parameter '" +
+      return invalid_argument("tensor '" + ginfo.name + "' already belongs to parameter '" +
                               p.name + "'");
     }
   }
-  if (pinfo->residency == sched::Residency::kUnwritten) {
+  if (pinfo.residency == sched::Residency::kUnwritten) {
     return Status::error(STRATA_E_STATE, "parameter '" + name + "' has no contents yet");
   }
-  if (pinfo->uses != 0)
-    return Status::error(STRATA_E_STATE, "parameter '" + name + "' is acquired");
+  if (pinfo.uses != 0) return Status::error(STRATA_E_STATE, "parameter '" + name + "' is acquired");
 
   const uint64_t sub_elements = effective_sub_group_bytes() / sizeof(float);
   // The parameter and its gradient are held in pinned memory while their sub-groups stream, so
   // they and two sub-groups' states must fit the budget together.
-  const uint64_t need = pinfo->bytes + ginfo->bytes +
+  const uint64_t need = pinfo.bytes + ginfo.bytes +
                         2 * kStateKinds * sizeof(float) * std::min(sub_elements, elements);
   if (need > config_.pinned_budget_bytes) {
     return Status::error(STRATA_E_PINNED_BUDGET,
@@ -329,8 +324,8 @@ Status TieredOptimizer::add_param(uint32_t group, sched::TensorHandle param,
   p.grad = grad;
   p.name = name;
   p.elements = elements;
-  p.param_dtype = pinfo->dtype;
-  p.grad_dtype = ginfo->dtype;
+  p.param_dtype = pinfo.dtype;
+  p.grad_dtype = ginfo.dtype;
   p.group = group;
   // Registration first, then contents: on any failure every tensor made here is unregistered.
   std::vector<sched::TensorHandle> made;
@@ -347,7 +342,7 @@ Status TieredOptimizer::add_param(uint32_t group, sched::TensorHandle param,
       spec.name = name + "." + state_name(k) + "[" + std::to_string(p.sub_groups.size()) + "]";
       spec.dtype = DType::kFloat32;
       spec.kind = state_kind(k);
-      spec.layer = pinfo->layer;
+      spec.layer = pinfo.layer;
       spec.shape = {s.elements};
       sched::RegisterOptions options;
       options.home = Tier::kNvme;
@@ -428,9 +423,10 @@ Status TieredOptimizer::check_gradient(const Param& p) {
 }
 
 Result<GradStats> TieredOptimizer::measure_gradient(const Param& p) {
-  auto g = scheduler_.acquire(p.grad, Tier::kPinned, AccessMode::kRead, config_.timeout);
-  if (!g) return std::move(g).take_status().with_context("gradient of '" + p.name + "'");
-  const GradSlice slice{g->data, p.grad_dtype, p.elements};
+  STRATA_ASSIGN_OR_RETURN(
+      auto g, scheduler_.acquire(p.grad, Tier::kPinned, AccessMode::kRead, config_.timeout),
+      "gradient of '" + p.name + "'");
+  const GradSlice slice{g.data, p.grad_dtype, p.elements};
   auto stats = adam_->grad_stats({&slice, 1});
   Status released = scheduler_.release(p.grad, /*dirty=*/false);
   if (!stats) return std::move(stats).take_status();
@@ -734,9 +730,8 @@ Result<StepReport> TieredOptimizer::step(double loss_scale) {
 
 Status TieredOptimizer::grad_ready(sched::TensorHandle param) {
   std::unique_lock lock(mu_);
-  auto index = find_param(param);
-  if (!index) return std::move(index).take_status();
-  Param& p = params_[*index];
+  STRATA_ASSIGN_OR_RETURN(auto index, find_param(param));
+  Param& p = params_[index];
   if (p.stats_done || p.queued || p.updated) {
     return Status::error(STRATA_E_STATE,
                          "the gradient of '" + p.name + "' was already announced this step");
@@ -746,7 +741,7 @@ Status TieredOptimizer::grad_ready(sched::TensorHandle param) {
     STRATA_TRY(check_gradient(p));
     p.queued = true;
     overlapped_this_step_ = true;
-    queue_.push_back(*index);
+    queue_.push_back(index);
     cv_.notify_all();
     return Status::ok();
   }
@@ -845,9 +840,8 @@ Status TieredOptimizer::read_state(sched::TensorHandle param, StateKind state, v
                                    uint64_t bytes) {
   std::unique_lock lock(mu_);
   wait_idle_locked(lock);
-  auto index = find_param(param);
-  if (!index) return std::move(index).take_status();
-  const Param& p = params_[*index];
+  STRATA_ASSIGN_OR_RETURN(auto index, find_param(param));
+  const Param& p = params_[index];
   if (bytes != p.elements * sizeof(float)) {
     return invalid_argument("bytes is " + std::to_string(bytes) + "; the " +
                             state_name(static_cast<int>(state)) + " state of '" + p.name + "' is " +
@@ -860,9 +854,8 @@ Status TieredOptimizer::write_state(sched::TensorHandle param, StateKind state, 
                                     uint64_t bytes) {
   std::unique_lock lock(mu_);
   wait_idle_locked(lock);
-  auto index = find_param(param);
-  if (!index) return std::move(index).take_status();
-  const Param& p = params_[*index];
+  STRATA_ASSIGN_OR_RETURN(auto index, find_param(param));
+  const Param& p = params_[index];
   if (bytes != p.elements * sizeof(float)) {
     return invalid_argument("bytes is " + std::to_string(bytes) + "; the " +
                             state_name(static_cast<int>(state)) + " state of '" + p.name + "' is " +
@@ -877,8 +870,7 @@ Status TieredOptimizer::write_state(sched::TensorHandle param, StateKind state, 
 Status TieredOptimizer::export_checkpoint(const std::string& path) {
   std::unique_lock lock(mu_);
   wait_idle_locked(lock);
-  auto writer = CheckpointWriter::create(path);
-  if (!writer) return std::move(writer).take_status();
+  STRATA_ASSIGN_OR_RETURN(auto writer, CheckpointWriter::create(path));
   CheckpointHeader header;
   header.step = step_;
   header.record_count = params_.size();
@@ -886,9 +878,9 @@ Status TieredOptimizer::export_checkpoint(const std::string& path) {
   for (const GroupSettings& g : groups_) {
     header.groups.push_back({g.lr, g.beta1, g.beta2, g.eps, g.weight_decay, g.decoupled});
   }
-  STRATA_TRY((*writer)->write_header(header));
+  STRATA_TRY((writer)->write_header(header));
   for (const Param& p : params_) {
-    STRATA_TRY((*writer)->begin_record(p.name, p.group, p.elements));
+    STRATA_TRY((writer)->begin_record(p.name, p.group, p.elements));
     for (int k = 0; k < kStateKinds; ++k) {
       for (size_t i = 0; i < p.sub_groups.size(); ++i) {
         const SubGroup& s = p.sub_groups[i];
@@ -901,15 +893,15 @@ Status TieredOptimizer::export_checkpoint(const std::string& path) {
         }
         auto a = scheduler_.acquire(s.states[k], Tier::kPinned, AccessMode::kRead, config_.timeout);
         if (!a) return state_error(std::move(a).take_status(), p.name, i);
-        Status written = (*writer)->append(a->data, s.elements * sizeof(float));
+        Status written = (writer)->append(a->data, s.elements * sizeof(float));
         Status released = scheduler_.release(s.states[k], /*dirty=*/false);
         STRATA_TRY(std::move(written));
         if (!released.is_ok()) return state_error(released, p.name, i);
       }
     }
-    STRATA_TRY((*writer)->end_record());
+    STRATA_TRY((writer)->end_record());
   }
-  return (*writer)->commit();
+  return (writer)->commit();
 }
 
 Status TieredOptimizer::import_checkpoint(const std::string& path) {
@@ -918,9 +910,8 @@ Status TieredOptimizer::import_checkpoint(const std::string& path) {
   if (overlapped_this_step_) {
     return Status::error(STRATA_E_STATE, "overlapped updates of this step are under way");
   }
-  auto opened = CheckpointReader::open(path);
-  if (!opened) return std::move(opened).take_status();
-  CheckpointReader& reader = *opened.value();
+  STRATA_ASSIGN_OR_RETURN(auto opened, CheckpointReader::open(path));
+  CheckpointReader& reader = *opened;
   // Pass 1: the whole file is read and every checksum checked before anything changes.
   STRATA_TRY(reader.verify());
   const CheckpointHeader& header = reader.header();

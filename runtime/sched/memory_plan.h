@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "common/status.h"
-#include "model/tensor_spec.h"
 #include "sched/policy.h"
 #include "sched/residency.h"
+#include "vocabulary/tensor_spec.h"
 
 namespace strata::sched {
 

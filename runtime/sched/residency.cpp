@@ -67,18 +67,6 @@ bool has(TierMask valid, TierMask bits) {
 
 }  // namespace
 
-const char* to_string(Tier tier) {
-  switch (tier) {
-    case Tier::kDevice:
-      return "device";
-    case Tier::kPinned:
-      return "pinned";
-    case Tier::kNvme:
-      return "nvme";
-  }
-  return "?";
-}
-
 const char* to_string(Residency state) {
   switch (state) {
     case R::kUnwritten:

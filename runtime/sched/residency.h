@@ -22,15 +22,12 @@
 #include <string_view>
 
 #include "common/status.h"
+#include "vocabulary/tier.h"
 
 namespace strata::sched {
 
-// Values equal STRATA_TIER_* in strata.h.
-enum class Tier : uint8_t { kDevice = 0, kPinned = 1, kNvme = 2 };
-inline constexpr int kTierCount = 3;
-const char* to_string(Tier tier);
-
-// A set of tiers, one bit per Tier value.
+// A set of tiers, one bit per Tier value (vocabulary/tier.h; a tensor's copies are on the
+// device, pinned and NVMe tiers, never on the pageable host tier).
 using TierMask = uint8_t;
 constexpr TierMask tier_bit(Tier tier) {
   return static_cast<TierMask>(1u << static_cast<unsigned>(tier));

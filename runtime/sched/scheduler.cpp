@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "common/assert.h"
 #include "common/units.h"
@@ -944,7 +945,16 @@ bool Scheduler::start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use
     }
     if (space == Space::kImpossible && impossible != nullptr) *impossible = std::move(why);
     if (space != Space::kReady) return false;
-    if (!allocate_buffer(r, Tier::kPinned).is_ok()) return false;
+    Status allocated = allocate_buffer(r, Tier::kPinned);
+    if (!allocated.is_ok()) {
+      // The pool had room but the memory could not be had (the host or its lock limit refused
+      // it): a hard error, noted as the lost write-back it is, never left to a wait that can
+      // only time out. The data stays on the device; sync and end_step report it.
+      note_async_failure(r, std::move(allocated).with_context("writing back " + label(r)),
+                         /*durability=*/true);
+      return false;
+    }
+    // A refused submission unwinds as a failed transfer, which notes a durability failure.
     if (!issue(r, OpKind::kCopyToHost, /*cleaning=*/true, false).is_ok()) return false;
   }
   ++stats_.cleanings;
@@ -1182,6 +1192,14 @@ void Scheduler::pump() {
   clean_ahead();
   demand_pools_ = 0;
   pumping_ = false;
+  if (config_.check_invariants) {
+    const Status checked = check_invariants_locked();
+    if (!checked.is_ok()) {
+      std::fprintf(stderr, "strata: scheduler invariant violated after a pump: %s\n",
+                   checked.message().c_str());
+      std::abort();
+    }
+  }
 }
 
 uint32_t Scheduler::serve_demands() {
@@ -1387,6 +1405,139 @@ std::string Scheduler::describe_wait(const TensorRecord& r, Tier tier) const {
     out += std::string(" ") + to_string(static_cast<Link>(i)) + "=" + std::to_string(inflight_[i]);
   }
   return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Self-check
+
+Status Scheduler::check_invariants() const {
+  std::lock_guard lock(mu_);
+  return check_invariants_locked();
+}
+
+Status Scheduler::check_invariants_locked() const {
+  const auto broken = [](const std::string& what) {
+    return Status::error(STRATA_E_INTERNAL, "scheduler bookkeeping: " + what);
+  };
+  // Recounted from the records, compared with the running totals below.
+  std::vector<uint64_t> pool_used(pools_.size(), 0);
+  std::vector<size_t> pool_resident(pools_.size(), 0);
+  std::array<std::array<uint64_t, kTensorKindCount>, kMemoryTierCount> kind_bytes{};
+  for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
+    if (!registry_.live(i)) continue;
+    const TensorRecord& r = registry_.at(i);
+    const ResidencyState& res = r.residency;
+    if (!is_consistent(res.state(), res.valid())) {
+      return broken(label(r) + " is " + to_string(res.state()) + " with copies " +
+                    describe_copies(res.valid()));
+    }
+    // A transfer in flight is exactly the op the record names.
+    if (res.in_flight() != (r.op != kNoOp)) {
+      return broken(label(r) + " is " + to_string(res.state()) +
+                    (r.op == kNoOp ? " without a transfer" : " with a transfer it is not in"));
+    }
+    if (r.op != kNoOp && (r.op >= ops_.size() || !ops_[r.op].active || ops_[r.op].tensor != i)) {
+      return broken(label(r) + " names transfer " + std::to_string(r.op) + ", which is not its");
+    }
+    if (r.uses > 0 && !res.valid_on(r.use_tier)) {
+      return broken(label(r) + " is in use on " + to_string(r.use_tier) + " without a copy there");
+    }
+    for (Tier tier : kMemoryTiers) {
+      const int mi = memory_index(tier);
+      const bool has_buffer = r.buffer[mi].valid();
+      if (res.valid_on(tier) && !has_buffer) {
+        return broken(label(r) + " has a valid " + to_string(tier) + " copy but no buffer");
+      }
+      if (!has_buffer) {
+        if (r.resident_pos[mi] != kNotResident) {
+          return broken(label(r) + " sits in a " + to_string(tier) + " pool without a buffer");
+        }
+        continue;
+      }
+      const int pool = r.pool[mi];
+      if (pool == kNoPool)
+        return broken(label(r) + " has a " + to_string(tier) + " buffer and no pool");
+      const PoolState& p = pools_[pool];
+      if (r.resident_pos[mi] >= p.resident.size() || p.resident[r.resident_pos[mi]] != i) {
+        return broken(label(r) + " is not where its position says in pool '" + p.spec.name + "'");
+      }
+      pool_used[pool] += r.charged[mi];
+      ++pool_resident[pool];
+      kind_bytes[mi][static_cast<int>(r.spec.kind)] += r.charged[mi];
+    }
+  }
+
+  std::array<uint64_t, kMemoryTierCount> tier_bytes{};
+  std::vector<uint64_t> pool_cleaning(pools_.size(), 0);
+  for (size_t p = 0; p < pools_.size(); ++p) {
+    const PoolState& pool = pools_[p];
+    if (pool.used != pool_used[p] || pool.resident.size() != pool_resident[p]) {
+      return broken("pool '" + pool.spec.name + "' counts " + std::to_string(pool.used) +
+                    " bytes in " + std::to_string(pool.resident.size()) +
+                    " buffers; its tensors hold " + std::to_string(pool_used[p]) + " in " +
+                    std::to_string(pool_resident[p]));
+    }
+    if (pool.used > pool.spec.budget_bytes) {
+      return broken("pool '" + pool.spec.name + "' uses " + std::to_string(pool.used) +
+                    " bytes, above its budget of " + std::to_string(pool.spec.budget_bytes));
+    }
+    tier_bytes[memory_index(pool.spec.tier)] += pool.used;
+  }
+  for (Tier tier : kMemoryTiers) {
+    const int mi = memory_index(tier);
+    const TierUsage& usage = stats_.tiers[mi];
+    if (usage.in_use_bytes != tier_bytes[mi]) {
+      return broken(std::string(to_string(tier)) + " counts " + std::to_string(usage.in_use_bytes) +
+                    " bytes in use; its pools hold " + std::to_string(tier_bytes[mi]));
+    }
+    for (int k = 0; k < kTensorKindCount; ++k) {
+      if (usage.kind_in_use_bytes[k] != kind_bytes[mi][k]) {
+        return broken(std::string(to_string(tier)) + " counts " +
+                      std::to_string(usage.kind_in_use_bytes[k]) + " bytes of kind " +
+                      to_string(static_cast<TensorKind>(k)) + "; its tensors hold " +
+                      std::to_string(kind_bytes[mi][k]));
+      }
+    }
+  }
+
+  std::array<uint32_t, kLinkCount> inflight{};
+  uint32_t active = 0, cleaning = 0;
+  for (const Op& op : ops_) {
+    if (!op.active) continue;
+    ++active;
+    ++inflight[static_cast<int>(op.link)];
+    if (!registry_.live(op.tensor)) return broken("a transfer in flight for a removed tensor");
+    if (op.cleaning) {
+      ++cleaning;
+      const TensorRecord& r = registry_.at(op.tensor);
+      const Tier source = op.kind == OpKind::kWriteBack ? Tier::kPinned : Tier::kDevice;
+      pool_cleaning[r.pool[memory_index(source)]] += r.charged[memory_index(source)];
+    }
+  }
+  if (active != inflight_total_ || active + free_ops_.size() != ops_.size()) {
+    return broken(std::to_string(active) + " transfers in flight, counted " +
+                  std::to_string(inflight_total_) + ", with " + std::to_string(free_ops_.size()) +
+                  " free of " + std::to_string(ops_.size()));
+  }
+  for (int link = 0; link < kLinkCount; ++link) {
+    if (inflight[link] != inflight_[link]) {
+      return broken(std::string(to_string(static_cast<Link>(link))) + " has " +
+                    std::to_string(inflight[link]) + " transfers in flight, counted " +
+                    std::to_string(inflight_[link]));
+    }
+  }
+  if (cleaning != cleaning_inflight_) {
+    return broken(std::to_string(cleaning) + " cleanings in flight, counted " +
+                  std::to_string(cleaning_inflight_));
+  }
+  for (size_t p = 0; p < pools_.size(); ++p) {
+    if (pools_[p].cleaning != pool_cleaning[p]) {
+      return broken("pool '" + pools_[p].spec.name + "' counts " +
+                    std::to_string(pools_[p].cleaning) + " bytes being cleaned; its transfers " +
+                    "clean " + std::to_string(pool_cleaning[p]));
+    }
+  }
+  return Status::ok();
 }
 
 }  // namespace strata::sched

@@ -25,13 +25,13 @@
 #include <vector>
 
 #include "common/status.h"
-#include "model/tensor_spec.h"
 #include "sched/access_schedule.h"
 #include "sched/memory_plan.h"
 #include "sched/policy.h"
 #include "sched/residency.h"
 #include "sched/tensor_registry.h"
 #include "sched/tier_backend.h"
+#include "vocabulary/tensor_spec.h"
 
 namespace strata::sched {
 
@@ -51,6 +51,9 @@ struct SchedulerConfig {
   bool record_first_step = true;      // no declared schedule: record the first step's accesses
   uint32_t max_prefetch_hints = 256;  // prefetch() hints kept; the oldest is dropped beyond
   uint32_t max_waiting = 1024;        // acquires waiting at once (STRATA_E_LIMIT beyond)
+  // Tests: check_invariants() after every pump, aborting with its message on a disagreement.
+  // Costs a scan of every record per pump, so it is off for real runs and large simulations.
+  bool check_invariants = false;
 };
 
 inline constexpr uint32_t kMaxInflightPerLink = 4096;
@@ -205,6 +208,12 @@ class Scheduler final : public CompletionSink {
   uint32_t inflight_transfers() const;
 
   SchedulerStats stats() const;
+  // Recounts from the tensor records every total the scheduler keeps running (each pool's used
+  // bytes and resident list, per-tier and per-kind bytes, cleaning bytes, transfers in flight per
+  // link) and checks each tensor's buffers, pool positions and transfer against its residency.
+  // OK, or STRATA_E_INTERNAL naming the first disagreement. It scans every record: tests run it
+  // after every pump (SchedulerConfig::check_invariants); it is not for the hot path.
+  Status check_invariants() const;
   // One tier's usage: cheap (no scan), for samplers and the simulator.
   TierUsage tier_usage(Tier tier) const;
   // Peaks restart from the current values (to measure one step).
@@ -287,6 +296,7 @@ class Scheduler final : public CompletionSink {
   void flush_step();
   bool flush_done() const;
   std::string describe_wait(const TensorRecord& r, Tier tier) const;
+  Status check_invariants_locked() const;
 
   SchedulerConfig config_;
   TierBackend& backend_;

@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "common/status.h"
-#include "model/tensor_spec.h"
 #include "sched/device_model.h"
 #include "sched/memory_plan.h"
 #include "sched/scheduler.h"
 #include "sched/training_step.h"
+#include "vocabulary/tensor_spec.h"
 
 namespace strata::sched {
 

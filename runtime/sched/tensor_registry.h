@@ -14,11 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "common/assert.h"
 #include "common/status.h"
-#include "model/tensor_spec.h"
 #include "sched/residency.h"
 #include "sched/tensor_handle.h"
 #include "sched/tier_backend.h"
+#include "vocabulary/tensor_spec.h"
 
 namespace strata::sched {
 
@@ -41,10 +42,12 @@ inline constexpr uint32_t kNoOp = std::numeric_limits<uint32_t>::max();
 inline constexpr uint32_t kNotResident = std::numeric_limits<uint32_t>::max();
 inline constexpr int kNoPool = -1;
 
-// Memory tiers are indexed by their Tier value (kDevice = 0, kPinned = 1).
+// The two memory tiers a tensor can hold a buffer on, in per-tensor arrays: device = 0,
+// pinned = 1. NVMe is an extent, not a buffer; the pageable host tier holds no tensor.
 inline constexpr int kMemoryTierCount = 2;
 constexpr int memory_index(Tier tier) {
-  return static_cast<int>(tier);
+  STRATA_ASSERT(tier == Tier::kDevice || tier == Tier::kPinned);
+  return tier == Tier::kDevice ? 0 : 1;
 }
 
 // A failed read or copy-in has no data to give: the tensor's next acquire reports it. A failed

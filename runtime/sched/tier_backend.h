@@ -19,8 +19,8 @@
 #include <utility>
 
 #include "common/status.h"
-#include "model/tensor_spec.h"
 #include "sched/residency.h"
+#include "vocabulary/tensor_spec.h"
 
 namespace strata::sched {
 

@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "common/status.h"
-#include "model/tensor_spec.h"
 #include "sched/access_schedule.h"
 #include "sched/tensor_handle.h"
+#include "vocabulary/tensor_spec.h"
 
 namespace strata::sched {
 

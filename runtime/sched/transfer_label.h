@@ -9,8 +9,8 @@
 
 #include <cstdint>
 
-#include "model/tensor_spec.h"
 #include "telemetry/trace_recorder.h"
+#include "vocabulary/tensor_spec.h"
 
 namespace strata::sched {
 

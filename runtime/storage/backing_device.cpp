@@ -132,14 +132,13 @@ Result<BackingDevice> BackingDevice::open_swap_file(const BackingDeviceOptions& 
   }
   STRATA_TRY(device.probe_alignment());
 
-  auto free_bytes = free_bytes_of(device.dir_fd_.get(), dir);
-  if (!free_bytes) return std::move(free_bytes).take_status();
+  STRATA_ASSIGN_OR_RETURN(auto free_bytes, free_bytes_of(device.dir_fd_.get(), dir));
   uint64_t capacity = options.capacity_bytes;
   if (capacity == 0) {
-    capacity = default_swap_capacity(*free_bytes, device.alignment_);
+    capacity = default_swap_capacity(free_bytes, device.alignment_);
     if (capacity == 0) {
       return Status::error(STRATA_E_NOSPACE, "NVMe tier: no free space on " + dir + " (free " +
-                                                 format_bytes(*free_bytes) + ")");
+                                                 format_bytes(free_bytes) + ")");
     }
   }
   capacity = align_down(capacity, device.alignment_);
@@ -152,7 +151,7 @@ Result<BackingDevice> BackingDevice::open_swap_file(const BackingDeviceOptions& 
   // Checked before fallocate, which (ext4 at least) allocates up to the last free block before
   // it reports ENOSPC, briefly starving everything else on the file system.
   // f_bavail leaves the root reserve alone, even when Strata runs as root.
-  if (capacity > *free_bytes) return swap_no_space(capacity, *free_bytes, dir, "");
+  if (capacity > free_bytes) return swap_no_space(capacity, free_bytes, dir, "");
 
   // Preallocating a large file takes a while and a signal can interrupt it (EINTR).
   int rc;
@@ -163,7 +162,7 @@ Result<BackingDevice> BackingDevice::open_swap_file(const BackingDeviceOptions& 
     const int err = errno;
     if (err == ENOSPC || err == EDQUOT || err == EFBIG) {
       auto now_free = free_bytes_of(device.dir_fd_.get(), dir);
-      return swap_no_space(capacity, now_free ? *now_free : *free_bytes, dir,
+      return swap_no_space(capacity, now_free ? *now_free : free_bytes, dir,
                            err == ENOSPC   ? ""
                            : err == EDQUOT ? " (disk quota exceeded)"
                                            : " (larger than the file system's maximum file size)");

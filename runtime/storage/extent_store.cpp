@@ -29,16 +29,16 @@ std::string describe(uint64_t id, uint64_t offset) {
 Result<std::unique_ptr<ExtentStore>> ExtentStore::open(BackingDevice device, io::IoEngine& engine,
                                                        const ExtentStoreOptions& options) {
   if (device.fd() < 0) return invalid_argument("extent store: the backing device is closed");
-  auto allocator =
-      ExtentAllocator::create(device.capacity(), device.alignment(), options.max_extents);
-  if (!allocator) return std::move(allocator).take_status();
+  STRATA_ASSIGN_OR_RETURN(
+      auto allocator,
+      ExtentAllocator::create(device.capacity(), device.alignment(), options.max_extents));
   auto file = engine.register_file(device.fd());
   if (!file) {
     return std::move(file).take_status().with_context("registering " + device.path() +
                                                       " with the " + engine.name() + " engine");
   }
   return std::unique_ptr<ExtentStore>(
-      new ExtentStore(std::move(device), engine, *file, std::move(allocator).value(), options));
+      new ExtentStore(std::move(device), engine, *file, std::move(allocator), options));
 }
 
 ExtentStore::ExtentStore(BackingDevice device, io::IoEngine& engine, uint32_t file,
@@ -76,9 +76,8 @@ Result<Extent> ExtentStore::allocate(uint64_t bytes) {
 }
 
 Result<ExtentStore::Record*> ExtentStore::find_locked(const Extent& extent) {
-  auto found = std::as_const(*this).find_locked(extent);
-  if (!found) return std::move(found).take_status();
-  return const_cast<Record*>(*found);
+  STRATA_ASSIGN_OR_RETURN(auto found, std::as_const(*this).find_locked(extent));
+  return const_cast<Record*>(found);
 }
 
 Result<const ExtentStore::Record*> ExtentStore::find_locked(const Extent& extent) const {
@@ -100,9 +99,8 @@ Result<const ExtentStore::Record*> ExtentStore::find_locked(const Extent& extent
 
 Status ExtentStore::free(const Extent& extent) {
   std::lock_guard lock(mutex_);
-  auto found = find_locked(extent);
-  if (!found) return std::move(found).take_status().with_context("freeing");
-  Record& record = **found;
+  STRATA_ASSIGN_OR_RETURN(auto found, find_locked(extent), "freeing");
+  Record& record = *found;
   if (record.writing || record.readers > 0) {
     return Status::error(STRATA_E_STATE, "freeing " + describe(extent.id, extent.offset) +
                                              " while I/O on it is in flight");
@@ -140,9 +138,8 @@ Status ExtentStore::write_async(const Extent& extent, const void* buffer, uint64
   const uint64_t hash = options_.verify_checksums ? checksum(buffer, bytes) : 0;
   {
     std::lock_guard lock(mutex_);
-    auto found = find_locked(extent);
-    if (!found) return std::move(found).take_status().with_context("writing");
-    Record& record = **found;
+    STRATA_ASSIGN_OR_RETURN(auto found, find_locked(extent), "writing");
+    Record& record = *found;
     if (record.writing || record.readers > 0) {
       return Status::error(STRATA_E_STATE, "writing " + describe(extent.id, extent.offset) +
                                                " while another I/O on it is in flight");
@@ -223,9 +220,8 @@ Status ExtentStore::read_async(const Extent& extent, void* buffer, uint64_t buff
   uint64_t expected = 0;
   {
     std::lock_guard lock(mutex_);
-    auto found = find_locked(extent);
-    if (!found) return std::move(found).take_status().with_context("reading");
-    Record& record = **found;
+    STRATA_ASSIGN_OR_RETURN(auto found, find_locked(extent), "reading");
+    Record& record = *found;
     if (record.writing) {
       return Status::error(STRATA_E_STATE, "reading " + describe(extent.id, extent.offset) +
                                                " while a write to it is in flight");
@@ -363,9 +359,8 @@ Result<uint64_t> ExtentStore::read(const Extent& extent, void* buffer, uint64_t 
 
 Result<uint64_t> ExtentStore::content_bytes(const Extent& extent) const {
   std::lock_guard lock(mutex_);
-  auto found = find_locked(extent);
-  if (!found) return std::move(found).take_status();
-  const Record& record = **found;
+  STRATA_ASSIGN_OR_RETURN(auto found, find_locked(extent));
+  const Record& record = *found;
   if (record.content != Content::kWritten) {
     return Status::error(STRATA_E_STATE,
                          describe(extent.id, extent.offset) + " holds no readable content");

@@ -70,9 +70,8 @@ Result<std::unique_ptr<FilePerTensorStore>> FilePerTensorStore::open(
     }
     return errno_status(STRATA_E_IO, "opening NVMe directory " + options.dir, err);
   }
-  auto free = free_bytes_of(parent.get(), options.dir);
-  if (!free) return std::move(free).take_status();
-  const uint64_t free_bytes = *free;
+  STRATA_ASSIGN_OR_RETURN(auto free, free_bytes_of(parent.get(), options.dir));
+  const uint64_t free_bytes = free;
   const uint64_t capacity = options.capacity_bytes != 0
                                 ? align_down(options.capacity_bytes, kAlignment)
                                 : default_swap_capacity(free_bytes, kAlignment);
@@ -230,18 +229,17 @@ Result<FilePerTensorStore::Record*> FilePerTensorStore::find_locked(const Extent
 
 Status FilePerTensorStore::free(const Extent& extent) {
   std::lock_guard lock(mutex_);
-  auto record = find_locked(extent);
-  if (!record) return std::move(record).take_status();
-  if ((*record)->writing || (*record)->readers != 0) {
+  STRATA_ASSIGN_OR_RETURN(auto record, find_locked(extent));
+  if ((record)->writing || (record)->readers != 0) {
     return Status::error(STRATA_E_STATE,
                          "extent " + std::to_string(extent.id) + " has I/O in flight");
   }
   Status status = Status::ok();
-  if ((*record)->has_file && ::unlinkat(dir_fd_.get(), file_name(extent.id).c_str(), 0) != 0 &&
+  if ((record)->has_file && ::unlinkat(dir_fd_.get(), file_name(extent.id).c_str(), 0) != 0 &&
       errno != ENOENT) {
     status = errno_status(STRATA_E_IO, "removing " + file_path(extent), errno);
   }
-  used_ -= (*record)->capacity;
+  used_ -= (record)->capacity;
   records_.erase(extent.id);
   return status;
 }
@@ -250,19 +248,18 @@ Status FilePerTensorStore::write_async(const Extent& extent, const void* buffer,
                                        ExtentIo* io, int32_t /*buffer_index*/) {
   STRATA_TRY(check_request(io, buffer, kAlignment, "write"));
   std::lock_guard lock(mutex_);
-  auto record = find_locked(extent);
-  if (!record) return std::move(record).take_status();
-  if (bytes == 0 || bytes > (*record)->capacity) {
+  STRATA_ASSIGN_OR_RETURN(auto record, find_locked(extent));
+  if (bytes == 0 || bytes > (record)->capacity) {
     return invalid_argument("write of " + std::to_string(bytes) + " bytes to an extent of " +
-                            std::to_string((*record)->capacity));
+                            std::to_string((record)->capacity));
   }
-  if ((*record)->writing || (*record)->readers != 0) {
+  if ((record)->writing || (record)->readers != 0) {
     return Status::error(STRATA_E_STATE,
                          "extent " + std::to_string(extent.id) + " has I/O in flight");
   }
-  const bool create = !(*record)->has_file;
-  (*record)->writing = true;
-  (*record)->has_file = true;
+  const bool create = !(record)->has_file;
+  (record)->writing = true;
+  (record)->has_file = true;
   enqueue_locked(Request{io, const_cast<void*>(buffer), align_up(bytes, kAlignment),
                          /*write=*/true, create},
                  extent.id, bytes);
@@ -273,24 +270,23 @@ Status FilePerTensorStore::read_async(const Extent& extent, void* buffer, uint64
                                       ExtentIo* io, int32_t /*buffer_index*/) {
   STRATA_TRY(check_request(io, buffer, kAlignment, "read"));
   std::lock_guard lock(mutex_);
-  auto record = find_locked(extent);
-  if (!record) return std::move(record).take_status();
-  if (!(*record)->written) {
+  STRATA_ASSIGN_OR_RETURN(auto record, find_locked(extent));
+  if (!(record)->written) {
     return Status::error(STRATA_E_STATE,
                          "extent " + std::to_string(extent.id) + " has never been written");
   }
-  if ((*record)->writing) {
+  if ((record)->writing) {
     return Status::error(STRATA_E_STATE,
                          "extent " + std::to_string(extent.id) + " is being written");
   }
-  const uint64_t transfer = align_up((*record)->length, kAlignment);
+  const uint64_t transfer = align_up((record)->length, kAlignment);
   if (buffer_bytes < transfer) {
     return invalid_argument("read: the buffer holds " + std::to_string(buffer_bytes) +
                             " bytes, the content needs " + std::to_string(transfer));
   }
-  ++(*record)->readers;
+  ++(record)->readers;
   enqueue_locked(Request{io, buffer, transfer, /*write=*/false, /*create=*/false}, extent.id,
-                 (*record)->length);
+                 (record)->length);
   return Status::ok();
 }
 

@@ -27,7 +27,7 @@ namespace strata {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using sched::Tier;
+using strata::Tier;
 
 constexpr int kLayers = 6;
 constexpr uint64_t kMiB = uint64_t{1} << 20;
@@ -93,7 +93,7 @@ double compute_for(double seconds) {
 // acquires: the same loop as sched::simulate, on the wall clock.
 Result<RealRun> play_real(api::Runtime& runtime, const std::vector<TensorSpec>& inventory) {
   sched::Scheduler& scheduler = runtime.scheduler();
-  api::RealBackend& backend = runtime.backend();
+  datapath::RealBackend& backend = runtime.backend();
   constexpr auto kTimeout = std::chrono::seconds(60);
 
   // Steady state as the simulator assumes it: every tensor but the gradients has contents on

@@ -443,7 +443,7 @@ TEST(NvmeOffload, ZeroInfinityHostIsItsPlansBlocksPlusTheStartupCopy) {
   Result<sched::MemoryPlan> plan =
       sched::zero_infinity_memory_plan(inventory, options, p.gpus[0].job.device_budget_bytes);
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
-  const uint64_t reserved = sched::reserved_bytes(*plan, sched::Tier::kPinned);
+  const uint64_t reserved = sched::reserved_bytes(*plan, Tier::kPinned);
   EXPECT_EQ(zi.pinned_budget_bytes, reserved);
   // The flat gradient buffer alone is 2^38 bytes (138 GB rounded up); the startup copy of it
   // beside every block is the peak.

@@ -23,6 +23,14 @@ FakeBackend::~FakeBackend() {
 
 Result<Buffer> FakeBackend::allocate(Tier tier, uint64_t bytes, TensorKind /*kind*/) {
   if (tier == Tier::kNvme || bytes == 0) return invalid_argument("fake allocate: bad request");
+  {
+    std::lock_guard lock(mu_);
+    uint32_t& failures = allocation_failures_[static_cast<int>(tier)];
+    if (failures > 0) {
+      --failures;
+      return Status::error(STRATA_E_NOMEM, "fake: no memory (injected)");
+    }
+  }
   void* data = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   if (data == nullptr) return Status::error(STRATA_E_NOMEM, "fake allocate");
   std::memset(data, 0xCD, bytes);  // poison: never what a test wrote
@@ -33,6 +41,11 @@ Result<Buffer> FakeBackend::allocate(Tier tier, uint64_t bytes, TensorKind /*kin
 void FakeBackend::free(Tier, const Buffer& buffer) {
   std::free(buffer.data);
   --live_buffers_;
+}
+
+void FakeBackend::fail_next_allocations(Tier tier, uint32_t count) {
+  std::lock_guard lock(mu_);
+  allocation_failures_[static_cast<int>(tier)] = count;
 }
 
 Result<Extent> FakeBackend::allocate_extent(uint64_t bytes, TensorKind /*kind*/) {

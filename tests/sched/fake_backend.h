@@ -43,6 +43,9 @@ class FakeBackend final : public TierBackend {
   void fail_next(Link link, int code, uint32_t count = 1);
   // The next `count` extent allocations fail with STRATA_E_NOSPACE.
   void fail_next_extent_allocations(uint32_t count);
+  // The next `count` buffer allocations on `tier` fail with STRATA_E_NOMEM (the host or its
+  // lock limit refusing memory the pool's budget allows).
+  void fail_next_allocations(Tier tier, uint32_t count);
   // While paused, transfers queue without running (to observe in-flight states).
   void pause(bool paused);
 
@@ -74,6 +77,7 @@ class FakeBackend final : public TierBackend {
   uint32_t fail_count_[kLinkCount] = {};
   int fail_code_[kLinkCount] = {};
   uint32_t extent_failures_ = 0;
+  uint32_t allocation_failures_[kTierCount] = {};
   LinkCounters counters_[kLinkCount];
   std::atomic<uint64_t> live_buffers_{0};
   std::atomic<uint64_t> failures_{0};

@@ -74,10 +74,15 @@ TEST(ResidencyTable, StableStatesFollowFromTheValidCopies) {
   EXPECT_EQ(stable_state_for(kPinnedBit), R::kDirty);
   EXPECT_EQ(stable_state_for(kDeviceBit), R::kDirty);
   EXPECT_EQ(stable_state_for(kPinnedBit | kDeviceBit), R::kDirty);
-  for (TierMask valid = 0; valid < 8; ++valid) {
+  // Every set of the three tiers that hold copies (the pageable host tier never does).
+  for (int subset = 0; subset < 8; ++subset) {
+    const TierMask valid =
+        static_cast<TierMask>(((subset & 1) ? kNvmeBit : 0) | ((subset & 2) ? kPinnedBit : 0) |
+                              ((subset & 4) ? kDeviceBit : 0));
     EXPECT_TRUE(is_consistent(stable_state_for(valid), valid)) << int(valid);
     EXPECT_FALSE(is_transient(stable_state_for(valid)));
   }
+  EXPECT_FALSE(is_consistent(R::kPinned, kNvmeBit | kPinnedBit | tier_bit(Tier::kHost)));
 }
 
 TEST(ResidencyTable, ConsistencyRejectsImpossibleCopySets) {

@@ -105,6 +105,7 @@ inline TensorSpec flat_spec(const std::string& name, uint64_t bytes,
 struct Harness {
   explicit Harness(SchedulerConfig config, uint32_t max_delay_us = 0)
       : pool(2), backend(max_delay_us) {
+    config.check_invariants = true;  // every scheduler test recounts its books after each pump
     Result<std::unique_ptr<Scheduler>> created =
         Scheduler::create(config, backend, pool.get_executor());
     EXPECT_TRUE(created.is_ok()) << created.status().message();

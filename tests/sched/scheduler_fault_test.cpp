@@ -169,6 +169,24 @@ TEST(SchedulerFaults, FailedCopyToHostKeepsTheDeviceCopy) {
   expect_version(s, g, Tier::kPinned, 8);
 }
 
+// Cleaning device data needs a pinned buffer; when the pool has room but the memory cannot be
+// had, that is an error to report, not a wait that could only time out.
+TEST(SchedulerFaults, APinnedAllocationFailureWhileCleaningIsReportedNotWaitedOn) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(2 * kT, kT));
+  Scheduler& s = harness.s();
+  const TensorHandle g = s.register_tensor(flat_spec("g", kT, TensorKind::kGradient)).value();
+  write_version(s, g, Tier::kDevice, 5);
+  harness.backend.fail_next_allocations(Tier::kPinned, 1);
+  const Status flushed = s.flush(kWait);
+  EXPECT_EQ(flushed.code(), STRATA_E_NOMEM) << flushed.message();
+  EXPECT_NE(flushed.message().find("writing back"), std::string::npos) << flushed.message();
+  EXPECT_EQ(s.describe(g)->valid, kDeviceBit);  // the data stayed on the device
+  EXPECT_TRUE(s.check_invariants().is_ok()) << s.check_invariants().message();
+  EXPECT_TRUE(s.flush(kWait).is_ok());  // reported once; the next flush writes it back
+  expect_version(s, g, Tier::kPinned, 5);
+}
+
 TEST(SchedulerFaults, AFullNvmeTierIsReportedAtRegistrationAndNothingIsRegistered) {
   Watchdog watchdog(30);
   Harness harness(small_config(2 * kT, kT));

@@ -1,11 +1,12 @@
-// Shared output for `strata bench ...`: rates and a plain-text table a person reads at a glance.
+// Plain-text output shared by `strata plan`, `strata doctor` and `strata bench ...`: rates and a
+// table a person reads at a glance.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-namespace strata::bench {
+namespace strata {
 
 // Decimal gigabytes per second, as fio and drive datasheets report them.
 double gbps(uint64_t bytes, double seconds);
@@ -28,4 +29,4 @@ std::string fixed(double value, int decimals = 2);
 // "-55.7%", and "0.0%" for anything that rounds to zero (never "-0.0%" or "(--5.3%)").
 std::string signed_percent(double fraction, int decimals = 1);
 
-}  // namespace strata::bench
+}  // namespace strata

@@ -1,9 +1,9 @@
-#include "report.h"
+#include "common/report.h"
 
 #include <algorithm>
 #include <cstdio>
 
-namespace strata::bench {
+namespace strata {
 
 double gbps(uint64_t bytes, double seconds) {
   return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0;
@@ -44,4 +44,4 @@ std::string Table::render() const {
   return out;
 }
 
-}  // namespace strata::bench
+}  // namespace strata

@@ -24,7 +24,7 @@
 #include "storage/swap_store.h"
 #include "telemetry/trace_recorder.h"
 
-namespace strata::api {
+namespace strata::datapath {
 
 struct RealBackendOptions {
   // Transfers in flight at once per NVMe direction; the scheduler's per-link limits stay below.
@@ -45,8 +45,8 @@ class RealBackend final : public sched::TierBackend {
   RealBackend& operator=(const RealBackend&) = delete;
 
   const char* name() const override { return "real"; }
-  Result<sched::Buffer> allocate(sched::Tier tier, uint64_t bytes, TensorKind kind) override;
-  void free(sched::Tier tier, const sched::Buffer& buffer) override;
+  Result<sched::Buffer> allocate(Tier tier, uint64_t bytes, TensorKind kind) override;
+  void free(Tier tier, const sched::Buffer& buffer) override;
   Result<sched::Extent> allocate_extent(uint64_t bytes, TensorKind kind) override;
   void free_extent(const sched::Extent& extent) override;
   Status read(const sched::Extent& from, const sched::Buffer& to_pinned, uint64_t bytes,
@@ -57,7 +57,7 @@ class RealBackend final : public sched::TierBackend {
                         uint64_t bytes, sched::Completion done) override;
   Status copy_to_host(const sched::Buffer& from_device, const sched::Buffer& to_pinned,
                       uint64_t bytes, sched::Completion done) override;
-  void on_release(sched::Tier tier, const sched::Buffer& buffer, void* device_stream) override;
+  void on_release(Tier tier, const sched::Buffer& buffer, void* device_stream) override;
   sched::LinkCounters link_counters(sched::Link link) const override;
 
  private:
@@ -151,4 +151,4 @@ class RealBackend final : public sched::TierBackend {
   std::atomic<bool> stopping_{false};
 };
 
-}  // namespace strata::api
+}  // namespace strata::datapath

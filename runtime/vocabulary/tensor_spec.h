@@ -1,5 +1,6 @@
 // What a tensor is, independent of where it lives: the vocabulary shared by model inventories,
-// the buffer pool, the scheduler and the C API.
+// the memory tiers, the scheduler and the C API. Values equal strata.h's STRATA_DTYPE_* and
+// STRATA_KIND_* (checked at compile time in c_api_values.cpp).
 #pragma once
 
 #include <cstdint>
@@ -8,12 +9,12 @@
 
 namespace strata {
 
-// Values equal the public STRATA_DTYPE_* / STRATA_KIND_* constants once the C API defines them.
 enum class DType : uint8_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2, kInt8 = 3, kUInt8 = 4 };
+inline constexpr int kDTypeCount = 5;
 
 enum class TensorKind : uint8_t {
-  kParameter = 0,   // low-precision weights the forward and backward read
-  kGradient = 1,    // low-precision gradients backward produces
+  kParameter = 0,     // low-precision weights the forward and backward read
+  kGradient = 1,      // low-precision gradients backward produces
   kMasterWeight = 2,  // fp32 master copy the optimizer updates
   kAdamM = 3,
   kAdamV = 4,
@@ -24,11 +25,14 @@ inline constexpr int kTensorKindCount = 7;
 
 constexpr uint32_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return 4;
+    case DType::kFloat32:
+      return 4;
     case DType::kBFloat16:
-    case DType::kFloat16: return 2;
+    case DType::kFloat16:
+      return 2;
     case DType::kInt8:
-    case DType::kUInt8: return 1;
+    case DType::kUInt8:
+      return 1;
   }
   return 0;
 }
@@ -41,7 +45,7 @@ struct TensorSpec {
   std::vector<uint64_t> shape;  // empty for a flat buffer
   DType dtype = DType::kBFloat16;
   TensorKind kind = TensorKind::kParameter;
-  int32_t layer = -1;           // -1: not part of a transformer layer (embedding, head, final norm)
+  int32_t layer = -1;  // -1: not part of a transformer layer (embedding, head, final norm)
 
   uint64_t elements() const {
     uint64_t n = 1;

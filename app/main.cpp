@@ -1,4 +1,5 @@
 // `strata`: one program, one subcommand per job. Each subcommand's callback sets the exit code.
+// The runtime's commands come from runtime/cli, `strata bench ...` from bench/.
 #include <strata/strata.h>
 
 #include <CLI/CLI.hpp>

@@ -1,4 +1,4 @@
-#include "api/real_backend.h"
+#include "datapath/real_backend.h"
 
 #include <algorithm>
 #include <chrono>
@@ -6,7 +6,7 @@
 #include "common/align.h"
 #include "common/assert.h"
 
-namespace strata::api {
+namespace strata::datapath {
 namespace {
 
 constexpr telemetry::TrackId kLinkTracks[sched::kLinkCount] = {
@@ -74,33 +74,31 @@ uint64_t RealBackend::now_us() const {
 
 // ---- Memory ----
 
-Result<sched::Buffer> RealBackend::allocate(sched::Tier tier, uint64_t bytes, TensorKind kind) {
+Result<sched::Buffer> RealBackend::allocate(Tier tier, uint64_t bytes, TensorKind kind) {
   if (bytes == 0) return invalid_argument("allocate: zero bytes");
-  if (tier == sched::Tier::kPinned) {
+  if (tier == Tier::kPinned) {
     // The extent store moves whole aligned blocks, so the buffer covers the padded length too.
     const uint64_t padded = align_up(bytes, store_.alignment());
-    auto buffer = pinned_recycler_.take(padded, kind);
-    if (!buffer) return std::move(buffer).take_status();
+    STRATA_ASSIGN_OR_RETURN(auto buffer, pinned_recycler_.take(padded, kind));
     std::lock_guard lock(buffers_mutex_);
     const uint64_t token = next_token_++;
-    sched::Buffer out{buffer->data(), padded, token};
-    pinned_.emplace(token, PinnedEntry{std::move(buffer.value()), kind});
+    sched::Buffer out{buffer.data(), padded, token};
+    pinned_.emplace(token, PinnedEntry{std::move(buffer), kind});
     return out;
   }
-  if (tier == sched::Tier::kDevice) {
-    auto data = device_.allocate(bytes, kind);
-    if (!data) return std::move(data).take_status();
+  if (tier == Tier::kDevice) {
+    STRATA_ASSIGN_OR_RETURN(auto data, device_.allocate(bytes, kind));
     std::lock_guard lock(buffers_mutex_);
     const uint64_t token = next_token_++;
-    device_buffers_.emplace(token, data.value());
-    return sched::Buffer{data.value(), bytes, token};
+    device_buffers_.emplace(token, data);
+    return sched::Buffer{data, bytes, token};
   }
   return invalid_argument("allocate: the NVMe tier has extents, not buffers");
 }
 
-void RealBackend::free(sched::Tier tier, const sched::Buffer& buffer) {
+void RealBackend::free(Tier tier, const sched::Buffer& buffer) {
   std::lock_guard lock(buffers_mutex_);
-  if (tier == sched::Tier::kPinned) {
+  if (tier == Tier::kPinned) {
     auto it = pinned_.find(buffer.token);
     STRATA_ASSERT(it != pinned_.end());
     pinned_recycler_.give_back(std::move(it->second.buffer), it->second.kind);
@@ -114,14 +112,13 @@ void RealBackend::free(sched::Tier tier, const sched::Buffer& buffer) {
 }
 
 Result<sched::Extent> RealBackend::allocate_extent(uint64_t bytes, TensorKind kind) {
-  auto extent = store_.allocate(bytes);
-  if (!extent) return std::move(extent).take_status();
+  STRATA_ASSIGN_OR_RETURN(auto extent, store_.allocate(bytes));
   if (memory::Accounting* accounting = arena_.accounting()) {
-    accounting->use(memory::Tier::kNvme, kind, extent->capacity);
+    accounting->use(Tier::kNvme, kind, extent.capacity);
   }
   std::lock_guard lock(buffers_mutex_);
-  extents_.emplace(extent->id, ExtentEntry{extent.value(), kind});
-  return sched::Extent{extent->id, bytes};
+  extents_.emplace(extent.id, ExtentEntry{extent, kind});
+  return sched::Extent{extent.id, bytes};
 }
 
 void RealBackend::free_extent(const sched::Extent& extent) {
@@ -138,7 +135,7 @@ void RealBackend::free_extent(const sched::Extent& extent) {
   const Status status = store_.free(found);
   STRATA_ASSERT(status.is_ok());
   if (memory::Accounting* accounting = arena_.accounting()) {
-    accounting->unuse(memory::Tier::kNvme, kind, found.capacity);
+    accounting->unuse(Tier::kNvme, kind, found.capacity);
   }
 }
 
@@ -191,11 +188,9 @@ void RealBackend::on_nvme_done(storage::ExtentIo* io, void* context) {
 
 Status RealBackend::read(const sched::Extent& from, const sched::Buffer& to_pinned, uint64_t bytes,
                          sched::Completion done) {
-  auto extent = find_extent(from.token);
-  if (!extent) return std::move(extent).take_status();
-  auto op = take_nvme_op();
-  if (!op) return std::move(op).take_status();
-  NvmeOp* o = op.value();
+  STRATA_ASSIGN_OR_RETURN(auto extent, find_extent(from.token));
+  STRATA_ASSIGN_OR_RETURN(auto op, take_nvme_op());
+  NvmeOp* o = op;
   o->done = done;
   o->link = sched::Link::kNvmeRead;
   o->label = sched::TransferLabel::current();
@@ -204,7 +199,7 @@ Status RealBackend::read(const sched::Extent& from, const sched::Buffer& to_pinn
   o->io.on_complete = &RealBackend::on_nvme_done;
   o->io.context = o;
   link_started(o->link);
-  const Status status = store_.read_async(extent.value(), to_pinned.data, to_pinned.bytes, &o->io,
+  const Status status = store_.read_async(extent, to_pinned.data, to_pinned.bytes, &o->io,
                                           io_index(to_pinned, to_pinned.bytes));
   if (!status) {
     link_finished(o->link, 0, o->begin_us, nullptr);
@@ -215,11 +210,9 @@ Status RealBackend::read(const sched::Extent& from, const sched::Buffer& to_pinn
 
 Status RealBackend::write(const sched::Buffer& from_pinned, const sched::Extent& to, uint64_t bytes,
                           sched::Completion done) {
-  auto extent = find_extent(to.token);
-  if (!extent) return std::move(extent).take_status();
-  auto op = take_nvme_op();
-  if (!op) return std::move(op).take_status();
-  NvmeOp* o = op.value();
+  STRATA_ASSIGN_OR_RETURN(auto extent, find_extent(to.token));
+  STRATA_ASSIGN_OR_RETURN(auto op, take_nvme_op());
+  NvmeOp* o = op;
   o->done = done;
   o->link = sched::Link::kNvmeWrite;
   o->label = sched::TransferLabel::current();
@@ -229,7 +222,7 @@ Status RealBackend::write(const sched::Buffer& from_pinned, const sched::Extent&
   o->io.context = o;
   link_started(o->link);
   const Status status =
-      store_.write_async(extent.value(), from_pinned.data, bytes, &o->io,
+      store_.write_async(extent, from_pinned.data, bytes, &o->io,
                          io_index(from_pinned, align_up(bytes, store_.alignment())));
   if (!status) {
     link_finished(o->link, 0, o->begin_us, nullptr);
@@ -242,15 +235,14 @@ Status RealBackend::write(const sched::Buffer& from_pinned, const sched::Extent&
 
 Status RealBackend::start_copy(CopyLane& lane, void* dst, const void* src, uint64_t bytes,
                                sched::Completion done) {
-  auto event = device_.create_event();
-  if (!event) return std::move(event).take_status();
+  STRATA_ASSIGN_OR_RETURN(auto event, device_.create_event());
   STRATA_TRY(device_.copy_async(lane.stream, dst, src, bytes));
-  STRATA_TRY(device_.record(event.value(), lane.stream));
+  STRATA_TRY(device_.record(event, lane.stream));
   link_started(lane.link);
   {
     std::lock_guard lock(lane.mutex);
     lane.queue.push_back(
-        CopyOp{std::move(event.value()), done, sched::TransferLabel::current(), bytes, now_us()});
+        CopyOp{std::move(event), done, sched::TransferLabel::current(), bytes, now_us()});
     ++lane.waiting;
   }
   lane.changed.notify_one();
@@ -290,9 +282,9 @@ Status RealBackend::copy_to_host(const sched::Buffer& from_device, const sched::
   return start_copy(d2h_, to_pinned.data, from_device.data, bytes, done);
 }
 
-void RealBackend::on_release(sched::Tier tier, const sched::Buffer& buffer, void* device_stream) {
+void RealBackend::on_release(Tier tier, const sched::Buffer& buffer, void* device_stream) {
   (void)buffer;
-  if (tier != sched::Tier::kDevice || device_stream == nullptr) return;
+  if (tier != Tier::kDevice || device_stream == nullptr) return;
   // Later copies out of (or into) this buffer must follow the framework's queued work on it.
   auto event = device_.create_event();
   if (!event) return;
@@ -360,4 +352,4 @@ sched::LinkCounters RealBackend::link_counters(sched::Link link) const {
   return out;
 }
 
-}  // namespace strata::api
+}  // namespace strata::datapath

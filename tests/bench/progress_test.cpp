@@ -1,23 +1,12 @@
-// The shared output helpers of `strata bench ...`: a change's sign is printed once.
-#include "report.h"
+// The progress display of `strata bench ...`: bar and plain lines say how much of what, how fast.
+#include "progress.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "progress.h"
-
 namespace strata::bench {
 namespace {
-
-TEST(SignedPercent, SignIsWrittenOnceAndZeroHasNone) {
-  EXPECT_EQ(signed_percent(-0.557), "-55.7%");
-  EXPECT_EQ(signed_percent(0.032), "+3.2%");
-  EXPECT_EQ(signed_percent(-(-0.053)), "+5.3%");  // a negative reduction is an increase
-  EXPECT_EQ(signed_percent(0.0), "0.0%");
-  EXPECT_EQ(signed_percent(-0.00001), "0.0%");  // never "-0.0%"
-  EXPECT_EQ(signed_percent(1.5, 0), "+150%");
-}
 
 TEST(ProgressDisplay, BarHasRateElapsedAndEta) {
   EXPECT_EQ(ProgressDisplay::bar_line("bench io: strata write", 0.5, 1.21e9,

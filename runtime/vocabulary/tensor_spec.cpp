@@ -1,0 +1,41 @@
+#include "vocabulary/tensor_spec.h"
+
+namespace strata {
+
+const char* to_string(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "fp32";
+    case DType::kBFloat16:
+      return "bf16";
+    case DType::kFloat16:
+      return "fp16";
+    case DType::kInt8:
+      return "int8";
+    case DType::kUInt8:
+      return "uint8";
+  }
+  return "?";
+}
+
+const char* to_string(TensorKind kind) {
+  switch (kind) {
+    case TensorKind::kParameter:
+      return "parameter";
+    case TensorKind::kGradient:
+      return "gradient";
+    case TensorKind::kMasterWeight:
+      return "fp32_master";
+    case TensorKind::kAdamM:
+      return "adam_m";
+    case TensorKind::kAdamV:
+      return "adam_v";
+    case TensorKind::kActivationCheckpoint:
+      return "activation_checkpoint";
+    case TensorKind::kOther:
+      return "other";
+  }
+  return "?";
+}
+
+}  // namespace strata
