@@ -119,7 +119,8 @@ int run_optimizer_bench(const OptimizerBenchArgs& args) {
     // runtime at creation.
     Result<io::DriveModel> drive = io::parse_drive_model(args.model_drive);
     if (!drive) return fail("--model-drive", drive.status());
-    ::setenv("STRATA_PACED_DRIVE", args.model_drive.c_str(), 1);
+    // One thread so far (the runtime is created next): nothing reads the environment meanwhile.
+    ::setenv("STRATA_PACED_DRIVE", args.model_drive.c_str(), 1);  // NOLINT(concurrency-mt-unsafe)
   }
   auto created = api::Runtime::create(config);
   if (!created) return fail("runtime", created.status());

@@ -22,7 +22,7 @@ std::string eta_text(double eta) {
 
 std::string count_text(double value, ProgressDisplay::Unit unit) {
   if (unit == ProgressDisplay::Unit::kBytes) return fixed(value / 1e9, 2) + " GB";
-  return std::to_string(static_cast<uint64_t>(value + 0.5));
+  return std::to_string(std::llround(value));
 }
 
 }  // namespace

@@ -193,10 +193,9 @@ Result<optim::StateKind> state_kind(strata_optimizer_state state) {
 }
 
 // The runtime's optimizer, made on first use.
-#define STRATA_OPTIMIZER(rt, name)                               \
-  auto name##_made = (rt).optimizer();                           \
-  if (!name##_made) return std::move(name##_made).take_status(); \
-  optim::TieredOptimizer& name = *name##_made.value()
+#define STRATA_OPTIMIZER(rt, name)                                                \
+  STRATA_ASSIGN_OR_RETURN(optim::TieredOptimizer * name##_made, (rt).optimizer()); \
+  optim::TieredOptimizer& name = *name##_made
 
 }  // namespace
 }  // namespace strata::api

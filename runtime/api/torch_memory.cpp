@@ -25,26 +25,25 @@ Result<void*> TorchMemory::allocate(uint64_t bytes) {
   options.bytes = bytes;
   options.allocation = true;
   options.home = Tier::kDevice;
-  Result<sched::TensorHandle> handle = scheduler_.register_tensor(spec, options);
-  if (!handle) return std::move(handle).take_status();
+  STRATA_ASSIGN_OR_RETURN(sched::TensorHandle handle, scheduler_.register_tensor(spec, options));
   // As strata_malloc: the memory is taken now; a budget that cannot hold it beside what never
   // leaves the device fails at once (torch then frees its cache and retries, or raises its
   // out-of-memory error); evictions and write-backs are waited for, releases are not.
-  Status reserved = scheduler_.reserve(*handle, Tier::kDevice, kAcquireTimeout);
+  Status reserved = scheduler_.reserve(handle, Tier::kDevice, kAcquireTimeout);
   if (!reserved) {
-    (void)scheduler_.unregister_tensor(*handle);
+    (void)scheduler_.unregister_tensor(handle);
     return std::move(reserved).with_context("strata_torch_alloc of " + std::to_string(bytes) +
                                             " bytes");
   }
   // Held acquired until strata_torch_free: torch owns the pointer for the allocation's life.
   Result<sched::Acquired> acquired =
-      scheduler_.acquire(*handle, Tier::kDevice, sched::AccessMode::kOverwrite, kAcquireTimeout);
+      scheduler_.acquire(handle, Tier::kDevice, sched::AccessMode::kOverwrite, kAcquireTimeout);
   if (!acquired) {
-    (void)scheduler_.unregister_tensor(*handle);
+    (void)scheduler_.unregister_tensor(handle);
     return std::move(acquired).take_status().with_context("strata_torch_alloc");
   }
   std::lock_guard lock(mutex_);
-  allocations_[acquired->data] = {*handle, bytes};
+  allocations_[acquired->data] = {handle, bytes};
   return acquired->data;
 }
 

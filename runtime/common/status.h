@@ -92,6 +92,10 @@ inline Status returned(Status status, const std::string& context) {
 }
 }  // namespace strata::detail
 
+// The macros below take a declaration (`auto x`) or a place (`rt->engine_`) as `lhs`, which
+// parentheses would break: bugprone-macro-parentheses is off for them.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+
 // Returns early with the status when an expression fails, optionally saying what was being done:
 //   STRATA_TRY(file.sync());
 //   STRATA_TRY(store.write(extent, bytes), "writing tensor '" + name + "'");
@@ -107,8 +111,8 @@ inline Status returned(Status status, const std::string& context) {
 // context, as STRATA_TRY):
 //   STRATA_ASSIGN_OR_RETURN(auto file, UniqueFd::open(path));
 //   STRATA_ASSIGN_OR_RETURN(rt->engine_, io::make_io_engine(kind, options), "I/O engine");
-// It is two statements: use it in a block, never as the body of an unbraced if. `expr` is
-// evaluated once; a comma in it must sit inside parentheses.
+// It expands to several statements: use it in a block, never as the body of an unbraced if.
+// `expr` is evaluated once; a comma in it must sit inside parentheses.
 #define STRATA_ASSIGN_OR_RETURN(lhs, expr, ...)                                       \
   STRATA_ASSIGN_OR_RETURN_IMPL_(STRATA_STATUS_CONCAT_(strata_result_, __LINE__), lhs, \
                                 expr __VA_OPT__(, ) __VA_ARGS__)
@@ -120,3 +124,4 @@ inline Status returned(Status status, const std::string& context) {
   lhs = std::move(result).value()
 #define STRATA_STATUS_CONCAT_(a, b) STRATA_STATUS_CONCAT_INNER_(a, b)
 #define STRATA_STATUS_CONCAT_INNER_(a, b) a##b
+// NOLINTEND(bugprone-macro-parentheses)

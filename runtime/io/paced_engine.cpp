@@ -56,9 +56,8 @@ Result<DriveModel> parse_drive_model(std::string_view spec) {
 Result<std::optional<DriveModel>> drive_model_from_env() {
   const char* spec = std::getenv("STRATA_PACED_DRIVE");
   if (spec == nullptr || spec[0] == '\0') return std::optional<DriveModel>{};
-  Result<DriveModel> model = parse_drive_model(spec);
-  if (!model) return std::move(model).take_status().with_context("STRATA_PACED_DRIVE");
-  return std::optional<DriveModel>(*model);
+  STRATA_ASSIGN_OR_RETURN(DriveModel model, parse_drive_model(spec), "STRATA_PACED_DRIVE");
+  return std::optional<DriveModel>(model);
 }
 
 Result<std::unique_ptr<PacedEngine>> PacedEngine::wrap(std::unique_ptr<IoEngine> inner,

@@ -22,6 +22,7 @@ constexpr size_t kPrefetchAhead = 1024;
 
 // Integer arithmetic: the address may lie past the end of the buffer, where a pointer may not.
 STRATA_INLINE void prefetch(const void* base, size_t byte_offset) {
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): the integer arithmetic above is the point.
   _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(base) + byte_offset),
                _MM_HINT_T0);
 }

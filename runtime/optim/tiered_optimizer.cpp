@@ -26,7 +26,7 @@ double seconds_since(Clock::time_point start) {
 // sub-group only delays the start of the overlap; floored so small budgets still move whole
 // pages per request.
 constexpr uint64_t kSubGroupBudgetShare = 16;
-constexpr uint64_t kMinSubGroupBytes = 64 * 1024;
+constexpr uint64_t kMinSubGroupBytes = uint64_t{64} * 1024;
 constexpr uint64_t kMaxSubGroupBytes = 64ull << 20;
 constexpr uint64_t kMaxConfiguredSubGroupBytes = 1ull << 40;
 constexpr uint32_t kMaxLookahead = 16;
@@ -310,7 +310,7 @@ Status TieredOptimizer::add_param(uint32_t group, sched::TensorHandle param,
   // The parameter and its gradient are held in pinned memory while their sub-groups stream, so
   // they and two sub-groups' states must fit the budget together.
   const uint64_t need = pinfo.bytes + ginfo.bytes +
-                        2 * kStateKinds * sizeof(float) * std::min(sub_elements, elements);
+                        uint64_t{2} * kStateKinds * sizeof(float) * std::min(sub_elements, elements);
   if (need > config_.pinned_budget_bytes) {
     return Status::error(STRATA_E_PINNED_BUDGET,
                          "parameter '" + name + "' needs " + std::to_string(need) +

@@ -198,9 +198,8 @@ Status Scheduler::unregister_tensor(TensorHandle tensor, std::chrono::nanosecond
   const Clock::time_point deadline = deadline_after(timeout);
   std::unique_lock lock(mu_);
   for (;;) {
-    Result<uint32_t> index = registry_.resolve(tensor);
-    if (!index) return std::move(index).take_status();
-    TensorRecord& r = registry_.at(*index);
+    STRATA_ASSIGN_OR_RETURN(uint32_t index, registry_.resolve(tensor));
+    TensorRecord& r = registry_.at(index);
     if (r.uses > 0) {
       return Status::error(STRATA_E_STATE, "cannot unregister " + label(r) + ": it is acquired");
     }
@@ -228,9 +227,8 @@ Status Scheduler::unregister_tensor(TensorHandle tensor, std::chrono::nanosecond
 
 Result<TensorInfo> Scheduler::describe(TensorHandle tensor) const {
   std::lock_guard lock(mu_);
-  Result<uint32_t> index = registry_.resolve(tensor);
-  if (!index) return std::move(index).take_status();
-  const TensorRecord& r = registry_.at(*index);
+  STRATA_ASSIGN_OR_RETURN(uint32_t index, registry_.resolve(tensor));
+  const TensorRecord& r = registry_.at(index);
   TensorInfo info;
   info.name = r.spec.name;
   info.bytes = r.bytes;
@@ -361,10 +359,9 @@ Result<Acquired> Scheduler::acquire(TensorHandle tensor, Tier tier, AccessMode m
   bool waiting = false;
   for (;;) {
     // Resolved afresh after every wait; unregister refuses while we wait, so it stays valid.
-    Result<uint32_t> index = registry_.resolve(tensor);
-    if (!index) return std::move(index).take_status();
-    TensorRecord& r = registry_.at(*index);
-    Result<AcquireAttempt> attempt = attempt_locked(*index, tier, mode);
+    STRATA_ASSIGN_OR_RETURN(uint32_t index, registry_.resolve(tensor));
+    TensorRecord& r = registry_.at(index);
+    Result<AcquireAttempt> attempt = attempt_locked(index, tier, mode);
     if (!attempt || attempt->state == AcquireState::kReady) {
       if (waiting) --r.waiters[mi];
       if (!attempt) return std::move(attempt).take_status();
@@ -382,8 +379,8 @@ Result<Acquired> Scheduler::acquire(TensorHandle tensor, Tier tier, AccessMode m
     }
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
       // The deadline passed; one last look (a completion may have just arrived).
-      attempt = attempt_locked(*index, tier, mode);
-      TensorRecord& waited = registry_.at(*index);
+      attempt = attempt_locked(index, tier, mode);
+      TensorRecord& waited = registry_.at(index);
       --waited.waiters[mi];
       if (attempt && attempt->state == AcquireState::kReady) {
         ++stats_.acquire_waits;
@@ -400,11 +397,10 @@ Result<Acquired> Scheduler::acquire(TensorHandle tensor, Tier tier, AccessMode m
 Result<AcquireAttempt> Scheduler::try_acquire(TensorHandle tensor, Tier tier, AccessMode mode) {
   if (tier == Tier::kNvme) return invalid_argument("acquire: the tier must be device or pinned");
   std::lock_guard lock(mu_);
-  Result<uint32_t> index = registry_.resolve(tensor);
-  if (!index) return std::move(index).take_status();
-  TensorRecord& r = registry_.at(*index);
+  STRATA_ASSIGN_OR_RETURN(uint32_t index, registry_.resolve(tensor));
+  TensorRecord& r = registry_.at(index);
   const bool was_polled = r.polled[memory_index(tier)];
-  Result<AcquireAttempt> attempt = attempt_locked(*index, tier, mode);
+  Result<AcquireAttempt> attempt = attempt_locked(index, tier, mode);
   if (!attempt) {
     r.polled[memory_index(tier)] = false;
     return attempt;
@@ -424,9 +420,8 @@ Result<AcquireAttempt> Scheduler::try_acquire(TensorHandle tensor, Tier tier, Ac
 Status Scheduler::cancel_acquire(TensorHandle tensor, Tier tier) {
   if (tier == Tier::kNvme) return invalid_argument("cancel_acquire: tier must be device or pinned");
   std::lock_guard lock(mu_);
-  Result<uint32_t> index = registry_.resolve(tensor);
-  if (!index) return std::move(index).take_status();
-  registry_.at(*index).polled[memory_index(tier)] = false;
+  STRATA_ASSIGN_OR_RETURN(uint32_t index, registry_.resolve(tensor));
+  registry_.at(index).polled[memory_index(tier)] = false;
   pump();
   return Status::ok();
 }
@@ -506,9 +501,8 @@ Result<AcquireAttempt> Scheduler::attempt_locked(uint32_t index, Tier tier, Acce
 
 Status Scheduler::release(TensorHandle tensor, bool dirty, void* device_stream) {
   std::lock_guard lock(mu_);
-  Result<uint32_t> index = registry_.resolve(tensor);
-  if (!index) return std::move(index).take_status();
-  TensorRecord& r = registry_.at(*index);
+  STRATA_ASSIGN_OR_RETURN(uint32_t index, registry_.resolve(tensor));
+  TensorRecord& r = registry_.at(index);
   if (r.uses == 0)
     return Status::error(STRATA_E_STATE, "release of " + label(r) + ": not acquired");
   const Tier tier = r.use_tier;
@@ -528,9 +522,8 @@ Status Scheduler::release(TensorHandle tensor, bool dirty, void* device_stream) 
 
 Status Scheduler::discard(TensorHandle tensor) {
   std::lock_guard lock(mu_);
-  Result<uint32_t> index = registry_.resolve(tensor);
-  if (!index) return std::move(index).take_status();
-  TensorRecord& r = registry_.at(*index);
+  STRATA_ASSIGN_OR_RETURN(uint32_t index, registry_.resolve(tensor));
+  TensorRecord& r = registry_.at(index);
   if (r.uses > 0) return Status::error(STRATA_E_STATE, "discard of " + label(r) + ": acquired");
   if (r.residency.in_flight()) {
     r.discard_pending = true;
@@ -550,16 +543,15 @@ Status Scheduler::reserve(TensorHandle tensor, Tier tier, std::chrono::nanosecon
     // without another call, which a single-threaded caller would never get to make. Evictions
     // and write-backs, which end by themselves, are waited for below.
     std::lock_guard lock(mu_);
-    Result<uint32_t> index = registry_.resolve(tensor);
-    if (!index) return std::move(index).take_status();
-    const TensorRecord& r = registry_.at(*index);
+    STRATA_ASSIGN_OR_RETURN(uint32_t index, registry_.resolve(tensor));
+    const TensorRecord& r = registry_.at(index);
     const int mi = memory_index(tier);
     if (r.pool[mi] != kNoPool) {
       const PoolState& pool = pools_[r.pool[mi]];
       uint64_t held = 0;
       for (uint32_t other : pool.resident) {
         const TensorRecord& c = registry_.at(other);
-        if (other == *index) continue;
+        if (other == index) continue;
         const bool in_use = c.uses > 0 && c.use_tier == tier;
         if (in_use || held_until_a_call(c, tier)) {
           held += c.charged[mi];
@@ -577,16 +569,14 @@ Status Scheduler::reserve(TensorHandle tensor, Tier tier, std::chrono::nanosecon
       }
     }
   }
-  Result<Acquired> acquired = acquire(tensor, tier, AccessMode::kOverwrite, timeout);
-  if (!acquired) return std::move(acquired).take_status();
+  STRATA_ASSIGN_OR_RETURN(Acquired acquired, acquire(tensor, tier, AccessMode::kOverwrite, timeout));
   return release(tensor, /*dirty=*/false);
 }
 
 Status Scheduler::prefetch(TensorHandle tensor, Tier tier) {
   if (tier == Tier::kNvme) return invalid_argument("prefetch: the tier must be device or pinned");
   std::lock_guard lock(mu_);
-  Result<uint32_t> index = registry_.resolve(tensor);
-  if (!index) return std::move(index).take_status();
+  STRATA_ASSIGN_OR_RETURN(uint32_t index, registry_.resolve(tensor));
   const size_t capacity = hints_.size();
   const Demand hint{tensor, tier, AccessMode::kRead};
   if (hint_count_ == capacity) {

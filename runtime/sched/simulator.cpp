@@ -102,10 +102,7 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
   sc.record_first_step = false;
   sc.max_tensors =
       static_cast<uint32_t>(std::min<size_t>(inventory.size(), size_t{kMaxHandleIndex} + 1));
-  Result<std::unique_ptr<Scheduler>> created =
-      Scheduler::create(sc, backend, backend.context().get_executor());
-  if (!created) return std::move(created).take_status().with_context("simulate");
-  run.scheduler() = std::move(*created);
+  STRATA_ASSIGN_OR_RETURN(run.scheduler(), Scheduler::create(sc, backend, backend.context().get_executor()), "simulate");
   Scheduler& scheduler = *run.scheduler();
 
   // Steady state: every tensor with contents already has them on NVMe; gradients have none
@@ -118,16 +115,13 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
     options.home = pinned_home ? Tier::kPinned : Tier::kNvme;
     options.contents_on_nvme = spec.kind != TensorKind::kGradient &&
                                spec.kind != TensorKind::kActivationCheckpoint && !pinned_home;
-    Result<TensorHandle> handle = scheduler.register_tensor(spec, options);
-    if (!handle) return std::move(handle).take_status().with_context("simulate");
-    handles.push_back(*handle);
+    STRATA_ASSIGN_OR_RETURN(TensorHandle handle, scheduler.register_tensor(spec, options), "simulate");
+    handles.push_back(handle);
   }
-  Result<TrainingStep> planned = plan_training_step(inventory, handles, config.step);
-  if (!planned) return std::move(planned).take_status();
-  const TrainingStep step = with_micro_batches(std::move(*planned), config.micro_batches);
-  Result<AccessSchedule> schedule = schedule_of(step);
-  if (!schedule) return std::move(schedule).take_status();
-  STRATA_TRY(scheduler.declare_schedule(std::move(*schedule)));
+  STRATA_ASSIGN_OR_RETURN(TrainingStep planned, plan_training_step(inventory, handles, config.step));
+  const TrainingStep step = with_micro_batches(std::move(planned), config.micro_batches);
+  STRATA_ASSIGN_OR_RETURN(AccessSchedule schedule, schedule_of(step));
+  STRATA_TRY(scheduler.declare_schedule(std::move(schedule)));
 
   const MemoryPlan& plan = config.memory;
   const DeviceModel& model = config.device;

@@ -81,12 +81,15 @@ Status remove_locked_directory(int dir_fd, int fd, const std::string& name,
     const std::string entry = e->d_name;
     if (entry == "." || entry == "..") continue;
     struct stat st {};
+    std::string where = path;
+    where += '/';
+    where += entry;
     if (::fstatat(fd, entry.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || S_ISDIR(st.st_mode)) {
-      status = io_error(path + "/" + entry + " is not a file Strata made; left in place");
+      status = io_error(where + " is not a file Strata made; left in place");
       continue;
     }
     if (::unlinkat(fd, entry.c_str(), 0) != 0 && errno != ENOENT) {
-      status = errno_status(STRATA_E_IO, "removing " + path + "/" + entry, errno);
+      status = errno_status(STRATA_E_IO, "removing " + where, errno);
     }
   }
   ::closedir(d);

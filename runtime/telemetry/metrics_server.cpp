@@ -31,7 +31,7 @@ constexpr int kListenBacklog = 64;
 // descriptor shortage does not turn into a busy loop.
 constexpr std::chrono::milliseconds kAcceptRetryDelay{100};
 // Input discarded after a response before the connection is closed anyway (see linger()).
-constexpr size_t kMaxDrainBytes = 64 * 1024;
+constexpr size_t kMaxDrainBytes = size_t{64} * 1024;
 
 struct Response {
   int status;
