@@ -106,7 +106,8 @@ void run_pool_bench(const PoolBenchArgs& args) {
            {"mapping_s_warm", mapping_s(r.mapped_bytes_per_later_pass)},
            {"waits", r.waits},
            {"take_ns", r.take_ns},
-           {"give_ns", r.give_ns}});
+           {"give_ns", r.give_ns},
+           {"first_pass_take_ns", r.first_pass_take_ns}});
     }
     const nlohmann::ordered_json out = {{"trace", args.trace},
                                         {"budget_bytes", trace->budget_bytes},
