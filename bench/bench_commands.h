@@ -15,7 +15,8 @@ void add_adam_command(CLI::App& bench);
 // sub-group, beside each stage alone).
 void add_optimizer_command(CLI::App& bench);
 
-// Adds `bench pool` (pinned bytes reserved vs in flight: strata, zero-infinity and pow2 pools).
+// Adds `bench pool` (a recorded run's pinned requests replayed through the runtime's recycler and
+// the adaptive, zero-infinity and pow2 pools: pinned bytes reserved and allocation cost).
 void add_pool_command(CLI::App& bench);
 
 // Adds `bench finetune` (training steps through the C API: Strata against ZeRO-Infinity, each in

@@ -5,7 +5,7 @@
 // bound to one NUMA node, locked (mlock), registered with the GPU (cudaHostRegister, via the
 // Device) and with the I/O engine as fixed buffers, so that NVMe -> pinned -> GPU needs no bounce
 // buffer anywhere. Allocation is a cold path (mmap, mlock, registration take milliseconds per
-// GiB): the buffer pool carves long-lived slabs from here once and recycles them.
+// GiB): the recycler (pinned_recycler.h) keeps what it maps here and hands it out again.
 //
 // The budget is enforced before any memory is touched: a request past it fails with
 // STRATA_E_PINNED_BUDGET and the numbers, never with the OOM killer. A locking failure
@@ -104,7 +104,7 @@ class PinnedArena {
 
   // Pinned memory for a tensor of `kind`: counted in the pinned tier as reserved and in use.
   Result<PinnedBuffer> allocate(uint64_t bytes, TensorKind kind);
-  // Pinned memory whose use the caller counts itself (the buffer pool's slabs): counted as
+  // Pinned memory whose use the caller counts itself (the recycler's buffers): counted as
   // reserved only.
   Result<PinnedBuffer> allocate_slab(uint64_t bytes);
 

@@ -1,5 +1,6 @@
 #include "memory/pinned_recycler.h"
 
+#include <chrono>
 #include <utility>
 
 #include "common/align.h"
@@ -10,6 +11,9 @@ namespace strata::memory {
 Result<PinnedBuffer> PinnedRecycler::take(uint64_t bytes, TensorKind kind) {
   if (bytes == 0) return invalid_argument("pinned recycler: zero bytes");
   const uint64_t size = align_up(bytes, kPageSize);
+  const auto start =
+      trace_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+  bool reused = false;
   PinnedBuffer buffer;
   {
     std::lock_guard lock(mutex_);
@@ -19,6 +23,7 @@ Result<PinnedBuffer> PinnedRecycler::take(uint64_t bytes, TensorKind kind) {
       buffer = std::move(it->second.back());
       it->second.pop_back();
       ++stats_.reused;
+      reused = true;
       --stats_.kept_buffers;
       stats_.kept_bytes -= size;
     }
@@ -37,7 +42,17 @@ Result<PinnedBuffer> PinnedRecycler::take(uint64_t bytes, TensorKind kind) {
     }
   }
   STRATA_ASSERT(buffer.reserved_bytes() == size);
+  if (!reused) {
+    std::lock_guard lock(mutex_);
+    stats_.mapped_bytes += size;
+  }
   if (Accounting* accounting = arena_.accounting()) accounting->use(Tier::kPinned, kind, size);
+  if (trace_) {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now() - start);
+    trace_->record({PinnedTraceEvent::Op::kTake, reinterpret_cast<uintptr_t>(buffer.data()), bytes,
+                    size, kind, reused, static_cast<uint64_t>(ns.count())});
+  }
   return buffer;
 }
 
@@ -45,6 +60,10 @@ void PinnedRecycler::give_back(PinnedBuffer buffer, TensorKind kind) {
   STRATA_ASSERT(buffer.valid());
   const uint64_t size = buffer.reserved_bytes();
   if (Accounting* accounting = arena_.accounting()) accounting->unuse(Tier::kPinned, kind, size);
+  if (trace_) {
+    trace_->record({PinnedTraceEvent::Op::kGive, reinterpret_cast<uintptr_t>(buffer.data()), 0,
+                    size, kind, false, 0});
+  }
   std::lock_guard lock(mutex_);
   kept_[size].push_back(std::move(buffer));
   ++stats_.kept_buffers;

@@ -10,31 +10,44 @@
 // kept buffers are unmapped, those of other sizes first, until it does. Kept memory counts as
 // pinned "reserved", never as "in use".
 //
+// A buffer's GPU registration (cudaHostRegister, through the arena's Device) and its io_uring
+// fixed-buffer registration happen once, when it is mapped; a recycled buffer keeps both, so only
+// a step that asks for a size not seen before pays them. With STRATA_PINNED_TRACE set, every take
+// and give-back is written to that file (pinned_trace.h) for `strata bench pool --trace`.
+//
 // Thread rules: any thread, concurrently. Must not outlive its arena.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
 #include "memory/pinned_arena.h"
+#include "memory/pinned_trace.h"
 #include "vocabulary/tensor_spec.h"
 
 namespace strata::memory {
 
 struct PinnedRecyclerStats {
-  uint64_t taken = 0;       // buffers handed out
-  uint64_t reused = 0;      // of which recycled
-  uint64_t trimmed = 0;     // kept buffers unmapped to make room for another size
-  uint64_t kept_bytes = 0;  // reserved bytes kept now
+  uint64_t taken = 0;         // buffers handed out
+  uint64_t reused = 0;        // of which recycled
+  uint64_t trimmed = 0;       // kept buffers unmapped to make room for another size
+  uint64_t mapped_bytes = 0;  // reserved bytes of the takes that mapped a new buffer
+  uint64_t kept_bytes = 0;    // reserved bytes kept now
   uint32_t kept_buffers = 0;
 };
 
 class PinnedRecycler {
  public:
-  explicit PinnedRecycler(PinnedArena& arena) : arena_(arena) {}
+  // Records to STRATA_PINNED_TRACE when it is set.
+  explicit PinnedRecycler(PinnedArena& arena)
+      : PinnedRecycler(arena, PinnedTraceWriter::from_environment(arena.budget_bytes())) {}
+  // Records to `trace` (may be nullptr: no recording).
+  PinnedRecycler(PinnedArena& arena, std::unique_ptr<PinnedTraceWriter> trace)
+      : arena_(arena), trace_(std::move(trace)) {}
   ~PinnedRecycler() = default;
   PinnedRecycler(const PinnedRecycler&) = delete;
   PinnedRecycler& operator=(const PinnedRecycler&) = delete;
@@ -59,6 +72,7 @@ class PinnedRecycler {
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, std::vector<PinnedBuffer>> kept_;  // by reserved size
   PinnedRecyclerStats stats_;                                     // guarded by mutex_
+  const std::unique_ptr<PinnedTraceWriter> trace_;                // may be nullptr
 };
 
 }  // namespace strata::memory

@@ -25,7 +25,6 @@
 #include "common/units.h"
 #include "io/engine_factory.h"
 #include "io/fault_injection.h"
-#include "memory/staging.h"
 #include "model/model_config.h"
 #include "model/plan.h"
 
@@ -100,13 +99,6 @@ void fuzz_small_parsers(FuzzedDataProvider& in) {
   } else {
     auto again = strata::parse_lora_targets(strata::to_string(*v));
     if (!again) fail("parse_lora_targets round trip", strata::to_string(*v));
-  }
-  if (auto v = strata::memory::parse_kind_mask(text); !v) {
-    check_status(v.status(), "parse_kind_mask");
-  } else {
-    auto again = strata::memory::parse_kind_mask(strata::memory::kind_mask_string(*v));
-    if (!again || *again != *v)
-      fail("parse_kind_mask round trip", strata::memory::kind_mask_string(*v));
   }
   (void)strata::io::parse_io_engine_kind(text);
 }

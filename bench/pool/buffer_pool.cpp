@@ -1,4 +1,4 @@
-#include "memory/buffer_pool.h"
+#include "pool/buffer_pool.h"
 
 #include <algorithm>
 #include <bit>
@@ -7,7 +7,7 @@
 #include "common/assert.h"
 #include "common/units.h"
 
-namespace strata::memory {
+namespace strata::bench {
 namespace {
 
 // pow2 classes: every power of two from a page up (smaller requests still take a page).
@@ -26,8 +26,7 @@ PoolBuffer::PoolBuffer(PoolBuffer&& other) noexcept
     : pool_(std::exchange(other.pool_, nullptr)),
       slot_(std::exchange(other.slot_, nullptr)),
       data_(std::exchange(other.data_, nullptr)),
-      bytes_(std::exchange(other.bytes_, 0)),
-      kind_(other.kind_) {}
+      bytes_(std::exchange(other.bytes_, 0)) {}
 
 PoolBuffer& PoolBuffer::operator=(PoolBuffer&& other) noexcept {
   if (this != &other) {
@@ -36,13 +35,12 @@ PoolBuffer& PoolBuffer::operator=(PoolBuffer&& other) noexcept {
     slot_ = std::exchange(other.slot_, nullptr);
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
-    kind_ = other.kind_;
   }
   return *this;
 }
 
 void PoolBuffer::reset() {
-  if (pool_ != nullptr) pool_->give_back(*slot_, bytes_, kind_);
+  if (pool_ != nullptr) pool_->give_back(*slot_, bytes_);
   pool_ = nullptr;
   slot_ = nullptr;
   data_ = nullptr;
@@ -56,29 +54,16 @@ uint32_t PoolBuffer::size_class() const {
   return slot_ != nullptr ? slot_->size_class : 0;
 }
 
-int32_t PoolBuffer::io_buffer_index(uint64_t offset, uint64_t length) const {
-  if (slot_ == nullptr || offset + length > slot_->capacity) return -1;
-  if (slot_->memory.valid()) return slot_->memory.io_buffer_index(offset, length);
-  return pool_->zero_block_.io_buffer_index(slot_->block_offset + offset, length);
-}
-
 // --- BufferPool --------------------------------------------------------------------------------
 
-Result<std::unique_ptr<BufferPool>> BufferPool::create(PinnedArena& arena,
-                                                       std::span<const StagedTensor> tensors,
-                                                       const PoolOptions& options) {
-  const PinnedArenaStats arena_stats = arena.stats();
-  uint64_t available =
-      arena_stats.budget_bytes - std::min(arena_stats.budget_bytes, arena_stats.reserved_bytes);
-  if (options.budget_bytes != 0) available = std::min(available, options.budget_bytes);
-  Result<PoolPlan> plan = plan_pool(tensors, options, available);
-  if (!plan.is_ok()) return std::move(plan).take_status();
-  std::unique_ptr<BufferPool> pool(new BufferPool(arena, std::move(plan).value()));
+Result<std::unique_ptr<BufferPool>> BufferPool::create(memory::PinnedArena& arena, PoolPlan plan) {
+  std::unique_ptr<BufferPool> pool(new BufferPool(arena, std::move(plan)));
   STRATA_TRY(pool->map_buffers());
   return pool;
 }
 
-BufferPool::BufferPool(PinnedArena& arena, PoolPlan plan) : arena_(arena), plan_(std::move(plan)) {}
+BufferPool::BufferPool(memory::PinnedArena& arena, PoolPlan plan)
+    : arena_(arena), plan_(std::move(plan)) {}
 
 BufferPool::~BufferPool() {
   // Loaned buffers point into the pool: releasing them later would touch freed memory.
@@ -87,15 +72,15 @@ BufferPool::~BufferPool() {
 
 Status BufferPool::map_buffers() {
   switch (plan_.policy) {
-    case PoolPolicy::kStrata:
+    case PoolPolicy::kAdaptive:
       for (const SizeClass& c : plan_.classes) {
         const auto class_index = static_cast<uint32_t>(classes_.size());
         classes_.push_back({c.slot_bytes, kNone});
         for (uint32_t i = 0; i < c.count; ++i) {
-          Result<PinnedBuffer> memory = arena_.allocate_slab(c.slot_bytes);
+          Result<memory::PinnedBuffer> memory = arena_.allocate_slab(c.slot_bytes);
           if (!memory.is_ok()) {
             return std::move(memory).take_status().with_context(
-                "mapping the strata pool's buffers of " + format_bytes(c.slot_bytes));
+                "mapping the adaptive pool's buffers of " + format_bytes(c.slot_bytes));
           }
           Slot& slot = slots_.emplace_back();
           slot.index = static_cast<uint32_t>(slots_.size() - 1);
@@ -110,7 +95,7 @@ Status BufferPool::map_buffers() {
       break;
     case PoolPolicy::kZeroInfinity: {
       const SizeClass& c = plan_.classes.front();
-      Result<PinnedBuffer> block = arena_.allocate_slab(plan_.zero_block_bytes);
+      Result<memory::PinnedBuffer> block = arena_.allocate_slab(plan_.zero_block_bytes);
       if (!block.is_ok()) {
         return std::move(block).take_status().with_context("mapping the zero-infinity block");
       }
@@ -120,8 +105,7 @@ Status BufferPool::map_buffers() {
       for (uint32_t i = c.count; i-- > 0;) {
         Slot& slot = slots_.emplace_back();
         slot.index = static_cast<uint32_t>(slots_.size() - 1);
-        slot.block_offset = uint64_t{i} * c.slot_bytes;
-        slot.data = zero_block_.data() + slot.block_offset;
+        slot.data = zero_block_.data() + uint64_t{i} * c.slot_bytes;
         slot.capacity = c.slot_bytes;
         slot.next_free = classes_[0].free_head;
         classes_[0].free_head = slot.index;
@@ -138,11 +122,6 @@ Status BufferPool::map_buffers() {
   stats_.reserved_bytes = zero_block_.reserved_bytes();
   for (const Slot& slot : slots_) stats_.reserved_bytes += slot.memory.reserved_bytes();
   return Status::ok();
-}
-
-bool BufferPool::fits(uint64_t bytes) const {
-  if (plan_.policy == PoolPolicy::kPow2) return bytes > 0;
-  return bytes > 0 && !classes_.empty() && classes_.back().slot_bytes >= bytes;
 }
 
 uint32_t BufferPool::take(uint64_t bytes, bool* borrowed) {
@@ -165,7 +144,7 @@ uint32_t BufferPool::take(uint64_t bytes, bool* borrowed) {
 Result<uint32_t> BufferPool::grow(uint64_t bytes) {
   // The caching allocator's miss path: pin a new block of the rounded size.
   const uint64_t size = pow2_size(bytes);
-  Result<PinnedBuffer> memory = arena_.allocate_slab(size);
+  Result<memory::PinnedBuffer> memory = arena_.allocate_slab(size);
   if (!memory.is_ok()) return std::move(memory).take_status();
   Slot& slot = slots_.emplace_back();
   slot.index = static_cast<uint32_t>(slots_.size() - 1);
@@ -179,23 +158,29 @@ Result<uint32_t> BufferPool::grow(uint64_t bytes) {
   return slot.index;
 }
 
-PoolBuffer BufferPool::lend(uint32_t slot_index, uint64_t bytes, TensorKind kind) {
+PoolBuffer BufferPool::lend(uint32_t slot_index, uint64_t bytes) {
   Slot& slot = slots_[slot_index];
   PoolBuffer buffer;
   buffer.pool_ = this;
   buffer.slot_ = &slot;
   buffer.data_ = slot.data;
   buffer.bytes_ = bytes;
-  buffer.kind_ = kind;
   ++stats_.acquires;
   ++stats_.buffers_in_use;
   stats_.in_use_bytes += bytes;
   stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
-  if (Accounting* accounting = arena_.accounting()) accounting->use(Tier::kPinned, kind, bytes);
   return buffer;
 }
 
-Result<PoolBuffer> BufferPool::acquire_locked(uint64_t bytes, TensorKind kind) {
+Result<PoolBuffer> BufferPool::try_acquire(uint64_t bytes) {
+  if (bytes == 0 || (plan_.policy != PoolPolicy::kPow2 &&
+                     (classes_.empty() || classes_.back().slot_bytes < bytes))) {
+    return invalid_argument("no buffer of the " + std::string(to_string(plan_.policy)) +
+                            " pool holds " + std::to_string(bytes) + " bytes (largest: " +
+                            std::to_string(classes_.empty() ? 0 : classes_.back().slot_bytes) +
+                            ")");
+  }
+  std::lock_guard lock(mutex_);
   bool borrowed = false;
   uint32_t index = take(bytes, &borrowed);
   if (index == kNone && plan_.policy == PoolPolicy::kPow2) {
@@ -208,61 +193,18 @@ Result<PoolBuffer> BufferPool::acquire_locked(uint64_t bytes, TensorKind kind) {
     return PoolBuffer();
   }
   if (borrowed) ++stats_.borrowed;
-  return lend(index, bytes, kind);
+  return lend(index, bytes);
 }
 
-Status BufferPool::check_fits(uint64_t bytes) const {
-  if (fits(bytes)) return Status::ok();
-  return invalid_argument("no buffer of the " + std::string(to_string(plan_.policy)) +
-                          " pool holds " + std::to_string(bytes) + " bytes (largest: " +
-                          std::to_string(classes_.empty() ? 0 : classes_.back().slot_bytes) +
-                          "); the tensor is not in the pool's inventory: use allocate_exact");
-}
-
-Result<PoolBuffer> BufferPool::try_acquire(uint64_t bytes, TensorKind kind) {
-  STRATA_TRY(check_fits(bytes));
+void BufferPool::give_back(Slot& slot, uint64_t bytes) noexcept {
   std::lock_guard lock(mutex_);
-  return acquire_locked(bytes, kind);
-}
-
-Result<PoolBuffer> BufferPool::acquire(uint64_t bytes, TensorKind kind,
-                                       std::chrono::nanoseconds timeout) {
-  STRATA_TRY(check_fits(bytes));
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::unique_lock lock(mutex_);
-  for (;;) {
-    Result<PoolBuffer> buffer = acquire_locked(bytes, kind);
-    if (!buffer.is_ok() || buffer->valid()) return buffer;
-    // Looked and waits under one lock hold, so a release cannot slip in between.
-    const uint64_t seen = releases_;
-    if (!released_.wait_until(lock, deadline, [&] { return releases_ != seen; })) {
-      return Status::error(
-          STRATA_E_TIMEOUT,
-          "no pinned buffer of " + std::to_string(bytes) +
-              " bytes was released in time: " + std::to_string(stats_.buffers_in_use) + " of " +
-              std::to_string(stats_.buffers) + " buffers are on loan");
-    }
-  }
-}
-
-void BufferPool::give_back(Slot& slot, uint64_t bytes, TensorKind kind) noexcept {
-  {
-    std::lock_guard lock(mutex_);
-    STRATA_ASSERT(slot.on_loan && stats_.buffers_in_use > 0);  // released twice otherwise
-    slot.on_loan = false;
-    ++releases_;
-    ClassState& c = classes_[slot.size_class];
-    slot.next_free = c.free_head;
-    c.free_head = slot.index;
-    --stats_.buffers_in_use;
-    stats_.in_use_bytes -= bytes;
-  }
-  if (Accounting* accounting = arena_.accounting()) accounting->unuse(Tier::kPinned, kind, bytes);
-  released_.notify_all();
-}
-
-Result<PinnedBuffer> BufferPool::allocate_exact(uint64_t bytes, TensorKind kind) {
-  return arena_.allocate(bytes, kind);
+  STRATA_ASSERT(slot.on_loan && stats_.buffers_in_use > 0);  // released twice otherwise
+  slot.on_loan = false;
+  ClassState& c = classes_[slot.size_class];
+  slot.next_free = c.free_head;
+  c.free_head = slot.index;
+  --stats_.buffers_in_use;
+  stats_.in_use_bytes -= bytes;
 }
 
 PoolStats BufferPool::stats() const {
@@ -270,4 +212,4 @@ PoolStats BufferPool::stats() const {
   return stats_;
 }
 
-}  // namespace strata::memory
+}  // namespace strata::bench
