@@ -29,6 +29,10 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const std::exception& e) {
+    // A command's own failures are exit codes; this is a bug or the host out of memory.
+    std::fprintf(stderr, "strata: unexpected error: %s\n", e.what());
+    return 70;  // EX_SOFTWARE
   }
   return 0;
 }

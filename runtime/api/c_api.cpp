@@ -193,9 +193,12 @@ Result<optim::StateKind> state_kind(strata_optimizer_state state) {
 }
 
 // The runtime's optimizer, made on first use.
+// `name` is declared, which parentheses would break.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define STRATA_OPTIMIZER(rt, name)                                                \
-  STRATA_ASSIGN_OR_RETURN(optim::TieredOptimizer * name##_made, (rt).optimizer()); \
+  STRATA_ASSIGN_OR_RETURN(optim::TieredOptimizer* name##_made, (rt).optimizer()); \
   optim::TieredOptimizer& name = *name##_made
+// NOLINTEND(bugprone-macro-parentheses)
 
 }  // namespace
 }  // namespace strata::api

@@ -37,7 +37,7 @@ class Runtime {
   // Validates the config (every field) and builds the tiers. The config may be an older, smaller
   // struct: missing fields keep their defaults. handle_owner tags the tensor handles this runtime
   // issues (the C API gives each live runtime its own, so handles of another are refused).
-  static Result<std::unique_ptr<Runtime>> create(const strata_config& config,
+  static Result<std::unique_ptr<Runtime>> create(const strata_config& in,
                                                  uint16_t handle_owner = 0);
   ~Runtime();
   Runtime(const Runtime&) = delete;
@@ -95,6 +95,6 @@ class Runtime {
 };
 
 // Normalizes a caller's config: defaults for what an older struct lacks, then every check.
-Result<strata_config> normalize_config(const strata_config* config);
+Result<strata_config> normalize_config(const strata_config* in);
 
 }  // namespace strata::api

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "common/status.h"
 #include "common/units.h"
 #include "io/uring_probe.h"
 #include "optim/simd_level.h"
@@ -106,7 +107,7 @@ Check check_directory(const std::string& path) {
       return {"nvme path", Verdict::kFail, path + ": a component of the path is not a directory",
               "point --path at a directory on the NVMe drive"};
     }
-    return {"nvme path", Verdict::kFail, path + ": " + std::strerror(err),
+    return {"nvme path", Verdict::kFail, path + ": " + errno_text(err),
             "point --path at a directory on the NVMe drive"};
   }
   if (!S_ISDIR(st.st_mode)) {
@@ -140,7 +141,7 @@ Check check_directory(const std::string& path) {
               "chmod u+w / chown it for the user who runs Strata, or choose a directory of your "
               "own"};
     }
-    return {"nvme path", Verdict::kFail, path + ": " + std::strerror(err),
+    return {"nvme path", Verdict::kFail, path + ": " + errno_text(err),
             "choose a writable directory on the NVMe drive"};
   }
   return {"nvme path", Verdict::kOk, path + " is a writable directory", ""};
@@ -169,7 +170,7 @@ Check check_free_space(const DoctorOptions& o, const struct statvfs& vfs) {
 Check check_file_system(const std::string& path) {
   struct statfs fs {};
   if (::statfs(path.c_str(), &fs) != 0) {
-    return {"file system", Verdict::kWarn, std::string("statfs: ") + std::strerror(errno), ""};
+    return {"file system", Verdict::kWarn, std::string("statfs: ") + errno_text(errno), ""};
   }
   const auto type = static_cast<unsigned long>(fs.f_type);
   if (type == TMPFS_MAGIC || type == RAMFS_MAGIC) {
@@ -247,7 +248,7 @@ std::vector<Check> check_path(const DoctorOptions& o) {
   if (checks.back().verdict == Verdict::kFail) return checks;
   struct statvfs vfs {};
   if (statvfs(o.path.c_str(), &vfs) != 0) {
-    checks.push_back({"free space", Verdict::kFail, o.path + ": " + std::strerror(errno), ""});
+    checks.push_back({"free space", Verdict::kFail, o.path + ": " + errno_text(errno), ""});
     return checks;
   }
   checks.push_back(check_free_space(o, vfs));

@@ -7,9 +7,15 @@
 
 namespace strata {
 
+std::string errno_text(int errno_value) {
+  char buffer[256];
+  // GNU strerror_r: returns the message, in `buffer` or a static string of its own.
+  return ::strerror_r(errno_value, buffer, sizeof buffer);
+}
+
 Status errno_status(int code, const std::string& what, int errno_value) {
   std::string message =
-      what + ": " + std::strerror(errno_value) + " (errno " + std::to_string(errno_value) + ")";
+      what + ": " + errno_text(errno_value) + " (errno " + std::to_string(errno_value) + ")";
   // Running out of file descriptors is a limit the user can raise, whichever call met it: say
   // which limit, its value and how, instead of a bare I/O or "unsupported" error.
   if (errno_value == EMFILE || errno_value == ENFILE) {

@@ -51,6 +51,9 @@ inline Status unsupported(std::string m) {
 // Builds "what: strerror(errno_value) (errno N)".
 Status errno_status(int code, const std::string& what, int errno_value);
 
+// strerror's text, from any thread (strerror itself may share one buffer between threads).
+std::string errno_text(int errno_value);
+
 template <typename T>
 class [[nodiscard]] Result {
  public:

@@ -48,6 +48,8 @@ constexpr UseFilter filter_for(Tier tier) {
   return tier == Tier::kDevice ? UseFilter::kDevice : UseFilter::kPinned;
 }
 
+// NOLINTNEXTLINE(bugprone-reserved-identifier): clang-tidy 14 flags the '__i0' loop of the
+// implicit copy of the array members, not a name written here.
 class AccessSchedule {
  public:
   // Explicit limits: a 405B model has ~1,000 parameters and ~10,000 accesses per step.
