@@ -50,6 +50,7 @@
 #include "finetune/memory_sampler.h"
 #include "finetune/worker_common.h"
 #include "memory/accounting.h"
+#include "model/plan_report.h"
 #include "optim/cpu_adam.h"
 #include "optim/half_convert.h"
 
@@ -894,23 +895,6 @@ Status DeepSpeedWorker::write_trace() {
                             log_.spans());
 }
 
-json buffers_json(const std::vector<BufferSpec>& buffers) {
-  json out = json::array();
-  for (const BufferSpec& b : buffers) {
-    out.push_back({{"name", b.name},
-                   {"count", b.count},
-                   {"bytes_each", b.each_bytes},
-                   {"held_bytes", b.held_bytes()},
-                   {"pinned", b.pinned},
-                   {"rounded", b.pinned && b.each_held != b.each_bytes},
-                   {"startup_copy", b.zero_source},
-                   {"life", to_string(b.life)},
-                   {"when", b.when},
-                   {"deepspeed_source", b.source}});
-  }
-  return out;
-}
-
 json config_json(const DeepSpeedConfig& c, const DeepSpeedLayout& layout) {
   return {{"offload_param",
            {{"device", "nvme"},
@@ -983,7 +967,7 @@ void DeepSpeedWorker::send_result() {
        {"nvme_read_bytes", read},
        {"nvme_write_bytes", written},
        {"config", config_json(config_, layout_)},
-       {"buffers", buffers_json(c_.buffers)},
+       {"buffers", deepspeed_buffers_json(c_.buffers)},
        {"steps", std::move(totals.steps)},
        {"memory_series", memory_series_json(*sampler_)}});
 }

@@ -112,16 +112,6 @@ json deepspeed_json(const DeepSpeedComparison& c, const OffloadEstimate& strata_
   const DeepSpeedEstimate& d = c.deepspeed;
   const OffloadEstimate& e = d.offload;
   json out = offload_json(e);
-  json buffers = json::array();
-  for (const deepspeed::BufferSpec& b : d.buffers) {
-    buffers.push_back({{"name", b.name},
-                       {"count", b.count},
-                       {"bytes_each", b.each_bytes},
-                       {"held_bytes", b.held_bytes()},
-                       {"pinned", b.pinned},
-                       {"life", to_string(b.life)},
-                       {"deepspeed_source", b.source}});
-  }
   out["name"] = d.name;
   out["deepspeed_knob_factor"] = d.knob_factor;
   out["host_bytes_steps"] = d.host_bytes_steps;
@@ -132,7 +122,7 @@ json deepspeed_json(const DeepSpeedComparison& c, const OffloadEstimate& strata_
       {"parameter_reads", d.io.parameter_reads}, {"gradient_writes", d.io.gradient_writes},
       {"state_reads", d.io.state_reads},         {"gradient_reads", d.io.gradient_reads},
       {"state_writes", d.io.state_writes},       {"parameter_writes", d.io.parameter_writes}};
-  out["buffers"] = buffers;
+  out["buffers"] = deepspeed_buffers_json(d.buffers);
   out["fits_host"] = c.fits_host ? json(*c.fits_host) : json(nullptr);
   out["strata_equal_ram"] = offload_json(c.strata_equal_ram);
   out["host_ratio_each_side_least"] =
@@ -179,6 +169,23 @@ json like_for_like_json(const Plan& plan) {
 }
 
 }  // namespace
+
+json deepspeed_buffers_json(const std::vector<deepspeed::BufferSpec>& buffers) {
+  json out = json::array();
+  for (const deepspeed::BufferSpec& b : buffers) {
+    out.push_back({{"name", b.name},
+                   {"count", b.count},
+                   {"bytes_each", b.each_bytes},
+                   {"held_bytes", b.held_bytes()},
+                   {"pinned", b.pinned},
+                   {"rounded", b.pinned && b.each_held != b.each_bytes},
+                   {"startup_copy", b.zero_source},
+                   {"life", to_string(b.life)},
+                   {"when", b.when},
+                   {"deepspeed_source", b.source}});
+  }
+  return out;
+}
 
 json plan_to_json(const Plan& plan) {
   const PlanRequest& r = plan.request;
