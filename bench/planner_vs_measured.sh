@@ -1,35 +1,47 @@
 #!/usr/bin/env bash
-# `strata plan` against a measured `strata bench finetune` run of the same shape: prints the
-# Markdown table of docs/planner.md, "Predicted against measured".
+# `strata plan` against one measured run of the main job (`strata bench finetune --model
+# llama-2-70b --strategy both`): prints the Markdown table of docs/planner.md, "Predicted against
+# measured", for Strata and the three labelled DeepSpeed configurations.
 #
-#   bash bench/planner_vs_measured.sh                # runs the main job (about 5 min), then plans
+#   bash bench/planner_vs_measured.sh                # runs the main job (about 6 min), then plans
 #   bash bench/planner_vs_measured.sh measured.json  # plans against a saved `--json` run
+#   SAVE=DIR bash bench/planner_vs_measured.sh       # also keeps the run's, the disk's, Adam's
+#                                                    # and the plan's JSON in DIR
 #
-# The plan gets what the run had: the scaled model (--scale/--layers), seq, batch, MFU and GPU
-# preset of the run's modelled compute, no checkpointing (the run's modelled compute is 6 FLOPs
-# per parameter and token), NVMe offload, Strata's pinned budget as its RAM with no headroom, the
-# disk's rates (NVME_RATES, default 0.9/0.9 GB/s: docs/results.md's dd figure for this machine)
-# and the CPU Adam rate `strata bench adam` measures here. Benchmarks run under
-# flock /tmp/strata-bench.lock so that they never overlap with another one.
+# The plan gets what the run had: the scaled model (--scale/--layers, which also scales
+# DeepSpeed's element-count knobs as the benchmark does), seq, batch, MFU and GPU preset of the
+# run's modelled compute, no checkpointing (the run's modelled compute is 6 FLOPs per parameter
+# and token), NVMe offload, Strata's pinned budget as its pool exactly (--pinned-budget) and as
+# its RAM with no headroom, the disk's
+# sequential rates measured by `strata bench io` on the run's directory right after the run
+# (NVME_RATES=READ/WRITE to give them instead) and the CPU Adam rate `strata bench adam`
+# measures here (ADAM_GPARAMS to give it). Benchmarks run under flock $LOCK so that they never
+# overlap with another one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STRATA=${STRATA:-build/bin/strata}
-NVME_RATES=${NVME_RATES:-0.9/0.9}
 MODEL=${MODEL:-llama-2-70b}
+LOCK=${LOCK:-/tmp/strata-bench.lock}
+NVME_DIR=${NVME_DIR:-${TMPDIR:-/tmp}}
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+save() { if [ -n "${SAVE:-}" ]; then mkdir -p "$SAVE" && cp "$work"/*.json "$SAVE"/; fi; }
+trap 'save; rm -rf "$work"' EXIT
 
 measured=${1:-}
 if [ -z "$measured" ]; then
   measured=$work/measured.json
-  # Strata alone, its optimizer after backward: the order the planner's simulator steps in. (The
-  # planner's ZeRO-Infinity estimate is its own older model, not the labelled DeepSpeed
-  # configurations the main job now measures, so it has no measured row to meet here.)
-  flock /tmp/strata-bench.lock "$STRATA" bench finetune --model "$MODEL" --strategy strata \
-    --optimizer-overlap off --json >"$measured"
+  flock "$LOCK" "$STRATA" bench finetune --model "$MODEL" --strategy both --nvme "$NVME_DIR" \
+    --json >"$measured"
+fi
+if [ -z "${NVME_RATES:-}" ]; then
+  # DeepSpeed's aio settings (1 MiB blocks, queue depth 8): its handle is within 4% (write) and
+  # 11% (read) of Strata's engine there on this disk (docs/results.md).
+  flock "$LOCK" "$STRATA" bench io --path "$NVME_DIR" --size 1G --block 1M --qd 8 --json \
+    >"$work/io.json"
+  NVME_RATES=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("%.4f/%.4f" % (j["read_gbps"], j["write_gbps"]))' "$work/io.json")
 fi
 if [ -z "${ADAM_GPARAMS:-}" ]; then
-  flock /tmp/strata-bench.lock "$STRATA" bench adam --params 50M --grad-dtype bf16 \
+  flock "$LOCK" "$STRATA" bench adam --params 50M --grad-dtype bf16 \
     --param-out bf16 --no-torch --json >"$work/adam.json"
   ADAM_GPARAMS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["strata_mparams_per_s"] / 1e3)' "$work/adam.json")
 fi
@@ -44,34 +56,50 @@ PY
 plan_command=("$STRATA" plan --model "$MODEL" --scale "$scale" --layers "$layers" --method full
   --seq "$seq" --batch "$batch" --checkpointing none --gpu "$gpu" --mfu "$mfu" --offload nvme
   --nvme "$NVME_RATES" --adam-rate "$ADAM_GPARAMS" --host-ram "$budget" --host-headroom 0
-  --host-reserve 0)
+  --host-reserve 0 --pinned-budget "$budget")
 # Exit 3 (the plan does not fit the RAM given) still prints the plan: the table says why.
 "${plan_command[@]}" --json >"$work/plan.json" || [ $? -eq 3 ]
+echo "disk (strata bench io --qd 8 --block 1M): $NVME_RATES GB/s read/write; Adam: $ADAM_GPARAMS Gparam/s" >&2
 
 python3 - "$measured" "$work/plan.json" "${plan_command[*]}" <<'PY'
 import json, sys
 measured = json.load(open(sys.argv[1]))
 plan = json.load(open(sys.argv[2]))
-runs = {s["name"]: s for s in measured["strategies"]}
-predicted = {"strata": plan["strata_nvme"]}
+runs = {s["name"]: s for s in measured["strategies"] + measured.get("baselines", [])}
+like = plan["like_for_like"]
+predicted = {"strata": dict(plan["strata_nvme"], host_bytes_steps=plan["strata_nvme"]["host_bytes"],
+                            pinned_bytes=plan["strata_nvme"]["peak_pinned_bytes"])}
+for d in like["deepspeed"]:
+    predicted[d["name"]] = d
 
 def per_step(run, key):
+    if key + "_per_step" in run:
+        return run[key + "_per_step"]
     return run[key] / max(run["measured_steps"], 1)
 
+def requested(run, key):
+    # What the worker asked its I/O to move (Strata: the runtime's count; DeepSpeed: its aio
+    # handles'), over the measured steps (the first is a warm-up when there are more).
+    steps = run["steps"][1:] if len(run["steps"]) > 1 else run["steps"]
+    return sum(s[key] for s in steps) / len(steps)
+
 rows = [
-    ("host peak (steps)", "host_bytes", lambda r: r["peak_host_bytes_during_steps"], 0.15, "GB"),
-    ("pinned peak (steps)", "peak_pinned_bytes", lambda r: r["peak_pinned_bytes_during_steps"], None, "GB"),
-    ("NVMe read / step", "nvme_read_bytes_per_step", lambda r: per_step(r, "nvme_read_bytes"), None, "GB"),
-    ("NVMe written / step", "nvme_write_bytes_per_step", lambda r: per_step(r, "nvme_write_bytes"), 0.0, "GB"),
+    ("host peak (steps)", "host_bytes_steps", lambda r: r["peak_host_bytes_during_steps"], 0.15, "GB"),
+    ("host peak (run)", "host_bytes", lambda r: r["peak_host_bytes"], None, "GB"),
+    ("pinned peak (steps)", "pinned_bytes", lambda r: r["peak_pinned_bytes_during_steps"], None, "GB"),
+    ("NVMe read / step, requests", "nvme_read_bytes_per_step", lambda r: requested(r, "runtime_nvme_read_bytes"), None, "GB"),
+    ("NVMe written / step, requests", "nvme_write_bytes_per_step", lambda r: requested(r, "runtime_nvme_write_bytes"), 0.0, "GB"),
+    ("NVMe written / step, /proc/self/io", "nvme_write_bytes_per_step", lambda r: per_step(r, "nvme_write_bytes"), None, "GB"),
     ("step time", "step_seconds", lambda r: r["step_seconds"], 0.15, "s"),
 ]
 print(f"`{sys.argv[3]}` against the run's JSON; load average "
-      + ", ".join(f"{n} {r.get('load_average_start', '?')}-{r.get('load_average_end', '?')}" for n, r in runs.items()))
+      + ", ".join(f"{n} {r.get('load_average_start', '?'):.2f}-{r.get('load_average_end', '?'):.2f}"
+                  for n, r in runs.items()))
 print()
 print("| strategy | quantity | predicted | measured | predicted / measured | target |")
 print("| --- | --- | --- | --- | --- | --- |")
-for name in ("strata",):
-    if name not in runs:
+for name in ("strata", "deepspeed-defaults", "deepspeed-pinned", "deepspeed-tuned"):
+    if name not in runs or name not in predicted:
         continue
     for label, key, get, target, unit in rows:
         p = float(predicted[name][key])
@@ -81,8 +109,13 @@ for name in ("strata",):
         if target is None:
             verdict = "-"
         elif target == 0.0:
-            verdict = "exact: " + ("met" if p == m else "missed")
+            verdict = "exact: " + ("met" if round(p) == round(m) else "missed")
         else:
             verdict = f"within {target:.0%}: " + ("met" if abs(ratio - 1) <= target else "missed")
-        print(f"| {name} | {label} | {p / scale:.3f} {unit} | {m / scale:.3f} {unit} | {ratio:.3f} | {verdict} |")
+        digits = 6 if "NVMe" in label else 3
+        print(f"| {name} | {label} | {p / scale:.{digits}f} {unit} | {m / scale:.{digits}f} {unit} | {ratio:.6f} | {verdict} |")
+print()
+for name, r in runs.items():
+    print(f"{name}: measured disk {r.get('nvme_read_gbps', 0):.3f} GB/s read, "
+          f"{r.get('nvme_write_gbps', 0):.3f} GB/s write averaged over its steps")
 PY

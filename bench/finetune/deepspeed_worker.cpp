@@ -36,6 +36,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/align.h"
@@ -49,6 +50,7 @@
 #include "finetune/memory_sampler.h"
 #include "finetune/worker_common.h"
 #include "memory/accounting.h"
+#include "model/plan_report.h"
 #include "optim/cpu_adam.h"
 #include "optim/half_convert.h"
 
@@ -188,6 +190,18 @@ class DeepSpeedWorker {
   };
 
   uint64_t now_us() const { return log_.now_us(); }
+  // What the handles were asked to move so far: the step's requests, without the file system's
+  // own writes that /proc/self/io also counts.
+  std::pair<uint64_t, uint64_t> requested_bytes() const {
+    uint64_t read = 0, written = 0;
+    for (const AioHandle* h :
+         {param_read_.get(), param_write_.get(), optimizer_.get(), optimizer_write_.get()}) {
+      if (h == nullptr) continue;
+      read += h->bytes_read();
+      written += h->bytes_written();
+    }
+    return {read, written};
+  }
   void span(const char* track, std::string name, uint64_t begin, uint64_t end, int64_t bytes = -1) {
     log_.add(track, std::move(name), begin, end, bytes);
   }
@@ -493,19 +507,8 @@ Status DeepSpeedWorker::initialize_files() {
       trace_.push_back(by_spec[units_[u].params[i].param]);
   }
   // Released after its forward use unless its backward use comes within max_reuse_distance
-  // elements of fetches. Only the last unit's parameters can be kept here: every other unit's
-  // device memory is reused by the units after it.
-  kept_for_backward_.assign(params_.size(), false);
-  const size_t forward_end = trace_.size() / 2;
-  for (size_t i = 0; i < forward_end; ++i) {
-    const size_t p = trace_[i];
-    if (param_units_[p] + 1 != units_.size()) continue;
-    uint64_t between = 0;
-    for (size_t j = i + 1; j < trace_.size() && trace_[j] != p; ++j) {
-      between += params_[trace_[j]].elements;
-    }
-    kept_for_backward_[p] = between < config_.max_reuse_distance;
-  }
+  // elements of fetches (the layout decides it, for the planner too).
+  kept_for_backward_ = layout_.kept_for_backward;
   Result<EmulatedGpu> gpu = EmulatedGpu::create(2 * largest_unit);
   if (!gpu) return std::move(gpu).take_status();
   gpu_ = std::move(*gpu);
@@ -807,6 +810,7 @@ Status DeepSpeedWorker::step(uint32_t index) {
   sum_squares_ = 0;
   compute_seconds_ = optimizer_seconds_ = overflow_seconds_ = 0;
   const ProcIo io_before = read_proc_io();
+  const auto requested_before = requested_bytes();
   const auto start = Clock::now();
   const uint64_t begin_us = now_us();
   grad_buffer_tickets_.assign(opt_buffers_.size(), {});
@@ -862,6 +866,9 @@ Status DeepSpeedWorker::step(uint32_t index) {
   const ProcIo io_after = read_proc_io();
   r.read = io_after.read - io_before.read;
   r.written = io_after.written - io_before.written;
+  const auto requested_after = requested_bytes();
+  r.runtime_read = requested_after.first - requested_before.first;
+  r.runtime_written = requested_after.second - requested_before.second;
   r.stall = static_cast<double>(stall_us_) / 1e6;
   stall_total_us_ += stall_us_;
   r.compute = compute_seconds_;
@@ -886,23 +893,6 @@ void DeepSpeedWorker::progress(const char* phase, uint32_t step) {
 Status DeepSpeedWorker::write_trace() {
   return write_worker_trace(trace_path_, {{"strategy", c_.name}, {"runtime_trace", ""}},
                             log_.spans());
-}
-
-json buffers_json(const std::vector<BufferSpec>& buffers) {
-  json out = json::array();
-  for (const BufferSpec& b : buffers) {
-    out.push_back({{"name", b.name},
-                   {"count", b.count},
-                   {"bytes_each", b.each_bytes},
-                   {"held_bytes", b.held_bytes()},
-                   {"pinned", b.pinned},
-                   {"rounded", b.pinned && b.each_held != b.each_bytes},
-                   {"startup_copy", b.zero_source},
-                   {"life", to_string(b.life)},
-                   {"when", b.when},
-                   {"deepspeed_source", b.source}});
-  }
-  return out;
 }
 
 json config_json(const DeepSpeedConfig& c, const DeepSpeedLayout& layout) {
@@ -977,7 +967,7 @@ void DeepSpeedWorker::send_result() {
        {"nvme_read_bytes", read},
        {"nvme_write_bytes", written},
        {"config", config_json(config_, layout_)},
-       {"buffers", buffers_json(c_.buffers)},
+       {"buffers", deepspeed_buffers_json(c_.buffers)},
        {"steps", std::move(totals.steps)},
        {"memory_series", memory_series_json(*sampler_)}});
 }

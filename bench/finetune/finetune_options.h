@@ -9,13 +9,35 @@
 #include <vector>
 
 #include "common/status.h"
-#include "finetune/deepspeed_buffers.h"
-#include "finetune/deepspeed_config.h"
+#include "model/deepspeed_buffers.h"
+#include "model/deepspeed_config.h"
 #include "model/gpu_presets.h"
 #include "model/inventory.h"
 #include "model/model_config.h"
 
 namespace strata::bench::finetune {
+
+// DeepSpeed's configurations, layout and buffers are the runtime's (model/deepspeed_*.h), shared
+// with `strata plan`: the benchmark runs exactly what the planner predicts.
+using deepspeed::buffer_peaks;
+using deepspeed::BufferLife;
+using deepspeed::BufferPeaks;
+using deepspeed::BufferRole;
+using deepspeed::BufferSpec;
+using deepspeed::deepspeed_buffers;
+using deepspeed::deepspeed_layout;
+using deepspeed::DeepSpeedConfig;
+using deepspeed::DeepSpeedLayout;
+using deepspeed::io_aligned_elements;
+using deepspeed::kAllBaselines;
+using deepspeed::kDeepSpeedDefaults;
+using deepspeed::kDeepSpeedPinned;
+using deepspeed::kDeepSpeedTuned;
+using deepspeed::labelled_config;
+using deepspeed::parse_baselines;
+using deepspeed::parse_precision;
+using deepspeed::Precision;
+using deepspeed::SubGroup;
 
 // Who this benchmark runs, each in its own worker process: Strata (with its optimizer after the
 // whole backward, the headline, and with it overlapped with backward, reported on its own line)

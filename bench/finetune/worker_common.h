@@ -123,9 +123,10 @@ double median(std::vector<double> v);
 // One training step as a worker measured it.
 struct StepRecord {
   double seconds = 0, stall = 0, overflow_check = 0, optimizer = 0, compute = 0;
-  uint64_t read = 0, written = 0;                  // /proc/self/io
-  uint64_t runtime_read = 0, runtime_written = 0;  // Strata: the runtime's own count
-  bool skipped = false;                            // Strata: a non-finite gradient
+  uint64_t read = 0, written = 0;  // /proc/self/io
+  // Strata: the runtime's own count; DeepSpeed: the bytes its aio handles were asked to move.
+  uint64_t runtime_read = 0, runtime_written = 0;
+  bool skipped = false;  // Strata: a non-finite gradient
   double grad_norm = 0;
 };
 

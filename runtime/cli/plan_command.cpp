@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "common/report.h"
 #include "common/units.h"
 #include "model/plan.h"
 #include "model/plan_report.h"
+#include "common/report.h"
 
 namespace strata::cli {
 namespace {
@@ -30,6 +30,7 @@ struct PlanOptions {
   std::string checkpointing = "full";
   std::vector<std::string> gpus;
   std::string host_ram;
+  std::string pinned_budget;
   std::string nvme = "1:gen4";
   std::string nvme_drive;
   std::optional<double> nvme_tbw;
@@ -77,6 +78,10 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
     // The shapes `strata bench finetune` runs, so that a plan can be checked against a run.
     STRATA_TRY(check_scale_options(o.scale, o.layers));
     r.model = scale_model(r.model, o.scale, o.layers);
+    // DeepSpeed's element-count knobs shrink with the model, as the benchmark shrinks them
+    // (bench/finetune/finetune_options.cpp), so the scaled plan predicts the scaled run.
+    r.deepspeed_knob_factor = static_cast<double>(parameter_count(r.model)) /
+                              static_cast<double>(parameter_count(*model));
   }
   Result<FinetuneMethod> method = parse_method(o.method);
   if (!method) return std::move(method).take_status();
@@ -98,6 +103,14 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
     Result<GpuChoice> gpu = parse_gpu_choice(text);
     if (!gpu) return std::move(gpu).take_status();
     r.gpus.push_back(*gpu);
+  }
+  if (!o.pinned_budget.empty()) {
+    std::optional<uint64_t> bytes = parse_bytes(o.pinned_budget);
+    if (!bytes) {
+      return invalid_argument("--pinned-budget \"" + o.pinned_budget +
+                              "\" is not a byte size such as 1000M");
+    }
+    r.strata_pinned_budget_bytes = *bytes;
   }
   if (!o.host_ram.empty()) {
     std::optional<uint64_t> bytes = parse_bytes(o.host_ram);
@@ -178,7 +191,8 @@ void print_host(const Plan& plan, const GpuPlan& p) {
     const RamUpgrade& m = *p.more_ram;
     std::printf("  with %s RAM: cpu offload, %s, %s tokens/s (x%s), %s/Mtok typical (now %s)\n",
                 format_bytes(m.host_ram_bytes).c_str(), human_seconds(m.step_seconds).c_str(),
-                fixed(m.tokens_per_s, 0).c_str(), fixed(m.tokens_per_s / p.tokens_per_s, 1).c_str(),
+                fixed(m.tokens_per_s, 0).c_str(),
+                fixed(m.tokens_per_s / p.tokens_per_s, 1).c_str(),
                 money(m.usd_per_mtok[1]).c_str(), money(p.usd_per_mtok[1]).c_str());
   }
 }
@@ -190,7 +204,8 @@ void print_wear(const Plan& plan, const GpuPlan& p) {
   std::printf("  SSD wear       %s TB written per step; %u x %s (%s TBW each) rated for %s steps\n",
               fixed(static_cast<double>(w.write_bytes_per_step) / 1e12, 3).c_str(),
               std::max<uint32_t>(r.nvme.drives, 1), r.nvme_drive.name.c_str(),
-              fixed(r.nvme_drive.tbw_tb, 0).c_str(), fixed(w.steps_to_endurance, 0).c_str());
+              fixed(r.nvme_drive.tbw_tb, 0).c_str(),
+              fixed(w.steps_to_endurance, 0).c_str());
   if (w.job_share) {
     std::printf("                 job: %s TB, %s of the rated endurance%s\n",
                 fixed(*w.job_write_bytes / 1e12, 1).c_str(), percent(*w.job_share).c_str(),
@@ -204,24 +219,27 @@ void print_wear(const Plan& plan, const GpuPlan& p) {
 void print_comparison(const Plan& plan, const GpuPlan& p) {
   const PlanRequest& r = plan.request;
   const OffloadComparison& c = plan.like_for_like;
-  const OffloadEstimate& zi = c.zero_infinity;
   std::printf(
-      "\nNVMe offload of this job on %s, Strata vs ZeRO-Infinity (simulated step, "
-      "docs/planner.md):\n",
+      "\nNVMe offload of this job on %s, Strata (simulated step) vs DeepSpeed ZeRO-3's labelled "
+      "configurations (its buffers and requests, analytic; docs/planner.md):\n",
       p.choice.gpu.name.c_str());
-  std::vector<std::string> header = {"", "Strata least RAM", "Strata equal RAM"};
-  if (r.host_ram_bytes) header.push_back("Strata given RAM");
-  header.push_back("ZeRO-Infinity");
+  std::vector<std::string> header = {"", "Strata least RAM"};
+  std::vector<const OffloadEstimate*> columns = {&c.strata_least};
+  if (r.host_ram_bytes) header.push_back("Strata given RAM"), columns.push_back(&plan.strata_nvme);
+  for (const DeepSpeedComparison& d : c.deepspeed) {
+    header.push_back(d.deepspeed.name);
+    columns.push_back(&d.deepspeed.offload);
+  }
   Table versus(header);
   auto row = [&](const std::string& name, auto cell) {
-    std::vector<std::string> cells = {name, cell(c.strata_least), cell(c.strata_equal_ram)};
-    if (r.host_ram_bytes) cells.push_back(cell(plan.strata_nvme));
-    cells.push_back(cell(zi));
+    std::vector<std::string> cells = {name};
+    for (const OffloadEstimate* e : columns) cells.push_back(cell(*e));
     versus.add_row(cells);
   };
   row("peak host RAM", [](const OffloadEstimate& e) { return format_bytes(e.host_bytes); });
-  row("pinned budget",
-      [](const OffloadEstimate& e) { return format_bytes(e.pinned_budget_bytes); });
+  row("pinned", [](const OffloadEstimate& e) {
+    return format_bytes(e.model == "simulated" ? e.pinned_budget_bytes : e.peak_pinned_bytes);
+  });
   row("step time", [](const OffloadEstimate& e) { return human_seconds(e.step_seconds); });
   row("GPU stalled", [](const OffloadEstimate& e) { return human_seconds(e.stall_seconds); });
   row("NVMe read / step", [](const OffloadEstimate& e) { return format_bytes(e.nvme_read_bytes); });
@@ -236,14 +254,23 @@ void print_comparison(const Plan& plan, const GpuPlan& p) {
   }
   std::fputs(versus.render().c_str(), stdout);
   auto ratio = [](double a, double b) { return b > 0 ? fixed(a / b, 2) : std::string("-"); };
-  std::printf(
-      "Each side's least RAM: host %s, step %s. Equal RAM (Strata given ZeRO-Infinity's %s): step "
-      "%s.\n",
-      ratio(static_cast<double>(c.strata_least.host_bytes), static_cast<double>(zi.host_bytes))
-          .c_str(),
-      ratio(c.strata_least.step_seconds, zi.step_seconds).c_str(),
-      format_bytes(zi.host_bytes).c_str(),
-      ratio(c.strata_equal_ram.step_seconds, zi.step_seconds).c_str());
+  if (c.deepspeed.empty())
+    std::printf("DeepSpeed: not modelled (%s).\n", c.deepspeed_why_not.c_str());
+  if (r.deepspeed_knob_factor != 1.0 && !c.deepspeed.empty()) {
+    std::printf("DeepSpeed's element-count knobs scaled by %s, as strata bench finetune does.\n",
+                fixed(r.deepspeed_knob_factor, 5).c_str());
+  }
+  for (const DeepSpeedComparison& d : c.deepspeed) {
+    const OffloadEstimate& ds = d.deepspeed.offload;
+    std::printf(
+        "Against %s: each side's least RAM: host %s, step %s; Strata given its %s: step %s.\n",
+        d.deepspeed.name.c_str(),
+        ratio(static_cast<double>(c.strata_least.host_bytes), static_cast<double>(ds.host_bytes))
+            .c_str(),
+        ratio(c.strata_least.step_seconds, ds.step_seconds).c_str(),
+        format_bytes(ds.host_bytes).c_str(),
+        ratio(d.strata_equal_ram.step_seconds, ds.step_seconds).c_str());
+  }
   if (c.deepspeed_estimate) {
     std::printf(
         "DeepSpeed's own estimate_zero3_model_states_mem_needs (offload_param + offload_optimizer "
@@ -375,9 +402,11 @@ void print_text(const Plan& plan) {
       "NVMe offload come from a simulated step of the scheduler (sched::simulate). \"host\" is "
       "the\n"
       "recommended RAM (job + headroom).\n",
-      fixed(r.assume.mfu, 2).c_str(), fixed(r.assume.adam_params_per_s / 1e9, 1).c_str(),
-      r.assume.pcie_efficiency > 0 ? (fixed(r.assume.pcie_efficiency, 2) + " x link rate").c_str()
-                                   : "measured pinned-copy rate",
+      fixed(r.assume.mfu, 2).c_str(),
+      fixed(r.assume.adam_params_per_s / 1e9, 1).c_str(),
+      r.assume.pcie_efficiency > 0
+          ? (fixed(r.assume.pcie_efficiency, 2) + " x link rate").c_str()
+          : "measured pinned-copy rate",
       r.nvme.label.c_str());
 }
 
@@ -434,6 +463,9 @@ void add_plan_command(CLI::App& app) {
                   "GPU preset NAME[:COUNT|:auto]; repeatable (default: all); auto: the smallest "
                   "count that fits");
   cmd->add_option("--host-ram", options->host_ram, "Host RAM available, e.g. 256G");
+  cmd->add_option("--pinned-budget", options->pinned_budget,
+                  "Strata's pinned pool exactly, as strata bench finetune --pinned-budget sets it "
+                  "(NVMe offload; default: what the headroom leaves of --host-ram, or the least)");
   cmd->add_option("--host-headroom", options->host_headroom,
                   "RAM kept free beside the job, as a fraction of the job's host bytes")
       ->capture_default_str();

@@ -9,6 +9,7 @@
 #include <map>
 #include <thread>
 
+#include "common/align.h"
 #include "common/units.h"
 #include "model/inventory.h"
 #include "model/plan_advice.h"
@@ -321,6 +322,12 @@ Status validate(const PlanRequest& r) {
     return invalid_argument("PCIe efficiency must be in [0, 1] (0: measured preset rate)");
   }
   if (!(a.host_scan_gbps > 0)) return invalid_argument("host scan rate must be positive");
+  if (r.strata_pinned_budget_bytes && *r.strata_pinned_budget_bytes < kPageSize) {
+    return invalid_argument("the pinned budget must be at least one page");
+  }
+  if (!(r.deepspeed_knob_factor > 0 && r.deepspeed_knob_factor <= 1)) {
+    return invalid_argument("DeepSpeed's knob factor must be in (0, 1]");
+  }
   if (!(a.host_headroom.fraction >= 0 && a.host_headroom.fraction <= 10)) {
     return invalid_argument("host headroom must be a fraction between 0 and 10");
   }
@@ -636,6 +643,7 @@ OffloadJob offload_job(const PlanRequest& r, const ModelStates& s, const GpuChoi
   if (r.host_ram_bytes) {
     job.host_budget_bytes = usable_host_bytes(*r.host_ram_bytes, r.assume.host_headroom);
   }
+  job.strata_pinned_bytes = r.strata_pinned_budget_bytes;
   return job;
 }
 
@@ -849,33 +857,29 @@ OffloadJob nvme_job_of(const PlanRequest& r, const ModelStates& s, const GpuPlan
   return offload_job(r, s, g, rates_for(r, s, g), mem, resident);
 }
 
-// Runs the NVMe-offload simulations of `jobs` (Strata's plan, or ZeRO-Infinity's where
-// `zero_infinity[k]`) on up to hardware_concurrency threads; results in the order of `jobs`.
-// Each simulation owns its scheduler and virtual clock, so they share nothing.
 // Whether two jobs simulate alike: same inventory (the callers share one), same rates and
 // budgets. GPU presets that differ only in what the simulation does not see (memory size,
 // price) then share a simulation.
-bool same_simulation(const OffloadJob& a, const OffloadJob& b, bool zero_a, bool zero_b) {
-  return zero_a == zero_b && a.inventory.size() == b.inventory.size() &&
+bool same_simulation(const OffloadJob& a, const OffloadJob& b) {
+  return a.inventory.size() == b.inventory.size() &&
          a.params_resident_on_gpu == b.params_resident_on_gpu && a.gpus == b.gpus &&
          a.compute_seconds == b.compute_seconds && a.forward_fraction == b.forward_fraction &&
          a.pcie_gbps == b.pcie_gbps && a.device_budget_bytes == b.device_budget_bytes &&
-         a.host_budget_bytes == b.host_budget_bytes;
+         a.host_budget_bytes == b.host_budget_bytes &&
+         a.strata_pinned_bytes == b.strata_pinned_bytes;
 }
 
-// Runs the NVMe-offload simulations of `jobs` (Strata's plan, or ZeRO-Infinity's where
-// `zero_infinity[k]`) on up to hardware_concurrency threads; results in the order of `jobs`.
-// Each simulation owns its scheduler and virtual clock, so they share nothing. All jobs come
-// from one request (one inventory, one NVMe array, one CPU rate).
-std::vector<Result<OffloadEstimate>> simulate_all(const std::vector<OffloadJob>& jobs,
-                                                  const std::vector<bool>& zero_infinity) {
+// Runs Strata's NVMe-offload simulations of `jobs` on up to hardware_concurrency threads;
+// results in the order of `jobs`. Each simulation owns its scheduler and virtual clock, so they
+// share nothing. All jobs come from one request (one inventory, one NVMe array, one CPU rate).
+std::vector<Result<OffloadEstimate>> simulate_all(const std::vector<OffloadJob>& jobs) {
   std::vector<size_t> distinct;             // indices into jobs that are simulated
   std::vector<size_t> source(jobs.size());  // which distinct job answers each job
   for (size_t k = 0; k < jobs.size(); ++k) {
     source[k] = distinct.size();
     for (size_t d = 0; d < distinct.size(); ++d) {
       const size_t j = distinct[d];
-      if (same_simulation(jobs[j], jobs[k], zero_infinity[j], zero_infinity[k])) source[k] = d;
+      if (same_simulation(jobs[j], jobs[k])) source[k] = d;
     }
     if (source[k] == distinct.size()) distinct.push_back(k);
   }
@@ -883,8 +887,7 @@ std::vector<Result<OffloadEstimate>> simulate_all(const std::vector<OffloadJob>&
                                                  Status::error(STRATA_E_INVALID, "not simulated"));
   auto run = [&](size_t d) {
     const size_t k = distinct[d];
-    simulated[d] = zero_infinity[k] ? simulate_zero_infinity_offload(jobs[k])
-                                    : simulate_strata_nvme_offload(jobs[k]);
+    simulated[d] = simulate_strata_nvme_offload(jobs[k]);
   };
   const size_t threads =
       std::min<size_t>(distinct.size(), std::max(1u, std::thread::hardware_concurrency()));
@@ -940,8 +943,7 @@ Result<Plan> make_gpu_plans(const PlanRequest& given) {
     nvme.push_back(i);
     jobs.push_back(plan.gpus[i].job);
   }
-  std::vector<Result<OffloadEstimate>> simulated =
-      simulate_all(jobs, std::vector<bool>(jobs.size(), false));
+  std::vector<Result<OffloadEstimate>> simulated = simulate_all(jobs);
   for (size_t k = 0; k < nvme.size(); ++k) {
     if (!simulated[k]) {
       return std::move(simulated[k])
@@ -1002,55 +1004,77 @@ Status compare_with_zero_infinity(Plan& plan) {
   const PlanRequest& request = plan.request;
   const std::vector<TensorSpec> inventory = offload_inventory(request);
 
-  // Strata against ZeRO-Infinity, both on NVMe, for the headline GPU: Strata with the RAM
-  // given (unless the plan simulated it already), ZeRO-Infinity, and Strata at its least pool
-  // (ZeRO-Infinity's plan is fixed, so its peak is its least), side by side; then Strata given
-  // exactly ZeRO-Infinity's peak host bytes.
+  // Strata against the labelled DeepSpeed configurations, both on NVMe, for the headline GPU:
+  // Strata with the RAM given (unless the plan simulated it already) and at its least pool;
+  // DeepSpeed's host memory is fixed, so its peak is its least; then Strata given exactly each
+  // configuration's peak host bytes.
   const GpuPlan& p = plan.gpus[plan.primary];
   OffloadJob job = nvme_job_of(request, plan.states, p);
   job.inventory = inventory;
-  OffloadJob least = job;
-  least.host_budget_bytes.reset();
-  enum Side { kGiven, kZero, kLeast };
-  std::vector<OffloadJob> first;
-  std::vector<bool> zero;
+  OffloadComparison& like = plan.like_for_like;
+  like.deepspeed.clear();
+  like.deepspeed_why_not.clear();
+  if (request.method != FinetuneMethod::kFull) {
+    like.deepspeed_why_not = "the labelled configurations are full fine-tuning's";
+  } else if (job.gpus != 1) {
+    like.deepspeed_why_not = "the labelled configurations are modelled on one GPU";
+  } else {
+    for (const char* name :
+         {deepspeed::kDeepSpeedDefaults, deepspeed::kDeepSpeedPinned, deepspeed::kDeepSpeedTuned}) {
+      Result<DeepSpeedEstimate> d =
+          estimate_deepspeed_offload(job, name, request.deepspeed_knob_factor);
+      if (!d) {
+        // A shape DeepSpeed cannot run (every sub-group under its minimum I/O size): no column.
+        like.deepspeed.clear();
+        like.deepspeed_why_not = name + std::string(": ") + d.status().message();
+        break;
+      }
+      DeepSpeedComparison c;
+      c.deepspeed = std::move(*d);
+      if (request.host_ram_bytes) {
+        c.fits_host =
+            recommended_host_bytes(c.deepspeed.offload.host_bytes, request.assume.host_headroom) <=
+            *request.host_ram_bytes;
+      }
+      like.deepspeed.push_back(std::move(c));
+    }
+  }
+
+  enum Side { kGiven, kLeast, kEqual };
+  std::vector<OffloadJob> jobs;
   std::vector<Side> side;
   if (p.offload == Offload::kNvme) {
     plan.strata_nvme = p.stages;
   } else {
-    first.push_back(job), zero.push_back(false), side.push_back(kGiven);
+    jobs.push_back(job), side.push_back(kGiven);
   }
-  first.push_back(job), zero.push_back(true), side.push_back(kZero);
-  if (job.host_budget_bytes) first.push_back(least), zero.push_back(false), side.push_back(kLeast);
-  std::vector<Result<OffloadEstimate>> compared = simulate_all(first, zero);
-  OffloadComparison& like = plan.like_for_like;
-  for (size_t k = 0; k < compared.size(); ++k) {
-    if (!compared[k]) {
-      return std::move(compared[k])
+  const bool budget_given = job.host_budget_bytes || job.strata_pinned_bytes;
+  if (budget_given) {
+    OffloadJob least = job;
+    least.host_budget_bytes.reset();
+    least.strata_pinned_bytes.reset();
+    jobs.push_back(least), side.push_back(kLeast);
+  }
+  for (const DeepSpeedComparison& c : like.deepspeed) {
+    OffloadJob equal = job;
+    equal.host_budget_bytes = c.deepspeed.offload.host_bytes;
+    equal.strata_pinned_bytes.reset();
+    jobs.push_back(equal), side.push_back(kEqual);
+  }
+  std::vector<Result<OffloadEstimate>> simulated = simulate_all(jobs);
+  size_t next_equal = 0;
+  for (size_t k = 0; k < simulated.size(); ++k) {
+    if (!simulated[k]) {
+      return std::move(simulated[k])
           .take_status()
-          .with_context("comparing with ZeRO-Infinity on " + p.choice.gpu.name);
+          .with_context("comparing with DeepSpeed on " + p.choice.gpu.name);
     }
-    OffloadEstimate& into = side[k] == kGiven  ? plan.strata_nvme
-                            : side[k] == kZero ? plan.zero_infinity
-                                               : like.strata_least;
-    into = std::move(*compared[k]);
+    OffloadEstimate& into = side[k] == kGiven   ? plan.strata_nvme
+                            : side[k] == kLeast ? like.strata_least
+                                                : like.deepspeed[next_equal++].strata_equal_ram;
+    into = std::move(*simulated[k]);
   }
-  if (!job.host_budget_bytes) like.strata_least = plan.strata_nvme;
-  if (request.host_ram_bytes) {
-    plan.zero_infinity_fits_host =
-        recommended_host_bytes(plan.zero_infinity.host_bytes, request.assume.host_headroom) <=
-        *request.host_ram_bytes;
-  }
-  like.zero_infinity = plan.zero_infinity;
-  OffloadJob equal = job;
-  equal.host_budget_bytes = plan.zero_infinity.host_bytes;
-  Result<OffloadEstimate> at_equal_ram = simulate_all({equal}, {false}).front();
-  if (!at_equal_ram) {
-    return std::move(at_equal_ram)
-        .take_status()
-        .with_context("Strata at equal RAM on " + p.choice.gpu.name);
-  }
-  like.strata_equal_ram = std::move(*at_equal_ram);
+  if (!budget_given) like.strata_least = plan.strata_nvme;
   if (request.method == FinetuneMethod::kFull) {
     like.deepspeed_estimate = deepspeed_zero3_estimate(
         plan.states.params, deepspeed_largest_layer_params(request.model), p.choice.count);

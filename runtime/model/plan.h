@@ -17,6 +17,7 @@
 #include "model/gpu_presets.h"
 #include "model/model_config.h"
 #include "model/nvme_endurance.h"
+#include "model/plan_deepspeed.h"
 #include "model/plan_headroom.h"
 #include "model/plan_job_cost.h"
 #include "model/plan_offload.h"
@@ -101,6 +102,14 @@ struct PlanRequest {
   std::optional<double> job_tokens;  // --tokens, or --epochs x --dataset-tokens
   std::vector<GpuChoice> gpus;       // empty: every shipped preset, one of each
   PlanAssumptions assume;
+  // DeepSpeed's element-count knobs are multiplied by this (deepspeed::labelled_config): 1 at
+  // full size; for a model scaled as `strata bench finetune` scales it, the scaled model's
+  // parameters over the full model's, so that the knobs mean what they mean at full size, as
+  // the benchmark sets them (`strata plan --scale`, docs/planner.md).
+  double deepspeed_knob_factor = 1.0;
+  // Strata's pinned pool exactly (`--pinned-budget`), below strata_min_pinned_bytes if asked: a
+  // run's budget replayed. Unset: what the headroom leaves of host_ram_bytes, or the least.
+  std::optional<uint64_t> strata_pinned_budget_bytes;
 };
 Status validate(const PlanRequest& request);
 
@@ -245,12 +254,22 @@ struct Advice {
   double speedup = 0;  // tokens/s with the knob over tokens/s without
 };
 
-// Strata against ZeRO-Infinity like for like (docs/planner.md, "Strata vs ZeRO-Infinity"): each
-// side at the least host RAM it runs in, and Strata given exactly ZeRO-Infinity's RAM.
+// One labelled DeepSpeed configuration against Strata: DeepSpeed's host memory does not adapt to
+// the RAM, so Strata is also planned given exactly DeepSpeed's peak.
+struct DeepSpeedComparison {
+  DeepSpeedEstimate deepspeed;
+  OffloadEstimate strata_equal_ram;  // Strata's pool = this configuration's peak host bytes
+  std::optional<bool> fits_host;     // set when --host-ram was given
+};
+
+// Strata against ZeRO-Infinity like for like (docs/planner.md, "Strata vs DeepSpeed"): each side
+// at the least host RAM it runs in, and Strata given exactly each DeepSpeed configuration's RAM.
 struct OffloadComparison {
-  OffloadEstimate strata_least;      // Strata's pool at strata_min_pinned_bytes
-  OffloadEstimate strata_equal_ram;  // Strata's pool = ZeRO-Infinity's peak host bytes
-  OffloadEstimate zero_infinity;     // DeepSpeed's defaults; its plan does not adapt to RAM
+  OffloadEstimate strata_least;  // Strata's pool at strata_min_pinned_bytes
+  // deepspeed-defaults, -pinned, -tuned, in that order; empty when they do not apply (the
+  // reason in deepspeed_why_not).
+  std::vector<DeepSpeedComparison> deepspeed;
+  std::string deepspeed_why_not;
   // DeepSpeed's own estimate_zero3_model_states_mem_needs for offload_param and
   // offload_optimizer to the CPU (full fine-tuning only: the estimator trains every parameter).
   std::optional<Zero3Estimate> deepspeed_estimate;
@@ -262,11 +281,9 @@ struct Plan {
   std::vector<GpuPlan> gpus;
   size_t primary = 0;                      // the --gpu given first, else the cheapest that fits
   std::array<CheapestOption, 3> cheapest;  // per price tier: low, typical, high
-  // The job on gpus[primary] under NVMe offload, simulated with Strata's memory plan and with
-  // ZeRO-Infinity's (the same as gpus[primary].stages when that plan offloads to NVMe).
+  // The job on gpus[primary] under NVMe offload, simulated with Strata's memory plan (the same
+  // as gpus[primary].stages when that plan offloads to NVMe).
   OffloadEstimate strata_nvme;
-  OffloadEstimate zero_infinity;
-  std::optional<bool> zero_infinity_fits_host;  // set when --host-ram was given
   OffloadComparison like_for_like;
   std::vector<Advice> advice;  // best first; empty when compute bounds the headline plan
   bool any_fits() const;
@@ -280,7 +297,7 @@ Result<Plan> make_plan(const PlanRequest& request);
 // advice: what the advice re-plans each knob with. make_plan = make_gpu_plans, then
 // compare_with_zero_infinity, then plan_advice (plan_advice.h).
 Result<Plan> make_gpu_plans(const PlanRequest& request);
-// Fills plan.strata_nvme, plan.zero_infinity and plan.like_for_like for the headline GPU.
+// Fills plan.strata_nvme and plan.like_for_like for the headline GPU.
 Status compare_with_zero_infinity(Plan& plan);
 
 inline constexpr const char* kPriceTierNames[3] = {"low", "typical", "high"};

@@ -179,20 +179,6 @@ Result<OffloadEstimate> run_simulation(const OffloadJob& job, const sched::Memor
 
 }  // namespace
 
-uint64_t zero_largest_sub_group(const std::vector<uint64_t>& tensor_elements,
-                                uint64_t sub_group_elements) {
-  uint64_t largest = 0;
-  uint64_t current = 0;
-  for (uint64_t n : tensor_elements) {
-    current += n;
-    if (current >= sub_group_elements) {
-      largest = std::max(largest, current);
-      current = 0;
-    }
-  }
-  return std::max(largest, current);
-}
-
 OffloadEstimate estimate_cpu_offload(const OffloadJob& job) {
   OffloadEstimate e;
   e.policy = "cpu";
@@ -282,26 +268,13 @@ sched::DeviceModel offload_device_model(const OffloadJob& job) {
 
 Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job) {
   const uint64_t least = strata_min_pinned_bytes(job.inventory);
-  const uint64_t pinned = job.host_budget_bytes
-                              ? std::max(align_down(*job.host_budget_bytes, kPageSize), least)
-                              : least;
+  uint64_t pinned = job.host_budget_bytes
+                        ? std::max(align_down(*job.host_budget_bytes, kPageSize), least)
+                        : least;
+  if (job.strata_pinned_bytes)
+    pinned = std::max(align_down(*job.strata_pinned_bytes, kPageSize), kPageSize);
   return run_simulation(job, sched::strata_memory_plan(pinned, job.device_budget_bytes * job.gpus),
                         pinned);
-}
-
-Result<OffloadEstimate> simulate_zero_infinity_offload(const OffloadJob& job) {
-  sched::ZeroInfinityOptions options;
-  // The memory plan sizes its optimizer buffers by min(sub_group_elements, parameters); DeepSpeed
-  // sizes them by its largest sub-group of trainable tensors, which can exceed the setting.
-  options.sub_group_elements = std::max<uint64_t>(
-      1, zero_largest_sub_group(job.trainable_tensor_elements, options.sub_group_elements));
-  // The fp16 loss scaler upcasts to fp32 before its isinf/isnan checks: 4 more bytes an element.
-  if (job.fp16_loss_scaling) options.overflow_temp_bytes_per_element += 4;
-  Result<sched::MemoryPlan> plan =
-      sched::zero_infinity_memory_plan(job.inventory, options, job.device_budget_bytes * job.gpus);
-  if (!plan) return std::move(plan).take_status().with_context("zero-infinity memory plan");
-  const uint64_t pinned = sched::reserved_bytes(*plan, Tier::kPinned);
-  return run_simulation(job, *plan, pinned);
 }
 
 }  // namespace strata

@@ -2,10 +2,11 @@
 //
 // CPU offload is closed-form: exact-size states in RAM, PCIe and CPU Adam overlapping compute.
 // NVMe offload is a simulated training step: sched::simulate runs the real Scheduler, with
-// Strata's memory plan or DeepSpeed ZeRO-Infinity's (sched/memory_plan.h), over the job's tensor
-// inventory on devices modelled from the GPU preset, the NVMe array and the CPU optimizer rate.
-// The host RAM it reports is the simulated peak (pinned pools plus the plan's unpinned host
-// memory); the step time is the simulated clock. docs/planner.md, "NVMe offload", explains both.
+// Strata's memory plan (sched/memory_plan.h), over the job's tensor inventory on devices modelled
+// from the GPU preset, the NVMe array and the CPU optimizer rate. The host RAM it reports is the
+// simulated peak (pinned pools plus the plan's unpinned host memory); the step time is the
+// simulated clock. docs/planner.md, "NVMe offload", explains both. DeepSpeed's NVMe offload is
+// plan_deepspeed.h's.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +49,9 @@ struct OffloadJob {
   // streaming buffers); the rest of the GPU is activations, logits and the context.
   uint64_t device_budget_bytes = 0;
   std::optional<uint64_t> host_budget_bytes;  // RAM the job may use, when the user said
+  // Strata's pinned pool exactly, no floor (`--pinned-budget`, as `strata bench finetune
+  // --pinned-budget` sets it): to replay a run's budget. Overrides host_budget_bytes.
+  std::optional<uint64_t> strata_pinned_bytes;
 };
 
 // Named bytes, for the breakdowns people read.
@@ -57,7 +61,7 @@ struct ByteItem {
 };
 
 struct OffloadEstimate {
-  std::string policy;              // "cpu", "strata", "zero-infinity"
+  std::string policy;              // "cpu", "strata", or a DeepSpeed configuration's name
   std::string model = "analytic";  // "analytic" (closed form) or "simulated" (sched::simulate)
   uint64_t host_bytes = 0;         // peak host RAM the policy uses
   uint64_t nvme_bytes = 0;         // NVMe space the policy uses
@@ -116,21 +120,5 @@ sched::DeviceModel offload_device_model(const OffloadJob& job);
 // grad_accum forward/backward passes and the optimizer. Errors: the simulator's (a budget that
 // cannot hold a phase is STRATA_E_PINNED_BUDGET / STRATA_E_DEVICE_BUDGET).
 Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job);
-
-// The same job under DeepSpeed ZeRO-Infinity's memory plan with its defaults
-// (sched::zero_infinity_memory_plan: five uniform parameter slots, 4 + 1 optimizer buffers of
-// the largest sub-group, a flat pinned gradient buffer, power-of-two pinning, the overflow
-// check's temporaries and two passes, the startup double copy), through the same simulator.
-// The sub-groups are DeepSpeed's over the trainable tensors (zero_largest_sub_group), so for
-// (Q)LoRA they are the adapters'.
-Result<OffloadEstimate> simulate_zero_infinity_offload(const OffloadJob& job);
-
-inline constexpr uint64_t kZeroSubGroupElements = 1'000'000'000;  // sub_group_size default
-
-// DeepSpeed's sub-groups: parameters taken in order until a group reaches sub_group_elements
-// (stage3.py _create_fp16_sub_groups), so a group can exceed it. Returns the largest group's
-// element count (0 for no tensors).
-uint64_t zero_largest_sub_group(const std::vector<uint64_t>& tensor_elements,
-                                uint64_t sub_group_elements = kZeroSubGroupElements);
 
 }  // namespace strata

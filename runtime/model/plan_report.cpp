@@ -107,9 +107,33 @@ json gpu_json(const GpuPlan& g) {
           {"nvme_wear", wear_json(g)}};
 }
 
+json deepspeed_json(const DeepSpeedComparison& c, const OffloadEstimate& strata_least) {
+  const auto ratio = [](double a, double b) { return b > 0 ? json(a / b) : json(nullptr); };
+  const DeepSpeedEstimate& d = c.deepspeed;
+  const OffloadEstimate& e = d.offload;
+  json out = offload_json(e);
+  out["name"] = d.name;
+  out["deepspeed_knob_factor"] = d.knob_factor;
+  out["host_bytes_steps"] = d.host_bytes_steps;
+  out["host_moment"] = d.host_moment;
+  out["pinned_bytes"] = e.peak_pinned_bytes;
+  out["stall_seconds"] = e.stall_seconds;
+  out["nvme_io_per_step"] = {
+      {"parameter_reads", d.io.parameter_reads}, {"gradient_writes", d.io.gradient_writes},
+      {"state_reads", d.io.state_reads},         {"gradient_reads", d.io.gradient_reads},
+      {"state_writes", d.io.state_writes},       {"parameter_writes", d.io.parameter_writes}};
+  out["buffers"] = deepspeed_buffers_json(d.buffers);
+  out["fits_host"] = c.fits_host ? json(*c.fits_host) : json(nullptr);
+  out["strata_equal_ram"] = offload_json(c.strata_equal_ram);
+  out["host_ratio_each_side_least"] =
+      ratio(static_cast<double>(strata_least.host_bytes), static_cast<double>(e.host_bytes));
+  out["step_time_ratio_each_side_least"] = ratio(strata_least.step_seconds, e.step_seconds);
+  out["step_time_ratio_equal_ram"] = ratio(c.strata_equal_ram.step_seconds, e.step_seconds);
+  return out;
+}
+
 json like_for_like_json(const Plan& plan) {
   const OffloadComparison& c = plan.like_for_like;
-  const auto ratio = [](double a, double b) { return b > 0 ? json(a / b) : json(nullptr); };
   json estimate = nullptr;
   if (c.deepspeed_estimate) {
     estimate = {{"function", "estimate_zero3_model_states_mem_needs"},
@@ -117,19 +141,51 @@ json like_for_like_json(const Plan& plan) {
                 {"cpu_bytes", c.deepspeed_estimate->cpu_bytes},
                 {"gpu_bytes_per_gpu", c.deepspeed_estimate->gpu_bytes}};
   }
-  return {{"strata_least_ram", offload_json(c.strata_least)},
-          {"strata_equal_ram", offload_json(c.strata_equal_ram)},
-          {"zero_infinity", offload_json(c.zero_infinity)},
-          {"host_ratio_each_side_least", ratio(static_cast<double>(c.strata_least.host_bytes),
-                                               static_cast<double>(c.zero_infinity.host_bytes))},
-          {"step_time_ratio_equal_ram",
-           ratio(c.strata_equal_ram.step_seconds, c.zero_infinity.step_seconds)},
-          {"step_time_ratio_each_side_least",
-           ratio(c.strata_least.step_seconds, c.zero_infinity.step_seconds)},
-          {"deepspeed_estimator", estimate}};
+  json out = {{"strata_least_ram", offload_json(c.strata_least)},
+              {"deepspeed_estimator", estimate},
+              {"deepspeed_knob_factor", plan.request.deepspeed_knob_factor}};
+  json configurations = json::array();
+  for (const DeepSpeedComparison& d : c.deepspeed) {
+    configurations.push_back(deepspeed_json(d, c.strata_least));
+  }
+  out["deepspeed"] = configurations;
+  out["deepspeed_why_not"] = c.deepspeed.empty() ? json(c.deepspeed_why_not) : json(nullptr);
+  // deepspeed-defaults under the names the block had before the labelled configurations.
+  if (!c.deepspeed.empty()) {
+    const json defaults = configurations.front();
+    out["zero_infinity"] = defaults;
+    out["strata_equal_ram"] = defaults["strata_equal_ram"];
+    for (const char* key : {"host_ratio_each_side_least", "step_time_ratio_each_side_least",
+                            "step_time_ratio_equal_ram"}) {
+      out[key] = defaults[key];
+    }
+  } else {
+    for (const char* key : {"zero_infinity", "strata_equal_ram", "host_ratio_each_side_least",
+                            "step_time_ratio_each_side_least", "step_time_ratio_equal_ram"}) {
+      out[key] = nullptr;
+    }
+  }
+  return out;
 }
 
 }  // namespace
+
+json deepspeed_buffers_json(const std::vector<deepspeed::BufferSpec>& buffers) {
+  json out = json::array();
+  for (const deepspeed::BufferSpec& b : buffers) {
+    out.push_back({{"name", b.name},
+                   {"count", b.count},
+                   {"bytes_each", b.each_bytes},
+                   {"held_bytes", b.held_bytes()},
+                   {"pinned", b.pinned},
+                   {"rounded", b.pinned && b.each_held != b.each_bytes},
+                   {"startup_copy", b.zero_source},
+                   {"life", to_string(b.life)},
+                   {"when", b.when},
+                   {"deepspeed_source", b.source}});
+  }
+  return out;
+}
 
 json plan_to_json(const Plan& plan) {
   const PlanRequest& r = plan.request;
@@ -154,9 +210,9 @@ json plan_to_json(const Plan& plan) {
                       {"speedup", a.speedup}});
   }
   const HostHeadroom& headroom = r.assume.host_headroom;
-  json zero_infinity = offload_json(plan.zero_infinity);
-  zero_infinity["fits_host"] =
-      plan.zero_infinity_fits_host ? json(*plan.zero_infinity_fits_host) : json(nullptr);
+  // deepspeed-defaults, the configuration `zero_infinity` names (null where none applies).
+  const json like_for_like = like_for_like_json(plan);
+  const json zero_infinity = like_for_like["zero_infinity"];
   const GpuMemory& m = p.memory;
   return {
       {"model", r.model.name},
@@ -200,7 +256,7 @@ json plan_to_json(const Plan& plan) {
       {"job", job_json(p.job_cost)},
       {"nvme_wear", wear_json(p)},
       {"advice", advice},
-      {"like_for_like", like_for_like_json(plan)},
+      {"like_for_like", like_for_like},
       {"stages", offload_json(p.stages)},
       {"strata_nvme", offload_json(plan.strata_nvme)},
       {"zero_infinity", zero_infinity},

@@ -14,4 +14,9 @@ namespace strata {
 //  "usd_per_mtok_high",...}], ...} plus breakdowns, assumptions and the cheapest option per tier.
 nlohmann::json plan_to_json(const Plan& plan);
 
+// DeepSpeed's host buffers, one object each (the benchmark's worker and the plan print the same):
+// [{"name","count","bytes_each","held_bytes","pinned","rounded","startup_copy","life","when",
+//   "deepspeed_source"}].
+nlohmann::json deepspeed_buffers_json(const std::vector<deepspeed::BufferSpec>& buffers);
+
 }  // namespace strata

@@ -10,9 +10,10 @@
 #include <vector>
 
 #include "common/status.h"
+#include "sched/deepspeed_defaults.h"
+#include "vocabulary/tensor_spec.h"
 #include "sched/policy.h"
 #include "sched/residency.h"
-#include "vocabulary/tensor_spec.h"
 
 namespace strata::sched {
 
@@ -62,13 +63,18 @@ uint64_t reserved_bytes(const MemoryPlan& plan, Tier tier);
 // device pool (256-byte exact).
 MemoryPlan strata_memory_plan(uint64_t pinned_budget_bytes, uint64_t device_budget_bytes);
 
-// DeepSpeed ZeRO-Infinity's defaults (docs: offload-baseline.md, "Defaults").
+// ZeRO-Infinity's memory plan for Strata's own scheduler, the C API's "zero-infinity" policy
+// (api/runtime.cpp). Its element-count defaults are DeepSpeed's, from the one record of them
+// (model/deepspeed_config.h); its pinned gradient buffer and overflow passes are an older,
+// costlier reading of DeepSpeed than the labelled configurations `strata plan` and `strata
+// bench finetune` use (model/deepspeed_buffers.h, ../shared/reference/offload-baseline.md).
 struct ZeroInfinityOptions {
-  uint32_t param_buffer_count = 5;               // offload_param.buffer_count
-  uint64_t param_buffer_elements = 100'000'000;  // offload_param.buffer_size (raised to the
-                                                 // largest parameter when smaller)
-  uint32_t optimizer_buffer_count = 4;           // offload_optimizer.buffer_count
-  uint64_t sub_group_elements = 1'000'000'000;   // sub_group_size
+  uint32_t param_buffer_count = deepspeed::kParamBufferCount;          // offload_param.buffer_count
+  uint64_t param_buffer_elements = deepspeed::kParamBufferElements;    // offload_param.buffer_size
+                                                                       // (raised to the largest
+                                                                       // parameter when smaller)
+  uint32_t optimizer_buffer_count = deepspeed::kOptimizerBufferCount;  // offload_optimizer
+  uint64_t sub_group_elements = deepspeed::kSubGroupElements;          // sub_group_size
   bool power_of_two_pinned = true;               // PyTorch's caching host allocator
   uint32_t overflow_temp_bytes_per_element = 1;  // isinf()/isnan() bool temporaries
   uint32_t overflow_check_passes = 2;            // isinf pass, then isnan pass

@@ -63,7 +63,7 @@ TEST(Advice, ComputeBoundPlansGetNone) {
   EXPECT_TRUE(p->advice.empty());
 }
 
-TEST(LikeForLike, EachSidesLeastRamAndStrataAtZeroInfinitysRam) {
+TEST(LikeForLike, EachSidesLeastRamAndStrataAtEachDeepSpeedConfigurationsRam) {
   PlanRequest r;
   r.model = *load_model("tinyllama-1.1b");
   r.offload = Offload::kNvme;
@@ -76,23 +76,61 @@ TEST(LikeForLike, EachSidesLeastRamAndStrataAtZeroInfinitysRam) {
   const uint64_t least = strata_min_pinned_bytes(p->gpus[0].job.inventory);
   EXPECT_EQ(c.strata_least.pinned_budget_bytes, least);
   EXPECT_LE(c.strata_least.host_bytes, least);
-  EXPECT_EQ(c.strata_equal_ram.pinned_budget_bytes,
-            std::max(c.zero_infinity.host_bytes / 4096 * 4096, least));
-  EXPECT_LE(c.strata_equal_ram.host_bytes, c.zero_infinity.host_bytes);
-  EXPECT_EQ(c.zero_infinity.step_seconds, p->zero_infinity.step_seconds);
-  // More RAM never makes Strata's simulated step longer.
-  EXPECT_LE(c.strata_equal_ram.step_seconds, c.strata_least.step_seconds * (1 + 1e-9));
+  // The three labelled configurations, in order, each beside Strata given exactly its RAM.
+  ASSERT_EQ(c.deepspeed.size(), 3u) << c.deepspeed_why_not;
+  const char* names[] = {"deepspeed-defaults", "deepspeed-pinned", "deepspeed-tuned"};
+  for (size_t i = 0; i < 3; ++i) {
+    const DeepSpeedComparison& d = c.deepspeed[i];
+    SCOPED_TRACE(names[i]);
+    EXPECT_EQ(d.deepspeed.name, names[i]);
+    EXPECT_EQ(d.deepspeed.offload.model, "analytic");
+    EXPECT_EQ(d.strata_equal_ram.pinned_budget_bytes,
+              std::max(d.deepspeed.offload.host_bytes / 4096 * 4096, least));
+    EXPECT_LE(d.strata_equal_ram.host_bytes, d.deepspeed.offload.host_bytes);
+    // More RAM never makes Strata's simulated step longer.
+    EXPECT_LE(d.strata_equal_ram.step_seconds, c.strata_least.step_seconds * (1 + 1e-9));
+    ASSERT_TRUE(d.fits_host.has_value());
+    EXPECT_TRUE(*d.fits_host);  // 1.1B: a few GiB of buffers
+  }
+  // Pinning the flat gradient buffer (and rounding it up) costs the most host memory.
+  EXPECT_GT(c.deepspeed[1].deepspeed.offload.host_bytes,
+            c.deepspeed[0].deepspeed.offload.host_bytes);
   // DeepSpeed's own estimator for the same model, offload to CPU: 18 B/param x 1.5.
   ASSERT_TRUE(c.deepspeed_estimate.has_value());
   const Zero3Estimate ds =
       deepspeed_zero3_estimate(p->states.params, deepspeed_largest_layer_params(r.model), 1);
   EXPECT_EQ(c.deepspeed_estimate->cpu_bytes, ds.cpu_bytes);
   EXPECT_EQ(c.deepspeed_estimate->gpu_bytes, ds.gpu_bytes);
-  // LoRA: the estimator trains every parameter, so it does not apply.
+  // LoRA: the estimator and the labelled configurations train every parameter: they do not
+  // apply, and the plan says why.
   r.method = FinetuneMethod::kLora;
   Result<Plan> lora = make_plan(r);
   ASSERT_TRUE(lora.is_ok());
   EXPECT_FALSE(lora->like_for_like.deepspeed_estimate.has_value());
+  EXPECT_TRUE(lora->like_for_like.deepspeed.empty());
+  EXPECT_FALSE(lora->like_for_like.deepspeed_why_not.empty());
+}
+
+TEST(PinnedBudget, ReplaysARunsBudgetEvenBelowTheLeastTheComparisonKeepsTheLeast) {
+  PlanRequest r;
+  r.model = *load_model("tinyllama-1.1b");
+  r.offload = Offload::kNvme;
+  r.gpus = {*parse_gpu_choice("rtx-4090")};
+  r.nvme = *parse_nvme("1:gen4");
+  Result<Plan> plain = make_gpu_plans(r);
+  ASSERT_TRUE(plain.is_ok());
+  const uint64_t least = strata_min_pinned_bytes(plain->gpus[0].job.inventory);
+  // `strata bench finetune` runs Strata at four times the largest optimizer working set, below
+  // the planner's least (which adds layers of weights and gradients in flight).
+  r.strata_pinned_budget_bytes = least / 5 * 4 + 1;
+  Result<Plan> p = make_plan(r);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  EXPECT_EQ(p->strata_nvme.pinned_budget_bytes, (least / 5 * 4) / 4096 * 4096);
+  EXPECT_EQ(p->gpus[0].stages.pinned_budget_bytes, p->strata_nvme.pinned_budget_bytes);
+  EXPECT_LE(p->strata_nvme.peak_pinned_bytes, p->strata_nvme.pinned_budget_bytes);
+  EXPECT_EQ(p->like_for_like.strata_least.pinned_budget_bytes, least);
+  r.strata_pinned_budget_bytes = 100;
+  EXPECT_EQ(make_plan(r).status().code(), STRATA_E_INVALID);
 }
 
 TEST(AutoGpuCount, FindsTheSmallestCountThatFitsWithoutOffload) {

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -51,6 +52,9 @@ TEST_P(PlanCommandMethod, PrintsJsonForLlama70bOnTheThreeReferenceGpus) {
   // Full fine-tuning streams everything; 4-bit QLoRA fits the H100 with nothing to offload.
   if (std::string(method) == "full") {
     EXPECT_GT(j["zero_infinity"]["host_bytes"].get<uint64_t>(), j["host_bytes"].get<uint64_t>());
+    EXPECT_EQ(j["like_for_like"]["deepspeed"].size(), 3u);
+  } else {
+    EXPECT_TRUE(j["zero_infinity"].is_null());  // the labelled configurations are full's
   }
 }
 
@@ -61,7 +65,9 @@ TEST(PlanCommand, PrintsReadableTables) {
                       "--host-ram", "128G"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("strata plan: llama-2-70b, qlora"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("ZeRO-Infinity"), std::string::npos);
+  // The comparison block names DeepSpeed, and says why QLoRA has no DeepSpeed column.
+  EXPECT_NE(r.out.find("DeepSpeed ZeRO-3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("DeepSpeed: not modelled"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("rtx-4090"), std::string::npos);
   EXPECT_NE(r.out.find("Cheapest that fits"), std::string::npos);
 }
@@ -101,6 +107,28 @@ TEST(PlanCommand, JobTokensPriceTheFittingRowsAndNothingFittingExitsNonZero) {
   EXPECT_EQ(r.code, 2);
 }
 
+TEST(PlanCommand, ScaledModelScalesDeepSpeedsKnobsAsTheBenchmarkDoes) {
+  // The main job's shape: llama-2-70b at a quarter of the width, 6 layers.
+  CommandRun r = run({"plan", "--model", "llama-2-70b", "--scale", "0.25", "--layers", "6", "--gpu",
+                      "h100-sxm", "--offload", "nvme", "--seq", "512", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const double factor = 353'658'880.0 / 68'976'648'192.0;  // scaled / full parameters
+  EXPECT_NEAR(j["like_for_like"]["deepspeed_knob_factor"].get<double>(), factor, 1e-12);
+  ASSERT_EQ(j["like_for_like"]["deepspeed"].size(), 3u);
+  const auto& defaults = j["like_for_like"]["deepspeed"][0];
+  EXPECT_EQ(defaults["name"], "deepspeed-defaults");
+  // max_in_cpu (1e9) scaled: its flat bf16 buffer holds 1e9 x factor elements, not the model.
+  bool found = false;
+  for (const auto& b : defaults["buffers"]) {
+    if (b["name"] != "max_in_cpu flat parameter buffer") continue;
+    found = true;
+    EXPECT_EQ(b["bytes_each"].get<uint64_t>(),
+              2 * static_cast<uint64_t>(std::llround(1e9 * factor)));
+  }
+  EXPECT_TRUE(found);
+}
+
 TEST(PlanCommand, JsonCarriesHeadroomAttentionWearAdviceAndTheComparison) {
   CommandRun r = run({"plan", "--model", "tinyllama-1.1b", "--gpu", "rtx-4090", "--offload", "nvme",
                       "--tokens", "1e8", "--nvme-tbw", "600", "--attention", "eager", "--json"});
@@ -115,6 +143,18 @@ TEST(PlanCommand, JsonCarriesHeadroomAttentionWearAdviceAndTheComparison) {
   EXPECT_EQ(j["nvme"]["tbw_tb_per_drive"], 600.0);
   EXPECT_GT(j["nvme_wear"]["tb_written_per_job"].get<double>(), 0);
   EXPECT_TRUE(j["like_for_like"].contains("step_time_ratio_equal_ram"));
+  ASSERT_EQ(j["like_for_like"]["deepspeed"].size(), 3u);
+  for (const auto& d : j["like_for_like"]["deepspeed"]) {
+    for (const char* key :
+         {"name", "deepspeed_knob_factor", "host_bytes", "host_bytes_steps", "host_moment",
+          "pinned_bytes", "step_seconds", "nvme_read_bytes_per_step", "nvme_write_bytes_per_step",
+          "nvme_io_per_step", "buffers", "fits_host", "strata_equal_ram",
+          "host_ratio_each_side_least", "step_time_ratio_each_side_least",
+          "step_time_ratio_equal_ram"}) {
+      EXPECT_TRUE(d.contains(key)) << key;
+    }
+    EXPECT_EQ(d["deepspeed_knob_factor"], 1.0);  // a full-size model: DeepSpeed's own knobs
+  }
   EXPECT_EQ(j["like_for_like"]["deepspeed_estimator"]["function"],
             "estimate_zero3_model_states_mem_needs");
   r = run({"plan", "--model", "tinyllama-1.1b", "--attention", "sparse"});

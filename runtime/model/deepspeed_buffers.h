@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "finetune/deepspeed_config.h"
+#include "model/deepspeed_config.h"
 
-namespace strata::bench::finetune {
+namespace strata::deepspeed {
 
 enum class BufferLife : uint8_t {
   kRun = 0,      // allocated at start-up, held until the end
@@ -70,4 +70,4 @@ BufferPeaks buffer_peaks(const std::vector<BufferSpec>& buffers);
 // PyTorch's CachingHostAllocator block size for `bytes` (the next power of two).
 uint64_t caching_host_allocator_size(uint64_t bytes);
 
-}  // namespace strata::bench::finetune
+}  // namespace strata::deepspeed

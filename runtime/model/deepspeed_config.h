@@ -1,8 +1,10 @@
-// The DeepSpeed ZeRO-3 NVMe-offload configurations `strata bench finetune` compares Strata with,
-// each a labelled set of DeepSpeed's own knobs (version 0.16.5, commit 38327e07f; every default
+// The DeepSpeed ZeRO-3 NVMe-offload configurations Strata is compared with, by `strata bench
+// finetune` (which runs them) and `strata plan` (which predicts them), each a labelled set of
+// DeepSpeed's own knobs (version 0.16.5, commit 38327e07f; every default
 // below cites the DeepSpeed file and line that sets it), and the layout those knobs give a model:
 // which parameters are swapped, how parameters fall into optimizer sub-groups, which sub-groups
-// stay in CPU memory. The buffers (deepspeed_buffers.h) and the step (deepspeed_worker.h) are
+// stay in CPU memory. The buffers (deepspeed_buffers.h), the benchmark's baseline worker
+// (bench/finetune/deepspeed_worker.cpp) and the planner's estimate (plan_deepspeed.h) are all
 // derived from this one record, so a knob changes everything it changes in DeepSpeed.
 #pragma once
 
@@ -11,9 +13,10 @@
 #include <vector>
 
 #include "common/status.h"
+#include "sched/deepspeed_defaults.h"
 #include "vocabulary/tensor_spec.h"
 
-namespace strata::bench::finetune {
+namespace strata::deepspeed {
 
 // The training precision of the compared job. bf16 (the default) runs no overflow check in
 // DeepSpeed since v0.11.2 (stage3.py:2034, `if self.dtype == torch.float16`); fp16 adds the
@@ -25,17 +28,17 @@ Result<Precision> parse_precision(const std::string& name);
 struct DeepSpeedConfig {
   std::string name;  // deepspeed-defaults | deepspeed-pinned | deepspeed-tuned
   // offload_param (zero/offload_config.py:33-45).
-  uint32_t param_buffer_count = 5;
-  uint64_t param_buffer_elements = 100'000'000;
+  uint32_t param_buffer_count = kParamBufferCount;
+  uint64_t param_buffer_elements = kParamBufferElements;
   uint64_t max_in_cpu = 1'000'000'000;
   bool param_pin_memory = false;
   // offload_optimizer (zero/offload_config.py:64-84).
-  uint32_t optimizer_buffer_count = 4;
+  uint32_t optimizer_buffer_count = kOptimizerBufferCount;
   bool optimizer_pin_memory = false;
   bool pipeline_read = false;
   bool pipeline_write = false;
   // zero_optimization (zero/config.py:168-237).
-  uint64_t sub_group_elements = 1'000'000'000;
+  uint64_t sub_group_elements = kSubGroupElements;
   uint64_t prefetch_bucket_elements = 50'000'000;
   uint64_t param_persistence_threshold = 100'000;
   uint64_t max_live_parameters = 1'000'000'000;
@@ -72,6 +75,12 @@ struct DeepSpeedLayout {
   std::vector<bool> swapped;      // per param: its bf16 partition is swapped to NVMe
   std::vector<bool> persistent;   // per param: below param_persistence_threshold, kept on GPU
   std::vector<size_t> sub_group;  // per param: its sub-group
+  // Per param: fetched once per micro-batch, not twice: its backward use comes within
+  // max_reuse_distance elements of fetches after its forward one, so it stays on the GPU
+  // (partitioned_param_coordinator.py:543-553, __params_to_release).
+  // Only the last unit's parameters (the tensors after the layers) can be: every other unit's
+  // device memory is reused by the units after it.
+  std::vector<bool> kept_for_backward;
   std::vector<SubGroup> sub_groups;
   uint64_t largest_param = 0;      // elements
   uint64_t largest_sub_group = 0;  // elements: what every optimizer swap buffer holds
@@ -101,4 +110,4 @@ Result<DeepSpeedLayout> deepspeed_layout(const DeepSpeedConfig& config,
 // rounded up to O_DIRECT's 4 KiB: the elements one swap file or buffer slot holds for `n`.
 uint64_t io_aligned_elements(const DeepSpeedConfig& config, uint64_t n, uint32_t element_bytes);
 
-}  // namespace strata::bench::finetune
+}  // namespace strata::deepspeed

@@ -1,12 +1,14 @@
-#include "finetune/deepspeed_config.h"
+#include "model/deepspeed_config.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <sstream>
 
 #include "common/align.h"
 
-namespace strata::bench::finetune {
+namespace strata::deepspeed {
 namespace {
 
 // swap_tensor/utils.py:15-16.
@@ -160,6 +162,40 @@ Result<DeepSpeedLayout> deepspeed_layout(const DeepSpeedConfig& config,
       layout.host_state_elements += g.elements;
     }
   }
+  // The fetch order of a micro-batch: every parameter by unit (the tensors before the layers,
+  // each layer, the tensors after them) in forward order, then all of it reversed. A
+  // parameter of the last unit stays on the GPU for its backward use when fewer than
+  // max_reuse_distance elements are fetched in between.
+  const auto unit_of = [&](size_t p) {
+    const int32_t layer = inventory[layout.params[p]].layer;
+    if (layer >= 0) return static_cast<int64_t>(layer);
+    bool after_layers = false;
+    for (size_t q = 0; q < p && !after_layers; ++q) {
+      after_layers = inventory[layout.params[q]].layer >= 0;
+    }
+    return after_layers ? INT64_MAX : int64_t{-1};
+  };
+  std::vector<int64_t> unit(layout.params.size());
+  for (size_t p = 0; p < layout.params.size(); ++p) unit[p] = unit_of(p);
+  std::vector<size_t> forward(layout.params.size());
+  for (size_t p = 0; p < forward.size(); ++p) forward[p] = p;
+  std::stable_sort(forward.begin(), forward.end(),
+                   [&](size_t a, size_t b) { return unit[a] < unit[b]; });
+  const int64_t last_unit = unit[forward.back()];
+  layout.kept_for_backward.assign(layout.params.size(), false);
+  for (size_t i = 0; i < forward.size(); ++i) {
+    const size_t p = forward[i];
+    if (unit[p] != last_unit) continue;
+    // Fetched between: the rest of the forward order, then the backward order up to p.
+    uint64_t between = 0;
+    for (size_t j = i + 1; j < forward.size(); ++j) {
+      between += inventory[layout.params[forward[j]]].elements();
+    }
+    for (size_t j = forward.size(); j-- > i + 1;) {
+      between += inventory[layout.params[forward[j]]].elements();
+    }
+    layout.kept_for_backward[p] = between < config.max_reuse_distance;
+  }
   if (layout.largest_sub_group_swap_elements == 0) {
     return unsupported(
         "no DeepSpeed sub-group reaches the swapper's minimum I/O size: every "
@@ -168,4 +204,4 @@ Result<DeepSpeedLayout> deepspeed_layout(const DeepSpeedConfig& config,
   return layout;
 }
 
-}  // namespace strata::bench::finetune
+}  // namespace strata::deepspeed

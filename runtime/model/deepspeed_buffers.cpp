@@ -1,9 +1,9 @@
-#include "finetune/deepspeed_buffers.h"
+#include "model/deepspeed_buffers.h"
 
 #include <algorithm>
 #include <bit>
 
-namespace strata::bench::finetune {
+namespace strata::deepspeed {
 namespace {
 
 constexpr uint32_t kModelDtypeBytes = 2;  // bf16 and fp16 alike
@@ -163,4 +163,4 @@ BufferPeaks buffer_peaks(const std::vector<BufferSpec>& buffers) {
   return peaks;
 }
 
-}  // namespace strata::bench::finetune
+}  // namespace strata::deepspeed
