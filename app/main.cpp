@@ -8,7 +8,9 @@
 #include "bench_commands.h"
 #include "cli/commands.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   CLI::App app{"Strata: fine-tune models larger than GPU memory and host RAM"};
   app.set_version_flag("--version", std::string("strata ") + strata_version());
   app.require_subcommand(1);
@@ -29,10 +31,21 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const std::exception& e) {
-    // A command's own failures are exit codes; this is a bug or the host out of memory.
-    std::fprintf(stderr, "strata: unexpected error: %s\n", e.what());
-    return 70;  // EX_SOFTWARE
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // A command's own failures are exit codes; what escapes is a bug or the host out of memory.
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "strata: unexpected error: %s\n", e.what());
+    return 70;  // EX_SOFTWARE
+  } catch (...) {
+    std::fprintf(stderr, "strata: unexpected error\n");
+    return 70;
+  }
 }

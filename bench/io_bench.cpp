@@ -517,10 +517,10 @@ class DeepSpeedAioSide {
   }
   Result<double> run(IoOp op) {
     const auto start = std::chrono::steady_clock::now();
-    Result<uint64_t> ticket = op == IoOp::kWrite ? handle_->write(path_, buffer_, config_.size)
-                                                 : handle_->read(path_, buffer_, config_.size);
-    if (!ticket) return std::move(ticket).take_status();
-    STRATA_TRY(handle_->wait(*ticket));
+    STRATA_ASSIGN_OR_RETURN(uint64_t ticket, op == IoOp::kWrite
+                                                 ? handle_->write(path_, buffer_, config_.size)
+                                                 : handle_->read(path_, buffer_, config_.size));
+    STRATA_TRY(handle_->wait(ticket));
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   const char* engine_name() const {

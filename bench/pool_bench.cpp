@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "bench_commands.h"
+#include "common/report.h"
 #include "common/units.h"
 #include "memory/pinned_trace.h"
 #include "pool/pool_policy.h"
 #include "pool/trace_replay.h"
-#include "common/report.h"
 
 namespace strata::bench {
 namespace {

@@ -25,7 +25,7 @@ for stage in $stages; do
       # CUDA sources are compiled by nvcc with flags clang-tidy does not take; their host code
       # is small and checked by the CUDA build itself.
       run-clang-tidy -quiet -p "$BUILD_DIR" -j "$(nproc)" \
-        "$PWD/(runtime|app|bench)/.*\.cpp$" > "$BUILD_DIR/clang-tidy.log" 2>&1 || true
+        "$PWD/(runtime|app|bench)/.*\.cpp$" 2>&1 | sed 's/\x1b\[[0-9;]*m//g' > "$BUILD_DIR/clang-tidy.log" || true
       if grep -E "(warning|error): " "$BUILD_DIR/clang-tidy.log" | grep -v "^Suppressed" >/dev/null; then
         grep -E -A3 "(warning|error): " "$BUILD_DIR/clang-tidy.log" | head -200 >&2
         echo "strata lint: clang-tidy found problems (all of them in $BUILD_DIR/clang-tidy.log)" >&2

@@ -239,7 +239,7 @@ class DeepSpeedWorker {
   Status write_trace();
 
   std::byte* opt_buffer(int set, int which) const {
-    return opt_buffers_[static_cast<size_t>(set * 4 + which)].data();
+    return opt_buffers_[static_cast<size_t>(set) * 4 + static_cast<size_t>(which)].data();
   }
   float* host_state(const SubGroup& g, int which) const {
     return reinterpret_cast<float*>(host_states_->data()) +
@@ -325,16 +325,15 @@ Status DeepSpeedWorker::allocate_buffers() {
         if (!s) return std::move(s).take_status().with_context(b.name);
         source = std::move(*s);
       }
-      Result<HostBlock> block = HostBlock::map(b.each_held, b.pinned);
-      if (!block) return std::move(block).take_status().with_context(b.name);
-      if (b.zero_source) std::memcpy(block->data(), source.data(), b.each_bytes);
+      STRATA_ASSIGN_OR_RETURN(HostBlock block, HostBlock::map(b.each_held, b.pinned), b.name);
+      if (b.zero_source) std::memcpy(block.data(), source.data(), b.each_bytes);
       if (b.pinned) {
         pinned_bytes_ += b.each_held;
-        if (block->locked()) locked_bytes_ += b.each_held;
+        if (block.locked()) locked_bytes_ += b.each_held;
         sampler_->set_unlocked_pinned(pinned_bytes_ - locked_bytes_);
       }
       sampler_->sample_now();  // both copies exist here
-      blocks_.push_back(std::move(*block));
+      blocks_.push_back(std::move(block));
     }
   }
   // Roles, by the same order.
@@ -395,9 +394,7 @@ Status DeepSpeedWorker::create_handles() {
     o.queue_depth = config_.aio_queue_depth;
     o.threads = config_.aio_intra_op_parallelism;
     o.epoch = log_.epoch();
-    Result<std::unique_ptr<AioHandle>> h = AioHandle::create(o, on_done);
-    if (!h) return std::move(h).take_status();
-    out = std::move(*h);
+    STRATA_ASSIGN_OR_RETURN(out, AioHandle::create(o, on_done));
     return Status::ok();
   };
   // partitioned_param_swapper.py:111-121: a read and a write handle for parameters;
@@ -448,9 +445,8 @@ Status DeepSpeedWorker::initialize_files() {
     if (s.host == nullptr) {
       std::memset(reinterpret_cast<std::byte*>(out) + s.elements * kModelBytes, 0,
                   s.file_bytes - s.elements * kModelBytes);
-      Result<uint64_t> t = param_write_->write(s.file, out, s.file_bytes);
-      if (!t) return std::move(t).take_status();
-      STRATA_TRY(param_write_->wait(*t));
+      STRATA_ASSIGN_OR_RETURN(uint64_t t, param_write_->write(s.file, out, s.file_bytes));
+      STRATA_TRY(param_write_->wait(t));
     }
   }
   // Each sub-group's fp32 master from a pageable source of its size (stage3.py:879-883), written
@@ -464,9 +460,9 @@ Status DeepSpeedWorker::initialize_files() {
       continue;
     }
     const uint64_t bytes = io_aligned_elements(config_, group.elements, kFp32Bytes) * kFp32Bytes;
-    Result<HostBlock> source = HostBlock::map(group.elements * kFp32Bytes, false);
-    if (!source) return std::move(source).take_status().with_context("fp32 master source");
-    auto* f = reinterpret_cast<float*>(source->data());
+    STRATA_ASSIGN_OR_RETURN(HostBlock source, HostBlock::map(group.elements * kFp32Bytes, false),
+                            "fp32 master source");
+    auto* f = reinterpret_cast<float*>(source.data());
     fill_master(group, f);
     sampler_->sample_now();
     std::memset(opt_buffer(0, 0), 0, bytes);
@@ -476,9 +472,9 @@ Status DeepSpeedWorker::initialize_files() {
     for (auto [name, buffer] :
          {std::pair{"master", opt_buffer(0, 0)}, std::pair{"exp_avg", opt_buffer(0, 1)},
           std::pair{"exp_avg_sq", opt_buffer(0, 1)}}) {
-      Result<uint64_t> t = optimizer_writes_->write(state_file(g, name), buffer, bytes);
-      if (!t) return std::move(t).take_status();
-      tickets.push_back(*t);
+      STRATA_ASSIGN_OR_RETURN(uint64_t t,
+                              optimizer_writes_->write(state_file(g, name), buffer, bytes));
+      tickets.push_back(t);
     }
     STRATA_TRY(optimizer_writes_->wait(tickets.back()));
     done_units_ +=
@@ -509,9 +505,7 @@ Status DeepSpeedWorker::initialize_files() {
   // Released after its forward use unless its backward use comes within max_reuse_distance
   // elements of fetches (the layout decides it, for the planner too).
   kept_for_backward_ = layout_.kept_for_backward;
-  Result<EmulatedGpu> gpu = EmulatedGpu::create(2 * largest_unit);
-  if (!gpu) return std::move(gpu).take_status();
-  gpu_ = std::move(*gpu);
+  STRATA_ASSIGN_OR_RETURN(gpu_, EmulatedGpu::create(2 * largest_unit));
   device_params_ = gpu_.data();
   device_grads_ = gpu_.data() + largest_unit;
   sampler_->set_device_fd(find_emulated_device_fd());
@@ -544,12 +538,12 @@ Status DeepSpeedWorker::start_read(ParamState& s) {
     return Status::error(STRATA_E_INTERNAL, "no free parameter swap buffer");
   }
   const size_t slot = static_cast<size_t>(free - slot_free_.begin());
-  Result<uint64_t> t =
-      param_read_->read(s.file, param_slots_->data() + slot * slot_bytes_, s.file_bytes);
-  if (!t) return std::move(t).take_status();
+  STRATA_ASSIGN_OR_RETURN(
+      uint64_t t,
+      param_read_->read(s.file, param_slots_->data() + slot * slot_bytes_, s.file_bytes));
   *free = false;
   s.slot = static_cast<int>(slot);
-  s.ticket = *t;
+  s.ticket = t;
   return Status::ok();
 }
 
@@ -602,9 +596,9 @@ Status DeepSpeedWorker::gradient_out(size_t p) {
   span("d2h copy", plan_.inventory[s.spec].name, copy_begin, now_us(),
        static_cast<int64_t>(s.elements * kModelBytes));
   const optim::GradSlice slice{device_grad, DType::kBFloat16, static_cast<size_t>(s.elements)};
-  Result<optim::GradStats> stats = adam_->grad_stats(std::span<const optim::GradSlice>(&slice, 1));
-  if (!stats) return std::move(stats).take_status();
-  sum_squares_ += stats->sum_squares;
+  STRATA_ASSIGN_OR_RETURN(optim::GradStats stats,
+                          adam_->grad_stats(std::span<const optim::GradSlice>(&slice, 1)));
+  sum_squares_ += stats.sum_squares;
   const SubGroup& group = layout_.sub_groups[layout_.sub_group[p]];
   auto upcast = [&](float* out) {
     for (uint64_t i = 0; i < s.elements; ++i) out[i] = optim::bf16_to_float(device_grad[i]);
@@ -627,9 +621,8 @@ Status DeepSpeedWorker::gradient_out(size_t p) {
   upcast(out);
   std::memset(reinterpret_cast<std::byte*>(out) + s.elements * kFp32Bytes, 0,
               bytes - s.elements * kFp32Bytes);
-  Result<uint64_t> t = optimizer_writes_->write(gradient_file(p), out, bytes);
-  if (!t) return std::move(t).take_status();
-  grad_buffer_tickets_[grad_buffer_].push_back(*t);
+  STRATA_ASSIGN_OR_RETURN(uint64_t t, optimizer_writes_->write(gradient_file(p), out, bytes));
+  grad_buffer_tickets_[grad_buffer_].push_back(t);
   grad_buffer_used_ += bytes;
   return Status::ok();
 }
@@ -642,10 +635,9 @@ Status DeepSpeedWorker::move_states(size_t g, int set, bool read, std::vector<ui
   int which = 0;
   for (const char* name : {"master", "exp_avg", "exp_avg_sq"}) {
     std::byte* buffer = opt_buffer(set, which++);
-    Result<uint64_t> t = read ? handle.read(state_file(g, name), buffer, bytes)
-                              : handle.write(state_file(g, name), buffer, bytes);
-    if (!t) return std::move(t).take_status();
-    tickets.push_back(*t);
+    STRATA_ASSIGN_OR_RETURN(uint64_t t, read ? handle.read(state_file(g, name), buffer, bytes)
+                                             : handle.write(state_file(g, name), buffer, bytes));
+    tickets.push_back(t);
   }
   return Status::ok();
 }
@@ -660,10 +652,9 @@ Status DeepSpeedWorker::read_sub_group(size_t g, int set, std::vector<uint64_t>&
   for (size_t p : group.params) {
     const uint64_t slice =
         io_aligned_elements(config_, params_[p].elements, kFp32Bytes) * kFp32Bytes;
-    Result<uint64_t> t =
-        optimizer_reads_->read(gradient_file(p), opt_buffer(set, 3) + offset, slice);
-    if (!t) return std::move(t).take_status();
-    tickets.push_back(*t);
+    STRATA_ASSIGN_OR_RETURN(
+        uint64_t t, optimizer_reads_->read(gradient_file(p), opt_buffer(set, 3) + offset, slice));
+    tickets.push_back(t);
     offset += slice;
   }
   return Status::ok();
@@ -683,11 +674,11 @@ Status DeepSpeedWorker::optimizer_step() {
         {reinterpret_cast<const uint16_t*>(grad_flat_->data()), layout_.total_elements, true}};
     sampler_->set_moment("step: fp16 overflow check");
     const uint64_t begin = now_us();
-    Result<OverflowCheckResult> checked = deepspeed_overflow_check(views, adam_->pool(), *sampler_);
-    if (!checked) return std::move(checked).take_status();
+    STRATA_ASSIGN_OR_RETURN(OverflowCheckResult checked,
+                            deepspeed_overflow_check(views, adam_->pool(), *sampler_));
     overflow_seconds_ += static_cast<double>(now_us() - begin) / 1e6;
     span("overflow check", "isinf + isnan passes", begin, now_us(),
-         static_cast<int64_t>(checked->temporary_bytes));
+         static_cast<int64_t>(checked.temporary_bytes));
     sampler_->set_moment("step: optimizer");
   }
   const double norm = std::sqrt(sum_squares_);
@@ -774,9 +765,8 @@ Status DeepSpeedWorker::optimizer_step() {
                     s.file_bytes - s.elements * kModelBytes);
         at += s.elements;
         if (!s.file.empty()) {
-          Result<uint64_t> t = param_write_->write(s.file, out, s.file_bytes);
-          if (!t) return std::move(t).take_status();
-          param_write_tickets.push_back(*t);
+          STRATA_ASSIGN_OR_RETURN(uint64_t t, param_write_->write(s.file, out, s.file_bytes));
+          param_write_tickets.push_back(t);
         } else {
           std::memcpy(s.host, out, s.elements * kModelBytes);
         }
@@ -974,18 +964,13 @@ void DeepSpeedWorker::send_result() {
 
 Status DeepSpeedWorker::run() {
   sampler_ = start_sampler(channel_, c_.name, stall_total_us_);
-  Result<std::unique_ptr<LayerCompute>> compute = make_layer_compute(plan_);
-  if (!compute) return std::move(compute).take_status();
-  compute_ = std::move(*compute);
-  Result<std::unique_ptr<optim::CpuAdam>> adam = optim::CpuAdam::create();
-  if (!adam) return std::move(adam).take_status();
-  adam_ = std::move(*adam);
+  STRATA_ASSIGN_OR_RETURN(compute_, make_layer_compute(plan_));
+  STRATA_ASSIGN_OR_RETURN(adam_, optim::CpuAdam::create());
   load_start_ = load_average();
   const auto startup = Clock::now();
-  Result<SwapFolder> folder = SwapFolder::create(
-      plan_.options.nvme_dir, "strata-" + c_.name + "-" + std::to_string(::getpid()));
-  if (!folder) return std::move(folder).take_status();
-  folder_ = std::move(*folder);
+  STRATA_ASSIGN_OR_RETURN(
+      folder_, SwapFolder::create(plan_.options.nvme_dir,
+                                  "strata-" + c_.name + "-" + std::to_string(::getpid())));
   STRATA_TRY(create_handles());
   const uint64_t begin = now_us();
   STRATA_TRY(allocate_buffers());

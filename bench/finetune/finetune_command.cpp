@@ -58,16 +58,14 @@ class LiveMetrics {
       Set& set = m->sets_[c.index];
       auto gauge = [&](Gauge** out, telemetry::MetricInfo info) -> Status {
         info.labels.insert(info.labels.begin(), strategy);
-        Result<Gauge*> g = m->registry_.add_gauge(info);
-        if (!g) return std::move(g).take_status();
-        *out = *g;
+        STRATA_ASSIGN_OR_RETURN(Gauge * g, m->registry_.add_gauge(info));
+        *out = g;
         return Status::ok();
       };
       auto counter = [&](Counter** out, telemetry::MetricInfo info) -> Status {
         info.labels.insert(info.labels.begin(), strategy);
-        Result<Counter*> c = m->registry_.add_counter(info);
-        if (!c) return std::move(c).take_status();
-        *out = *c;
+        STRATA_ASSIGN_OR_RETURN(Counter * c, m->registry_.add_counter(info));
+        *out = c;
         return Status::ok();
       };
       const char* kMemory = "strata_finetune_memory_bytes";

@@ -83,8 +83,7 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
     return invalid_argument("--max-grad-norm " + exact(options.max_grad_norm) +
                             " is not a finite value >= 0 (0: no clipping)");
   }
-  Result<std::vector<std::string>> baselines = parse_baselines(options.baselines);
-  if (!baselines) return std::move(baselines).take_status();
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> baselines, parse_baselines(options.baselines));
   Result<ComputeMode> compute = parse_compute_mode(options.compute);
   if (!compute) return std::move(compute).take_status();
   plan.compute = *compute;
@@ -102,8 +101,8 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
     return invalid_argument("--mfu " + exact(options.mfu) + " is outside (0, 1]");
   }
   if (!options.project_gpu.empty()) {
-    Result<GpuPreset> project = find_gpu(options.project_gpu);
-    if (!project) return std::move(project).take_status().with_context("--project-full-scale");
+    STRATA_ASSIGN_OR_RETURN(GpuPreset project, find_gpu(options.project_gpu),
+                            "--project-full-scale");
   }
   if (options.steps < 1 || options.steps > kMaxSteps) {
     return invalid_argument("--steps " + std::to_string(options.steps) + " is outside 1.." +
@@ -172,9 +171,8 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
   if (options.pinned_budget.empty()) {
     plan.strata_pinned_budget = default_strata_pinned_budget(largest_param);
   } else {
-    Result<uint64_t> b = budget_option(options.pinned_budget, "--pinned-budget");
-    if (!b) return std::move(b).take_status();
-    plan.strata_pinned_budget = *b;
+    STRATA_ASSIGN_OR_RETURN(uint64_t b, budget_option(options.pinned_budget, "--pinned-budget"));
+    plan.strata_pinned_budget = b;
   }
   // Device budget (the same for both strategies): weights and gradients (4 bytes per element)
   // of four layers, so that forward and backward can run a few layers ahead on the device. That
@@ -183,11 +181,11 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
   // fragmentation (a large gradient finds no contiguous range although the pool has room).
   if (options.device_budget.empty()) {
     plan.device_budget =
-        align_up(std::max(4 * 4 * largest_layer_params, 4 * 4 * largest_param), kBudgetGranule);
+        align_up(std::max(uint64_t{16} * largest_layer_params, uint64_t{16} * largest_param),
+                 kBudgetGranule);
   } else {
-    Result<uint64_t> b = budget_option(options.device_budget, "--device-budget");
-    if (!b) return std::move(b).take_status();
-    plan.device_budget = *b;
+    STRATA_ASSIGN_OR_RETURN(uint64_t b, budget_option(options.device_budget, "--device-budget"));
+    plan.device_budget = b;
   }
   // Out-of-place write-back keeps the old extent until the new one is written: twice the
   // states, plus slack for the extent allocator's alignment.
@@ -218,16 +216,16 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
           "the DeepSpeed baselines run with --compute modeled only (their GPU "
           "work is DeepSpeed's, not this benchmark's); use --strategy strata");
     }
-    for (const std::string& name : *baselines) {
+    for (const std::string& name : baselines) {
       Contender c;
       c.name = name;
       c.kind = ContenderKind::kDeepSpeed;
-      Result<DeepSpeedConfig> config = labelled_config(name, plan.inventory, plan.parameter_factor);
-      if (!config) return std::move(config).take_status().with_context(name);
-      config->gradient_clipping = options.max_grad_norm;
-      Result<DeepSpeedLayout> layout = deepspeed_layout(*config, plan.inventory);
+      STRATA_ASSIGN_OR_RETURN(DeepSpeedConfig config,
+                              labelled_config(name, plan.inventory, plan.parameter_factor), name);
+      config.gradient_clipping = options.max_grad_norm;
+      Result<DeepSpeedLayout> layout = deepspeed_layout(config, plan.inventory);
       if (!layout) return std::move(layout).take_status().with_context(name);
-      c.deepspeed = std::move(*config);
+      c.deepspeed = std::move(config);
       c.layout = std::move(*layout);
       c.buffers = deepspeed_buffers(c.deepspeed, c.layout, plan.inventory, plan.precision);
       add(std::move(c));

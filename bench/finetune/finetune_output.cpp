@@ -79,10 +79,8 @@ const json* headline_strata(const std::vector<StrategyResult>& results) {
 }  // namespace
 
 Result<json> project_full_scale(const FinetunePlan& plan) {
-  Result<GpuPreset> gpu = find_gpu(plan.options.project_gpu);
-  if (!gpu) return std::move(gpu).take_status();
-  Result<NvmePreset> nvme = find_nvme("gen4");
-  if (!nvme) return std::move(nvme).take_status();
+  STRATA_ASSIGN_OR_RETURN(GpuPreset gpu, find_gpu(plan.options.project_gpu));
+  STRATA_ASSIGN_OR_RETURN(NvmePreset nvme, find_nvme("gen4"));
   const ModelConfig& full = plan.full_model;
   const std::vector<TensorSpec> inventory = build_inventory(full, InventoryOptions{});
   uint64_t largest = 0;
@@ -91,19 +89,18 @@ Result<json> project_full_scale(const FinetunePlan& plan) {
   }
   sched::SimulationConfig config;
   sched::DeviceModel& d = config.device;
-  d.nvme_read_bytes_per_s = nvme->read_gbps * 1e9;
-  d.nvme_write_bytes_per_s = nvme->write_gbps * 1e9;
-  d.host_to_device_bytes_per_s = gpu->pinned_copy_gbps * 1e9;
-  d.device_to_host_bytes_per_s = gpu->pinned_copy_gbps * 1e9;
-  const double flops_per_s = gpu->bf16_dense_tflops * 1e12 * plan.options.mfu;
+  d.nvme_read_bytes_per_s = nvme.read_gbps * 1e9;
+  d.nvme_write_bytes_per_s = nvme.write_gbps * 1e9;
+  d.host_to_device_bytes_per_s = gpu.pinned_copy_gbps * 1e9;
+  d.device_to_host_bytes_per_s = gpu.pinned_copy_gbps * 1e9;
+  const double flops_per_s = gpu.bf16_dense_tflops * 1e12 * plan.options.mfu;
   const double layer = static_cast<double>(layer_parameter_count(full));
   d.forward_seconds_per_layer = 2.0 * layer * static_cast<double>(plan.tokens) / flops_per_s;
   d.backward_seconds_per_layer = 2.0 * d.forward_seconds_per_layer;
-  const uint64_t device_budget =
-      std::max<uint64_t>(gpu->memory_bytes() > kProjectionDeviceReserve
-                             ? gpu->memory_bytes() - kProjectionDeviceReserve
-                             : 0,
-                         uint64_t{1} << 30);
+  const uint64_t device_budget = std::max<uint64_t>(
+      gpu.memory_bytes() > kProjectionDeviceReserve ? gpu.memory_bytes() - kProjectionDeviceReserve
+                                                    : 0,
+      uint64_t{1} << 30);
   // Strata's pinned budget follows the same rule as the measured run.
   const uint64_t pinned_budget = default_strata_pinned_budget(largest);
 
@@ -111,29 +108,26 @@ Result<json> project_full_scale(const FinetunePlan& plan) {
   sched::SimulationConfig c = config;
   c.memory = sched::strata_memory_plan(pinned_budget, device_budget);
   c.step.optimizer_overlap = plan.options.optimizer_overlap == "on";
-  Result<sched::SimulationResult> r = sched::simulate(inventory, c);
-  if (!r) return std::move(r).take_status().with_context("simulating strata");
+  STRATA_ASSIGN_OR_RETURN(sched::SimulationResult r, sched::simulate(inventory, c),
+                          "simulating strata");
   json strata = {{"name", c.step.optimizer_overlap ? kStrataOverlapName : kStrataName},
-                 {"peak_host_bytes", r->peak_host_bytes},
-                 {"peak_pinned_bytes", r->peak_pinned_bytes},
-                 {"peak_device_bytes", r->peak_device_bytes},
-                 {"step_seconds", r->step_seconds},
-                 {"stall_seconds", r->stall_seconds},
-                 {"bottleneck", r->bottleneck_label}};
+                 {"peak_host_bytes", r.peak_host_bytes},
+                 {"peak_pinned_bytes", r.peak_pinned_bytes},
+                 {"peak_device_bytes", r.peak_device_bytes},
+                 {"step_seconds", r.step_seconds},
+                 {"stall_seconds", r.stall_seconds},
+                 {"bottleneck", r.bottleneck_label}};
   // DeepSpeed at full size: each labelled configuration with its knobs as they are (factor 1),
   // its host memory from the same buffer rules as the measured workers (deepspeed_buffers.h).
   json baselines = json::array();
   json reduction = json::object();
-  Result<std::vector<std::string>> names = parse_baselines(plan.options.baselines);
-  if (!names) return std::move(names).take_status();
-  for (const std::string& name : *names) {
-    Result<DeepSpeedConfig> config_ds = labelled_config(name, inventory, 1.0);
-    if (!config_ds) return std::move(config_ds).take_status();
-    config_ds->gradient_clipping = plan.options.max_grad_norm;
-    Result<DeepSpeedLayout> layout = deepspeed_layout(*config_ds, inventory);
-    if (!layout) return std::move(layout).take_status();
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> names, parse_baselines(plan.options.baselines));
+  for (const std::string& name : names) {
+    STRATA_ASSIGN_OR_RETURN(DeepSpeedConfig config_ds, labelled_config(name, inventory, 1.0));
+    config_ds.gradient_clipping = plan.options.max_grad_norm;
+    STRATA_ASSIGN_OR_RETURN(DeepSpeedLayout layout, deepspeed_layout(config_ds, inventory));
     const std::vector<BufferSpec> buffers =
-        deepspeed_buffers(*config_ds, *layout, inventory, plan.precision);
+        deepspeed_buffers(config_ds, layout, inventory, plan.precision);
     const BufferPeaks peaks = buffer_peaks(buffers);
     json table = json::array();
     for (const BufferSpec& b : buffers) {
@@ -148,16 +142,16 @@ Result<json> project_full_scale(const FinetunePlan& plan) {
                          {"peak_host_moment", peaks.run_moment},
                          {"peak_host_bytes_steps", peaks.steps},
                          {"peak_pinned_bytes", peaks.pinned},
-                         {"largest_sub_group", layout->largest_sub_group},
+                         {"largest_sub_group", layout.largest_sub_group},
                          {"buffers", std::move(table)}});
-    reduction[name] = peaks.run > 0 ? 1.0 - static_cast<double>(r->peak_host_bytes) /
+    reduction[name] = peaks.run > 0 ? 1.0 - static_cast<double>(r.peak_host_bytes) /
                                                 static_cast<double>(peaks.run)
                                     : 0.0;
   }
-  return json{{"gpu", gpu->name},
+  return json{{"gpu", gpu.name},
               {"model", full.name},
               {"parameters", parameter_count(full)},
-              {"nvme", nvme->name},
+              {"nvme", nvme.name},
               {"tokens_per_step", plan.tokens},
               {"device_budget_bytes", device_budget},
               {"strata_pinned_budget_bytes", pinned_budget},
@@ -327,8 +321,7 @@ Status merge_traces(const std::vector<StrategyResult>& results, const std::strin
   int pid = 0;
   for (const StrategyResult& r : results) {
     ++pid;
-    Result<json> worker = read_json_file(r.trace_path);
-    if (!worker) return std::move(worker).take_status();
+    STRATA_ASSIGN_OR_RETURN(json worker, read_json_file(r.trace_path));
     const std::string name = r.name;
     events.push_back({{"name", "process_name"},
                       {"ph", "M"},
@@ -343,12 +336,11 @@ Status merge_traces(const std::vector<StrategyResult>& results, const std::strin
     // The runtime's spans: "nvme read", "nvme write", "h2d copy", "d2h copy" tracks, on the
     // runtime's clock, moved onto the worker's.
     // (The DeepSpeed workers have no runtime: their aio handles' spans are their own tracks.)
-    const std::string runtime_path = (*worker).value("runtime_trace", std::string());
+    const std::string runtime_path = (worker).value("runtime_trace", std::string());
     if (!runtime_path.empty()) {
-      const int64_t offset = (*worker)["runtime_epoch_us"].get<int64_t>();
-      Result<json> runtime = read_json_file(runtime_path);
-      if (!runtime) return std::move(runtime).take_status();
-      for (json& e : (*runtime)["traceEvents"]) {
+      const int64_t offset = (worker)["runtime_epoch_us"].get<int64_t>();
+      STRATA_ASSIGN_OR_RETURN(json runtime, read_json_file(runtime_path));
+      for (json& e : (runtime)["traceEvents"]) {
         if (e.value("ph", "") == "M" && e.value("name", "") == "process_name") continue;
         e["pid"] = pid;
         if (e.contains("ts")) e["ts"] = e["ts"].get<int64_t>() + offset;
@@ -358,7 +350,7 @@ Status merge_traces(const std::vector<StrategyResult>& results, const std::strin
     }
     // The worker's own tracks (compute, optimizer, ...), each its own row after the runtime's.
     std::map<std::string, int> tids;
-    for (const json& span : (*worker)["spans"]) {
+    for (const json& span : (worker)["spans"]) {
       const std::string track = span["track"].get<std::string>();
       auto [it, added] = tids.emplace(track, 100 + static_cast<int>(tids.size()));
       if (added) {
@@ -401,6 +393,7 @@ std::string plot_script() {
 // Runs argv[0] with its output on stderr (never into --json on stdout); its exit status, or -1.
 int run_quietly(std::vector<std::string> argv) {
   std::vector<char*> args;
+  args.reserve(argv.size() + 1);
   for (std::string& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
   const pid_t child = ::fork();

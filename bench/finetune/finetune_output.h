@@ -12,6 +12,7 @@
 namespace strata::bench::finetune {
 
 // One worker's "result" event, as it arrived.
+// NOLINTNEXTLINE(bugprone-exception-escape): json's move may assert, which clang-tidy counts.
 struct StrategyResult {
   std::string name;
   ContenderKind kind = ContenderKind::kStrata;

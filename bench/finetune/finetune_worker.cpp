@@ -184,16 +184,16 @@ Status Worker::initialize_tensors() {
   for (const Unit& unit : units_) {
     for (const ParamEntry& e : unit.params) {
       const uint64_t n = plan_.inventory[e.param].elements();
-      Result<strata_acquired> p = acquire(e.param, STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD);
-      if (!p) return std::move(p).take_status();
-      auto* bf = static_cast<uint16_t*>(p->data);
+      STRATA_ASSIGN_OR_RETURN(strata_acquired p,
+                              acquire(e.param, STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD));
+      auto* bf = static_cast<uint16_t*>(p.data);
       for (uint64_t i = 0; i < n; ++i) bf[i] = optim::float_to_bf16(initial_weight(e.param, i));
       STRATA_TRY(release(e.param, true));
       for (size_t state : {e.master, e.adam_m, e.adam_v}) {
         if (state == SIZE_MAX) continue;
-        Result<strata_acquired> s = acquire(state, STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD);
-        if (!s) return std::move(s).take_status();
-        auto* f = static_cast<float*>(s->data);
+        STRATA_ASSIGN_OR_RETURN(strata_acquired s,
+                                acquire(state, STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD));
+        auto* f = static_cast<float*>(s.data);
         if (state == e.master) {
           for (uint64_t i = 0; i < n; ++i) f[i] = initial_weight(e.param, i);
         } else {
@@ -213,9 +213,8 @@ Status Worker::forward(const Unit& unit) {
       check(strata_layer_begin(rt_, STRATA_PHASE_FORWARD, unit.layer), "strata_layer_begin"));
   std::vector<ComputeTensor> tensors;
   for (const ParamEntry& e : unit.params) {
-    Result<strata_acquired> a = acquire(e.param, STRATA_TIER_DEVICE, 0);
-    if (!a) return std::move(a).take_status();
-    tensors.push_back({&plan_.inventory[e.param], a->data, nullptr, a->ready_event});
+    STRATA_ASSIGN_OR_RETURN(strata_acquired a, acquire(e.param, STRATA_TIER_DEVICE, 0));
+    tensors.push_back({&plan_.inventory[e.param], a.data, nullptr, a.ready_event});
   }
   const uint64_t begin = now_us();
   Status computed = compute_->forward(tensors);
@@ -235,12 +234,11 @@ Status Worker::backward(const Unit& unit) {
       check(strata_layer_begin(rt_, STRATA_PHASE_BACKWARD, unit.layer), "strata_layer_begin"));
   std::vector<ComputeTensor> tensors;
   for (const ParamEntry& e : unit.params) {
-    Result<strata_acquired> a = acquire(e.param, STRATA_TIER_DEVICE, 0);
-    if (!a) return std::move(a).take_status();
+    STRATA_ASSIGN_OR_RETURN(strata_acquired a, acquire(e.param, STRATA_TIER_DEVICE, 0));
     // Gradients are produced, not read: DISCARD skips loading stale contents.
-    Result<strata_acquired> g = acquire(e.grad, STRATA_TIER_DEVICE, STRATA_ACQUIRE_DISCARD);
-    if (!g) return std::move(g).take_status();
-    tensors.push_back({&plan_.inventory[e.param], a->data, g->data, a->ready_event});
+    STRATA_ASSIGN_OR_RETURN(strata_acquired g,
+                            acquire(e.grad, STRATA_TIER_DEVICE, STRATA_ACQUIRE_DISCARD));
+    tensors.push_back({&plan_.inventory[e.param], a.data, g.data, a.ready_event});
   }
   const uint64_t begin = now_us();
   Status computed = compute_->backward(tensors);
@@ -252,6 +250,7 @@ Status Worker::backward(const Unit& unit) {
     // produced, accumulating non-finite flags and the squared norm; no temporaries. (On a GPU
     // this is a reduction kernel; here it runs on the CPU, inside the measured loop.)
     std::vector<optim::GradSlice> slices;
+    slices.reserve(tensors.size());
     for (const ComputeTensor& t : tensors) {
       slices.push_back({t.grad, DType::kBFloat16, static_cast<size_t>(t.spec->elements())});
     }
@@ -303,33 +302,31 @@ Status Worker::optimizer(const Unit& unit, bool first_unit) {
       return invalid_argument("parameter '" + plan_.inventory[e.param].name +
                               "' lacks optimizer states in the inventory");
     }
-    Result<strata_acquired> g = acquire(e.grad, STRATA_TIER_PINNED, 0);
-    if (!g) return std::move(g).take_status();
-    Result<strata_acquired> master = acquire(e.master, STRATA_TIER_PINNED, 0);
-    if (!master) return std::move(master).take_status();
+    STRATA_ASSIGN_OR_RETURN(strata_acquired g, acquire(e.grad, STRATA_TIER_PINNED, 0));
+    STRATA_ASSIGN_OR_RETURN(strata_acquired master, acquire(e.master, STRATA_TIER_PINNED, 0));
     Result<strata_acquired> m = acquire(e.adam_m, STRATA_TIER_PINNED, 0);
     if (!m) return std::move(m).take_status();
     Result<strata_acquired> v = acquire(e.adam_v, STRATA_TIER_PINNED, 0);
     if (!v) return std::move(v).take_status();
     // The new bf16 weights are written whole: DISCARD, then DIRTY.
-    Result<strata_acquired> p = acquire(e.param, STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD);
-    if (!p) return std::move(p).take_status();
+    STRATA_ASSIGN_OR_RETURN(strata_acquired p,
+                            acquire(e.param, STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD));
     const size_t n = static_cast<size_t>(plan_.inventory[e.param].elements());
     Status stepped;
     const uint64_t begin = now_us();
     if (skip) {
       // Skipped step: the weights stay as they were (the bf16 copy is rewritten from the master).
-      const auto* f = static_cast<const float*>(master->data);
-      auto* bf = static_cast<uint16_t*>(p->data);
+      const auto* f = static_cast<const float*>(master.data);
+      auto* bf = static_cast<uint16_t*>(p.data);
       for (size_t i = 0; i < n; ++i) bf[i] = optim::float_to_bf16(f[i]);
     } else {
       optim::AdamWSlice slice;
-      slice.param = static_cast<float*>(master->data);
+      slice.param = static_cast<float*>(master.data);
       slice.m = static_cast<float*>(m->data);
       slice.v = static_cast<float*>(v->data);
-      slice.grad = g->data;
+      slice.grad = g.data;
       slice.grad_dtype = DType::kBFloat16;
-      slice.param_out = p->data;
+      slice.param_out = p.data;
       slice.param_out_dtype = DType::kBFloat16;
       slice.n = n;
       stepped = adam_->step(hp, std::span<const optim::AdamWSlice>(&slice, 1));
@@ -516,12 +513,8 @@ Status Worker::run() {
     d.home_tier = STRATA_TIER_NVME;
     descs_.push_back(d);
   }
-  Result<std::unique_ptr<LayerCompute>> compute = make_layer_compute(plan_);
-  if (!compute) return std::move(compute).take_status();
-  compute_ = std::move(*compute);
-  Result<std::unique_ptr<optim::CpuAdam>> adam = optim::CpuAdam::create();
-  if (!adam) return std::move(adam).take_status();
-  adam_ = std::move(*adam);
+  STRATA_ASSIGN_OR_RETURN(compute_, make_layer_compute(plan_));
+  STRATA_ASSIGN_OR_RETURN(adam_, optim::CpuAdam::create());
 
   load_start_ = load_average();
   const auto startup = Clock::now();

@@ -73,8 +73,7 @@ void MemorySampler::set_unlocked_pinned(uint64_t bytes) {
 }
 
 Result<MemoryReading> MemorySampler::read() const {
-  Result<memory::ProcMemory> proc = memory::read_proc_memory();
-  if (!proc) return std::move(proc).take_status();
+  STRATA_ASSIGN_OR_RETURN(memory::ProcMemory proc, memory::read_proc_memory());
   MemoryReading r;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
   const int fd = device_fd_.load(std::memory_order_relaxed);
@@ -83,9 +82,9 @@ Result<MemoryReading> MemorySampler::read() const {
     // A memfd's block count is exactly the shmem pages it holds.
     if (::fstat(fd, &st) == 0) r.device = static_cast<uint64_t>(st.st_blocks) * 512;
   }
-  const uint64_t other_shmem = proc->rss_shmem > r.device ? proc->rss_shmem - r.device : 0;
-  r.host = proc->rss_anon + proc->rss_file + other_shmem;
-  r.pinned = proc->vm_lck + unlocked_pinned_.load(std::memory_order_relaxed);
+  const uint64_t other_shmem = proc.rss_shmem > r.device ? proc.rss_shmem - r.device : 0;
+  r.host = proc.rss_anon + proc.rss_file + other_shmem;
+  r.pinned = proc.vm_lck + unlocked_pinned_.load(std::memory_order_relaxed);
   return r;
 }
 

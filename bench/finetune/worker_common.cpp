@@ -30,12 +30,14 @@ ProcIo read_proc_io() {
 }
 
 double load_average() {
-  double load = -1;
+  char text[64] = {};
   if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &load) != 1) load = -1;
+    if (std::fgets(text, sizeof text, f) == nullptr) text[0] = '\0';
     std::fclose(f);
   }
-  return load;
+  char* end = nullptr;
+  const double load = std::strtod(text, &end);
+  return end != text ? load : -1;
 }
 
 std::vector<Unit> build_units(const std::vector<TensorSpec>& inventory, uint32_t layers) {

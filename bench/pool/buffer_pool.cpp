@@ -184,9 +184,8 @@ Result<PoolBuffer> BufferPool::try_acquire(uint64_t bytes) {
   bool borrowed = false;
   uint32_t index = take(bytes, &borrowed);
   if (index == kNone && plan_.policy == PoolPolicy::kPow2) {
-    Result<uint32_t> grown = grow(bytes);
-    if (!grown.is_ok()) return std::move(grown).take_status();
-    index = *grown;
+    STRATA_ASSIGN_OR_RETURN(uint32_t grown, grow(bytes));
+    index = grown;
   }
   if (index == kNone) {
     ++stats_.busy;

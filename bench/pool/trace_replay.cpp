@@ -206,27 +206,24 @@ TraceDemand trace_demand(const memory::PinnedTrace& trace) {
 
 Result<ReplayResult> replay_through_recycler(const memory::PinnedTrace& trace,
                                              uint64_t budget_bytes, const ReplayOptions& options) {
-  Result<std::unique_ptr<memory::PinnedArena>> arena = dry_arena(budget_bytes);
-  if (!arena.is_ok()) return std::move(arena).take_status();
-  memory::PinnedRecycler recycler(**arena, nullptr);
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<memory::PinnedArena> arena, dry_arena(budget_bytes));
+  memory::PinnedRecycler recycler(*arena, nullptr);
   RecyclerAllocator allocator{recycler};
   Result<ReplayResult> r = replay<memory::PinnedBuffer>(trace, options, allocator);
   if (!r.is_ok()) return r;
   recycler.trim();
-  r->peak_reserved_bytes = (*arena)->stats().peak_reserved_bytes;
+  r->peak_reserved_bytes = (arena)->stats().peak_reserved_bytes;
   return r;
 }
 
 Result<ReplayResult> replay_through_pool(const memory::PinnedTrace& trace, const PoolPlan& plan,
                                          const ReplayOptions& options) {
-  Result<std::unique_ptr<memory::PinnedArena>> arena = dry_arena(0);
-  if (!arena.is_ok()) return std::move(arena).take_status();
-  Result<std::unique_ptr<BufferPool>> pool = BufferPool::create(**arena, plan);
-  if (!pool.is_ok()) return std::move(pool).take_status();
-  PoolAllocator allocator{**pool};
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<memory::PinnedArena> arena, dry_arena(0));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<BufferPool> pool, BufferPool::create(*arena, plan));
+  PoolAllocator allocator{*pool};
   Result<ReplayResult> r = replay<PoolBuffer>(trace, options, allocator);
   if (!r.is_ok()) return r;
-  r->peak_reserved_bytes = (*arena)->stats().peak_reserved_bytes;
+  r->peak_reserved_bytes = (arena)->stats().peak_reserved_bytes;
   return r;
 }
 

@@ -2,18 +2,17 @@
  * one step. Build: cc -std=c11 minimal.c $(pkg-config --cflags --libs strata)
  * Run: ./a.out /path/to/nvme/dir */
 #include <stdio.h>
-#include <string.h>
 #include <strata/strata.h>
+#include <string.h>
 
-#define CHECK(call)                                                              \
-  do {                                                                           \
-    int rc_ = (call);                                                            \
-    if (rc_ != STRATA_OK) {                                                      \
-      fprintf(stderr, "%s failed: %s (%s)\n", #call, strata_strerror(rc_),       \
-              strata_last_error(rt));                                            \
-      strata_runtime_destroy(rt);                                                \
-      return 1;                                                                  \
-    }                                                                            \
+#define CHECK(call)                                                                                \
+  do {                                                                                             \
+    int rc_ = (call);                                                                              \
+    if (rc_ != STRATA_OK) {                                                                        \
+      fprintf(stderr, "%s failed: %s (%s)\n", #call, strata_strerror(rc_), strata_last_error(rt)); \
+      strata_runtime_destroy(rt);                                                                  \
+      return 1;                                                                                    \
+    }                                                                                              \
   } while (0)
 
 int main(int argc, char** argv) {

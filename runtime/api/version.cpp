@@ -13,26 +13,44 @@ const char* strata_version(void) {
       STRATA_VERSION_MINOR) "." STRATA_STRINGIFY(STRATA_VERSION_PATCH);
 }
 
-int strata_version_number(void) { return STRATA_VERSION_NUMBER; }
+int strata_version_number(void) {
+  return STRATA_VERSION_NUMBER;
+}
 
 const char* strata_strerror(int code) {
   switch (code) {
-    case STRATA_OK: return "success";
-    case STRATA_E_INVALID: return "invalid argument";
-    case STRATA_E_BAD_HANDLE: return "bad handle";
-    case STRATA_E_STATE: return "operation not allowed in the current state";
-    case STRATA_E_NOMEM: return "out of host memory";
-    case STRATA_E_PINNED_BUDGET: return "out of pinned host budget";
-    case STRATA_E_DEVICE_BUDGET: return "out of device budget";
-    case STRATA_E_NOSPACE: return "out of NVMe space";
-    case STRATA_E_IO: return "I/O error";
-    case STRATA_E_CORRUPT: return "data corruption detected (checksum mismatch)";
-    case STRATA_E_UNSUPPORTED: return "not supported on this system";
-    case STRATA_E_DEVICE: return "GPU runtime error";
-    case STRATA_E_LIMIT: return "operating system limit reached";
-    case STRATA_E_TIMEOUT: return "timed out";
-    case STRATA_E_INTERNAL: return "internal error";
-    default: return "unknown status code";
+    case STRATA_OK:
+      return "success";
+    case STRATA_E_INVALID:
+      return "invalid argument";
+    case STRATA_E_BAD_HANDLE:
+      return "bad handle";
+    case STRATA_E_STATE:
+      return "operation not allowed in the current state";
+    case STRATA_E_NOMEM:
+      return "out of host memory";
+    case STRATA_E_PINNED_BUDGET:
+      return "out of pinned host budget";
+    case STRATA_E_DEVICE_BUDGET:
+      return "out of device budget";
+    case STRATA_E_NOSPACE:
+      return "out of NVMe space";
+    case STRATA_E_IO:
+      return "I/O error";
+    case STRATA_E_CORRUPT:
+      return "data corruption detected (checksum mismatch)";
+    case STRATA_E_UNSUPPORTED:
+      return "not supported on this system";
+    case STRATA_E_DEVICE:
+      return "GPU runtime error";
+    case STRATA_E_LIMIT:
+      return "operating system limit reached";
+    case STRATA_E_TIMEOUT:
+      return "timed out";
+    case STRATA_E_INTERNAL:
+      return "internal error";
+    default:
+      return "unknown status code";
   }
 }
 

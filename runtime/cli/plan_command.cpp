@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "common/report.h"
 #include "common/units.h"
 #include "model/plan.h"
 #include "model/plan_report.h"
-#include "common/report.h"
 
 namespace strata::cli {
 namespace {
@@ -87,22 +87,19 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
   if (!method) return std::move(method).take_status();
   r.method = *method;
   r.lora_rank = o.lora_rank;
-  Result<LoraTargets> targets = parse_lora_targets(o.lora_targets);
-  if (!targets) return std::move(targets).take_status();
-  r.lora_targets = *targets;
+  STRATA_ASSIGN_OR_RETURN(LoraTargets targets, parse_lora_targets(o.lora_targets));
+  r.lora_targets = targets;
   Result<DType> precision = parse_precision(o.precision);
   if (!precision) return std::move(precision).take_status();
   r.precision = *precision;
   r.seq_len = o.seq;
   r.micro_batch = o.batch;
   r.grad_accum = o.grad_accum;
-  Result<Checkpointing> ckpt = parse_checkpointing(o.checkpointing);
-  if (!ckpt) return std::move(ckpt).take_status();
-  r.checkpointing = *ckpt;
+  STRATA_ASSIGN_OR_RETURN(Checkpointing ckpt, parse_checkpointing(o.checkpointing));
+  r.checkpointing = ckpt;
   for (const std::string& text : o.gpus) {
-    Result<GpuChoice> gpu = parse_gpu_choice(text);
-    if (!gpu) return std::move(gpu).take_status();
-    r.gpus.push_back(*gpu);
+    STRATA_ASSIGN_OR_RETURN(GpuChoice gpu, parse_gpu_choice(text));
+    r.gpus.push_back(gpu);
   }
   if (!o.pinned_budget.empty()) {
     std::optional<uint64_t> bytes = parse_bytes(o.pinned_budget);
@@ -123,9 +120,8 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
   if (!nvme) return std::move(nvme).take_status();
   r.nvme = *nvme;
   if (!o.nvme_drive.empty()) {
-    Result<NvmeDrive> drive = find_nvme_drive(o.nvme_drive);
-    if (!drive) return std::move(drive).take_status();
-    r.nvme_drive = *drive;
+    STRATA_ASSIGN_OR_RETURN(NvmeDrive drive, find_nvme_drive(o.nvme_drive));
+    r.nvme_drive = drive;
   }
   if (o.nvme_tbw) {
     if (!(*o.nvme_tbw > 0)) return invalid_argument("--nvme-tbw must be positive (TB per drive)");
@@ -135,9 +131,9 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
   Result<Attention> attention = parse_attention(o.attention);
   if (!attention) return std::move(attention).take_status();
   r.attention = *attention;
-  Result<std::optional<double>> tokens = job_tokens(o.tokens, o.epochs, o.dataset_tokens);
-  if (!tokens) return std::move(tokens).take_status();
-  r.job_tokens = *tokens;
+  STRATA_ASSIGN_OR_RETURN(std::optional<double> tokens,
+                          job_tokens(o.tokens, o.epochs, o.dataset_tokens));
+  r.job_tokens = tokens;
   r.assume.host_headroom.fraction = o.host_headroom;
   std::optional<uint64_t> reserve = parse_bytes(o.host_reserve);
   if (!reserve) {
@@ -191,8 +187,7 @@ void print_host(const Plan& plan, const GpuPlan& p) {
     const RamUpgrade& m = *p.more_ram;
     std::printf("  with %s RAM: cpu offload, %s, %s tokens/s (x%s), %s/Mtok typical (now %s)\n",
                 format_bytes(m.host_ram_bytes).c_str(), human_seconds(m.step_seconds).c_str(),
-                fixed(m.tokens_per_s, 0).c_str(),
-                fixed(m.tokens_per_s / p.tokens_per_s, 1).c_str(),
+                fixed(m.tokens_per_s, 0).c_str(), fixed(m.tokens_per_s / p.tokens_per_s, 1).c_str(),
                 money(m.usd_per_mtok[1]).c_str(), money(p.usd_per_mtok[1]).c_str());
   }
 }
@@ -204,8 +199,7 @@ void print_wear(const Plan& plan, const GpuPlan& p) {
   std::printf("  SSD wear       %s TB written per step; %u x %s (%s TBW each) rated for %s steps\n",
               fixed(static_cast<double>(w.write_bytes_per_step) / 1e12, 3).c_str(),
               std::max<uint32_t>(r.nvme.drives, 1), r.nvme_drive.name.c_str(),
-              fixed(r.nvme_drive.tbw_tb, 0).c_str(),
-              fixed(w.steps_to_endurance, 0).c_str());
+              fixed(r.nvme_drive.tbw_tb, 0).c_str(), fixed(w.steps_to_endurance, 0).c_str());
   if (w.job_share) {
     std::printf("                 job: %s TB, %s of the rated endurance%s\n",
                 fixed(*w.job_write_bytes / 1e12, 1).c_str(), percent(*w.job_share).c_str(),
@@ -402,11 +396,9 @@ void print_text(const Plan& plan) {
       "NVMe offload come from a simulated step of the scheduler (sched::simulate). \"host\" is "
       "the\n"
       "recommended RAM (job + headroom).\n",
-      fixed(r.assume.mfu, 2).c_str(),
-      fixed(r.assume.adam_params_per_s / 1e9, 1).c_str(),
-      r.assume.pcie_efficiency > 0
-          ? (fixed(r.assume.pcie_efficiency, 2) + " x link rate").c_str()
-          : "measured pinned-copy rate",
+      fixed(r.assume.mfu, 2).c_str(), fixed(r.assume.adam_params_per_s / 1e9, 1).c_str(),
+      r.assume.pcie_efficiency > 0 ? (fixed(r.assume.pcie_efficiency, 2) + " x link rate").c_str()
+                                   : "measured pinned-copy rate",
       r.nvme.label.c_str());
 }
 

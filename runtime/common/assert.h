@@ -5,11 +5,11 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define STRATA_ASSERT(cond)                                                              \
-  do {                                                                                   \
-    if (__builtin_expect(!(cond), 0)) {                                                  \
+#define STRATA_ASSERT(cond)                                                                 \
+  do {                                                                                      \
+    if (__builtin_expect(!(cond), 0)) {                                                     \
       std::fprintf(stderr, "strata: invariant violated at %s:%d: %s\n", __FILE__, __LINE__, \
-                   #cond);                                                               \
-      std::abort();                                                                      \
-    }                                                                                    \
+                   #cond);                                                                  \
+      std::abort();                                                                         \
+    }                                                                                       \
   } while (0)

@@ -9,7 +9,8 @@ namespace strata {
 
 std::optional<uint64_t> parse_bytes(std::string_view text) {
   size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
+    ++i;
   if (i == 0) return std::nullopt;
   const std::string number(text.substr(0, i));
   if (number.find('.') != number.rfind('.')) return std::nullopt;
@@ -17,12 +18,23 @@ std::optional<uint64_t> parse_bytes(std::string_view text) {
   uint64_t multiplier = 1;
   if (!suffix.empty()) {
     switch (std::toupper(static_cast<unsigned char>(suffix[0]))) {
-      case 'K': multiplier = 1ULL << 10; break;
-      case 'M': multiplier = 1ULL << 20; break;
-      case 'G': multiplier = 1ULL << 30; break;
-      case 'T': multiplier = 1ULL << 40; break;
-      case 'B': multiplier = 1; break;
-      default: return std::nullopt;
+      case 'K':
+        multiplier = 1ULL << 10;
+        break;
+      case 'M':
+        multiplier = 1ULL << 20;
+        break;
+      case 'G':
+        multiplier = 1ULL << 30;
+        break;
+      case 'T':
+        multiplier = 1ULL << 40;
+        break;
+      case 'B':
+        multiplier = 1;
+        break;
+      default:
+        return std::nullopt;
     }
     std::string_view rest = suffix.substr(1);
     if (multiplier == 1) {

@@ -200,7 +200,7 @@ Status RealBackend::read(const sched::Extent& from, const sched::Buffer& to_pinn
   o->io.context = o;
   link_started(o->link);
   Status status = store_.read_async(extent, to_pinned.data, to_pinned.bytes, &o->io,
-                                          io_index(to_pinned, to_pinned.bytes));
+                                    io_index(to_pinned, to_pinned.bytes));
   if (!status) {
     link_finished(o->link, 0, o->begin_us, nullptr);
     return_nvme_op(o);
@@ -221,9 +221,8 @@ Status RealBackend::write(const sched::Buffer& from_pinned, const sched::Extent&
   o->io.on_complete = &RealBackend::on_nvme_done;
   o->io.context = o;
   link_started(o->link);
-  Status status =
-      store_.write_async(extent, from_pinned.data, bytes, &o->io,
-                         io_index(from_pinned, align_up(bytes, store_.alignment())));
+  Status status = store_.write_async(extent, from_pinned.data, bytes, &o->io,
+                                     io_index(from_pinned, align_up(bytes, store_.alignment())));
   if (!status) {
     link_finished(o->link, 0, o->begin_us, nullptr);
     return_nvme_op(o);

@@ -17,11 +17,11 @@ enum class IoOp : uint8_t { kRead, kWrite };
 // on_complete runs exactly once, on an engine thread, after every block has finished.
 struct IoRequest {
   IoOp op = IoOp::kRead;
-  uint32_t file = 0;           // index from IoEngine::register_file
-  void* buffer = nullptr;      // aligned to the file's direct-I/O memory alignment
-  uint64_t length = 0;         // a multiple of the file's direct-I/O alignment
-  uint64_t offset = 0;         // ditto
-  int32_t buffer_index = -1;   // registered buffer holding [buffer, buffer + length), or -1
+  uint32_t file = 0;          // index from IoEngine::register_file
+  void* buffer = nullptr;     // aligned to the file's direct-I/O memory alignment
+  uint64_t length = 0;        // a multiple of the file's direct-I/O alignment
+  uint64_t offset = 0;        // ditto
+  int32_t buffer_index = -1;  // registered buffer holding [buffer, buffer + length), or -1
 
   void (*on_complete)(IoRequest* request, void* context) = nullptr;
   void* context = nullptr;
@@ -33,9 +33,9 @@ struct IoRequest {
 };
 
 struct IoEngineOptions {
-  uint32_t queue_depth = 32;          // blocks in flight
-  uint32_t block_size = 1u << 20;     // bytes per block; a multiple of 4096
-  uint32_t threads = 2;               // pread/pwrite engine worker threads
+  uint32_t queue_depth = 32;       // blocks in flight
+  uint32_t block_size = 1u << 20;  // bytes per block; a multiple of 4096
+  uint32_t threads = 2;            // pread/pwrite engine worker threads
 };
 
 // Thread rules: every member may be called from any thread, concurrently. on_complete callbacks

@@ -202,44 +202,38 @@ class CudaDevice final : public Device {
   }
 
   Status record(const Event& event, CopyStream stream) override {
-    Result<cudaEvent_t> e = native_event(event);
-    if (!e.is_ok()) return std::move(e).take_status();
-    return cuda_status(cudaEventRecord(*e, streams_[static_cast<int>(stream)]), "cudaEventRecord");
+    STRATA_ASSIGN_OR_RETURN(cudaEvent_t e, native_event(event));
+    return cuda_status(cudaEventRecord(e, streams_[static_cast<int>(stream)]), "cudaEventRecord");
   }
 
   Status record(const Event& event, NativeStream native_stream) override {
-    Result<cudaEvent_t> e = native_event(event);
-    if (!e.is_ok()) return std::move(e).take_status();
-    return cuda_status(cudaEventRecord(*e, static_cast<cudaStream_t>(native_stream)),
+    STRATA_ASSIGN_OR_RETURN(cudaEvent_t e, native_event(event));
+    return cuda_status(cudaEventRecord(e, static_cast<cudaStream_t>(native_stream)),
                        "cudaEventRecord on a framework stream");
   }
 
   Result<bool> query(const Event& event) override {
-    Result<cudaEvent_t> e = native_event(event);
-    if (!e.is_ok()) return std::move(e).take_status();
-    const cudaError_t error = cudaEventQuery(*e);
+    STRATA_ASSIGN_OR_RETURN(cudaEvent_t e, native_event(event));
+    const cudaError_t error = cudaEventQuery(e);
     if (error == cudaSuccess) return true;
     if (error == cudaErrorNotReady) return false;
     return cuda_status(error, "cudaEventQuery");
   }
 
   Status synchronize(const Event& event) override {
-    Result<cudaEvent_t> e = native_event(event);
-    if (!e.is_ok()) return std::move(e).take_status();
-    return cuda_status(cudaEventSynchronize(*e), "cudaEventSynchronize");
+    STRATA_ASSIGN_OR_RETURN(cudaEvent_t e, native_event(event));
+    return cuda_status(cudaEventSynchronize(e), "cudaEventSynchronize");
   }
 
   Status wait(CopyStream stream, const Event& event) override {
-    Result<cudaEvent_t> e = native_event(event);
-    if (!e.is_ok()) return std::move(e).take_status();
-    return cuda_status(cudaStreamWaitEvent(streams_[static_cast<int>(stream)], *e, 0),
+    STRATA_ASSIGN_OR_RETURN(cudaEvent_t e, native_event(event));
+    return cuda_status(cudaStreamWaitEvent(streams_[static_cast<int>(stream)], e, 0),
                        "cudaStreamWaitEvent");
   }
 
   Status wait(NativeStream native_stream, const Event& event) override {
-    Result<cudaEvent_t> e = native_event(event);
-    if (!e.is_ok()) return std::move(e).take_status();
-    return cuda_status(cudaStreamWaitEvent(static_cast<cudaStream_t>(native_stream), *e, 0),
+    STRATA_ASSIGN_OR_RETURN(cudaEvent_t e, native_event(event));
+    return cuda_status(cudaStreamWaitEvent(static_cast<cudaStream_t>(native_stream), e, 0),
                        "cudaStreamWaitEvent on a framework stream");
   }
 
@@ -258,9 +252,8 @@ class CudaDevice final : public Device {
   };
 
   Result<cudaEvent_t> native_event(const Event& event) const {
-    Result<uint32_t> slot = event_slot(event);
-    if (!slot.is_ok()) return std::move(slot).take_status();
-    return events_[*slot];
+    STRATA_ASSIGN_OR_RETURN(uint32_t slot, event_slot(event));
+    return events_[slot];
   }
 
   void release_pending(const PendingFree& p) {

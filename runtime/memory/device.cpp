@@ -74,9 +74,8 @@ void DeviceBuffer::reset() {
 }
 
 Result<DeviceBuffer> allocate_buffer(Device& device, uint64_t bytes, TensorKind kind) {
-  Result<void*> data = device.allocate(bytes, kind);
-  if (!data.is_ok()) return std::move(data).take_status();
-  return DeviceBuffer(&device, *data, bytes);
+  STRATA_ASSIGN_OR_RETURN(void* data, device.allocate(bytes, kind));
+  return DeviceBuffer(&device, data, bytes);
 }
 
 bool cuda_built() {

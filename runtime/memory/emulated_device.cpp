@@ -100,13 +100,12 @@ class EmulatedDevice final : public Device, public EmulatedDeviceControl {
   Status free(void* ptr, NativeStream /*native_stream*/) override {
     // No framework compute runs on the emulated device asynchronously, so nothing can still be
     // using the range: reuse is immediate.
-    Result<DeviceSlab::Freed> freed = slab_.free(ptr);
-    if (!freed.is_ok()) return std::move(freed).take_status();
+    STRATA_ASSIGN_OR_RETURN(DeviceSlab::Freed freed, slab_.free(ptr));
     // Give the pages wholly inside the free range back to the OS.
     const uint64_t begin =
-        align_up(static_cast<uint64_t>(freed->free_begin - slab_.base()), kPageSize);
+        align_up(static_cast<uint64_t>(freed.free_begin - slab_.base()), kPageSize);
     const uint64_t end = align_down(
-        static_cast<uint64_t>(freed->free_begin - slab_.base()) + freed->free_bytes, kPageSize);
+        static_cast<uint64_t>(freed.free_begin - slab_.base()) + freed.free_bytes, kPageSize);
     if (end > begin) {
       ::fallocate(memfd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                   static_cast<off_t>(begin), static_cast<off_t>(end - begin));
@@ -165,43 +164,38 @@ class EmulatedDevice final : public Device, public EmulatedDeviceControl {
   }
 
   Status record(const Event& event, CopyStream stream) override {
-    Result<uint32_t> slot = event_slot(event);
-    if (!slot.is_ok()) return std::move(slot).take_status();
+    STRATA_ASSIGN_OR_RETURN(uint32_t slot, event_slot(event));
     Stream& s = streams_[static_cast<int>(stream)];
     uint64_t submitted = 0;
     {
       std::lock_guard lock(s.mutex);
       submitted = s.submitted;
     }
-    events_[*slot].store(encode_event(static_cast<int>(stream), submitted),
-                         std::memory_order_release);
+    events_[slot].store(encode_event(static_cast<int>(stream), submitted),
+                        std::memory_order_release);
     return Status::ok();
   }
 
   Status record(const Event& event, NativeStream /*native_stream*/) override {
-    Result<uint32_t> slot = event_slot(event);
-    if (!slot.is_ok()) return std::move(slot).take_status();
-    events_[*slot].store(0, std::memory_order_release);
+    STRATA_ASSIGN_OR_RETURN(uint32_t slot, event_slot(event));
+    events_[slot].store(0, std::memory_order_release);
     return Status::ok();
   }
 
   Result<bool> query(const Event& event) override {
-    Result<uint32_t> slot = event_slot(event);
-    if (!slot.is_ok()) return std::move(slot).take_status();
-    return complete(events_[*slot].load(std::memory_order_acquire));
+    STRATA_ASSIGN_OR_RETURN(uint32_t slot, event_slot(event));
+    return complete(events_[slot].load(std::memory_order_acquire));
   }
 
   Status synchronize(const Event& event) override {
-    Result<uint32_t> slot = event_slot(event);
-    if (!slot.is_ok()) return std::move(slot).take_status();
-    wait_for(events_[*slot].load(std::memory_order_acquire));
+    STRATA_ASSIGN_OR_RETURN(uint32_t slot, event_slot(event));
+    wait_for(events_[slot].load(std::memory_order_acquire));
     return Status::ok();
   }
 
   Status wait(CopyStream stream, const Event& event) override {
-    Result<uint32_t> slot = event_slot(event);
-    if (!slot.is_ok()) return std::move(slot).take_status();
-    const uint64_t state = events_[*slot].load(std::memory_order_acquire);
+    STRATA_ASSIGN_OR_RETURN(uint32_t slot, event_slot(event));
+    const uint64_t state = events_[slot].load(std::memory_order_acquire);
     // Work of the same stream is ordered already; a completed event needs no wait.
     if (state == 0 || event_stream(state) == static_cast<int>(stream) || complete(state)) {
       return Status::ok();

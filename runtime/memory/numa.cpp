@@ -34,10 +34,9 @@ int first_node(hwloc_const_nodeset_t nodeset) {
 }  // namespace
 
 Result<HwlocTopology> HwlocTopology::load_system(bool with_pci_devices) {
-  Result<hwloc_topology_t> t =
-      load([](hwloc_topology_t) { return 0; }, "this system", with_pci_devices);
-  if (!t.is_ok()) return std::move(t).take_status();
-  return HwlocTopology(*t);
+  STRATA_ASSIGN_OR_RETURN(hwloc_topology_t t, load([](hwloc_topology_t) { return 0; },
+                                                   "this system", with_pci_devices));
+  return HwlocTopology(t);
 }
 
 Result<HwlocTopology> HwlocTopology::load_xml(std::string_view xml) {

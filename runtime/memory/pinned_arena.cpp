@@ -87,12 +87,12 @@ Result<std::unique_ptr<PinnedArena>> PinnedArena::create(const PinnedArenaOption
     return invalid_argument("the pinned budget must be > 0 bytes (pinned_budget_bytes)");
   }
   const std::string bus_id = options.device != nullptr ? options.device->pci_bus_id() : "";
-  Result<HwlocTopology> topology = HwlocTopology::load_system(/*with_pci_devices=*/!bus_id.empty());
-  if (!topology.is_ok()) return std::move(topology).take_status();
-  Result<NumaChoice> choice = choose_numa_node(*topology, options.numa_node, bus_id);
-  if (!choice.is_ok()) return std::move(choice).take_status().with_context("pinned arena");
+  STRATA_ASSIGN_OR_RETURN(HwlocTopology topology,
+                          HwlocTopology::load_system(/*with_pci_devices=*/!bus_id.empty()));
+  STRATA_ASSIGN_OR_RETURN(NumaChoice choice, choose_numa_node(topology, options.numa_node, bus_id),
+                          "pinned arena");
   return std::unique_ptr<PinnedArena>(
-      new PinnedArena(options, std::move(topology).value(), choice->node, choice->reason));
+      new PinnedArena(options, std::move(topology), choice.node, choice.reason));
 }
 
 PinnedArena::PinnedArena(const PinnedArenaOptions& options, HwlocTopology topology, int node,

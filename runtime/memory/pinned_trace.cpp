@@ -38,7 +38,7 @@ Result<std::unique_ptr<PinnedTraceWriter>> PinnedTraceWriter::open(const std::st
                                                                    uint64_t budget_bytes) {
   std::FILE* file = std::fopen(path.c_str(), "w");
   if (file == nullptr) {
-    return io_error("cannot write the pinned trace " + path + ": " + std::strerror(errno));
+    return io_error("cannot write the pinned trace " + path + ": " + errno_text(errno));
   }
   std::fprintf(file, "# strata pinned trace v1\nbudget %llu\n",
                static_cast<unsigned long long>(budget_bytes));
@@ -64,7 +64,7 @@ void PinnedTraceWriter::record(const PinnedTraceEvent& e) {
 
 Result<PinnedTrace> read_pinned_trace(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return io_error("cannot read the pinned trace " + path + ": " + std::strerror(errno));
+  if (!in) return io_error("cannot read the pinned trace " + path + ": " + errno_text(errno));
   PinnedTrace trace;
   std::unordered_set<uint64_t> live;
   std::string line;
@@ -91,9 +91,12 @@ Result<PinnedTrace> read_pinned_trace(const std::string& path) {
     }
     std::string rest;
     if (!ok || (fields >> rest)) {
-      return invalid_argument(
-          path + ":" + std::to_string(number) +
-          ": not a pinned trace event (or a give of a buffer not taken): " + line);
+      std::string where = path;
+      where += ':';
+      where += std::to_string(number);
+      where += ": not a pinned trace event (or a give of a buffer not taken): ";
+      where += line;
+      return invalid_argument(std::move(where));
     }
     if (op != "budget") trace.events.push_back(e);
   }

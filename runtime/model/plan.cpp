@@ -242,15 +242,14 @@ Result<NvmeArray> parse_nvme(std::string_view text) {
     if (!drives || *drives == 0 || *drives > 64) {
       return invalid_argument("NVMe drive count in \"" + std::string(text) + "\" must be 1..64");
     }
-    Result<NvmePreset> preset = find_nvme(std::string_view(s).substr(colon + 1));
-    if (!preset) return std::move(preset).take_status();
+    STRATA_ASSIGN_OR_RETURN(NvmePreset preset, find_nvme(std::string_view(s).substr(colon + 1)));
     NvmeArray a;
     a.drives = *drives;
     // RAID-0 across drives: rates add (DeepNVMe reports near-linear scaling to 8 drives).
-    a.read_gbps = preset->read_gbps * *drives;
-    a.write_gbps = preset->write_gbps * *drives;
-    a.label = std::to_string(*drives) + " x " + preset->name;
-    a.generation = preset->name.substr(0, preset->name.find('-'));
+    a.read_gbps = preset.read_gbps * *drives;
+    a.write_gbps = preset.write_gbps * *drives;
+    a.label = std::to_string(*drives) + " x " + preset.name;
+    a.generation = preset.name.substr(0, preset.name.find('-'));
     return a;
   }
   if (size_t slash = s.find('/'); slash != std::string::npos) {

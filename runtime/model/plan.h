@@ -296,7 +296,7 @@ Result<Plan> make_plan(const PlanRequest& request);
 // The plan of request.gpus alone, without the comparison with ZeRO-Infinity and without
 // advice: what the advice re-plans each knob with. make_plan = make_gpu_plans, then
 // compare_with_zero_infinity, then plan_advice (plan_advice.h).
-Result<Plan> make_gpu_plans(const PlanRequest& request);
+Result<Plan> make_gpu_plans(const PlanRequest& given);
 // Fills plan.strata_nvme and plan.like_for_like for the headline GPU.
 Status compare_with_zero_infinity(Plan& plan);
 

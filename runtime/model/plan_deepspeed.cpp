@@ -55,23 +55,22 @@ Result<DeepSpeedEstimate> estimate_deepspeed_offload(const OffloadJob& job, cons
   if (job.param_bytes != kModelBytes) {
     return unsupported("the labelled DeepSpeed configurations model bf16 or fp16 weights");
   }
-  Result<deepspeed::DeepSpeedConfig> config =
-      deepspeed::labelled_config(name, job.inventory, knob_factor);
-  if (!config) return std::move(config).take_status();
-  Result<deepspeed::DeepSpeedLayout> layout = deepspeed::deepspeed_layout(*config, job.inventory);
-  if (!layout) return std::move(layout).take_status().with_context(name);
+  STRATA_ASSIGN_OR_RETURN(deepspeed::DeepSpeedConfig config,
+                          deepspeed::labelled_config(name, job.inventory, knob_factor));
+  STRATA_ASSIGN_OR_RETURN(deepspeed::DeepSpeedLayout layout,
+                          deepspeed::deepspeed_layout(config, job.inventory), name);
 
   DeepSpeedEstimate d;
   d.name = name;
   d.knob_factor = knob_factor;
   d.buffers = deepspeed::deepspeed_buffers(
-      *config, *layout, job.inventory,
+      config, layout, job.inventory,
       job.fp16_loss_scaling ? deepspeed::Precision::kFp16 : deepspeed::Precision::kBf16);
   const deepspeed::BufferPeaks peaks = deepspeed::buffer_peaks(d.buffers);
   d.host_bytes_steps = peaks.steps;
   d.host_moment = peaks.run_moment;
   const uint32_t passes = std::max<uint32_t>(job.grad_accum, 1);
-  d.io = deepspeed_step_io(*config, *layout, job.inventory, passes);
+  d.io = deepspeed_step_io(config, layout, job.inventory, passes);
 
   OffloadEstimate& e = d.offload;
   e.policy = name;
@@ -84,13 +83,13 @@ Result<DeepSpeedEstimate> estimate_deepspeed_offload(const OffloadJob& job, cons
   e.pinned_budget_bytes = e.peak_pinned_bytes;
   // Its files: each swapped partition, each swapped sub-group's three states and gradient slices,
   // exactly what one step writes.
-  e.nvme_bytes = deepspeed_step_io(*config, *layout, job.inventory, 1).written();
+  e.nvme_bytes = deepspeed_step_io(config, layout, job.inventory, 1).written();
   e.nvme_read_bytes = d.io.read();
   e.nvme_write_bytes = d.io.written();
   // One rank: each fetch copies the partition to the GPU, each backward its gradient back.
-  for (size_t p = 0; p < layout->params.size(); ++p) {
-    const uint64_t bytes = job.inventory[layout->params[p]].elements() * kModelBytes;
-    e.pcie_h2d_bytes += uint64_t{passes} * (layout->kept_for_backward[p] ? 1 : 2) * bytes;
+  for (size_t p = 0; p < layout.params.size(); ++p) {
+    const uint64_t bytes = job.inventory[layout.params[p]].elements() * kModelBytes;
+    e.pcie_h2d_bytes += uint64_t{passes} * (layout.kept_for_backward[p] ? 1 : 2) * bytes;
     e.pcie_d2h_bytes += uint64_t{passes} * bytes;
   }
   e.pcie_seconds =
@@ -101,10 +100,10 @@ Result<DeepSpeedEstimate> estimate_deepspeed_offload(const OffloadJob& job, cons
       seconds(d.io.parameter_reads, read_rate) + seconds(d.io.gradient_writes, write_rate);
   const double disk_optimizer = seconds(d.io.state_reads + d.io.gradient_reads, read_rate) +
                                 seconds(d.io.state_writes + d.io.parameter_writes, write_rate);
-  const double cpu = static_cast<double>(layout->total_elements) / job.adam_params_per_s +
-                     static_cast<double>(layout->total_elements) * kClipPassBytesPerElement /
+  const double cpu = static_cast<double>(layout.total_elements) / job.adam_params_per_s +
+                     static_cast<double>(layout.total_elements) * kClipPassBytesPerElement /
                          (job.host_scan_gbps * kGB);
-  const bool pipelined = config->pipeline_read || config->pipeline_write;
+  const bool pipelined = config.pipeline_read || config.pipeline_write;
   const double passes_time = std::max(job.compute_seconds, disk_passes);
   const double optimizer_time = pipelined ? std::max(disk_optimizer, cpu) : disk_optimizer + cpu;
   e.nvme_seconds = disk_passes + disk_optimizer;

@@ -212,7 +212,7 @@ json plan_to_json(const Plan& plan) {
   const HostHeadroom& headroom = r.assume.host_headroom;
   // deepspeed-defaults, the configuration `zero_infinity` names (null where none applies).
   const json like_for_like = like_for_like_json(plan);
-  const json zero_infinity = like_for_like["zero_infinity"];
+  const json& zero_infinity = like_for_like["zero_infinity"];
   const GpuMemory& m = p.memory;
   return {
       {"model", r.model.name},

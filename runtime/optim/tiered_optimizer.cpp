@@ -309,8 +309,9 @@ Status TieredOptimizer::add_param(uint32_t group, sched::TensorHandle param,
   const uint64_t sub_elements = effective_sub_group_bytes() / sizeof(float);
   // The parameter and its gradient are held in pinned memory while their sub-groups stream, so
   // they and two sub-groups' states must fit the budget together.
-  const uint64_t need = pinfo.bytes + ginfo.bytes +
-                        uint64_t{2} * kStateKinds * sizeof(float) * std::min(sub_elements, elements);
+  const uint64_t need =
+      pinfo.bytes + ginfo.bytes +
+      uint64_t{2} * kStateKinds * sizeof(float) * std::min(sub_elements, elements);
   if (need > config_.pinned_budget_bytes) {
     return Status::error(STRATA_E_PINNED_BUDGET,
                          "parameter '" + name + "' needs " + std::to_string(need) +

@@ -48,9 +48,9 @@ constexpr UseFilter filter_for(Tier tier) {
   return tier == Tier::kDevice ? UseFilter::kDevice : UseFilter::kPinned;
 }
 
-// NOLINTNEXTLINE(bugprone-reserved-identifier): clang-tidy 14 flags the '__i0' loop of the
-// implicit copy of the array members, not a name written here.
-class AccessSchedule {
+// clang-tidy 14 flags the '__i0' loop of the implicit copy of the array members, not a name
+// written here.
+class AccessSchedule {  // NOLINT(bugprone-reserved-identifier)
  public:
   // Explicit limits: a 405B model has ~1,000 parameters and ~10,000 accesses per step.
   static constexpr uint32_t kMaxPhases = 1u << 20;

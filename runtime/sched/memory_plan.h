@@ -11,9 +11,9 @@
 
 #include "common/status.h"
 #include "sched/deepspeed_defaults.h"
-#include "vocabulary/tensor_spec.h"
 #include "sched/policy.h"
 #include "sched/residency.h"
+#include "vocabulary/tensor_spec.h"
 
 namespace strata::sched {
 

@@ -569,7 +569,8 @@ Status Scheduler::reserve(TensorHandle tensor, Tier tier, std::chrono::nanosecon
       }
     }
   }
-  STRATA_ASSIGN_OR_RETURN(Acquired acquired, acquire(tensor, tier, AccessMode::kOverwrite, timeout));
+  STRATA_ASSIGN_OR_RETURN(Acquired acquired,
+                          acquire(tensor, tier, AccessMode::kOverwrite, timeout));
   return release(tensor, /*dirty=*/false);
 }
 

@@ -102,7 +102,9 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
   sc.record_first_step = false;
   sc.max_tensors =
       static_cast<uint32_t>(std::min<size_t>(inventory.size(), size_t{kMaxHandleIndex} + 1));
-  STRATA_ASSIGN_OR_RETURN(run.scheduler(), Scheduler::create(sc, backend, backend.context().get_executor()), "simulate");
+  STRATA_ASSIGN_OR_RETURN(run.scheduler(),
+                          Scheduler::create(sc, backend, backend.context().get_executor()),
+                          "simulate");
   Scheduler& scheduler = *run.scheduler();
 
   // Steady state: every tensor with contents already has them on NVMe; gradients have none
@@ -115,10 +117,12 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
     options.home = pinned_home ? Tier::kPinned : Tier::kNvme;
     options.contents_on_nvme = spec.kind != TensorKind::kGradient &&
                                spec.kind != TensorKind::kActivationCheckpoint && !pinned_home;
-    STRATA_ASSIGN_OR_RETURN(TensorHandle handle, scheduler.register_tensor(spec, options), "simulate");
+    STRATA_ASSIGN_OR_RETURN(TensorHandle handle, scheduler.register_tensor(spec, options),
+                            "simulate");
     handles.push_back(handle);
   }
-  STRATA_ASSIGN_OR_RETURN(TrainingStep planned, plan_training_step(inventory, handles, config.step));
+  STRATA_ASSIGN_OR_RETURN(TrainingStep planned,
+                          plan_training_step(inventory, handles, config.step));
   const TrainingStep step = with_micro_batches(std::move(planned), config.micro_batches);
   STRATA_ASSIGN_OR_RETURN(AccessSchedule schedule, schedule_of(step));
   STRATA_TRY(scheduler.declare_schedule(std::move(schedule)));

@@ -15,7 +15,9 @@
 
 // Names engine parameters in test output ("psync") rather than as raw bytes.
 namespace strata::io {
-inline void PrintTo(IoEngineKind kind, std::ostream* os) { *os << io_engine_kind_name(kind); }
+inline void PrintTo(IoEngineKind kind, std::ostream* os) {
+  *os << io_engine_kind_name(kind);
+}
 }  // namespace strata::io
 
 namespace strata::storage::testing {
