@@ -1,4 +1,4 @@
-// Every tensor a training step touches, in forward order: what the buffer pool, the scheduler,
+// Every tensor a training step touches, in forward order: what the memory plans, the scheduler,
 // the simulator and the planner size themselves from.
 #pragma once
 

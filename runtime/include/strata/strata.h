@@ -86,7 +86,7 @@ typedef enum strata_io_engine {
 } strata_io_engine;
 
 typedef enum strata_policy {
-  STRATA_POLICY_STRATA = 0,       /* adaptive pool, exact pinning, direct NVMe extents */
+  STRATA_POLICY_STRATA = 0,       /* exact-size pinned buffers in one budget, NVMe extents */
   STRATA_POLICY_ZERO_INFINITY = 1 /* DeepSpeed ZeRO-Infinity's buffer behaviour, for comparison */
 } strata_policy;
 
