@@ -186,48 +186,44 @@ void RealBackend::on_nvme_done(storage::ExtentIo* io, void* context) {
   sched::post_completion(done, std::move(status));
 }
 
-Status RealBackend::read(const sched::Extent& from, const sched::Buffer& to_pinned, uint64_t bytes,
-                         sched::Completion done) {
-  STRATA_ASSIGN_OR_RETURN(auto extent, find_extent(from.token));
-  STRATA_ASSIGN_OR_RETURN(auto op, take_nvme_op());
-  NvmeOp* o = op;
+Result<RealBackend::NvmeOp*> RealBackend::start_nvme_op(sched::Link link, uint64_t bytes,
+                                                        sched::Completion done) {
+  STRATA_ASSIGN_OR_RETURN(NvmeOp * o, take_nvme_op());
   o->done = done;
-  o->link = sched::Link::kNvmeRead;
+  o->link = link;
   o->label = sched::TransferLabel::current();
   o->bytes = bytes;
   o->begin_us = now_us();
   o->io.on_complete = &RealBackend::on_nvme_done;
   o->io.context = o;
-  link_started(o->link);
-  Status status = store_.read_async(extent, to_pinned.data, to_pinned.bytes, &o->io,
-                                    io_index(to_pinned, to_pinned.bytes));
-  if (!status) {
+  link_started(link);
+  return o;
+}
+
+Status RealBackend::finish_submission(NvmeOp* o, Status submitted) {
+  // Refused at once: no completion will come, so the op and the link's count end here.
+  if (!submitted) {
     link_finished(o->link, 0, o->begin_us, nullptr);
     return_nvme_op(o);
   }
-  return status;
+  return submitted;
+}
+
+Status RealBackend::read(const sched::Extent& from, const sched::Buffer& to_pinned, uint64_t bytes,
+                         sched::Completion done) {
+  STRATA_ASSIGN_OR_RETURN(auto extent, find_extent(from.token));
+  STRATA_ASSIGN_OR_RETURN(NvmeOp * o, start_nvme_op(sched::Link::kNvmeRead, bytes, done));
+  return finish_submission(o, store_.read_async(extent, to_pinned.data, to_pinned.bytes, &o->io,
+                                                io_index(to_pinned, to_pinned.bytes)));
 }
 
 Status RealBackend::write(const sched::Buffer& from_pinned, const sched::Extent& to, uint64_t bytes,
                           sched::Completion done) {
   STRATA_ASSIGN_OR_RETURN(auto extent, find_extent(to.token));
-  STRATA_ASSIGN_OR_RETURN(auto op, take_nvme_op());
-  NvmeOp* o = op;
-  o->done = done;
-  o->link = sched::Link::kNvmeWrite;
-  o->label = sched::TransferLabel::current();
-  o->bytes = bytes;
-  o->begin_us = now_us();
-  o->io.on_complete = &RealBackend::on_nvme_done;
-  o->io.context = o;
-  link_started(o->link);
-  Status status = store_.write_async(extent, from_pinned.data, bytes, &o->io,
-                                     io_index(from_pinned, align_up(bytes, store_.alignment())));
-  if (!status) {
-    link_finished(o->link, 0, o->begin_us, nullptr);
-    return_nvme_op(o);
-  }
-  return status;
+  STRATA_ASSIGN_OR_RETURN(NvmeOp * o, start_nvme_op(sched::Link::kNvmeWrite, bytes, done));
+  return finish_submission(
+      o, store_.write_async(extent, from_pinned.data, bytes, &o->io,
+                            io_index(from_pinned, align_up(bytes, store_.alignment()))));
 }
 
 // ---- Device copies ----

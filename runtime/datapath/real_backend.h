@@ -102,6 +102,10 @@ class RealBackend final : public sched::TierBackend {
 
   Result<NvmeOp*> take_nvme_op();
   void return_nvme_op(NvmeOp* op);
+  // An op for one NVMe transfer on `link`, filled in and counted as started.
+  Result<NvmeOp*> start_nvme_op(sched::Link link, uint64_t bytes, sched::Completion done);
+  // The store's answer to the submission: a refusal returns the op and ends the link's count.
+  Status finish_submission(NvmeOp* o, Status submitted);
   static void on_nvme_done(storage::ExtentIo* io, void* context);
   Status start_copy(CopyLane& lane, void* dst, const void* src, uint64_t bytes,
                     sched::Completion done);
