@@ -20,7 +20,7 @@
 #include "finetune/layer_compute.h"
 #include "finetune/memory_sampler.h"
 #include "finetune/worker_common.h"
-#include "memory/accounting.h"
+#include "memory/host_memory.h"
 #include "optim/cpu_adam.h"
 #include "optim/half_convert.h"
 

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "memory/accounting.h"
+#include "memory/host_memory.h"
 
 namespace strata::bench::finetune {
 namespace {

@@ -77,7 +77,7 @@ Status BufferPool::map_buffers() {
         const auto class_index = static_cast<uint32_t>(classes_.size());
         classes_.push_back({c.slot_bytes, kNone});
         for (uint32_t i = 0; i < c.count; ++i) {
-          Result<memory::PinnedBuffer> memory = arena_.allocate_slab(c.slot_bytes);
+          Result<memory::PinnedBuffer> memory = arena_.allocate(c.slot_bytes);
           if (!memory.is_ok()) {
             return std::move(memory).take_status().with_context(
                 "mapping the adaptive pool's buffers of " + format_bytes(c.slot_bytes));
@@ -95,7 +95,7 @@ Status BufferPool::map_buffers() {
       break;
     case PoolPolicy::kZeroInfinity: {
       const SizeClass& c = plan_.classes.front();
-      Result<memory::PinnedBuffer> block = arena_.allocate_slab(plan_.zero_block_bytes);
+      Result<memory::PinnedBuffer> block = arena_.allocate(plan_.zero_block_bytes);
       if (!block.is_ok()) {
         return std::move(block).take_status().with_context("mapping the zero-infinity block");
       }
@@ -144,7 +144,7 @@ uint32_t BufferPool::take(uint64_t bytes, bool* borrowed) {
 Result<uint32_t> BufferPool::grow(uint64_t bytes) {
   // The caching allocator's miss path: pin a new block of the rounded size.
   const uint64_t size = pow2_size(bytes);
-  Result<memory::PinnedBuffer> memory = arena_.allocate_slab(size);
+  Result<memory::PinnedBuffer> memory = arena_.allocate(size);
   if (!memory.is_ok()) return std::move(memory).take_status();
   Slot& slot = slots_.emplace_back();
   slot.index = static_cast<uint32_t>(slots_.size() - 1);

@@ -12,6 +12,7 @@
 
 #include "api/runtime.h"
 #include "api/runtime_handle.h"
+#include "api/stats.h"
 #include "api/versioned_struct.h"
 
 namespace strata::api {
@@ -512,15 +513,7 @@ int strata_sync(strata_runtime* rt) {
 int strata_get_stats(strata_runtime* rt, strata_stats* out) {
   return guarded(rt, "strata_get_stats", [&](Runtime& r) -> Status {
     STRATA_TRY(strata::api::check_struct_out(out, "strata_stats"));
-    strata_stats stats{};
-    stats.struct_size = sizeof stats;
-    const int rc = strata::memory::fill_stats(r.accounting(), &r.device(), &r.sampler(), &stats);
-    if (rc != STRATA_OK) return Status::error(rc, "filling strata_stats");
-    // NVMe traffic as the extent store counted it (successful, verified transfers only).
-    const auto store = r.store().stats();
-    stats.nvme_bytes_read = store.bytes_read;
-    stats.nvme_bytes_written = store.bytes_written;
-    strata::api::write_struct_out(out, stats);
+    strata::api::write_struct_out(out, strata::api::collect_stats(r));
     return Status::ok();
   });
 }

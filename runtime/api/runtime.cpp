@@ -237,18 +237,12 @@ Status Runtime::open_nvme_tier() {
 
 Status Runtime::open_memory_tiers() {
   const strata_config& c = config_;
-  accounting_ = std::make_unique<memory::Accounting>();
-  // The NVMe tier's reserved bytes are the swap file or device Strata holds; its in-use bytes are
-  // the live extents (counted by the backend).
-  accounting_->reserve(Tier::kNvme, store_->capacity());
-
   memory::DeviceOptions device_options;
   device_options.backend = device_backend(c.device_backend);
   device_options.ordinal = c.device_ordinal;
   // The scheduler keeps what it places within device_budget_bytes; the arena's slab has a
   // quarter more so that fragmentation of its sub-allocator never refuses what the budget allows.
   device_options.budget_bytes = c.device_budget_bytes + c.device_budget_bytes / 4;
-  device_options.accounting = accounting_.get();
   STRATA_ASSIGN_OR_RETURN(device_, memory::open_device(device_options), "device");
 
   memory::PinnedArenaOptions arena_options;
@@ -256,7 +250,6 @@ Status Runtime::open_memory_tiers() {
   arena_options.numa_node = c.numa_node;
   arena_options.device = device_.get();
   arena_options.io_engine = engine_.get();
-  arena_options.accounting = accounting_.get();
   STRATA_ASSIGN_OR_RETURN(arena_, memory::PinnedArena::create(arena_options), "pinned memory");
 
   memory::HostMemorySamplerOptions sampler_options;

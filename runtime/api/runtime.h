@@ -16,8 +16,8 @@
 #include "common/status.h"
 #include "datapath/real_backend.h"
 #include "io/io_engine.h"
-#include "memory/accounting.h"
 #include "memory/device.h"
+#include "memory/host_memory.h"
 #include "memory/pinned_arena.h"
 #include "memory/torch_allocator.h"
 #include "optim/tiered_optimizer.h"
@@ -46,7 +46,6 @@ class Runtime {
   const strata_config& config() const { return config_; }
   sched::Scheduler& scheduler() { return *scheduler_; }
   datapath::RealBackend& backend() { return *backend_; }
-  memory::Accounting& accounting() { return *accounting_; }
   memory::Device& device() { return *device_; }
   memory::PinnedArena& pinned_arena() { return *arena_; }
   storage::SwapStore& store() { return *store_; }
@@ -66,7 +65,7 @@ class Runtime {
   void adopt(const strata_config& config);       // owns copies of the config's strings
   Status open_io_engine();                       // the engine, wrapped by fault injection or pacing
   Status open_nvme_tier();                       // the extent store (or file per tensor)
-  Status open_memory_tiers();                    // accounting, the device arena, the pinned arena
+  Status open_memory_tiers();                    // the device arena, the pinned arena, the sampler
   Status open_scheduler(uint16_t handle_owner);  // trace, backend, scheduler, torch binding
 
   strata_config config_{};
@@ -76,7 +75,6 @@ class Runtime {
   // flight), the engine last (everything above submits to it).
   std::unique_ptr<io::IoEngine> engine_;
   std::unique_ptr<storage::SwapStore> store_;
-  std::unique_ptr<memory::Accounting> accounting_;
   std::unique_ptr<memory::Device> device_;
   std::unique_ptr<memory::PinnedArena> arena_;
   std::unique_ptr<memory::HostMemorySampler> sampler_;

@@ -60,8 +60,6 @@ RealBackend::~RealBackend() {
     pinned_recycler_.give_back(std::move(entry.buffer), entry.kind);
   pinned_.clear();
   pinned_recycler_.trim();
-  for (auto& [token, entry] : extents_) (void)store_.free(entry.extent);
-  extents_.clear();
 }
 
 uint64_t RealBackend::now_us() const {
@@ -87,7 +85,7 @@ Result<sched::Buffer> RealBackend::allocate(Tier tier, uint64_t bytes, TensorKin
     return out;
   }
   if (tier == Tier::kDevice) {
-    STRATA_ASSIGN_OR_RETURN(auto data, device_.allocate(bytes, kind));
+    STRATA_ASSIGN_OR_RETURN(auto data, device_.allocate(bytes));
     std::lock_guard lock(buffers_mutex_);
     const uint64_t token = next_token_++;
     device_buffers_.emplace(token, data);
@@ -111,39 +109,28 @@ void RealBackend::free(Tier tier, const sched::Buffer& buffer) {
   device_buffers_.erase(it);
 }
 
-Result<sched::Extent> RealBackend::allocate_extent(uint64_t bytes, TensorKind kind) {
+namespace {
+
+// The scheduler's opaque handle and the store's are the same three numbers.
+sched::Extent to_scheduler(const storage::Extent& extent) {
+  return sched::Extent{extent.id, extent.offset, extent.capacity};
+}
+storage::Extent to_store(const sched::Extent& extent) {
+  return storage::Extent{extent.token, extent.place, extent.bytes};
+}
+
+}  // namespace
+
+Result<sched::Extent> RealBackend::allocate_extent(uint64_t bytes) {
   STRATA_ASSIGN_OR_RETURN(auto extent, store_.allocate(bytes));
-  if (memory::Accounting* accounting = arena_.accounting()) {
-    accounting->use(Tier::kNvme, kind, extent.capacity);
-  }
-  std::lock_guard lock(buffers_mutex_);
-  extents_.emplace(extent.id, ExtentEntry{extent, kind});
-  return sched::Extent{extent.id, bytes};
+  return to_scheduler(extent);
 }
 
 void RealBackend::free_extent(const sched::Extent& extent) {
-  storage::Extent found;
-  TensorKind kind = TensorKind::kOther;
-  {
-    std::lock_guard lock(buffers_mutex_);
-    auto it = extents_.find(extent.token);
-    STRATA_ASSERT(it != extents_.end());
-    found = it->second.extent;
-    kind = it->second.kind;
-    extents_.erase(it);
-  }
-  const Status status = store_.free(found);
+  // The store refuses a handle it did not hand out or one with I/O in flight; the scheduler frees
+  // only extents it holds with nothing in flight, so a refusal is a bookkeeping bug.
+  const Status status = store_.free(to_store(extent));
   STRATA_ASSERT(status.is_ok());
-  if (memory::Accounting* accounting = arena_.accounting()) {
-    accounting->unuse(Tier::kNvme, kind, found.capacity);
-  }
-}
-
-Result<storage::Extent> RealBackend::find_extent(uint64_t token) const {
-  std::lock_guard lock(buffers_mutex_);
-  auto it = extents_.find(token);
-  if (it == extents_.end()) return Status::error(STRATA_E_INTERNAL, "unknown extent token");
-  return it->second.extent;
 }
 
 int32_t RealBackend::io_index(const sched::Buffer& pinned, uint64_t bytes) const {
@@ -211,18 +198,16 @@ Status RealBackend::finish_submission(NvmeOp* o, Status submitted) {
 
 Status RealBackend::read(const sched::Extent& from, const sched::Buffer& to_pinned, uint64_t bytes,
                          sched::Completion done) {
-  STRATA_ASSIGN_OR_RETURN(auto extent, find_extent(from.token));
   STRATA_ASSIGN_OR_RETURN(NvmeOp * o, start_nvme_op(sched::Link::kNvmeRead, bytes, done));
-  return finish_submission(o, store_.read_async(extent, to_pinned.data, to_pinned.bytes, &o->io,
-                                                io_index(to_pinned, to_pinned.bytes)));
+  return finish_submission(o, store_.read_async(to_store(from), to_pinned.data, to_pinned.bytes,
+                                                &o->io, io_index(to_pinned, to_pinned.bytes)));
 }
 
 Status RealBackend::write(const sched::Buffer& from_pinned, const sched::Extent& to, uint64_t bytes,
                           sched::Completion done) {
-  STRATA_ASSIGN_OR_RETURN(auto extent, find_extent(to.token));
   STRATA_ASSIGN_OR_RETURN(NvmeOp * o, start_nvme_op(sched::Link::kNvmeWrite, bytes, done));
   return finish_submission(
-      o, store_.write_async(extent, from_pinned.data, bytes, &o->io,
+      o, store_.write_async(to_store(to), from_pinned.data, bytes, &o->io,
                             io_index(from_pinned, align_up(bytes, store_.alignment()))));
 }
 

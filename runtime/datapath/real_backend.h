@@ -47,7 +47,7 @@ class RealBackend final : public sched::TierBackend {
   const char* name() const override { return "real"; }
   Result<sched::Buffer> allocate(Tier tier, uint64_t bytes, TensorKind kind) override;
   void free(Tier tier, const sched::Buffer& buffer) override;
-  Result<sched::Extent> allocate_extent(uint64_t bytes, TensorKind kind) override;
+  Result<sched::Extent> allocate_extent(uint64_t bytes) override;
   void free_extent(const sched::Extent& extent) override;
   Status read(const sched::Extent& from, const sched::Buffer& to_pinned, uint64_t bytes,
               sched::Completion done) override;
@@ -115,7 +115,6 @@ class RealBackend final : public sched::TierBackend {
   void link_finished(sched::Link link, uint64_t bytes, uint64_t begin_us, const char* what,
                      const sched::TransferLabel* label = nullptr);
   uint64_t now_us() const;
-  Result<storage::Extent> find_extent(uint64_t token) const;
   int32_t io_index(const sched::Buffer& pinned, uint64_t bytes) const;
 
   storage::SwapStore& store_;
@@ -129,18 +128,15 @@ class RealBackend final : public sched::TierBackend {
   mutable std::mutex buffers_mutex_;
   // Pinned buffers come from and go back to the recycler: steady-state steps map nothing.
   memory::PinnedRecycler pinned_recycler_{arena_};
-  // Each with the kind it is counted under, so that it is uncounted under the same one.
+  // The kind is what the recycler's trace records on give-back (STRATA_PINNED_TRACE).
   struct PinnedEntry {
     memory::PinnedBuffer buffer;
     TensorKind kind = TensorKind::kOther;
   };
-  struct ExtentEntry {
-    storage::Extent extent;
-    TensorKind kind = TensorKind::kOther;
-  };
   std::unordered_map<uint64_t, PinnedEntry> pinned_;
-  std::unordered_map<uint64_t, void*> device_buffers_;  // the device remembers the kind
-  std::unordered_map<uint64_t, ExtentEntry> extents_;
+  std::unordered_map<uint64_t, void*> device_buffers_;
+  // No table of extents: a sched::Extent carries the store's whole handle (id, offset, capacity),
+  // and the store keeps what is known of each extent's content. One record per fact.
   uint64_t next_token_ = 1;
 
   std::mutex nvme_mutex_;

@@ -53,8 +53,7 @@ class CudaDevice final : public Device {
       : name_(std::move(name)),
         bus_id_(std::move(bus_id)),
         ordinal_(options.ordinal),
-        slab_(static_cast<std::byte*>(base), bytes, options.max_allocations, options.accounting,
-              name_),
+        slab_(static_cast<std::byte*>(base), bytes, options.max_allocations, name_),
         streams_{h2d, d2h},
         events_(options.max_events, nullptr) {
     free_events_.reserve(options.max_events);
@@ -90,13 +89,13 @@ class CudaDevice final : public Device {
   uint64_t in_use_bytes() const override { return slab_.in_use_bytes(); }
   uint64_t host_resident_bytes() const override { return 0; }
 
-  Result<void*> allocate(uint64_t bytes, TensorKind kind) override {
+  Result<void*> allocate(uint64_t bytes) override {
     reclaim(/*wait=*/false);
-    Result<void*> p = slab_.allocate(bytes, kind);
+    Result<void*> p = slab_.allocate(bytes);
     if (p.is_ok() || p.status().code() != STRATA_E_DEVICE_BUDGET) return p;
     // Memory freed on a stream may be what is missing: wait for it, then try again.
     if (reclaim(/*wait=*/true) == 0) return p;
-    return slab_.allocate(bytes, kind);
+    return slab_.allocate(bytes);
   }
 
   Status free(void* ptr, NativeStream native_stream) override {

@@ -73,8 +73,8 @@ void DeviceBuffer::reset() {
   bytes_ = 0;
 }
 
-Result<DeviceBuffer> allocate_buffer(Device& device, uint64_t bytes, TensorKind kind) {
-  STRATA_ASSIGN_OR_RETURN(void* data, device.allocate(bytes, kind));
+Result<DeviceBuffer> allocate_buffer(Device& device, uint64_t bytes) {
+  STRATA_ASSIGN_OR_RETURN(void* data, device.allocate(bytes));
   return DeviceBuffer(&device, data, bytes);
 }
 

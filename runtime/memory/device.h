@@ -29,8 +29,6 @@
 
 namespace strata::memory {
 
-class Accounting;
-
 // Values equal strata_device_backend.
 enum class DeviceBackend : uint8_t { kAuto = 0, kCuda = 1, kEmulated = 2 };
 const char* to_string(DeviceBackend backend);
@@ -49,7 +47,6 @@ struct DeviceOptions {
   // Bytes of device memory Strata may hold (the slab size). 0: CUDA takes the free memory at open
   // time less 1 GiB of headroom for the CUDA context and kernels; the emulated device takes 1 GiB.
   uint64_t budget_bytes = 0;
-  Accounting* accounting = nullptr;  // device tier counters; must outlive the device
   // Emulated only: copy bandwidth to model a PCIe link, bytes per second (0: memcpy speed).
   uint64_t emulated_copy_bytes_per_second = 0;
   // Sub-allocator limits: live allocations and events, fixed at open so that allocate / free /
@@ -100,7 +97,7 @@ class Device {
 
   // --- Memory. Alignment is 256 bytes (what cudaMalloc guarantees and kernels assume).
   // STRATA_E_DEVICE_BUDGET (with the numbers) when the slab has no free range that large.
-  virtual Result<void*> allocate(uint64_t bytes, TensorKind kind) = 0;
+  virtual Result<void*> allocate(uint64_t bytes) = 0;
   // Frees a pointer from allocate(). With native_stream, the range is reused only after the work
   // queued on that stream so far has finished. STRATA_E_INVALID for a pointer not allocated here.
   virtual Status free(void* ptr, NativeStream native_stream = nullptr) = 0;
@@ -167,7 +164,7 @@ class DeviceBuffer {
   uint64_t bytes_ = 0;
 };
 
-Result<DeviceBuffer> allocate_buffer(Device& device, uint64_t bytes, TensorKind kind);
+Result<DeviceBuffer> allocate_buffer(Device& device, uint64_t bytes);
 
 // Opens a device. kAuto probes CUDA at run time: a library built with CUDA still runs, on the
 // emulated device, where no driver or GPU is usable. kCuda fails with STRATA_E_UNSUPPORTED where

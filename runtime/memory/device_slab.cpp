@@ -5,57 +5,24 @@
 #include "common/units.h"
 
 namespace strata::memory {
-namespace {
-
-// An allocation's tag: the size asked for (what is counted in use) and its tensor kind.
-uint64_t make_tag(uint64_t bytes, TensorKind kind) {
-  return (bytes << 8) | static_cast<uint64_t>(kind);
-}
-uint64_t tag_bytes(uint64_t tag) {
-  return tag >> 8;
-}
-TensorKind tag_kind(uint64_t tag) {
-  return static_cast<TensorKind>(tag & 0xff);
-}
-
-}  // namespace
 
 DeviceSlab::DeviceSlab(std::byte* base, uint64_t bytes, uint32_t max_allocations,
-                       Accounting* accounting, std::string device_name)
+                       std::string device_name)
     : base_(base),
       bytes_(bytes),
-      accounting_(accounting),
       device_name_(std::move(device_name)),
       ranges_(bytes, kDeviceAlignment, max_allocations) {
   STRATA_ASSERT(is_aligned(base, kDeviceAlignment));
-  if (accounting_ != nullptr) accounting_->reserve(Tier::kDevice, bytes_);
 }
 
-DeviceSlab::~DeviceSlab() {
-  // Allocations still live here (a framework that never freed) go with the slab; the counters
-  // must not keep them.
-  if (accounting_ == nullptr) return;
-  std::lock_guard lock(mutex_);
-  for (const auto& [offset, tag] : ranges_.live()) {
-    accounting_->unuse(Tier::kDevice, tag_kind(tag), tag_bytes(tag));
-    const auto freed = ranges_.free(offset);
-    STRATA_ASSERT(freed.has_value());
-  }
-  accounting_->unreserve(Tier::kDevice, bytes_);
-}
-
-Result<void*> DeviceSlab::allocate(uint64_t bytes, TensorKind kind) {
+Result<void*> DeviceSlab::allocate(uint64_t bytes) {
   if (bytes == 0) return invalid_argument("device allocation of 0 bytes");
-  // Sizes are kept in a tag beside the kind; 2^56 bytes is far beyond any device.
-  if (bytes >= (uint64_t{1} << 56)) {
-    return invalid_argument("device allocation of " + std::to_string(bytes) + " bytes");
-  }
   std::optional<uint64_t> offset;
   uint64_t largest_free = 0;
   uint32_t live = 0;
   {
     std::lock_guard lock(mutex_);
-    offset = ranges_.allocate(bytes, make_tag(bytes, kind));
+    offset = ranges_.allocate(bytes, /*tag=*/bytes);  // the tag keeps the size asked for
     if (!offset) {
       largest_free = ranges_.largest_free_range();
       live = ranges_.allocations();
@@ -75,7 +42,6 @@ Result<void*> DeviceSlab::allocate(uint64_t bytes, TensorKind kind) {
             "; raise device_budget_bytes (strata_config) or keep fewer tensors on the device");
   }
   in_use_.fetch_add(bytes, std::memory_order_relaxed);
-  if (accounting_ != nullptr) accounting_->use(Tier::kDevice, kind, bytes);
   return static_cast<void*>(base_ + *offset);
 }
 
@@ -91,9 +57,8 @@ Result<DeviceSlab::Freed> DeviceSlab::free(void* ptr) {
     return invalid_argument(device_name_ + ": free of " + std::to_string(offset) +
                             " bytes into the slab, which is not the start of a live allocation");
   }
-  const uint64_t bytes = tag_bytes(freed->tag);
+  const uint64_t bytes = freed->tag;
   in_use_.fetch_sub(bytes, std::memory_order_relaxed);
-  if (accounting_ != nullptr) accounting_->unuse(Tier::kDevice, tag_kind(freed->tag), bytes);
   return Freed{bytes, base_ + freed->free_offset, freed->free_bytes};
 }
 
@@ -106,7 +71,7 @@ uint64_t DeviceSlab::allocation_size(const void* ptr) const {
   if (!owns(ptr)) return 0;
   const uint64_t offset = static_cast<uint64_t>(static_cast<const std::byte*>(ptr) - base_);
   std::lock_guard lock(mutex_);
-  return ranges_.size_at(offset) == 0 ? 0 : tag_bytes(ranges_.tag_at(offset));
+  return ranges_.size_at(offset) == 0 ? 0 : ranges_.tag_at(offset);
 }
 
 uint32_t DeviceSlab::live_allocations() const {

@@ -9,9 +9,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "memory/accounting.h"
 #include "memory/range_allocator.h"
-#include "vocabulary/tensor_spec.h"
 
 namespace strata::memory {
 
@@ -19,14 +17,13 @@ inline constexpr uint64_t kDeviceAlignment = 256;
 
 class DeviceSlab {
  public:
-  DeviceSlab(std::byte* base, uint64_t bytes, uint32_t max_allocations, Accounting* accounting,
-             std::string device_name);
-  ~DeviceSlab();
+  DeviceSlab(std::byte* base, uint64_t bytes, uint32_t max_allocations, std::string device_name);
+  ~DeviceSlab() = default;
   DeviceSlab(const DeviceSlab&) = delete;
   DeviceSlab& operator=(const DeviceSlab&) = delete;
 
   // STRATA_E_DEVICE_BUDGET with the numbers when no free range is large enough.
-  Result<void*> allocate(uint64_t bytes, TensorKind kind);
+  Result<void*> allocate(uint64_t bytes);
 
   struct Freed {
     uint64_t requested_bytes = 0;
@@ -52,7 +49,6 @@ class DeviceSlab {
  private:
   std::byte* base_;
   uint64_t bytes_;
-  Accounting* accounting_;
   std::string device_name_;
   mutable std::mutex mutex_;
   RangeAllocator ranges_;            // guarded by mutex_

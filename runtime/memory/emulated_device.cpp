@@ -49,7 +49,7 @@ class EmulatedDevice final : public Device, public EmulatedDeviceControl {
         copy_bytes_per_second_(options.emulated_copy_bytes_per_second),
         max_events_(options.max_events),
         memfd_(std::move(memfd)),
-        slab_(base, bytes, options.max_allocations, options.accounting, name_),
+        slab_(base, bytes, options.max_allocations, name_),
         events_(new std::atomic<uint64_t>[options.max_events]) {
     free_events_.reserve(options.max_events);
     for (uint32_t i = options.max_events; i-- > 0;) {
@@ -93,9 +93,7 @@ class EmulatedDevice final : public Device, public EmulatedDeviceControl {
     return static_cast<uint64_t>(st.st_blocks) * 512;
   }
 
-  Result<void*> allocate(uint64_t bytes, TensorKind kind) override {
-    return slab_.allocate(bytes, kind);
-  }
+  Result<void*> allocate(uint64_t bytes) override { return slab_.allocate(bytes); }
 
   Status free(void* ptr, NativeStream /*native_stream*/) override {
     // No framework compute runs on the emulated device asynchronously, so nothing can still be

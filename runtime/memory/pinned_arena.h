@@ -21,9 +21,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "memory/accounting.h"
 #include "memory/numa.h"
-#include "vocabulary/tensor_spec.h"
 
 namespace strata::io {
 class IoEngine;
@@ -37,6 +35,9 @@ class PinnedArena;
 // io_uring's limit for one fixed buffer; larger allocations register in chunks of this size.
 inline constexpr uint64_t kIoRegistrationChunk = uint64_t{1} << 30;
 
+// The transparent huge page size of x86-64 and of arm64 with 4 KiB base pages.
+inline constexpr uint64_t kHugePageSize = uint64_t{2} << 20;
+
 struct PinnedArenaOptions {
   uint64_t budget_bytes = 0;  // hard limit on bytes mapped (4 KiB-rounded); must be > 0
   // NUMA node for every allocation: >= 0 that node; -1 the node nearest the device's GPU (by its
@@ -47,9 +48,11 @@ struct PinnedArenaOptions {
   // mlock every allocation so that it is resident and never swapped before the GPU or the
   // kernel pins it. false: leave pages unpopulated until touched (dry runs, tests).
   bool lock_pages = true;
+  // Back buffers of 2 MiB and more with transparent huge pages (2 MiB-aligned, MADV_HUGEPAGE):
+  // far fewer faults to lock and register them. Where THP is off the advice is ignored.
+  bool huge_pages = true;
   Device* device = nullptr;           // registers allocations with the GPU; may be nullptr
   io::IoEngine* io_engine = nullptr;  // registers allocations as fixed buffers; may be nullptr
-  Accounting* accounting = nullptr;   // pinned tier counters; may be nullptr
 };
 
 // One allocation (RAII: unregistered, unmapped and given back to the budget with the handle).
@@ -79,8 +82,6 @@ class PinnedBuffer {
   std::byte* data_ = nullptr;
   uint64_t size_ = 0;
   uint64_t reserved_ = 0;
-  TensorKind kind_ = TensorKind::kOther;
-  bool counts_in_use_ = false;  // allocate() (true) or allocate_slab() (false)
   bool device_registered_ = false;
   std::vector<int32_t> io_indices_;  // one per registration chunk, -1 where it failed
 };
@@ -102,11 +103,10 @@ class PinnedArena {
   PinnedArena(const PinnedArena&) = delete;
   PinnedArena& operator=(const PinnedArena&) = delete;
 
-  // Pinned memory for a tensor of `kind`: counted in the pinned tier as reserved and in use.
-  Result<PinnedBuffer> allocate(uint64_t bytes, TensorKind kind);
-  // Pinned memory whose use the caller counts itself (the recycler's buffers): counted as
-  // reserved only.
-  Result<PinnedBuffer> allocate_slab(uint64_t bytes);
+  // Maps, locks and registers `bytes` (rounded up to 4 KiB) of pinned memory. The arena counts
+  // what it has mapped (stats(): strata_get_stats' pinned "reserved"); what each buffer is used
+  // for is the scheduler's record, not the arena's.
+  Result<PinnedBuffer> allocate(uint64_t bytes);
 
   PinnedArenaStats stats() const;
   uint64_t budget_bytes() const { return options_.budget_bytes; }
@@ -115,15 +115,15 @@ class PinnedArena {
   // Whether allocations are actually bound to numa_node() (binding can be unavailable, e.g. in
   // containers without mbind).
   bool numa_bound() const { return numa_bound_.load(std::memory_order_relaxed); }
-  Accounting* accounting() const { return options_.accounting; }
 
  private:
   friend class PinnedBuffer;
   PinnedArena(const PinnedArenaOptions& options, HwlocTopology topology, int node,
               std::string reason);
-  Result<PinnedBuffer> map(uint64_t bytes, TensorKind kind, bool counts_in_use);
   void release(PinnedBuffer& buffer) noexcept;
   Status reserve_budget(uint64_t bytes, uint64_t reserved);
+  // An anonymous mapping of exactly `bytes` (a multiple of 4 KiB); 2 MiB-aligned when `huge`.
+  static Result<std::byte*> map_pages(uint64_t bytes, int flags, bool huge);
   void bind(std::byte* data, uint64_t bytes);
 
   PinnedArenaOptions options_;

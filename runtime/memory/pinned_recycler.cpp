@@ -31,7 +31,7 @@ Result<PinnedBuffer> PinnedRecycler::take(uint64_t bytes, TensorKind kind) {
   if (!buffer.valid()) {
     // The number of retries is bounded: each one unmapped at least one kept buffer.
     for (;;) {
-      Result<PinnedBuffer> mapped = arena_.allocate_slab(size);
+      Result<PinnedBuffer> mapped = arena_.allocate(size);
       if (mapped) {
         buffer = std::move(mapped.value());
         break;
@@ -46,7 +46,6 @@ Result<PinnedBuffer> PinnedRecycler::take(uint64_t bytes, TensorKind kind) {
     std::lock_guard lock(mutex_);
     stats_.mapped_bytes += size;
   }
-  if (Accounting* accounting = arena_.accounting()) accounting->use(Tier::kPinned, kind, size);
   if (trace_) {
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
         std::chrono::steady_clock::now() - start);
@@ -59,7 +58,6 @@ Result<PinnedBuffer> PinnedRecycler::take(uint64_t bytes, TensorKind kind) {
 void PinnedRecycler::give_back(PinnedBuffer buffer, TensorKind kind) {
   STRATA_ASSERT(buffer.valid());
   const uint64_t size = buffer.reserved_bytes();
-  if (Accounting* accounting = arena_.accounting()) accounting->unuse(Tier::kPinned, kind, size);
   if (trace_) {
     trace_->record({PinnedTraceEvent::Op::kGive, reinterpret_cast<uintptr_t>(buffer.data()), 0,
                     size, kind, false, 0});

@@ -8,7 +8,8 @@
 //
 // Kept buffers stay inside the arena's hard budget: when a new size does not fit beside them,
 // kept buffers are unmapped, those of other sizes first, until it does. Kept memory counts as
-// pinned "reserved", never as "in use".
+// pinned "reserved" (the arena maps it), never as "in use" (the scheduler charges only what a
+// tensor holds).
 //
 // A buffer's GPU registration (cudaHostRegister, through the arena's Device) and its io_uring
 // fixed-buffer registration happen once, when it is mapped; a recycled buffer keeps both, so only
@@ -52,9 +53,9 @@ class PinnedRecycler {
   PinnedRecycler(const PinnedRecycler&) = delete;
   PinnedRecycler& operator=(const PinnedRecycler&) = delete;
 
-  // A buffer of at least `bytes` whose reserved size is `bytes` rounded up to 4 KiB, counted in
-  // use as `kind`. STRATA_E_PINNED_BUDGET (the arena's message) when it cannot fit even with
-  // nothing kept.
+  // A buffer of at least `bytes` whose reserved size is `bytes` rounded up to 4 KiB, for a tensor
+  // of `kind` (recorded in the trace, nothing else: what is in use is the scheduler's record).
+  // STRATA_E_PINNED_BUDGET (the arena's message) when it cannot fit even with nothing kept.
   Result<PinnedBuffer> take(uint64_t bytes, TensorKind kind);
   // Keeps a buffer taken from this recycler for the next take of its size.
   void give_back(PinnedBuffer buffer, TensorKind kind);

@@ -12,6 +12,26 @@ namespace strata::sched {
 
 namespace {
 
+// Adds or removes `bytes` of `kind` in a tier's usage, raising its peaks. footprint: the bytes
+// also count in what the tier holds (not for reserved pools, whose footprint is fixed).
+void count_usage(TierUsage& usage, TensorKind kind, uint64_t bytes, bool add, bool footprint) {
+  const auto k = static_cast<size_t>(kind);
+  if (add) {
+    usage.in_use_bytes += bytes;
+    usage.kind_in_use_bytes[k] += bytes;
+    if (footprint) usage.footprint_bytes += bytes;
+  } else {
+    STRATA_ASSERT(usage.in_use_bytes >= bytes && usage.kind_in_use_bytes[k] >= bytes);
+    usage.in_use_bytes -= bytes;
+    usage.kind_in_use_bytes[k] -= bytes;
+    if (footprint) usage.footprint_bytes -= bytes;
+  }
+  usage.peak_in_use_bytes = std::max(usage.peak_in_use_bytes, usage.in_use_bytes);
+  usage.peak_footprint_bytes = std::max(usage.peak_footprint_bytes, usage.footprint_bytes);
+  usage.kind_peak_in_use_bytes[k] =
+      std::max(usage.kind_peak_in_use_bytes[k], usage.kind_in_use_bytes[k]);
+}
+
 using Clock = std::chrono::steady_clock;
 
 constexpr Tier kMemoryTiers[] = {Tier::kDevice, Tier::kPinned};
@@ -185,11 +205,8 @@ Result<TensorHandle> Scheduler::register_tensor(const TensorSpec& spec,
   // A tensor that rests on NVMe gets its NVMe space now: over-commit is an error at set-up, with
   // the numbers, never a write-back failing hours into a run. Write-backs reuse this extent.
   if (options.home == Tier::kNvme || options.contents_on_nvme) {
-    Result<Extent> extent = backend_.allocate_extent(r.bytes, r.spec.kind);
-    if (!extent) {
-      return fail(std::move(extent).take_status().with_context("registering " + label(r)));
-    }
-    r.extent = *extent;
+    Status extent = allocate_extent(r);
+    if (!extent) return fail(std::move(extent).with_context("registering " + label(r)));
   }
   return handle;
 }
@@ -217,7 +234,7 @@ Status Scheduler::unregister_tensor(TensorHandle tensor, std::chrono::nanosecond
   for (Tier tier : kMemoryTiers) {
     if (r.buffer[memory_index(tier)].valid()) free_buffer(r, tier);
   }
-  if (r.extent.valid()) backend_.free_extent(r.extent);
+  if (r.extent.valid()) free_extent(r);
   clear_failure(r);  // its failures were its own: nobody else hears of them now
   registry_.remove(tensor);
   pump();
@@ -667,15 +684,21 @@ SchedulerStats Scheduler::stats() const {
 }
 
 TierUsage Scheduler::tier_usage(Tier tier) const {
-  if (tier == Tier::kNvme) return TierUsage{};
   std::lock_guard lock(mu_);
-  return stats_.tiers[memory_index(tier)];
+  return tier == Tier::kNvme ? stats_.nvme : stats_.tiers[memory_index(tier)];
+}
+
+Scheduler::Usage Scheduler::usage() const {
+  std::lock_guard lock(mu_);
+  return {stats_.tiers[memory_index(Tier::kDevice)], stats_.tiers[memory_index(Tier::kPinned)],
+          stats_.nvme};
 }
 
 void Scheduler::reset_peaks() {
   std::lock_guard lock(mu_);
   for (PoolState& pool : pools_) pool.peak = pool.used;
-  for (TierUsage& usage : stats_.tiers) {
+  for (TierUsage* usage_ptr : {&stats_.tiers[0], &stats_.tiers[1], &stats_.nvme}) {
+    TierUsage& usage = *usage_ptr;
     usage.peak_in_use_bytes = usage.in_use_bytes;
     usage.peak_footprint_bytes = usage.footprint_bytes;
     usage.kind_peak_in_use_bytes = usage.kind_in_use_bytes;
@@ -911,14 +934,12 @@ bool Scheduler::start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use
   if (tier == Tier::kPinned) {
     if (!link_free(Link::kNvmeWrite)) return false;
     if (!r.extent.valid()) {
-      Result<Extent> extent = backend_.allocate_extent(r.bytes, r.spec.kind);
+      Status extent = allocate_extent(r);
       if (!extent) {
-        note_async_failure(r,
-                           std::move(extent).take_status().with_context("writing back " + label(r)),
+        note_async_failure(r, std::move(extent).with_context("writing back " + label(r)),
                            /*durability=*/true);
         return false;
       }
-      r.extent = *extent;
     }
     if (!issue(r, OpKind::kWriteBack, /*cleaning=*/true, false).is_ok()) return false;
   } else {
@@ -1099,21 +1120,35 @@ void Scheduler::free_buffer(TensorRecord& r, Tier tier) {
   charge(r, tier, false);
 }
 
+Status Scheduler::allocate_extent(TensorRecord& r) {
+  STRATA_ASSERT(!r.extent.valid());
+  Result<Extent> extent = backend_.allocate_extent(r.bytes);
+  if (!extent) return std::move(extent).take_status();
+  STRATA_ASSERT(extent->valid() && extent->bytes >= r.bytes);
+  r.extent = *extent;
+  count_usage(stats_.nvme, r.spec.kind, r.extent.bytes, /*add=*/true, /*footprint=*/true);
+  return Status::ok();
+}
+
+void Scheduler::free_extent(TensorRecord& r) {
+  STRATA_ASSERT(r.extent.valid());
+  backend_.free_extent(r.extent);
+  count_usage(stats_.nvme, r.spec.kind, r.extent.bytes, /*add=*/false, /*footprint=*/true);
+  r.extent = Extent{};
+}
+
 void Scheduler::charge(TensorRecord& r, Tier tier, bool add) {
   const int mi = memory_index(tier);
   PoolState& pool = pools_[r.pool[mi]];
   const uint64_t bytes = r.charged[mi];
-  TierUsage& usage = stats_.tiers[mi];
-  const int kind = static_cast<int>(r.spec.kind);
+  // A reserved pool's memory is in the footprint whatever its use; an on-demand pool's only while
+  // buffers exist.
   const bool on_demand = pool.spec.reserved_bytes == 0;
   if (add) {
     pool.used += bytes;
     pool.peak = std::max(pool.peak, pool.used);
     r.resident_pos[mi] = static_cast<uint32_t>(pool.resident.size());
     pool.resident.push_back(r.handle.index);
-    usage.in_use_bytes += bytes;
-    usage.kind_in_use_bytes[kind] += bytes;
-    if (on_demand) usage.footprint_bytes += bytes;
   } else {
     STRATA_ASSERT(pool.used >= bytes && r.resident_pos[mi] < pool.resident.size());
     pool.used -= bytes;
@@ -1123,14 +1158,8 @@ void Scheduler::charge(TensorRecord& r, Tier tier, bool add) {
     registry_.at(moved).resident_pos[mi] = pos;
     pool.resident.pop_back();
     r.resident_pos[mi] = kNotResident;
-    usage.in_use_bytes -= bytes;
-    usage.kind_in_use_bytes[kind] -= bytes;
-    if (on_demand) usage.footprint_bytes -= bytes;
   }
-  usage.peak_in_use_bytes = std::max(usage.peak_in_use_bytes, usage.in_use_bytes);
-  usage.peak_footprint_bytes = std::max(usage.peak_footprint_bytes, usage.footprint_bytes);
-  usage.kind_peak_in_use_bytes[kind] =
-      std::max(usage.kind_peak_in_use_bytes[kind], usage.kind_in_use_bytes[kind]);
+  count_usage(stats_.tiers[mi], r.spec.kind, bytes, add, on_demand);
 }
 
 void Scheduler::free_stale_buffers(TensorRecord& r) {
@@ -1414,10 +1443,15 @@ Status Scheduler::check_invariants_locked() const {
   std::vector<uint64_t> pool_used(pools_.size(), 0);
   std::vector<size_t> pool_resident(pools_.size(), 0);
   std::array<std::array<uint64_t, kTensorKindCount>, kMemoryTierCount> kind_bytes{};
+  std::array<uint64_t, kTensorKindCount> nvme_kind_bytes{};
   for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
     if (!registry_.live(i)) continue;
     const TensorRecord& r = registry_.at(i);
     const ResidencyState& res = r.residency;
+    if (r.extent.valid()) nvme_kind_bytes[static_cast<size_t>(r.spec.kind)] += r.extent.bytes;
+    if (res.valid_on(Tier::kNvme) && !r.extent.valid()) {
+      return broken(label(r) + " has a valid NVMe copy but no extent");
+    }
     if (!is_consistent(res.state(), res.valid())) {
       return broken(label(r) + " is " + to_string(res.state()) + " with copies " +
                     describe_copies(res.valid()));
@@ -1489,6 +1523,21 @@ Status Scheduler::check_invariants_locked() const {
                       std::to_string(kind_bytes[mi][k]));
       }
     }
+  }
+
+  uint64_t nvme_bytes = 0;
+  for (int k = 0; k < kTensorKindCount; ++k) {
+    nvme_bytes += nvme_kind_bytes[k];
+    if (stats_.nvme.kind_in_use_bytes[k] != nvme_kind_bytes[k]) {
+      return broken("nvme counts " + std::to_string(stats_.nvme.kind_in_use_bytes[k]) +
+                    " bytes of kind " + to_string(static_cast<TensorKind>(k)) +
+                    "; its tensors' extents hold " + std::to_string(nvme_kind_bytes[k]));
+    }
+  }
+  if (stats_.nvme.in_use_bytes != nvme_bytes || stats_.nvme.footprint_bytes != nvme_bytes) {
+    return broken("nvme counts " + std::to_string(stats_.nvme.in_use_bytes) + " bytes in use (" +
+                  std::to_string(stats_.nvme.footprint_bytes) + " held); its extents hold " +
+                  std::to_string(nvme_bytes));
   }
 
   std::array<uint32_t, kLinkCount> inflight{};

@@ -126,6 +126,7 @@ struct SchedulerStats {
   uint32_t schedule_phases = 0;  // 0: no schedule yet
   bool recording = false;
   std::array<TierUsage, kMemoryTierCount> tiers{};  // indexed by memory_index(Tier)
+  TierUsage nvme;  // the NVMe extents tensors hold (in use = footprint; nothing is reserved)
   std::vector<PoolUsage> pools;
 };
 
@@ -214,8 +215,14 @@ class Scheduler final : public CompletionSink {
   // OK, or STRATA_E_INTERNAL naming the first disagreement. It scans every record: tests run it
   // after every pump (SchedulerConfig::check_invariants); it is not for the hot path.
   Status check_invariants() const;
-  // One tier's usage: cheap (no scan), for samplers and the simulator.
+  // One tier's usage (device, pinned or NVMe): cheap (no scan), for samplers and the simulator.
   TierUsage tier_usage(Tier tier) const;
+  // What the device, pinned and NVMe tiers hold, by kind, now and at their peaks, in one snapshot:
+  // the record strata_get_stats reads (there is no other count of bytes in use).
+  struct Usage {
+    TierUsage device, pinned, nvme;
+  };
+  Usage usage() const;
   // Peaks restart from the current values (to measure one step).
   void reset_peaks();
 
@@ -272,6 +279,9 @@ class Scheduler final : public CompletionSink {
   void charge(TensorRecord& r, Tier tier, bool add);
   Status allocate_buffer(TensorRecord& r, Tier tier);
   void free_buffer(TensorRecord& r, Tier tier);
+  // r's NVMe space, taken from and given back to the backend, counted in the NVMe tier's usage.
+  Status allocate_extent(TensorRecord& r);
+  void free_extent(TensorRecord& r);
   void free_stale_buffers(TensorRecord& r);
   void drop_copy(TensorRecord& r, Tier tier);
   void apply_discard(TensorRecord& r);

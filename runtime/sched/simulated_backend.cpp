@@ -81,13 +81,13 @@ void SimulatedBackend::free(Tier tier, const Buffer& buffer) {
   allocated_[t] -= buffer.bytes;
 }
 
-Result<Extent> SimulatedBackend::allocate_extent(uint64_t bytes, TensorKind /*kind*/) {
+Result<Extent> SimulatedBackend::allocate_extent(uint64_t bytes) {
   if (bytes == 0) return invalid_argument("simulated allocate_extent: 0 bytes");
   const int t = static_cast<int>(Tier::kNvme);
   const uint64_t rounded = align_up(bytes, kPageSize);
   allocated_[t] += rounded;
   peak_[t] = std::max(peak_[t], allocated_[t]);
-  return Extent{next_token_++, rounded};
+  return Extent{next_token_++, 0, rounded};
 }
 
 void SimulatedBackend::free_extent(const Extent& extent) {

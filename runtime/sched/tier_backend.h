@@ -34,8 +34,9 @@ struct Buffer {
 
 // Space for one tensor on the NVMe tier.
 struct Extent {
-  uint64_t token = 0;  // the backend's identifier (extent id, ...)
-  uint64_t bytes = 0;
+  uint64_t token = 0;  // the backend's identifier (the extent store's id, ...)
+  uint64_t place = 0;  // the backend's second word (the extent store's byte offset)
+  uint64_t bytes = 0;  // the space held (>= the tensor's bytes): what the NVMe tier counts in use
   bool valid() const { return bytes != 0; }
 };
 
@@ -84,15 +85,15 @@ class TierBackend {
   virtual ~TierBackend() = default;
   virtual const char* name() const = 0;
 
-  // Memory on the pinned or device tier, for a tensor of `kind` (so that the backend's
-  // accounting counts it under its kind: strata_get_stats). Fails with STRATA_E_PINNED_BUDGET /
-  // STRATA_E_DEVICE_BUDGET when the backend's own limit (or fragmentation) refuses, STRATA_E_NOMEM
-  // when the OS does; the scheduler then evicts more or reports the error.
+  // Memory on the pinned or device tier, for a tensor of `kind` (which a backend may record in a
+  // trace; what is in use is the scheduler's record, not the backend's). Fails with
+  // STRATA_E_PINNED_BUDGET / STRATA_E_DEVICE_BUDGET when the backend's own limit (or fragmentation)
+  // refuses, STRATA_E_NOMEM when the OS does; the scheduler then evicts more or reports the error.
   virtual Result<Buffer> allocate(Tier tier, uint64_t bytes, TensorKind kind) = 0;
   virtual void free(Tier tier, const Buffer& buffer) = 0;
 
-  // NVMe space for a tensor of `kind`. STRATA_E_NOSPACE when the tier is full.
-  virtual Result<Extent> allocate_extent(uint64_t bytes, TensorKind kind) = 0;
+  // NVMe space for `bytes` (the extent may be larger). STRATA_E_NOSPACE when the tier is full.
+  virtual Result<Extent> allocate_extent(uint64_t bytes) = 0;
   virtual void free_extent(const Extent& extent) = 0;
 
   // Asynchronous transfers of `bytes` (<= both sides' sizes). OK means the completion will come.

@@ -39,6 +39,19 @@ class StatsByKind : public ::testing::Test {
     EXPECT_EQ(strata_get_stats(rt_, &st), STRATA_OK);
     return st;
   }
+  // A tensor of `bytes` and `kind` resting on NVMe (its extent taken at registration).
+  strata_tensor register_on_nvme(const char* name, uint64_t bytes, strata_tensor_kind kind) {
+    strata_tensor_desc d{};
+    d.struct_size = sizeof d;
+    d.name = name;
+    d.bytes = bytes;
+    d.dtype = STRATA_DTYPE_U8;
+    d.kind = kind;
+    d.home_tier = STRATA_TIER_NVME;
+    strata_tensor t = STRATA_TENSOR_NONE;
+    EXPECT_EQ(strata_tensor_register(rt_, &d, &t), STRATA_OK) << strata_last_error(rt_);
+    return t;
+  }
   // Tensor k: (k + 1) x 64 KiB, so that a count under the wrong kind cannot match by chance.
   static uint64_t size_of(int kind) { return static_cast<uint64_t>(kind + 1) * 64 * kKiB; }
 
@@ -51,16 +64,9 @@ TEST_F(StatsByKind, EveryKindIsCountedUnderItselfOnEveryTier) {
   const std::vector<std::string> names = {"parameter", "gradient",   "master", "adam_m",
                                           "adam_v",    "checkpoint", "other"};
   for (int k = 0; k < kKinds; ++k) {
-    strata_tensor_desc d{};
-    d.struct_size = sizeof d;
-    d.name = names[static_cast<size_t>(k)].c_str();
-    d.bytes = size_of(k);
-    d.dtype = STRATA_DTYPE_U8;
-    d.kind = static_cast<strata_tensor_kind>(k);
-    d.layer = 0;
-    d.home_tier = STRATA_TIER_NVME;
-    ASSERT_EQ(strata_tensor_register(rt_, &d, &tensors[static_cast<size_t>(k)]), STRATA_OK)
-        << strata_last_error(rt_);
+    tensors[static_cast<size_t>(k)] = register_on_nvme(
+        names[static_cast<size_t>(k)].c_str(), size_of(k), static_cast<strata_tensor_kind>(k));
+    ASSERT_NE(tensors[static_cast<size_t>(k)], STRATA_TENSOR_NONE);
   }
   // Each NVMe-home tensor has its extent from registration: NVMe space under its kind.
   strata_stats st = stats();
@@ -98,11 +104,48 @@ TEST_F(StatsByKind, EveryKindIsCountedUnderItselfOnEveryTier) {
   ASSERT_EQ(strata_sync(rt_), STRATA_OK) << strata_last_error(rt_);
   for (strata_tensor h : tensors) ASSERT_EQ(strata_tensor_unregister(rt_, h), STRATA_OK);
   st = stats();
+  EXPECT_EQ(st.device.in_use_bytes, 0u);
+  EXPECT_EQ(st.pinned.in_use_bytes, 0u);
+  EXPECT_EQ(st.nvme.in_use_bytes, 0u);
   for (int k = 0; k < kKinds; ++k) {
     EXPECT_EQ(st.device.kinds[k].in_use_bytes, 0u) << names[static_cast<size_t>(k)];
     EXPECT_EQ(st.pinned.kinds[k].in_use_bytes, 0u) << names[static_cast<size_t>(k)];
     EXPECT_EQ(st.nvme.kinds[k].in_use_bytes, 0u) << names[static_cast<size_t>(k)];
   }
+}
+
+// Reserved bytes come from what holds them (the arenas, the swap file), in-use bytes from the
+// scheduler's charges; on every tier in use stays within reserved, and NVMe traffic is counted.
+TEST_F(StatsByKind, ReservedComesFromTheArenasAndInUseStaysWithinIt) {
+  strata_stats st = stats();
+  EXPECT_EQ(st.nvme.reserved_bytes, 64ull << 20);              // the swap file's capacity
+  EXPECT_EQ(st.device.reserved_bytes, (16ull << 20) * 5 / 4);  // the budget and its slack
+  EXPECT_EQ(st.pinned.reserved_bytes, 0u);                     // nothing mapped yet
+  EXPECT_EQ(st.host.reserved_bytes, 0u);
+  EXPECT_EQ(st.host.in_use_bytes, 0u);
+
+  const uint64_t bytes = 3 * 64 * kKiB + 100;  // not a multiple of a page: the charge rounds up
+  const strata_tensor t = register_on_nvme("w", bytes, STRATA_KIND_PARAMETER);
+  ASSERT_NE(t, STRATA_TENSOR_NONE);
+  strata_acquired a{};
+  a.struct_size = sizeof a;
+  ASSERT_EQ(strata_acquire(rt_, t, STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD, &a), STRATA_OK);
+  st = stats();
+  EXPECT_EQ(st.pinned.in_use_bytes, 196 * kKiB);  // 192 KiB + 100 B in 4 KiB pages
+  EXPECT_GE(st.pinned.reserved_bytes, st.pinned.in_use_bytes);
+  EXPECT_EQ(st.pinned.kinds[STRATA_KIND_PARAMETER].in_use_bytes, st.pinned.in_use_bytes);
+  ASSERT_EQ(strata_release(rt_, t, STRATA_RELEASE_DIRTY, nullptr), STRATA_OK);
+  const uint64_t written_before = st.nvme_bytes_written;
+  ASSERT_EQ(strata_sync(rt_), STRATA_OK) << strata_last_error(rt_);
+  st = stats();
+  EXPECT_EQ(st.nvme_bytes_written - written_before, bytes);  // logical bytes, as written
+  EXPECT_GE(st.nvme.in_use_bytes, bytes);
+  EXPECT_LE(st.nvme.in_use_bytes, st.nvme.reserved_bytes);
+  ASSERT_EQ(strata_tensor_unregister(rt_, t), STRATA_OK);
+  st = stats();
+  EXPECT_EQ(st.pinned.in_use_bytes, 0u);
+  EXPECT_GE(st.pinned.peak_in_use_bytes, 196 * kKiB);
+  EXPECT_GE(st.pinned.peak_reserved_bytes, 196 * kKiB);
 }
 
 }  // namespace

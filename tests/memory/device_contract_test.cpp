@@ -7,8 +7,8 @@
 #include <random>
 #include <vector>
 
-#include "memory/accounting.h"
 #include "memory/device.h"
+#include "memory/host_memory.h"
 #include "memory/pinned_arena.h"
 
 namespace strata::memory {
@@ -23,13 +23,11 @@ class DeviceContract : public ::testing::TestWithParam<DeviceBackend> {
     DeviceOptions o;
     o.backend = GetParam();
     o.budget_bytes = 64 << 20;
-    o.accounting = &accounting_;
     Result<std::unique_ptr<Device>> device = open_device(o);
     ASSERT_TRUE(device.is_ok()) << device.status().message();
     device_ = std::move(device).value();
   }
 
-  Accounting accounting_;
   std::unique_ptr<Device> device_;
 };
 
@@ -43,7 +41,7 @@ std::vector<uint8_t> pattern(size_t bytes, uint32_t seed) {
 TEST_P(DeviceContract, ARoundTripThroughBothStreamsIsByteExact) {
   const std::vector<uint8_t> src = pattern(5 << 20, 1);
   std::vector<uint8_t> back(src.size(), 0);
-  Result<DeviceBuffer> on_device = allocate_buffer(*device_, src.size(), TensorKind::kParameter);
+  Result<DeviceBuffer> on_device = allocate_buffer(*device_, src.size());
   ASSERT_TRUE(on_device.is_ok());
   Result<Event> uploaded = device_->create_event();
   Result<Event> downloaded = device_->create_event();
@@ -68,11 +66,11 @@ TEST_P(DeviceContract, CopiesFromPinnedArenaMemoryRegisteredWithTheDevice) {
   o.lock_pages = false;
   Result<std::unique_ptr<PinnedArena>> arena = PinnedArena::create(o);
   ASSERT_TRUE(arena.is_ok()) << arena.status().message();
-  Result<PinnedBuffer> pinned = (*arena)->allocate(3 << 20, TensorKind::kParameter);
+  Result<PinnedBuffer> pinned = (*arena)->allocate(3 << 20);
   ASSERT_TRUE(pinned.is_ok()) << pinned.status().message();
   const std::vector<uint8_t> src = pattern(pinned->size(), 2);
   std::memcpy(pinned->data(), src.data(), src.size());
-  Result<DeviceBuffer> on_device = allocate_buffer(*device_, src.size(), TensorKind::kParameter);
+  Result<DeviceBuffer> on_device = allocate_buffer(*device_, src.size());
   ASSERT_TRUE(on_device.is_ok());
   ASSERT_TRUE(device_->copy_async(CopyStream::kHostToDevice, on_device->data(), pinned->data(),
                                   src.size()));
@@ -85,17 +83,17 @@ TEST_P(DeviceContract, CopiesFromPinnedArenaMemoryRegisteredWithTheDevice) {
 }
 
 TEST_P(DeviceContract, TheBudgetIsEnforcedAndCounted) {
-  Result<void*> most = device_->allocate(48 << 20, TensorKind::kAdamM);
+  Result<void*> most = device_->allocate(48 << 20);
   ASSERT_TRUE(most.is_ok());
-  EXPECT_EQ(accounting_.tier(Tier::kDevice).reserved_bytes, 64u << 20);
-  EXPECT_EQ(accounting_.kind(Tier::kDevice, TensorKind::kAdamM).in_use_bytes, 48u << 20);
-  Result<void*> more = device_->allocate(32 << 20, TensorKind::kAdamM);
+  EXPECT_EQ(device_->budget_bytes(), 64u << 20);
+  EXPECT_EQ(device_->in_use_bytes(), 48u << 20);
+  Result<void*> more = device_->allocate(32 << 20);
   ASSERT_FALSE(more.is_ok());
   EXPECT_EQ(more.status().code(), STRATA_E_DEVICE_BUDGET);
   EXPECT_NE(more.status().message().find("67108864 B"), std::string::npos);
   ASSERT_TRUE(device_->free(*most));
   EXPECT_EQ(device_->in_use_bytes(), 0u);
-  Result<void*> now = device_->allocate(32 << 20, TensorKind::kAdamM);
+  Result<void*> now = device_->allocate(32 << 20);
   ASSERT_TRUE(now.is_ok());
   ASSERT_TRUE(device_->free(*now));
 }
@@ -104,7 +102,7 @@ TEST_P(DeviceContract, ManyAllocationsAreAlignedDisjointAndReusable) {
   std::vector<void*> pointers;
   pointers.reserve(1000);
   for (int i = 0; i < 1000; ++i) {
-    Result<void*> p = device_->allocate(1 + (i * 7919) % 40000, TensorKind::kOther);
+    Result<void*> p = device_->allocate(1 + (i * 7919) % 40000);
     ASSERT_TRUE(p.is_ok()) << i;
     EXPECT_EQ(reinterpret_cast<uintptr_t>(*p) % 256, 0u);
     pointers.push_back(*p);
@@ -112,7 +110,7 @@ TEST_P(DeviceContract, ManyAllocationsAreAlignedDisjointAndReusable) {
   for (size_t i = 0; i < pointers.size(); i += 2) ASSERT_TRUE(device_->free(pointers[i]));
   for (size_t i = 1; i < pointers.size(); i += 2) ASSERT_TRUE(device_->free(pointers[i]));
   EXPECT_EQ(device_->in_use_bytes(), 0u);
-  Result<void*> whole = device_->allocate(64 << 20, TensorKind::kOther);  // all merged back
+  Result<void*> whole = device_->allocate(64 << 20);  // all merged back
   ASSERT_TRUE(whole.is_ok());
   ASSERT_TRUE(device_->free(*whole));
 }
@@ -122,7 +120,7 @@ TEST_P(DeviceContract, BadArgumentsAreErrorsNotCrashes) {
   EXPECT_EQ(device_->free(host.data()).code(), STRATA_E_INVALID);
   EXPECT_EQ(device_->copy_async(CopyStream::kHostToDevice, host.data(), host.data(), 4096).code(),
             STRATA_E_INVALID);
-  EXPECT_EQ(device_->allocate(0, TensorKind::kOther).status().code(), STRATA_E_INVALID);
+  EXPECT_EQ(device_->allocate(0).status().code(), STRATA_E_INVALID);
   Event empty;
   EXPECT_EQ(device_->record(empty, CopyStream::kHostToDevice).code(), STRATA_E_INVALID);
 }

@@ -8,17 +8,16 @@
 #include <thread>
 #include <vector>
 
-#include "memory/accounting.h"
 #include "memory/device.h"
+#include "memory/host_memory.h"
 
 namespace strata::memory {
 namespace {
 
-std::unique_ptr<Device> open_emulated(uint64_t budget, Accounting* accounting = nullptr) {
+std::unique_ptr<Device> open_emulated(uint64_t budget) {
   DeviceOptions o;
   o.backend = DeviceBackend::kEmulated;
   o.budget_bytes = budget;
-  o.accounting = accounting;
   Result<std::unique_ptr<Device>> device = open_device(o);
   EXPECT_TRUE(device.is_ok()) << device.status().message();
   return std::move(device).value();
@@ -38,7 +37,7 @@ std::vector<uint8_t> pattern(size_t bytes, uint32_t seed) {
 TEST(EmulatedDevice, AnEventCompletesOnlyAfterTheCopyBeforeIt) {
   auto device = open_emulated(64 << 20);
   const std::vector<uint8_t> src = pattern(4 << 20, 1);
-  Result<DeviceBuffer> dst = allocate_buffer(*device, src.size(), TensorKind::kParameter);
+  Result<DeviceBuffer> dst = allocate_buffer(*device, src.size());
   ASSERT_TRUE(dst.is_ok());
   std::memset(dst->data(), 0, src.size());
   Result<Event> done = device->create_event();
@@ -70,7 +69,7 @@ TEST(EmulatedDevice, AnEventNeverRecordedIsComplete) {
 TEST(EmulatedDevice, CopiesOnAStreamRunInOrder) {
   auto device = open_emulated(16 << 20);
   constexpr size_t kBytes = 1 << 20;
-  Result<DeviceBuffer> dst = allocate_buffer(*device, kBytes, TensorKind::kParameter);
+  Result<DeviceBuffer> dst = allocate_buffer(*device, kBytes);
   ASSERT_TRUE(dst.is_ok());
   std::vector<std::vector<uint8_t>> sources;
   for (uint32_t i = 0; i < 8; ++i) sources.push_back(pattern(kBytes, i + 10));
@@ -86,7 +85,7 @@ TEST(EmulatedDevice, AStreamWaitingOnAnEventRunsAfterTheOtherStream) {
   auto device = open_emulated(16 << 20);
   const std::vector<uint8_t> src = pattern(2 << 20, 3);
   std::vector<uint8_t> back(src.size(), 0);
-  Result<DeviceBuffer> on_device = allocate_buffer(*device, src.size(), TensorKind::kGradient);
+  Result<DeviceBuffer> on_device = allocate_buffer(*device, src.size());
   ASSERT_TRUE(on_device.is_ok());
   Result<Event> uploaded = device->create_event();
   Result<Event> downloaded = device->create_event();
@@ -119,7 +118,7 @@ TEST(EmulatedDevice, ManyRoundTripsAreByteExactAndOverflowTheQueueSafely) {
   constexpr size_t kChunk = 8192;
   const std::vector<uint8_t> src = pattern(kChunks * kChunk, 4);
   std::vector<uint8_t> back(src.size(), 0);
-  Result<DeviceBuffer> on_device = allocate_buffer(*device, src.size(), TensorKind::kAdamV);
+  Result<DeviceBuffer> on_device = allocate_buffer(*device, src.size());
   ASSERT_TRUE(on_device.is_ok());
   auto* d = static_cast<uint8_t*>(on_device->data());
   for (size_t i = 0; i < kChunks; ++i) {
@@ -138,14 +137,12 @@ TEST(EmulatedDevice, ManyRoundTripsAreByteExactAndOverflowTheQueueSafely) {
 }
 
 TEST(EmulatedDevice, TheBudgetIsEnforcedWithTheNumbers) {
-  Accounting accounting;
-  auto device = open_emulated(1 << 20, &accounting);
-  EXPECT_EQ(accounting.tier(Tier::kDevice).reserved_bytes, 1u << 20);
-  Result<void*> a = device->allocate(600 << 10, TensorKind::kParameter);
+  auto device = open_emulated(1 << 20);
+  EXPECT_EQ(device->budget_bytes(), 1u << 20);
+  Result<void*> a = device->allocate(600 << 10);
   ASSERT_TRUE(a.is_ok());
   EXPECT_EQ(device->in_use_bytes(), 600u << 10);
-  EXPECT_EQ(accounting.kind(Tier::kDevice, TensorKind::kParameter).in_use_bytes, 600u << 10);
-  Result<void*> b = device->allocate(600 << 10, TensorKind::kParameter);
+  Result<void*> b = device->allocate(600 << 10);
   ASSERT_FALSE(b.is_ok());
   EXPECT_EQ(b.status().code(), STRATA_E_DEVICE_BUDGET);
   const std::string& m = b.status().message();
@@ -154,9 +151,7 @@ TEST(EmulatedDevice, TheBudgetIsEnforcedWithTheNumbers) {
   EXPECT_NE(m.find("device_budget_bytes"), std::string::npos) << m;
   ASSERT_TRUE(device->free(*a));
   EXPECT_EQ(device->in_use_bytes(), 0u);
-  EXPECT_EQ(accounting.tier(Tier::kDevice).in_use_bytes, 0u);
-  EXPECT_EQ(accounting.tier(Tier::kDevice).peak_in_use_bytes, 600u << 10);
-  Result<void*> whole = device->allocate(1 << 20, TensorKind::kParameter);
+  Result<void*> whole = device->allocate(1 << 20);
   ASSERT_TRUE(whole.is_ok());
   EXPECT_TRUE(device->free(*whole));
 }
@@ -164,7 +159,7 @@ TEST(EmulatedDevice, TheBudgetIsEnforcedWithTheNumbers) {
 TEST(EmulatedDevice, RejectsBadPointersAndCopiesOutsideItsMemory) {
   auto device = open_emulated(1 << 20);
   std::vector<uint8_t> host(4096);
-  Result<void*> p = device->allocate(4096, TensorKind::kOther);
+  Result<void*> p = device->allocate(4096);
   ASSERT_TRUE(p.is_ok());
   EXPECT_EQ(device->allocation_size(*p), 4096u);
   EXPECT_TRUE(device->owns(*p));
@@ -211,7 +206,7 @@ TEST(EmulatedDevice, ABandwidthLimitSlowsCopiesDown) {
   Result<std::unique_ptr<Device>> device = open_device(o);
   ASSERT_TRUE(device.is_ok());
   std::vector<uint8_t> src(4 << 20, 7);
-  Result<DeviceBuffer> dst = allocate_buffer(**device, src.size(), TensorKind::kParameter);
+  Result<DeviceBuffer> dst = allocate_buffer(**device, src.size());
   const auto start = std::chrono::steady_clock::now();
   ASSERT_TRUE(
       (*device)->copy_async(CopyStream::kHostToDevice, dst->data(), src.data(), src.size()));
@@ -230,7 +225,7 @@ TEST(EmulatedDevice, ItsMemoryIsExcludedFromHostAccountingExactly) {
   const uint64_t host_before = host_bytes_excluding(*before, device.get());
   EXPECT_EQ(device->host_resident_bytes(), 0u);  // sparse until written
 
-  Result<DeviceBuffer> on_device = allocate_buffer(*device, kBytes, TensorKind::kParameter);
+  Result<DeviceBuffer> on_device = allocate_buffer(*device, kBytes);
   ASSERT_TRUE(on_device.is_ok());
   // Fill the device memory through copies from one small host buffer.
   const std::vector<uint8_t> chunk = pattern(1 << 20, 5);
@@ -252,14 +247,12 @@ TEST(EmulatedDevice, ItsMemoryIsExcludedFromHostAccountingExactly) {
   sampler.sample_now();
   EXPECT_LT(sampler.peak_host_bytes_excluding_device(), after->vm_rss - kBytes + (8 << 20));
 
-  Accounting accounting;
-  strata_stats s{};
-  s.struct_size = sizeof s;
-  ASSERT_EQ(fill_stats(accounting, device.get(), &sampler, &s), STRATA_OK);
-  EXPECT_EQ(s.emulated_device_resident_bytes, kBytes);
-  EXPECT_GE(s.os_peak_rss_bytes, kBytes);
-  EXPECT_LT(s.os_peak_host_bytes_excluding_emulated_device,
-            s.os_peak_rss_bytes - kBytes + (8 << 20));
+  // What strata_get_stats reports from the same two readings (api/stats.cpp).
+  Result<ProcMemory> now = read_proc_memory();
+  ASSERT_TRUE(now.is_ok());
+  EXPECT_EQ(device->host_resident_bytes(), kBytes);
+  EXPECT_GE(now->vm_hwm, kBytes);
+  EXPECT_LT(host_bytes_excluding(*now, device.get()), now->vm_rss - kBytes + (8 << 20));
 
   // Freed device memory goes back to the OS.
   on_device->reset();

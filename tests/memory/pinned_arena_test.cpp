@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <map>
 
@@ -11,6 +12,7 @@
 #include "common/align.h"
 #include "io/io_engine.h"
 #include "memory/device.h"
+#include "memory/host_memory.h"
 #include "sanitizers.h"
 
 namespace strata::memory {
@@ -48,7 +50,7 @@ TEST(PinnedArena, AllocationsAreExactSizeRoundedOnlyToAPage) {
   uint64_t requested = 0;
   std::vector<PinnedBuffer> buffers;
   for (uint64_t bytes : sizes) {
-    Result<PinnedBuffer> b = arena->allocate(bytes, TensorKind::kParameter);
+    Result<PinnedBuffer> b = arena->allocate(bytes);
     ASSERT_TRUE(b.is_ok()) << b.status().message();
     EXPECT_EQ(b->size(), bytes);
     EXPECT_EQ(b->reserved_bytes(), align_up(bytes, 4096));
@@ -72,15 +74,15 @@ TEST(PinnedArena, ZeroBytesAndZeroBudgetAreInvalid) {
   EXPECT_EQ(PinnedArena::create(small_options(0)).status().code(), STRATA_E_INVALID);
   auto arena = make_arena(small_options(1 << 20));
   ASSERT_NE(arena, nullptr);
-  EXPECT_EQ(arena->allocate(0, TensorKind::kOther).status().code(), STRATA_E_INVALID);
+  EXPECT_EQ(arena->allocate(0).status().code(), STRATA_E_INVALID);
 }
 
 TEST(PinnedArena, TheBudgetIsHardAndTheErrorCarriesTheNumbers) {
   auto arena = make_arena(small_options(1 << 20));
   ASSERT_NE(arena, nullptr);
-  Result<PinnedBuffer> first = arena->allocate(768 << 10, TensorKind::kParameter);
+  Result<PinnedBuffer> first = arena->allocate(768 << 10);
   ASSERT_TRUE(first.is_ok());
-  Result<PinnedBuffer> second = arena->allocate(512 << 10, TensorKind::kParameter);
+  Result<PinnedBuffer> second = arena->allocate(512 << 10);
   ASSERT_FALSE(second.is_ok());
   EXPECT_EQ(second.status().code(), STRATA_E_PINNED_BUDGET);
   const std::string& m = second.status().message();
@@ -90,31 +92,71 @@ TEST(PinnedArena, TheBudgetIsHardAndTheErrorCarriesTheNumbers) {
   EXPECT_NE(m.find("pinned_budget_bytes"), std::string::npos) << m;  // what to change
   // Nothing leaked by the failure; exactly the remaining 256 KiB can still be had.
   EXPECT_EQ(arena->stats().reserved_bytes, 768u << 10);
-  Result<PinnedBuffer> rest = arena->allocate(256 << 10, TensorKind::kParameter);
+  Result<PinnedBuffer> rest = arena->allocate(256 << 10);
   EXPECT_TRUE(rest.is_ok());
-  EXPECT_EQ(arena->allocate(1, TensorKind::kParameter).status().code(), STRATA_E_PINNED_BUDGET);
+  EXPECT_EQ(arena->allocate(1).status().code(), STRATA_E_PINNED_BUDGET);
   first->reset();
-  EXPECT_TRUE(arena->allocate(512 << 10, TensorKind::kParameter).is_ok());
+  EXPECT_TRUE(arena->allocate(512 << 10).is_ok());
 }
 
-TEST(PinnedArena, CountsInTheAccountingByKindAndSlabsAsReservedOnly) {
-  Accounting accounting;
-  PinnedArenaOptions o = small_options(16 << 20);
-  o.accounting = &accounting;
-  auto arena = make_arena(o);
+TEST(PinnedArena, CountsWhatItMapsAsReservedWithItsPeak) {
+  auto arena = make_arena(small_options(16 << 20));
   ASSERT_NE(arena, nullptr);
   {
-    Result<PinnedBuffer> m = arena->allocate(10000, TensorKind::kAdamM);
-    Result<PinnedBuffer> slab = arena->allocate_slab(3 << 20);
-    ASSERT_TRUE(m.is_ok() && slab.is_ok());
-    const TierCounters pinned = accounting.tier(Tier::kPinned);
-    EXPECT_EQ(pinned.reserved_bytes, 12288u + (3u << 20));
-    EXPECT_EQ(pinned.in_use_bytes, 10000u);
-    EXPECT_EQ(accounting.kind(Tier::kPinned, TensorKind::kAdamM).in_use_bytes, 10000u);
+    Result<PinnedBuffer> small = arena->allocate(10000);
+    Result<PinnedBuffer> large = arena->allocate(3 << 20);
+    ASSERT_TRUE(small.is_ok() && large.is_ok());
+    const PinnedArenaStats s = arena->stats();
+    EXPECT_EQ(s.reserved_bytes, 12288u + (3u << 20));  // 4 KiB pages
+    EXPECT_EQ(s.requested_bytes, 10000u + (3u << 20));
+    EXPECT_EQ(s.allocations, 2u);
   }
-  EXPECT_EQ(accounting.tier(Tier::kPinned).reserved_bytes, 0u);
-  EXPECT_EQ(accounting.tier(Tier::kPinned).in_use_bytes, 0u);
-  EXPECT_EQ(accounting.tier(Tier::kPinned).peak_reserved_bytes, 12288u + (3u << 20));
+  const PinnedArenaStats after = arena->stats();
+  EXPECT_EQ(after.reserved_bytes, 0u);
+  EXPECT_EQ(after.requested_bytes, 0u);
+  EXPECT_EQ(after.peak_reserved_bytes, 12288u + (3u << 20));
+}
+
+// The mapping of [start, start + bytes) as /proc/self/maps lists it: its end, or 0 when no mapping
+// starts at `start`.
+uintptr_t mapping_end_at(const void* start) {
+  std::FILE* maps = std::fopen("/proc/self/maps", "r");
+  if (maps == nullptr) return 0;
+  uintptr_t begin = 0, end = 0, found = 0;
+  char line[512];
+  while (std::fgets(line, sizeof line, maps) != nullptr) {
+    if (std::sscanf(line, "%lx-%lx", &begin, &end) == 2 &&
+        begin == reinterpret_cast<uintptr_t>(start)) {
+      found = end;
+    }
+  }
+  std::fclose(maps);
+  return found;
+}
+
+TEST(PinnedArena, BuffersOfAHugePageOrMoreAreHugePageAlignedWithNoSlackLeftMapped) {
+  auto arena = make_arena(small_options(64 << 20));
+  ASSERT_NE(arena, nullptr);
+  for (const uint64_t bytes : {kHugePageSize, 5 * kHugePageSize + 12345}) {
+    Result<PinnedBuffer> b = arena->allocate(bytes);
+    ASSERT_TRUE(b.is_ok()) << b.status().message();
+    EXPECT_TRUE(is_aligned(b->data(), kHugePageSize)) << bytes;
+    EXPECT_EQ(b->reserved_bytes(), align_up(bytes, kPageSize));
+    // Exactly the reserved bytes stay mapped: the alignment slack on both sides was unmapped.
+    EXPECT_EQ(mapping_end_at(b->data()),
+              reinterpret_cast<uintptr_t>(b->data()) + b->reserved_bytes());
+    std::memset(b->data(), 0x5a, bytes);  // every byte is usable
+    const void* address = b->data();
+    b->reset();
+    EXPECT_EQ(mapping_end_at(address), 0u);
+  }
+  // Below a huge page nothing changes: page-aligned, exact.
+  Result<PinnedBuffer> small = arena->allocate(kHugePageSize - kPageSize - 1);
+  ASSERT_TRUE(small.is_ok());
+  EXPECT_EQ(small->reserved_bytes(), kHugePageSize - kPageSize);
+  EXPECT_EQ(mapping_end_at(small->data()),
+            reinterpret_cast<uintptr_t>(small->data()) + small->reserved_bytes());
+  EXPECT_EQ(arena->stats().reserved_bytes, kHugePageSize - kPageSize);
 }
 
 TEST(PinnedArena, LockedPagesAreResidentAndCounted) {
@@ -123,7 +165,7 @@ TEST(PinnedArena, LockedPagesAreResidentAndCounted) {
   auto arena = make_arena(small_options(64 << 20));
   ASSERT_NE(arena, nullptr);
   const uint64_t locked_before = read_proc_memory()->vm_lck;
-  Result<PinnedBuffer> b = arena->allocate(16 << 20, TensorKind::kParameter);
+  Result<PinnedBuffer> b = arena->allocate(16 << 20);
   ASSERT_TRUE(b.is_ok()) << b.status().message();
   EXPECT_GE(read_proc_memory()->vm_lck, locked_before + (16u << 20));
   b->reset();
@@ -137,7 +179,7 @@ TEST(PinnedArena, PlacesMemoryOnTheChosenNumaNode) {
   ASSERT_TRUE(topology.is_ok());
   EXPECT_TRUE(topology->has_numa_node(arena->numa_node()));
   EXPECT_FALSE(arena->numa_reason().empty());
-  Result<PinnedBuffer> b = arena->allocate(1 << 20, TensorKind::kParameter);
+  Result<PinnedBuffer> b = arena->allocate(1 << 20);
   ASSERT_TRUE(b.is_ok());
   if (!arena->numa_bound()) GTEST_SKIP() << "memory binding is not available here";
   std::memset(b->data(), 1, b->size());  // present even where locking is not real
@@ -195,7 +237,7 @@ TEST(PinnedArena, RegistersWithTheIoEngineInChunksOfAtMostOneGiB) {
   auto arena = make_arena(o);
   ASSERT_NE(arena, nullptr);
   {
-    Result<PinnedBuffer> b = arena->allocate(3ull << 29, TensorKind::kMasterWeight);  // 1.5 GiB
+    Result<PinnedBuffer> b = arena->allocate(3ull << 29);  // 1.5 GiB
     ASSERT_TRUE(b.is_ok()) << b.status().message();
     ASSERT_EQ(engine.live.size(), 2u);
     EXPECT_EQ(engine.live[0].first, b->data());
@@ -217,11 +259,11 @@ TEST(PinnedArena, AnEngineThatRefusesRegistrationLeavesTheBufferUsable) {
   o.io_engine = &engine;
   auto arena = make_arena(o);
   ASSERT_NE(arena, nullptr);
-  Result<PinnedBuffer> b = arena->allocate(8192, TensorKind::kParameter);
+  Result<PinnedBuffer> b = arena->allocate(8192);
   ASSERT_TRUE(b.is_ok());
   EXPECT_EQ(b->io_buffer_index(0, 8192), -1);
   EXPECT_EQ(arena->stats().io_registration_failures, 1u);
-  Result<PinnedBuffer> c = arena->allocate(8192, TensorKind::kParameter);
+  Result<PinnedBuffer> c = arena->allocate(8192);
   ASSERT_TRUE(c.is_ok());
   EXPECT_GE(c->io_buffer_index(0, 8192), 0);
 }
@@ -234,7 +276,7 @@ TEST(PinnedArena, RegistersWithTheDevice) {
   o.device = device->get();
   auto arena = make_arena(o);
   ASSERT_NE(arena, nullptr);
-  Result<PinnedBuffer> b = arena->allocate(4096, TensorKind::kParameter);
+  Result<PinnedBuffer> b = arena->allocate(4096);
   ASSERT_TRUE(b.is_ok()) << b.status().message();
 }
 
@@ -248,7 +290,7 @@ int lock_past_the_limit() {
   PinnedArenaOptions locking = small_options(64 << 20);
   locking.lock_pages = true;
   arena = PinnedArena::create(locking);
-  Result<PinnedBuffer> b = (*arena)->allocate(8 << 20, TensorKind::kParameter);
+  Result<PinnedBuffer> b = (*arena)->allocate(8 << 20);
   if (b.is_ok()) return 11;
   const std::string& m = b.status().message();
   const bool numbers = m.find("RLIMIT_MEMLOCK is 1.00 MiB (1048576 B)") != std::string::npos &&

@@ -5,8 +5,6 @@
 #include <memory>
 #include <vector>
 
-#include "memory/accounting.h"
-
 namespace strata::memory {
 namespace {
 
@@ -17,12 +15,10 @@ struct Fixture {
     PinnedArenaOptions options;
     options.budget_bytes = budget;
     options.lock_pages = false;  // the recycler's logic, not the kernel's locking, is under test
-    options.accounting = &accounting;
     Result<std::unique_ptr<PinnedArena>> made = PinnedArena::create(options);
     EXPECT_TRUE(made.is_ok()) << made.status().message();
     if (made.is_ok()) arena = std::move(made).value();
   }
-  Accounting accounting;
   std::unique_ptr<PinnedArena> arena;
 };
 
@@ -46,20 +42,19 @@ TEST(PinnedRecycler, ASizeGivenBackIsReusedWithoutMappingAgain) {
   EXPECT_EQ(f.arena->stats().allocations, 1u);  // mapped once
 }
 
-TEST(PinnedRecycler, KeptMemoryIsReservedButNotInUse) {
+TEST(PinnedRecycler, KeptMemoryStaysReservedUntilTrimmed) {
   Fixture f(16 * kMiB);
   ASSERT_NE(f.arena, nullptr);
   PinnedRecycler recycler(*f.arena);
   Result<PinnedBuffer> buffer = recycler.take(2 * kMiB, TensorKind::kGradient);
   ASSERT_TRUE(buffer.is_ok());
-  EXPECT_EQ(f.accounting.tier(Tier::kPinned).in_use_bytes, 2 * kMiB);
-  EXPECT_EQ(f.accounting.kind(Tier::kPinned, TensorKind::kGradient).in_use_bytes, 2 * kMiB);
+  EXPECT_EQ(f.arena->stats().reserved_bytes, 2 * kMiB);
   recycler.give_back(std::move(buffer).value(), TensorKind::kGradient);
-  EXPECT_EQ(f.accounting.tier(Tier::kPinned).in_use_bytes, 0u);
-  EXPECT_EQ(f.accounting.tier(Tier::kPinned).reserved_bytes, 2 * kMiB);
+  EXPECT_EQ(f.arena->stats().reserved_bytes, 2 * kMiB);  // kept: still mapped
+  EXPECT_EQ(recycler.stats().kept_bytes, 2 * kMiB);
   recycler.trim();
-  EXPECT_EQ(f.accounting.tier(Tier::kPinned).reserved_bytes, 0u);
   EXPECT_EQ(f.arena->stats().reserved_bytes, 0u);
+  EXPECT_EQ(recycler.stats().kept_bytes, 0u);
 }
 
 TEST(PinnedRecycler, KeptBuffersOfOtherSizesMakeRoomUnderTheBudget) {

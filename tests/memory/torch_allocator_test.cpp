@@ -2,19 +2,17 @@
 
 #include <gtest/gtest.h>
 
-#include "memory/accounting.h"
 #include "memory/device.h"
+#include "memory/host_memory.h"
 #include "torch_allocator_c_helpers.h"
 
 namespace strata::memory {
 namespace {
 
-std::unique_ptr<Device> open_emulated(uint64_t budget, Accounting* accounting = nullptr,
-                                      int ordinal = 0) {
+std::unique_ptr<Device> open_emulated(uint64_t budget, int ordinal = 0) {
   DeviceOptions o;
   o.backend = DeviceBackend::kEmulated;
   o.budget_bytes = budget;
-  o.accounting = accounting;
   o.ordinal = ordinal;
   Result<std::unique_ptr<Device>> device = open_device(o);
   EXPECT_TRUE(device.is_ok());
@@ -27,9 +25,7 @@ class DeviceSource final : public TorchMemorySource {
  public:
   explicit DeviceSource(Device& device) : device_(device) {}
   int ordinal() const override { return device_.ordinal(); }
-  Result<void*> allocate(uint64_t bytes) override {
-    return device_.allocate(bytes, TensorKind::kOther);
-  }
+  Result<void*> allocate(uint64_t bytes) override { return device_.allocate(bytes); }
   bool owns(const void* ptr) const override { return device_.owns(ptr); }
   uint64_t allocation_size(const void* ptr) const override { return device_.allocation_size(ptr); }
   Status free(void* ptr, void* stream) override { return device_.free(ptr, stream); }
@@ -55,8 +51,7 @@ TEST(TorchAllocator, WithoutARuntimeCallsFromCDoNotCrash) {
 }
 
 TEST(TorchAllocator, ARuntimesDeviceServesCallsFromC) {
-  Accounting accounting;
-  auto device = open_emulated(8 << 20, &accounting);
+  auto device = open_emulated(8 << 20);
   {
     DeviceSource source(*device);
     const auto binding = TorchAllocatorBinding::install(source);
@@ -65,7 +60,7 @@ TEST(TorchAllocator, ARuntimesDeviceServesCallsFromC) {
     ASSERT_NE(p, nullptr);
     EXPECT_TRUE(device->owns(p));
     EXPECT_EQ(device->allocation_size(p), 3u << 20);
-    EXPECT_EQ(accounting.kind(Tier::kDevice, TensorKind::kOther).in_use_bytes, 3u << 20);
+    EXPECT_EQ(device->in_use_bytes(), 3u << 20);
     // Past the runtime's budget: NULL, which torch turns into its out-of-memory error.
     EXPECT_EQ(c_torch_alloc(6 << 20, 0), nullptr);
     c_torch_free(p, 3 << 20, 0);

@@ -48,7 +48,7 @@ void FakeBackend::fail_next_allocations(Tier tier, uint32_t count) {
   allocation_failures_[static_cast<int>(tier)] = count;
 }
 
-Result<Extent> FakeBackend::allocate_extent(uint64_t bytes, TensorKind /*kind*/) {
+Result<Extent> FakeBackend::allocate_extent(uint64_t bytes) {
   std::lock_guard lock(mu_);
   if (extent_failures_ > 0) {
     --extent_failures_;
@@ -56,7 +56,7 @@ Result<Extent> FakeBackend::allocate_extent(uint64_t bytes, TensorKind /*kind*/)
   }
   const uint64_t token = next_token_++;
   extents_[token].assign(bytes, 0xEE);
-  return Extent{token, bytes};
+  return Extent{token, 0, bytes};
 }
 
 void FakeBackend::free_extent(const Extent& extent) {

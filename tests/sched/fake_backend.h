@@ -27,7 +27,7 @@ class FakeBackend final : public TierBackend {
   const char* name() const override { return "fake"; }
   Result<Buffer> allocate(Tier tier, uint64_t bytes, TensorKind kind) override;
   void free(Tier tier, const Buffer& buffer) override;
-  Result<Extent> allocate_extent(uint64_t bytes, TensorKind kind) override;
+  Result<Extent> allocate_extent(uint64_t bytes) override;
   void free_extent(const Extent& extent) override;
   Status read(const Extent& from, const Buffer& to_pinned, uint64_t bytes,
               Completion done) override;

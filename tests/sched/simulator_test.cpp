@@ -275,7 +275,7 @@ TEST(SimulatedBackend, TransfersQueueOnTheirLinkAndCompleteInVirtualTime) {
     SimulatedBackend& backend;
     std::vector<std::pair<uint32_t, double>> done;
   } sink(backend);
-  const Extent extent = backend.allocate_extent(1'000'000'000, TensorKind::kOther).value();
+  const Extent extent = backend.allocate_extent(1'000'000'000).value();
   const Buffer pinned = backend.allocate(Tier::kPinned, 1'000'000'000, TensorKind::kOther).value();
   const Buffer device = backend.allocate(Tier::kDevice, 1'000'000'000, TensorKind::kOther).value();
   ASSERT_TRUE(backend.read(extent, pinned, 500'000'000, {&sink, 1}).is_ok());

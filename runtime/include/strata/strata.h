@@ -346,12 +346,15 @@ STRATA_API int strata_export_trace(strata_runtime* rt, const char* path);
  * Memory statistics
  *
  * Exact counters Strata keeps per tier and per tensor kind, beside the host memory the OS charges
- * the process. "reserved" is memory held from the OS / GPU / NVMe space (others cannot use it);
- * "in use" is the part currently holding tensor data; peaks are since creation (or the last peak
- * reset). Host memory as the OS sees it: os_peak_rss_bytes is VmHWM; the "excluding emulated
- * device" figures leave out the memory that stands in for a GPU on the host-emulated device, so a
- * CPU-only run reports what a GPU run would. Filled by strata_get_stats (struct_size first: older,
- * smaller structs get the fields they have).
+ * the process. "reserved" is memory held from the OS / GPU / NVMe space (others cannot use it):
+ * the pinned pages mapped (buffers kept for reuse included), the device arena, the NVMe capacity.
+ * "in use" is what tensors and allocations are charged now, as the scheduler counts it against
+ * the budgets: each one's bytes rounded up to 4 KiB on the pinned tier and to 256 bytes on the
+ * device; on NVMe, its extent (rounded up to the store's block). Peaks are since creation. Host
+ * memory as the OS sees it: os_peak_rss_bytes is VmHWM; the "excluding emulated device" figures
+ * leave out the memory that stands in for a GPU on the host-emulated device, so a CPU-only run
+ * reports what a GPU run would. Filled by strata_get_stats (struct_size first: older, smaller
+ * structs get the fields they have).
  * ------------------------------------------------------------------------------------------- */
 #define STRATA_STATS_KIND_SLOTS 8 /* indexed by strata_tensor_kind; spare slots read 0 */
 
@@ -370,7 +373,7 @@ typedef struct strata_tier_stats {
 
 typedef struct strata_stats {
   size_t struct_size;       /* sizeof(strata_stats) */
-  strata_tier_stats host;   /* unpinned host buffers Strata allocates (optimizer scratch, ...) */
+  strata_tier_stats host;   /* pageable host buffers of Strata's own: none, always 0 (it pins) */
   strata_tier_stats pinned; /* pinned host arena: staging buffers and pinned tensors */
   strata_tier_stats device; /* GPU memory (or the emulated device's) */
   strata_tier_stats nvme;   /* extent store space: reserved = capacity, in use = live extents */
