@@ -147,10 +147,10 @@ void PinnedArena::bind(std::byte* data, uint64_t bytes) {
 
 Result<std::byte*> PinnedArena::map_pages(uint64_t bytes, int flags, bool huge) {
   // Huge pages: locking (and later pinning for the GPU and io_uring) faults in one 2 MiB page
-  // instead of 512 small ones, which made a take that maps 16 MiB about 6x cheaper here (13 ms
-  // against 2.2 ms, docs/memory.md). THP backs only 2 MiB-aligned ranges, so the mapping is made
-  // larger by one huge page less a page, and the slack on either side of the aligned range is
-  // unmapped again: what stays mapped is exactly [data, data + bytes).
+  // instead of 512 small ones; on the main job this halved Strata's step (docs/memory.md). THP
+  // backs only 2 MiB-aligned ranges, so the mapping is made larger by one huge page less a page,
+  // and the slack on either side of the aligned range is unmapped again: what stays mapped is
+  // exactly [data, data + bytes).
   const uint64_t slack = huge ? kHugePageSize - kPageSize : 0;
   void* p = ::mmap(nullptr, bytes + slack, PROT_READ | PROT_WRITE, flags, -1, 0);
   if (p == MAP_FAILED) {
