@@ -23,6 +23,7 @@ int run(int argc, char** argv) {
   bench->require_subcommand(1);
   strata::bench::add_io_command(*bench);
   strata::bench::add_pool_command(*bench);
+  strata::bench::add_pinned_map_command(*bench);
   strata::bench::add_adam_command(*bench);
   strata::bench::add_optimizer_command(*bench);
   strata::bench::add_finetune_command(*bench);

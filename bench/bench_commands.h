@@ -19,6 +19,10 @@ void add_optimizer_command(CLI::App& bench);
 // the adaptive, zero-infinity and pow2 pools: pinned bytes reserved and allocation cost).
 void add_pool_command(CLI::App& bench);
 
+// Adds `bench pinned-map` (the cost of making and unmaking one pinned buffer, huge pages against
+// small ones).
+void add_pinned_map_command(CLI::App& bench);
+
 // Adds `bench finetune` (training steps through the C API: Strata against ZeRO-Infinity, each in
 // its own process; peak host memory and step time).
 void add_finetune_command(CLI::App& bench);
