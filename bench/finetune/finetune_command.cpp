@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -20,10 +21,13 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "bench_commands.h"
+#include "common/align.h"
+#include "common/assert.h"
 #include "common/report.h"
 #include "common/units.h"
 #include "finetune/finetune_options.h"
@@ -403,6 +407,118 @@ int run_parent(const FinetunePlan& plan) {
   return rc;
 }
 
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  std::istringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) items.push_back(item);
+  }
+  return items;
+}
+
+// --sweep-pinned: the Strata worker (optimizer after backward, the headline) once per budget,
+// the default budget included, so that users see host memory against step time and where the
+// default sits. A budget too small to run is a row with its error, not the end of the sweep.
+int run_pinned_sweep(const FinetuneOptions& options) {
+  if (!options.pinned_budget.empty()) {
+    return fail(invalid_argument("--sweep-pinned sets the budgets: drop --pinned-budget"), 2);
+  }
+  if (!options.trace_path.empty() || !options.plot_path.empty() || !options.project_gpu.empty() ||
+      options.metrics_port >= 0) {
+    return fail(invalid_argument("--sweep-pinned runs without --trace, --plot, "
+                                 "--project-full-scale and --metrics-port"),
+                2);
+  }
+  FinetuneOptions base = options;
+  base.sweep_pinned.clear();
+  base.strategy = "strata";
+  base.optimizer_overlap = "off";
+  Result<FinetunePlan> default_plan = make_plan(base);
+  if (!default_plan) return fail(default_plan.status(), 2);
+  const uint64_t default_budget = default_plan->strata_pinned_budget;
+
+  std::vector<std::pair<uint64_t, std::string>> budgets;  // bytes, as given
+  for (const std::string& text : split_list(options.sweep_pinned)) {
+    const std::optional<uint64_t> bytes = parse_bytes(text);
+    if (!bytes || *bytes < kPageSize) {
+      return fail(invalid_argument("--sweep-pinned: '" + text +
+                                   "' is not a size of at least 4K (e.g. 256M,512M,2G)"),
+                  2);
+    }
+    budgets.emplace_back(align_up(*bytes, kPageSize), text);
+  }
+  if (budgets.empty()) return fail(invalid_argument("--sweep-pinned: no budgets given"), 2);
+  budgets.emplace_back(default_budget, std::to_string(default_budget));
+  std::sort(budgets.begin(), budgets.end());
+  budgets.erase(std::unique(budgets.begin(), budgets.end(),
+                            [](const auto& a, const auto& b) { return a.first == b.first; }),
+                budgets.end());
+
+  Progress progress(options.steps, options.json);
+  SignalForwarding forwarding;
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (const auto& [bytes, text] : budgets) {
+    FinetuneOptions o = base;
+    o.pinned_budget = std::to_string(bytes);
+    Result<FinetunePlan> plan = make_plan(o);
+    if (!plan) return fail(plan.status(), 2);
+    const Contender* strata = find_contender(*plan, "strata");
+    STRATA_ASSERT(strata != nullptr);
+    nlohmann::ordered_json row = {{"pinned_budget_bytes", bytes},
+                                  {"default", bytes == default_budget}};
+    Result<StrategyResult> r = run_strategy(*plan, *strata, progress, nullptr);
+    if (!r) {
+      row["error"] = r.status().message();
+    } else {
+      for (const char* key : {"peak_host_bytes", "peak_pinned_bytes", "step_seconds",
+                              "nvme_read_gbps", "nvme_write_gbps", "stall_fraction"}) {
+        row[key] = r->result.value(key, 0.0);
+      }
+    }
+    rows.push_back(std::move(row));
+  }
+
+  if (options.json) {
+    const nlohmann::ordered_json out = {{"model", options.model},
+                                        {"default_pinned_budget_bytes", default_budget},
+                                        {"pinned_sweep", rows}};
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  double default_step = 0;
+  for (const auto& row : rows) {
+    if (row["default"].get<bool>() && row.contains("step_seconds")) {
+      default_step = row["step_seconds"].get<double>();
+    }
+  }
+  Table table(
+      {"pinned budget", "peak host", "peak pinned", "step (s)", "step vs default", "stall"});
+  std::vector<std::string> errors;
+  for (const auto& row : rows) {
+    const std::string budget = format_bytes(row["pinned_budget_bytes"].get<uint64_t>()) +
+                               (row["default"].get<bool>() ? " (default)" : "");
+    if (row.contains("error")) {
+      errors.push_back(budget + ": " + row["error"].get<std::string>());
+      table.add_row({budget, "-", "-", "failed (" + std::to_string(errors.size()) + ")", "-", "-"});
+      continue;
+    }
+    const double step = row["step_seconds"].get<double>();
+    table.add_row({budget,
+                   format_bytes(static_cast<uint64_t>(row["peak_host_bytes"].get<double>())),
+                   format_bytes(static_cast<uint64_t>(row["peak_pinned_bytes"].get<double>())),
+                   fixed(step, 2), default_step > 0 ? fixed(step / default_step, 3) : "-",
+                   fixed(row["stall_fraction"].get<double>(), 2)});
+  }
+  std::printf("%s", table.render().c_str());
+  for (size_t i = 0; i < errors.size(); ++i) std::printf("(%zu) %s\n", i + 1, errors[i].c_str());
+  std::printf(
+      "\nStrata alone (optimizer after backward), %u steps per budget; peak host: "
+      "the worker's host memory as the OS counts it, the emulated device left out.\n",
+      options.steps);
+  return 0;
+}
+
 int run_finetune(const FinetuneOptions& options) {
   Result<FinetunePlan> plan = make_plan(options);
   if (!plan) return fail(plan.status(), 2);
@@ -414,6 +530,7 @@ int run_finetune(const FinetuneOptions& options) {
                ? run_strata_worker(*plan, *c, options.worker_fd, options.worker_trace)
                : run_deepspeed_worker(*plan, *c, options.worker_fd, options.worker_trace);
   }
+  if (!options.sweep_pinned.empty()) return run_pinned_sweep(options);
   // Every output path is checked before the run, so that a finished benchmark never loses its
   // result to a path that cannot be written.
   if (!options.trace_path.empty()) {
@@ -469,6 +586,9 @@ void add_finetune_command(CLI::App& bench) {
   cmd->add_option("--pinned-budget", o->pinned_budget,
                   "Strata's pinned budget, e.g. 512M (default: four times the largest tensor's "
                   "optimizer working set)");
+  cmd->add_option("--sweep-pinned", o->sweep_pinned,
+                  "Run Strata alone at each of these pinned budgets (comma-separated, e.g. "
+                  "256M,512M,2G) and at the default: host peak against step time");
   cmd->add_option("--device-budget", o->device_budget,
                   "Device budget for both strategies (default: weights and gradients of four "
                   "layers)");

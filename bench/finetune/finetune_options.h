@@ -98,6 +98,9 @@ struct FinetuneOptions {
   std::string project_gpu;
   int metrics_port = -1;      // -1: no endpoint; 0: an ephemeral port (printed on stderr)
   std::string pinned_budget;  // "" : automatic (see Plan::strata_pinned_budget)
+  // Comma-separated pinned budgets: Strata alone (optimizer after backward) at each of them and
+  // at the default, host peak against step time. Empty: no sweep.
+  std::string sweep_pinned;
   std::string device_budget;  // "" : automatic
   // Strata: step each layer's parameters as soon as its backward is done (LoHan / Fuyou), or
   // after the whole backward (the same order, clipping and skip rules as DeepSpeed: the

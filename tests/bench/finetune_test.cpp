@@ -356,5 +356,32 @@ TEST(FinetuneBench, CpuComputeAndPlotRunOneStrategy) {
   EXPECT_EQ(j["config"]["compute"], "cpu");
 }
 
+// --sweep-pinned: Strata alone at each budget and at the default, host peak against step time.
+TEST(FinetuneBench, ThePinnedSweepRunsEachBudgetAndTheDefault) {
+  const std::filesystem::path dir = testing::scratch_dir("finetune-sweep");
+  const CliRun r = run_cli(tiny(dir, {"--sweep-pinned", "16M", "--json"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(r.out);
+  const json& rows = j["pinned_sweep"];
+  ASSERT_EQ(rows.size(), 2u) << r.out;  // 16M and the default (32M for this model)
+  EXPECT_EQ(rows[0]["pinned_budget_bytes"], 16u << 20);
+  EXPECT_FALSE(rows[0]["default"].get<bool>());
+  EXPECT_TRUE(rows[1]["default"].get<bool>());
+  EXPECT_EQ(rows[1]["pinned_budget_bytes"], j["default_pinned_budget_bytes"]);
+  for (const json& row : rows) {
+    ASSERT_FALSE(row.contains("error")) << row.dump();
+    EXPECT_GT(row["step_seconds"].get<double>(), 0);
+    EXPECT_GT(row["peak_host_bytes"].get<double>(), 0);
+    EXPECT_LE(row["peak_pinned_bytes"].get<double>(), row["pinned_budget_bytes"].get<double>());
+  }
+  const CliRun both = run_cli(tiny(dir, {"--sweep-pinned", "16M", "--pinned-budget", "8M"}));
+  EXPECT_EQ(both.code, 2);
+  EXPECT_NE(both.err.find("drop --pinned-budget"), std::string::npos) << both.err;
+  const CliRun bad = run_cli(tiny(dir, {"--sweep-pinned", "16M,lots"}));
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("'lots' is not a size"), std::string::npos) << bad.err;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace strata
