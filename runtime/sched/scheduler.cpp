@@ -191,6 +191,7 @@ Result<TensorHandle> Scheduler::register_tensor(const TensorSpec& spec,
     }
     r.extent = *extent;
   }
+  note_state(r);
   return handle;
 }
 
@@ -219,6 +220,7 @@ Status Scheduler::unregister_tensor(TensorHandle tensor, std::chrono::nanosecond
   }
   if (r.extent.valid()) backend_.free_extent(r.extent);
   clear_failure(r);  // its failures were its own: nobody else hears of them now
+  forget_state(r);
   registry_.remove(tensor);
   pump();
   cv_.notify_all();
@@ -363,7 +365,10 @@ Result<Acquired> Scheduler::acquire(TensorHandle tensor, Tier tier, AccessMode m
     TensorRecord& r = registry_.at(index);
     Result<AcquireAttempt> attempt = attempt_locked(index, tier, mode);
     if (!attempt || attempt->state == AcquireState::kReady) {
-      if (waiting) --r.waiters[mi];
+      if (waiting) {
+        --r.waiters[mi];
+        note_state(r);
+      }
       if (!attempt) return std::move(attempt).take_status();
       ++(waiting ? stats_.acquire_waits : stats_.acquire_hits);
       return attempt->acquired;
@@ -371,6 +376,7 @@ Result<Acquired> Scheduler::acquire(TensorHandle tensor, Tier tier, AccessMode m
     if (!waiting) {
       STRATA_TRY(add_demand(r, tier, mode));
       ++r.waiters[mi];
+      note_state(r);
       waiting = true;
       pump();
       // Look again before sleeping: serving the demand may have shown the wait can never end
@@ -382,6 +388,7 @@ Result<Acquired> Scheduler::acquire(TensorHandle tensor, Tier tier, AccessMode m
       attempt = attempt_locked(index, tier, mode);
       TensorRecord& waited = registry_.at(index);
       --waited.waiters[mi];
+      note_state(waited);
       if (attempt && attempt->state == AcquireState::kReady) {
         ++stats_.acquire_waits;
         return attempt->acquired;
@@ -403,6 +410,7 @@ Result<AcquireAttempt> Scheduler::try_acquire(TensorHandle tensor, Tier tier, Ac
   Result<AcquireAttempt> attempt = attempt_locked(index, tier, mode);
   if (!attempt) {
     r.polled[memory_index(tier)] = false;
+    note_state(r);
     return attempt;
   }
   if (attempt->state == AcquireState::kReady) {
@@ -412,6 +420,7 @@ Result<AcquireAttempt> Scheduler::try_acquire(TensorHandle tensor, Tier tier, Ac
   if (!was_polled) {
     STRATA_TRY(add_demand(r, tier, mode));
     r.polled[memory_index(tier)] = true;
+    note_state(r);
   }
   pump();
   return attempt;
@@ -422,6 +431,7 @@ Status Scheduler::cancel_acquire(TensorHandle tensor, Tier tier) {
   std::lock_guard lock(mu_);
   STRATA_ASSIGN_OR_RETURN(uint32_t index, registry_.resolve(tensor));
   registry_.at(index).polled[memory_index(tier)] = false;
+  note_state(registry_.at(index));
   pump();
   return Status::ok();
 }
@@ -490,6 +500,7 @@ Result<AcquireAttempt> Scheduler::attempt_locked(uint32_t index, Tier tier, Acce
   r.use_tier = tier;
   r.last_use_tick = ++tick_;
   r.polled[mi] = false;
+  note_state(r);
   ++stats_.acquires;
   if (recording_ && !recorder_.add({r.handle, tier, mode}).is_ok()) {
     // Past the schedule's limits: give up recording rather than fail the training step.
@@ -515,6 +526,7 @@ Status Scheduler::release(TensorHandle tensor, bool dirty, void* device_stream) 
   }
   --r.uses;
   r.last_use_tick = ++tick_;
+  note_state(r);
   pump();
   cv_.notify_all();
   return Status::ok();
@@ -527,6 +539,7 @@ Status Scheduler::discard(TensorHandle tensor) {
   if (r.uses > 0) return Status::error(STRATA_E_STATE, "discard of " + label(r) + ": acquired");
   if (r.residency.in_flight()) {
     r.discard_pending = true;
+    note_state(r);
   } else {
     apply_discard(r);
   }
@@ -736,20 +749,24 @@ void Scheduler::complete_locked(uint32_t id, Status status) {
     r.discard_pending = false;
     apply_discard(r);
   }
+  note_state(r);
 }
 
 void Scheduler::note_async_failure(TensorRecord& r, const Status& status, bool durability) {
   clear_failure(r);
   r.failure = AsyncFailure{status, durability, ++failure_sequence_};
   if (durability) ++durability_failures_;
+  note_state(r);
 }
 
 void Scheduler::clear_failure(TensorRecord& r) {
+  if (!r.failed()) return;
   if (r.durability_failed()) {
     STRATA_ASSERT(durability_failures_ > 0);
     --durability_failures_;
   }
   r.failure.reset();
+  note_state(r);
 }
 
 Status Scheduler::take_tensor_error(TensorRecord& r) {
@@ -812,13 +829,48 @@ bool Scheduler::held_until_a_call(const TensorRecord& r, Tier tier) const {
 }
 
 bool Scheduler::evictable(const TensorRecord& r, Tier tier) const {
-  if (r.home == tier || r.handle.index == advancing_) return false;
+  return r.handle.index != advancing_ && evictable_unless_advancing(r, tier);
+}
+
+bool Scheduler::evictable_unless_advancing(const TensorRecord& r, Tier tier) const {
+  if (r.home == tier) return false;
   if (!r.residency.valid_on(tier) || r.residency.in_flight() || r.discard_pending) return false;
   if (r.uses > 0 && r.use_tier == tier) return false;
   if (r.demanded()) return false;
   // Cleaning is a transfer: never on a tensor in use, nor one whose failure is unreported.
   if (needs_cleaning(r, tier) && (r.uses > 0 || r.failed())) return false;
   return true;
+}
+
+bool Scheduler::droppable(const TensorRecord& r, Tier tier) const {
+  return r.pool[memory_index(tier)] != kNoPool && evictable_unless_advancing(r, tier) &&
+         !needs_cleaning(r, tier);
+}
+
+void Scheduler::note_state(TensorRecord& r) {
+  for (Tier tier : kMemoryTiers) {
+    const int mi = memory_index(tier);
+    const bool now = droppable(r, tier);
+    if (now == r.counted_droppable[mi]) continue;
+    uint64_t& pool_droppable = pools_[r.pool[mi]].droppable;
+    if (now) {
+      pool_droppable += r.charged[mi];
+    } else {
+      STRATA_ASSERT(pool_droppable >= r.charged[mi]);
+      pool_droppable -= r.charged[mi];
+    }
+    r.counted_droppable[mi] = now;
+  }
+}
+
+void Scheduler::forget_state(TensorRecord& r) {
+  for (Tier tier : kMemoryTiers) {
+    const int mi = memory_index(tier);
+    if (!r.counted_droppable[mi]) continue;
+    STRATA_ASSERT(pools_[r.pool[mi]].droppable >= r.charged[mi]);
+    pools_[r.pool[mi]].droppable -= r.charged[mi];
+    r.counted_droppable[mi] = false;
+  }
 }
 
 Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t min_next_use,
@@ -1043,6 +1095,7 @@ Status Scheduler::issue(TensorRecord& r, OpKind kind, bool cleaning, bool prefet
     pools_[r.pool[memory_index(source)]].cleaning += r.charged[memory_index(source)];
     ++cleaning_inflight_;
   }
+  note_state(r);
   const Buffer& pinned = r.buffer[memory_index(Tier::kPinned)];
   const Buffer& device = r.buffer[memory_index(Tier::kDevice)];
   const Completion done{this, id};
@@ -1146,6 +1199,7 @@ void Scheduler::drop_copy(TensorRecord& r, Tier tier) {
   Status dropped = r.residency.drop(tier, r.spec.name);
   STRATA_ASSERT(dropped.is_ok());  // callers check evictable() first
   free_stale_buffers(r);
+  note_state(r);
 }
 
 void Scheduler::apply_discard(TensorRecord& r) {
@@ -1154,6 +1208,7 @@ void Scheduler::apply_discard(TensorRecord& r) {
   STRATA_ASSERT(discarded.is_ok());
   free_stale_buffers(r);
   clear_failure(r);
+  note_state(r);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1288,24 +1343,24 @@ void Scheduler::walk_schedule(uint32_t blocked_pools) {
 
 void Scheduler::clean_ahead() {
   if (config_.clean_headroom <= 0) return;
+  // A pool's droppable bytes leave out no tensor for being advanced: a pump runs outside any.
+  STRATA_ASSERT(advancing_ == UINT32_MAX);
   for (PoolState& pool : pools_) {
     const Tier tier = pool.spec.tier;
     const int mi = memory_index(tier);
     const Link link = tier == Tier::kPinned ? Link::kNvmeWrite : Link::kDeviceToHost;
-    // Plenty of free room: nothing to scan for.
-    if (!wants_cleaning(pool.spec.budget_bytes, pool.used, 0, pool.cleaning,
-                        config_.clean_headroom)) {
-      continue;
-    }
     // Bounded by the link's in-flight limit: each round starts one cleaning or stops.
     while (link_free(link)) {
-      // First what could be dropped without a write and which dirty tensors could be cleaned;
-      // their next uses (a search each) only when the dropping alone leaves too little room,
-      // which on most pumps it does not. The victim is the same: better_victim is a total order.
-      // wants_cleaning only turns false as droppable grows, so the scan stops as soon as the
-      // droppable bytes seen so far make the room: the rest of the pool could not change that.
+      // Free room, droppable bytes (kept by note_state) and cleanings in flight leave the
+      // headroom on almost every pump: then there is nothing to scan for. (Checked every round:
+      // a cleaning started grows pool.cleaning.)
+      if (!wants_cleaning(pool.spec.budget_bytes, pool.used, pool.droppable, pool.cleaning,
+                          config_.clean_headroom)) {
+        break;
+      }
+      // Which dirty tensors could be cleaned; their next uses (a search each) after. The victim
+      // is the same whatever the order: better_victim is a total order.
       uint64_t droppable = 0;
-      bool enough = false;
       scratch_.clear();
       for (size_t k = 0; k < pool.resident.size(); ++k) {
         const uint32_t index = pool.resident[k];
@@ -1316,22 +1371,13 @@ void Scheduler::clean_ahead() {
         if (!evictable(c, tier)) continue;
         if (!needs_cleaning(c, tier)) {
           droppable += c.charged[mi];
-          if (!wants_cleaning(pool.spec.budget_bytes, pool.used, droppable, pool.cleaning,
-                              config_.clean_headroom)) {
-            enough = true;
-            break;
-          }
           continue;
         }
         scratch_.push_back({index, 0, c.charged[mi], true});
       }
-      // (The check before the loop does not cover a round after a cleaning started: it grew
-      // pool.cleaning.)
-      if (enough || scratch_.empty() ||
-          !wants_cleaning(pool.spec.budget_bytes, pool.used, droppable, pool.cleaning,
-                          config_.clean_headroom)) {
-        break;
-      }
+      // The scan recounts what the running count says (it is here anyway, and rarely).
+      STRATA_ASSERT(droppable == pool.droppable);
+      if (scratch_.empty()) break;
       EvictionCandidate best;
       bool have = false;
       for (EvictionCandidate& candidate : scratch_) {
@@ -1413,6 +1459,7 @@ Status Scheduler::check_invariants_locked() const {
   // Recounted from the records, compared with the running totals below.
   std::vector<uint64_t> pool_used(pools_.size(), 0);
   std::vector<size_t> pool_resident(pools_.size(), 0);
+  std::vector<uint64_t> pool_droppable(pools_.size(), 0);
   std::array<std::array<uint64_t, kTensorKindCount>, kMemoryTierCount> kind_bytes{};
   for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
     if (!registry_.live(i)) continue;
@@ -1436,6 +1483,16 @@ Status Scheduler::check_invariants_locked() const {
     for (Tier tier : kMemoryTiers) {
       const int mi = memory_index(tier);
       const bool has_buffer = r.buffer[mi].valid();
+      if (r.counted_droppable[mi] != droppable(r, tier)) {
+        return broken(label(r) +
+                      (r.counted_droppable[mi] ? " is counted as droppable from "
+                                               : " is droppable but not counted on ") +
+                      to_string(tier));
+      }
+      if (r.counted_droppable[mi] && !has_buffer) {
+        return broken(label(r) + " is counted as droppable without a " + to_string(tier) +
+                      " buffer");
+      }
       if (res.valid_on(tier) && !has_buffer) {
         return broken(label(r) + " has a valid " + to_string(tier) + " copy but no buffer");
       }
@@ -1453,6 +1510,7 @@ Status Scheduler::check_invariants_locked() const {
         return broken(label(r) + " is not where its position says in pool '" + p.spec.name + "'");
       }
       pool_used[pool] += r.charged[mi];
+      if (r.counted_droppable[mi]) pool_droppable[pool] += r.charged[mi];
       ++pool_resident[pool];
       kind_bytes[mi][static_cast<int>(r.spec.kind)] += r.charged[mi];
     }
@@ -1467,6 +1525,10 @@ Status Scheduler::check_invariants_locked() const {
                     " bytes in " + std::to_string(pool.resident.size()) +
                     " buffers; its tensors hold " + std::to_string(pool_used[p]) + " in " +
                     std::to_string(pool_resident[p]));
+    }
+    if (pool.droppable != pool_droppable[p]) {
+      return broken("pool '" + pool.spec.name + "' counts " + std::to_string(pool.droppable) +
+                    " droppable bytes; its tensors hold " + std::to_string(pool_droppable[p]));
     }
     if (pool.used > pool.spec.budget_bytes) {
       return broken("pool '" + pool.spec.name + "' uses " + std::to_string(pool.used) +

@@ -236,7 +236,10 @@ class Scheduler final : public CompletionSink {
     PoolSpec spec;
     uint64_t used = 0;
     uint64_t peak = 0;
-    uint64_t cleaning = 0;           // bytes whose cleaning transfer is in flight
+    uint64_t cleaning = 0;  // bytes whose cleaning transfer is in flight
+    // Bytes of residents that could go at once, without a write (droppable()): kept up to date
+    // by note_state, so write-behind sees whether the pool has its headroom without a scan.
+    uint64_t droppable = 0;
     std::vector<uint32_t> resident;  // tensors holding a buffer here
   };
   enum class Space : uint8_t { kReady, kWaiting, kImpossible };
@@ -280,6 +283,16 @@ class Scheduler final : public CompletionSink {
   // with a failed write-back that waits for its report. Room it holds is never made by waiting.
   bool held_until_a_call(const TensorRecord& r, Tier tier) const;
   bool evictable(const TensorRecord& r, Tier tier) const;
+  // evictable() but for the tensor being advanced: what depends on r's own fields alone.
+  bool evictable_unless_advancing(const TensorRecord& r, Tier tier) const;
+  // r's buffer on tier could be freed now without a write (whether or not r is being advanced).
+  bool droppable(const TensorRecord& r, Tier tier) const;
+  // Brings what the scheduler keeps incrementally about r (its pools' droppable bytes) up to
+  // date. Called after every change of r's residency, uses, demands, failure or pending discard,
+  // before anything reads that state; check_invariants recounts it from the records.
+  void note_state(TensorRecord& r);
+  // Takes r out of that state before its record goes (unregister).
+  void forget_state(TensorRecord& r);
   bool needs_cleaning(const TensorRecord& r, Tier tier) const;
   bool link_free(Link link) const {
     return inflight_[static_cast<int>(link)] < config_.max_inflight[static_cast<int>(link)];

@@ -78,6 +78,9 @@ struct TensorRecord {
   Buffer buffer[kMemoryTierCount];  // allocated while valid there, or while a transfer fills it
   Extent extent;                    // allocated on the first write-back (or at registration)
   uint32_t resident_pos[kMemoryTierCount] = {kNotResident, kNotResident};  // in the pool's list
+  // Whether the scheduler counts this buffer in its pool's droppable bytes (Scheduler::note_state
+  // keeps it equal to Scheduler::droppable after every change of the fields that decides).
+  bool counted_droppable[kMemoryTierCount] = {false, false};
 
   // Uses by the framework: acquired and not yet released, all on one tier at a time.
   uint32_t uses = 0;
