@@ -254,6 +254,7 @@ Status Scheduler::declare_schedule(AccessSchedule schedule) {
   if (schedule.phase_count() == 0) return invalid_argument("declared schedule has no phases");
   std::lock_guard lock(mu_);
   schedule_ = std::move(schedule);
+  index_schedule();
   recording_ = false;
   recorder_ = AccessSchedule::Builder();
   cursor_ = 0;
@@ -290,6 +291,7 @@ Status Scheduler::end_step() {
       Result<AccessSchedule> built = std::move(recorder_).build();
       if (built) {
         schedule_ = std::move(*built);
+        index_schedule();
         cursor_ = 0;
       } else {
         status = std::move(built).take_status().with_context("recording the step's schedule");
@@ -861,6 +863,39 @@ void Scheduler::note_state(TensorRecord& r) {
     }
     r.counted_droppable[mi] = now;
   }
+  if (!schedule_) return;
+  for (uint32_t position : lanes_.reads_of(r.handle.index)) {
+    const Access& a = schedule_->access(position);
+    lanes_.set(position, a.tensor == r.handle ? lane_of(r, a) : AccessLanes::kNoLane);
+  }
+}
+
+uint32_t Scheduler::lane_of(const TensorRecord& r, const Access& a) const {
+  // The order of advance()'s own checks: each of these makes it return without doing anything
+  // (walk_schedule skips the first ones itself; the missing pools are advance's error, which the
+  // walk ignores).
+  constexpr uint32_t kNone = AccessLanes::kNoLane;
+  if (a.mode == AccessMode::kOverwrite) return kNone;
+  const ResidencyState& res = r.residency;
+  if (res.valid_on(a.tier) || res.in_flight()) return kNone;
+  if ((r.failed() && !r.durability_failed()) || r.discard_pending || r.uses > 0) return kNone;
+  if (res.state() == Residency::kUnwritten) return kNone;
+  if (r.pool[memory_index(a.tier)] == kNoPool) return kNone;
+  const int pinned = r.pool[memory_index(Tier::kPinned)];
+  if (a.tier == Tier::kDevice) {
+    if (res.valid_on(Tier::kPinned)) return 2 * static_cast<uint32_t>(r.pool[memory_index(a.tier)]);
+    // Staged through pinned memory: read from NVMe there first (the device copy is not valid).
+    return pinned == kNoPool ? kNone : 2 * static_cast<uint32_t>(pinned);
+  }
+  return 2 * static_cast<uint32_t>(pinned) + (res.valid_on(Tier::kDevice) ? 1 : 0);
+}
+
+void Scheduler::index_schedule() {
+  STRATA_ASSERT(schedule_.has_value());
+  lanes_.reset(*schedule_, 2 * static_cast<uint32_t>(pools_.size()));
+  for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
+    if (registry_.live(i)) note_state(registry_.at(i));
+  }
 }
 
 void Scheduler::forget_state(TensorRecord& r) {
@@ -870,6 +905,10 @@ void Scheduler::forget_state(TensorRecord& r) {
     STRATA_ASSERT(pools_[r.pool[mi]].droppable >= r.charged[mi]);
     pools_[r.pool[mi]].droppable -= r.charged[mi];
     r.counted_droppable[mi] = false;
+  }
+  if (!schedule_) return;
+  for (uint32_t position : lanes_.reads_of(r.handle.index)) {
+    lanes_.set(position, AccessLanes::kNoLane);
   }
 }
 
@@ -1308,35 +1347,49 @@ void Scheduler::serve_hints(uint32_t blocked_pools) {
 
 void Scheduler::walk_schedule(uint32_t blocked_pools) {
   if (!schedule_) return;
+  // The window: `reach` phases from the cursor's, at most max_accesses accesses in all. The
+  // positions run on through the schedule and wrap into the next step: one range, or two.
   const uint32_t phases = schedule_->phase_count();
   const uint32_t reach = std::min(config_.window.max_phases, phases);
-  uint32_t examined = 0;
-  for (uint32_t d = 0; d < reach; ++d) {
-    const uint32_t phase = (cursor_ + d) % phases;
-    const std::span<const Access> accesses = schedule_->phase_accesses(phase);
-    for (size_t j = 0; j < accesses.size(); ++j) {
-      const Access& a = accesses[j];
-      if (++examined > config_.window.max_accesses) return;
-      // The record load below misses the cache more often than not: ask for a later one now.
-      if (j + kPrefetchDistance < accesses.size()) {
-        registry_.prefetch(accesses[j + kPrefetchDistance].tensor.index);
+  const uint32_t total = schedule_->access_count();
+  const uint32_t first = schedule_->access_begin(cursor_);
+  const uint32_t past = cursor_ + reach;  // the phase after the window, not wrapped
+  const uint32_t spanned = past <= phases ? schedule_->access_begin(past) - first
+                                          : total - first + schedule_->access_begin(past - phases);
+  const uint32_t length = std::min(spanned, config_.window.max_accesses);
+  const uint32_t ranges[2][2] = {{first, std::min(total, first + length)},
+                                 {0, first + length > total ? first + length - total : 0}};
+  // Only accesses in a lane whose pool is not blocked and whose link has room: any other would
+  // be skipped, or make advance() return at once (its link is busy, or nothing is to be done for
+  // it), so the walk passes them without looking. Lanes change as the walk goes (an eviction
+  // gives its victim's accesses one); next() reads them as they are, as a look at every record
+  // would.
+  for (const auto& range : ranges) {
+    for (uint32_t position = range[0];; ++position) {
+      uint64_t lanes = 0;
+      for (size_t p = 0; p < pools_.size(); ++p) {
+        if ((blocked_pools & (1u << p)) != 0) continue;
+        const uint32_t lane = 2 * static_cast<uint32_t>(p);
+        if (pools_[p].spec.tier == Tier::kDevice) {
+          if (link_free(Link::kHostToDevice)) lanes |= uint64_t{1} << lane;
+        } else {
+          if (link_free(Link::kNvmeRead)) lanes |= uint64_t{1} << lane;
+          if (link_free(Link::kDeviceToHost)) lanes |= uint64_t{1} << (lane + 1);
+        }
       }
-      if (a.mode == AccessMode::kOverwrite) continue;  // nothing to load ahead
-      Result<uint32_t> index = registry_.resolve(a.tensor);
-      if (!index) continue;
-      TensorRecord& r = registry_.at(*index);
-      if (r.residency.valid_on(a.tier) || r.residency.in_flight()) continue;
-      const Tier staged =
-          a.tier == Tier::kDevice && !r.residency.valid_on(Tier::kPinned) ? Tier::kPinned : a.tier;
-      const int pool = r.pool[memory_index(staged)];
-      if (pool == kNoPool || (blocked_pools & (1u << pool)) != 0) continue;
+      if (lanes == 0) return;  // nothing more can start before a completion
+      position = lanes_.next(position, range[1], lanes);
+      if (position == range[1]) break;
+      const Access& a = schedule_->access(position);
+      // Only a live tensor's access has a lane.
+      STRATA_ASSERT(registry_.live(a.tensor.index) &&
+                    registry_.at(a.tensor.index).handle == a.tensor);
+      TensorRecord& r = registry_.at(a.tensor.index);
+      const uint32_t pool = lanes_.lane(position) / 2;
       // Anything needed no later than phase d stays: only tensors needed after it may go.
+      const uint32_t d = (lanes_.phase_of(position) + phases - cursor_) % phases;
       const Step step = advance(r, a.tier, uint64_t{d} + 1, /*prefetch=*/true).step;
       if (step == Step::kBlocked) blocked_pools |= 1u << pool;
-      if (!link_free(Link::kNvmeRead) && !link_free(Link::kHostToDevice) &&
-          !link_free(Link::kDeviceToHost)) {
-        return;
-      }
     }
   }
 }
@@ -1513,6 +1566,31 @@ Status Scheduler::check_invariants_locked() const {
       if (r.counted_droppable[mi]) pool_droppable[pool] += r.charged[mi];
       ++pool_resident[pool];
       kind_bytes[mi][static_cast<int>(r.spec.kind)] += r.charged[mi];
+    }
+  }
+
+  // Every access's lane, recomputed from its tensor's record.
+  if (schedule_) {
+    if (lanes_.size() != schedule_->access_count()) {
+      return broken("the lanes index " + std::to_string(lanes_.size()) +
+                    " accesses; the schedule has " + std::to_string(schedule_->access_count()));
+    }
+    const auto name = [](uint32_t lane) {
+      return lane == AccessLanes::kNoLane ? std::string("none") : std::to_string(lane);
+    };
+    for (uint32_t p = 0; p < lanes_.size(); ++p) {
+      const Access& a = schedule_->access(p);
+      const bool live =
+          registry_.live(a.tensor.index) && registry_.at(a.tensor.index).handle == a.tensor;
+      const uint32_t expected =
+          live ? lane_of(registry_.at(a.tensor.index), a) : AccessLanes::kNoLane;
+      if (lanes_.lane(p) != expected) {
+        return broken("scheduled access " + std::to_string(p) +
+                      (live ? " of " + label(registry_.at(a.tensor.index))
+                            : std::string(" of a stale handle")) +
+                      " is in lane " + name(lanes_.lane(p)) + "; its tensor's state says " +
+                      name(expected));
+      }
     }
   }
 

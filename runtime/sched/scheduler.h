@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "sched/access_lanes.h"
 #include "sched/access_schedule.h"
 #include "sched/memory_plan.h"
 #include "sched/policy.h"
@@ -287,12 +288,20 @@ class Scheduler final : public CompletionSink {
   bool evictable_unless_advancing(const TensorRecord& r, Tier tier) const;
   // r's buffer on tier could be freed now without a write (whether or not r is being advanced).
   bool droppable(const TensorRecord& r, Tier tier) const;
-  // Brings what the scheduler keeps incrementally about r (its pools' droppable bytes) up to
-  // date. Called after every change of r's residency, uses, demands, failure or pending discard,
-  // before anything reads that state; check_invariants recounts it from the records.
+  // The lane of access a of r (lanes_): the pool a prefetch of it makes room in and the link it
+  // starts a transfer on, numbered 2 x pool (an NVMe read into a pinned pool, a copy into a
+  // device pool) or 2 x pool + 1 (a device -> pinned copy); AccessLanes::kNoLane when it would do
+  // nothing whatever the links and pools.
+  uint32_t lane_of(const TensorRecord& r, const Access& a) const;
+  // Brings what the scheduler keeps incrementally about r (its pools' droppable bytes, its
+  // accesses' lanes) up to date. Called after every change of r's residency, uses, demands,
+  // failure or pending discard, before anything reads that state; check_invariants recounts it
+  // from the records.
   void note_state(TensorRecord& r);
   // Takes r out of that state before its record goes (unregister).
   void forget_state(TensorRecord& r);
+  // After schedule_ changed: the lanes of its accesses, from every live record.
+  void index_schedule();
   bool needs_cleaning(const TensorRecord& r, Tier tier) const;
   bool link_free(Link link) const {
     return inflight_[static_cast<int>(link)] < config_.max_inflight[static_cast<int>(link)];
@@ -319,6 +328,7 @@ class Scheduler final : public CompletionSink {
   std::condition_variable cv_;
   TensorRegistry registry_;
   std::optional<AccessSchedule> schedule_;
+  AccessLanes lanes_;  // of schedule_'s accesses (index_schedule, note_state)
   AccessSchedule::Builder recorder_;
   bool recording_ = false;
   uint32_t cursor_ = 0;  // current phase (or the next one, between phases)
