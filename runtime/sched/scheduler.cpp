@@ -257,7 +257,7 @@ Status Scheduler::declare_schedule(AccessSchedule schedule) {
   index_schedule();
   recording_ = false;
   recorder_ = AccessSchedule::Builder();
-  cursor_ = 0;
+  move_cursor(0);
   phase_matched_ = false;
   pump();
   return Status::ok();
@@ -292,7 +292,7 @@ Status Scheduler::end_step() {
       if (built) {
         schedule_ = std::move(*built);
         index_schedule();
-        cursor_ = 0;
+        move_cursor(0);
       } else {
         status = std::move(built).take_status().with_context("recording the step's schedule");
       }
@@ -323,7 +323,7 @@ Status Scheduler::begin_phase(PhaseKey key) {
   if (schedule_) {
     std::optional<uint32_t> phase = schedule_->find_phase(key, cursor_);
     if (phase) {
-      cursor_ = *phase;
+      move_cursor(*phase);
       phase_matched_ = true;
     } else {
       ++stats_.unscheduled_phases;
@@ -345,7 +345,7 @@ Status Scheduler::end_phase(PhaseKey key) {
                                              ") does not match the open phase");
   }
   in_phase_ = false;
-  if (phase_matched_ && schedule_) cursor_ = (cursor_ + 1) % schedule_->phase_count();
+  if (phase_matched_ && schedule_) move_cursor((cursor_ + 1) % schedule_->phase_count());
   phase_matched_ = false;
   pump();
   return Status::ok();
@@ -810,12 +810,22 @@ uint64_t Scheduler::next_use(const TensorRecord& r, Tier tier) const {
   // LRU until a schedule exists. Never 0: without a schedule nothing is known to be needed in
   // "the current phase", so a hint (which spares distance 0) may evict anything not in use.
   if (!schedule_) return 1 + (tick_ - r.last_use_tick);
+  const int mi = memory_index(tier);
+  const auto filter = static_cast<uint8_t>(use_filter(r, tier));
+  if (r.next_use_epoch[mi] != cursor_epoch_ || r.next_use_filter[mi] != filter) {
+    r.next_use_memo[mi] = schedule_next_use(r, tier);
+    r.next_use_epoch[mi] = cursor_epoch_;
+    r.next_use_filter[mi] = filter;
+  }
+  return r.next_use_memo[mi];
+}
+
+UseFilter Scheduler::use_filter(const TensorRecord& r, Tier tier) const {
   // A pinned copy beside a valid device copy is needed only for reads on pinned; without a
   // device copy it is also the staging source for the next device read.
-  const UseFilter filter = tier == Tier::kDevice                 ? UseFilter::kDevice
-                           : r.residency.valid_on(Tier::kDevice) ? UseFilter::kPinned
-                                                                 : UseFilter::kAnyTier;
-  return schedule_->next_read(r.handle, filter, cursor_);
+  return tier == Tier::kDevice                 ? UseFilter::kDevice
+         : r.residency.valid_on(Tier::kDevice) ? UseFilter::kPinned
+                                               : UseFilter::kAnyTier;
 }
 
 bool Scheduler::needs_cleaning(const TensorRecord& r, Tier tier) const {
@@ -1536,6 +1546,13 @@ Status Scheduler::check_invariants_locked() const {
     for (Tier tier : kMemoryTiers) {
       const int mi = memory_index(tier);
       const bool has_buffer = r.buffer[mi].valid();
+      if (schedule_ && r.next_use_epoch[mi] == cursor_epoch_ &&
+          r.next_use_filter[mi] == static_cast<uint8_t>(use_filter(r, tier)) &&
+          r.next_use_memo[mi] != schedule_next_use(r, tier)) {
+        return broken(label(r) + " remembers its next use on " + to_string(tier) + " as " +
+                      std::to_string(r.next_use_memo[mi]) + " phases; the schedule says " +
+                      std::to_string(schedule_next_use(r, tier)));
+      }
       if (r.counted_droppable[mi] != droppable(r, tier)) {
         return broken(label(r) +
                       (r.counted_droppable[mi] ? " is counted as droppable from "

@@ -279,7 +279,18 @@ class Scheduler final : public CompletionSink {
   void free_stale_buffers(TensorRecord& r);
   void drop_copy(TensorRecord& r, Tier tier);
   void apply_discard(TensorRecord& r);
+  // Phases until r is next read from tier (LRU age without a schedule), remembered in r until
+  // the cursor moves; schedule_next_use is the same without the memo.
   uint64_t next_use(const TensorRecord& r, Tier tier) const;
+  UseFilter use_filter(const TensorRecord& r, Tier tier) const;
+  uint64_t schedule_next_use(const TensorRecord& r, Tier tier) const {
+    return schedule_->next_read(r.handle, use_filter(r, tier), cursor_);
+  }
+  // Every cursor change goes through here: it ends the remembered next uses.
+  void move_cursor(uint32_t phase) {
+    cursor_ = phase;
+    ++cursor_epoch_;
+  }
   // r's buffer on tier leaves only after a call of the framework: it is at home there, or dirty
   // with a failed write-back that waits for its report. Room it holds is never made by waiting.
   bool held_until_a_call(const TensorRecord& r, Tier tier) const;
@@ -332,6 +343,9 @@ class Scheduler final : public CompletionSink {
   AccessSchedule::Builder recorder_;
   bool recording_ = false;
   uint32_t cursor_ = 0;  // current phase (or the next one, between phases)
+  // Counts cursor moves (and so schedule changes, which move it to 0); starts at 1, since a
+  // record's next_use_epoch 0 means nothing remembered.
+  uint64_t cursor_epoch_ = 1;
   bool in_phase_ = false;
   bool phase_matched_ = false;
   PhaseKey phase_key_;
