@@ -145,6 +145,16 @@ std::span<const Access> AccessSchedule::phase_accesses(uint32_t phase) const {
                                  phase_begin_[phase + 1] - phase_begin_[phase]);
 }
 
+uint32_t AccessSchedule::access_begin(uint32_t phase) const {
+  STRATA_ASSERT(phase <= phase_count());
+  return phase_begin_[phase];
+}
+
+const Access& AccessSchedule::access(uint32_t position) const {
+  STRATA_ASSERT(position < access_count());
+  return accesses_[position];
+}
+
 std::optional<uint32_t> AccessSchedule::find_phase(PhaseKey key, uint32_t from) const {
   auto less_key = [](const KeyedPhase& kp, const PhaseKey& k) {
     return key_order(kp.key) < key_order(k);

@@ -81,6 +81,10 @@ class AccessSchedule {  // NOLINT(bugprone-reserved-identifier)
   uint32_t access_count() const { return static_cast<uint32_t>(accesses_.size()); }
   PhaseKey phase_key(uint32_t phase) const { return phase_keys_[phase]; }
   std::span<const Access> phase_accesses(uint32_t phase) const;
+  // Accesses are numbered in schedule order (phase by phase): the position of a phase's first
+  // access (phase_count(): access_count()), and the access at a position.
+  uint32_t access_begin(uint32_t phase) const;
+  const Access& access(uint32_t position) const;
 
   // The first phase at or after `from` (wrapping) whose key is `key`; nullopt when none has it.
   // Keys may repeat (one optimizer phase per parameter, gradient-accumulation micro-steps).

@@ -208,6 +208,7 @@ Result<TensorHandle> Scheduler::register_tensor(const TensorSpec& spec,
     Status extent = allocate_extent(r);
     if (!extent) return fail(std::move(extent).with_context("registering " + label(r)));
   }
+  note_state(r);
   return handle;
 }
 
@@ -236,6 +237,7 @@ Status Scheduler::unregister_tensor(TensorHandle tensor, std::chrono::nanosecond
   }
   if (r.extent.valid()) free_extent(r);
   clear_failure(r);  // its failures were its own: nobody else hears of them now
+  forget_state(r);
   registry_.remove(tensor);
   pump();
   cv_.notify_all();
@@ -269,9 +271,10 @@ Status Scheduler::declare_schedule(AccessSchedule schedule) {
   if (schedule.phase_count() == 0) return invalid_argument("declared schedule has no phases");
   std::lock_guard lock(mu_);
   schedule_ = std::move(schedule);
+  index_schedule();
   recording_ = false;
   recorder_ = AccessSchedule::Builder();
-  cursor_ = 0;
+  move_cursor(0);
   phase_matched_ = false;
   pump();
   return Status::ok();
@@ -305,7 +308,8 @@ Status Scheduler::end_step() {
       Result<AccessSchedule> built = std::move(recorder_).build();
       if (built) {
         schedule_ = std::move(*built);
-        cursor_ = 0;
+        index_schedule();
+        move_cursor(0);
       } else {
         status = std::move(built).take_status().with_context("recording the step's schedule");
       }
@@ -336,7 +340,7 @@ Status Scheduler::begin_phase(PhaseKey key) {
   if (schedule_) {
     std::optional<uint32_t> phase = schedule_->find_phase(key, cursor_);
     if (phase) {
-      cursor_ = *phase;
+      move_cursor(*phase);
       phase_matched_ = true;
     } else {
       ++stats_.unscheduled_phases;
@@ -358,7 +362,7 @@ Status Scheduler::end_phase(PhaseKey key) {
                                              ") does not match the open phase");
   }
   in_phase_ = false;
-  if (phase_matched_ && schedule_) cursor_ = (cursor_ + 1) % schedule_->phase_count();
+  if (phase_matched_ && schedule_) move_cursor((cursor_ + 1) % schedule_->phase_count());
   phase_matched_ = false;
   pump();
   return Status::ok();
@@ -380,7 +384,10 @@ Result<Acquired> Scheduler::acquire(TensorHandle tensor, Tier tier, AccessMode m
     TensorRecord& r = registry_.at(index);
     Result<AcquireAttempt> attempt = attempt_locked(index, tier, mode);
     if (!attempt || attempt->state == AcquireState::kReady) {
-      if (waiting) --r.waiters[mi];
+      if (waiting) {
+        --r.waiters[mi];
+        note_state(r);
+      }
       if (!attempt) return std::move(attempt).take_status();
       ++(waiting ? stats_.acquire_waits : stats_.acquire_hits);
       return attempt->acquired;
@@ -388,6 +395,7 @@ Result<Acquired> Scheduler::acquire(TensorHandle tensor, Tier tier, AccessMode m
     if (!waiting) {
       STRATA_TRY(add_demand(r, tier, mode));
       ++r.waiters[mi];
+      note_state(r);
       waiting = true;
       pump();
       // Look again before sleeping: serving the demand may have shown the wait can never end
@@ -399,6 +407,7 @@ Result<Acquired> Scheduler::acquire(TensorHandle tensor, Tier tier, AccessMode m
       attempt = attempt_locked(index, tier, mode);
       TensorRecord& waited = registry_.at(index);
       --waited.waiters[mi];
+      note_state(waited);
       if (attempt && attempt->state == AcquireState::kReady) {
         ++stats_.acquire_waits;
         return attempt->acquired;
@@ -420,6 +429,7 @@ Result<AcquireAttempt> Scheduler::try_acquire(TensorHandle tensor, Tier tier, Ac
   Result<AcquireAttempt> attempt = attempt_locked(index, tier, mode);
   if (!attempt) {
     r.polled[memory_index(tier)] = false;
+    note_state(r);
     return attempt;
   }
   if (attempt->state == AcquireState::kReady) {
@@ -429,6 +439,7 @@ Result<AcquireAttempt> Scheduler::try_acquire(TensorHandle tensor, Tier tier, Ac
   if (!was_polled) {
     STRATA_TRY(add_demand(r, tier, mode));
     r.polled[memory_index(tier)] = true;
+    note_state(r);
   }
   pump();
   return attempt;
@@ -439,6 +450,7 @@ Status Scheduler::cancel_acquire(TensorHandle tensor, Tier tier) {
   std::lock_guard lock(mu_);
   STRATA_ASSIGN_OR_RETURN(uint32_t index, registry_.resolve(tensor));
   registry_.at(index).polled[memory_index(tier)] = false;
+  note_state(registry_.at(index));
   pump();
   return Status::ok();
 }
@@ -507,6 +519,7 @@ Result<AcquireAttempt> Scheduler::attempt_locked(uint32_t index, Tier tier, Acce
   r.use_tier = tier;
   r.last_use_tick = ++tick_;
   r.polled[mi] = false;
+  note_state(r);
   ++stats_.acquires;
   if (recording_ && !recorder_.add({r.handle, tier, mode}).is_ok()) {
     // Past the schedule's limits: give up recording rather than fail the training step.
@@ -532,6 +545,7 @@ Status Scheduler::release(TensorHandle tensor, bool dirty, void* device_stream) 
   }
   --r.uses;
   r.last_use_tick = ++tick_;
+  note_state(r);
   pump();
   cv_.notify_all();
   return Status::ok();
@@ -544,6 +558,7 @@ Status Scheduler::discard(TensorHandle tensor) {
   if (r.uses > 0) return Status::error(STRATA_E_STATE, "discard of " + label(r) + ": acquired");
   if (r.residency.in_flight()) {
     r.discard_pending = true;
+    note_state(r);
   } else {
     apply_discard(r);
   }
@@ -759,20 +774,24 @@ void Scheduler::complete_locked(uint32_t id, Status status) {
     r.discard_pending = false;
     apply_discard(r);
   }
+  note_state(r);
 }
 
 void Scheduler::note_async_failure(TensorRecord& r, const Status& status, bool durability) {
   clear_failure(r);
   r.failure = AsyncFailure{status, durability, ++failure_sequence_};
   if (durability) ++durability_failures_;
+  note_state(r);
 }
 
 void Scheduler::clear_failure(TensorRecord& r) {
+  if (!r.failed()) return;
   if (r.durability_failed()) {
     STRATA_ASSERT(durability_failures_ > 0);
     --durability_failures_;
   }
   r.failure.reset();
+  note_state(r);
 }
 
 Status Scheduler::take_tensor_error(TensorRecord& r) {
@@ -814,12 +833,22 @@ uint64_t Scheduler::next_use(const TensorRecord& r, Tier tier) const {
   // LRU until a schedule exists. Never 0: without a schedule nothing is known to be needed in
   // "the current phase", so a hint (which spares distance 0) may evict anything not in use.
   if (!schedule_) return 1 + (tick_ - r.last_use_tick);
+  const int mi = memory_index(tier);
+  const auto filter = static_cast<uint8_t>(use_filter(r, tier));
+  if (r.next_use_epoch[mi] != cursor_epoch_ || r.next_use_filter[mi] != filter) {
+    r.next_use_memo[mi] = schedule_next_use(r, tier);
+    r.next_use_epoch[mi] = cursor_epoch_;
+    r.next_use_filter[mi] = filter;
+  }
+  return r.next_use_memo[mi];
+}
+
+UseFilter Scheduler::use_filter(const TensorRecord& r, Tier tier) const {
   // A pinned copy beside a valid device copy is needed only for reads on pinned; without a
   // device copy it is also the staging source for the next device read.
-  const UseFilter filter = tier == Tier::kDevice                 ? UseFilter::kDevice
-                           : r.residency.valid_on(Tier::kDevice) ? UseFilter::kPinned
-                                                                 : UseFilter::kAnyTier;
-  return schedule_->next_read(r.handle, filter, cursor_);
+  return tier == Tier::kDevice                 ? UseFilter::kDevice
+         : r.residency.valid_on(Tier::kDevice) ? UseFilter::kPinned
+                                               : UseFilter::kAnyTier;
 }
 
 bool Scheduler::needs_cleaning(const TensorRecord& r, Tier tier) const {
@@ -835,13 +864,85 @@ bool Scheduler::held_until_a_call(const TensorRecord& r, Tier tier) const {
 }
 
 bool Scheduler::evictable(const TensorRecord& r, Tier tier) const {
-  if (r.home == tier || r.handle.index == advancing_) return false;
+  return r.handle.index != advancing_ && evictable_unless_advancing(r, tier);
+}
+
+bool Scheduler::evictable_unless_advancing(const TensorRecord& r, Tier tier) const {
+  if (r.home == tier) return false;
   if (!r.residency.valid_on(tier) || r.residency.in_flight() || r.discard_pending) return false;
   if (r.uses > 0 && r.use_tier == tier) return false;
   if (r.demanded()) return false;
   // Cleaning is a transfer: never on a tensor in use, nor one whose failure is unreported.
   if (needs_cleaning(r, tier) && (r.uses > 0 || r.failed())) return false;
   return true;
+}
+
+bool Scheduler::droppable(const TensorRecord& r, Tier tier) const {
+  return r.pool[memory_index(tier)] != kNoPool && evictable_unless_advancing(r, tier) &&
+         !needs_cleaning(r, tier);
+}
+
+void Scheduler::note_state(TensorRecord& r) {
+  for (Tier tier : kMemoryTiers) {
+    const int mi = memory_index(tier);
+    const bool now = droppable(r, tier);
+    if (now == r.counted_droppable[mi]) continue;
+    uint64_t& pool_droppable = pools_[r.pool[mi]].droppable;
+    if (now) {
+      pool_droppable += r.charged[mi];
+    } else {
+      STRATA_ASSERT(pool_droppable >= r.charged[mi]);
+      pool_droppable -= r.charged[mi];
+    }
+    r.counted_droppable[mi] = now;
+  }
+  if (!schedule_) return;
+  for (uint32_t position : lanes_.reads_of(r.handle.index)) {
+    const Access& a = schedule_->access(position);
+    lanes_.set(position, a.tensor == r.handle ? lane_of(r, a) : AccessLanes::kNoLane);
+  }
+}
+
+uint32_t Scheduler::lane_of(const TensorRecord& r, const Access& a) const {
+  // The order of advance()'s own checks: each of these makes it return without doing anything
+  // (walk_schedule skips the first ones itself; the missing pools are advance's error, which the
+  // walk ignores).
+  constexpr uint32_t kNone = AccessLanes::kNoLane;
+  if (a.mode == AccessMode::kOverwrite) return kNone;
+  const ResidencyState& res = r.residency;
+  if (res.valid_on(a.tier) || res.in_flight()) return kNone;
+  if ((r.failed() && !r.durability_failed()) || r.discard_pending || r.uses > 0) return kNone;
+  if (res.state() == Residency::kUnwritten) return kNone;
+  if (r.pool[memory_index(a.tier)] == kNoPool) return kNone;
+  const int pinned = r.pool[memory_index(Tier::kPinned)];
+  if (a.tier == Tier::kDevice) {
+    if (res.valid_on(Tier::kPinned)) return 2 * static_cast<uint32_t>(r.pool[memory_index(a.tier)]);
+    // Staged through pinned memory: read from NVMe there first (the device copy is not valid).
+    return pinned == kNoPool ? kNone : 2 * static_cast<uint32_t>(pinned);
+  }
+  return 2 * static_cast<uint32_t>(pinned) + (res.valid_on(Tier::kDevice) ? 1 : 0);
+}
+
+void Scheduler::index_schedule() {
+  STRATA_ASSERT(schedule_.has_value());
+  lanes_.reset(*schedule_, 2 * static_cast<uint32_t>(pools_.size()));
+  for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
+    if (registry_.live(i)) note_state(registry_.at(i));
+  }
+}
+
+void Scheduler::forget_state(TensorRecord& r) {
+  for (Tier tier : kMemoryTiers) {
+    const int mi = memory_index(tier);
+    if (!r.counted_droppable[mi]) continue;
+    STRATA_ASSERT(pools_[r.pool[mi]].droppable >= r.charged[mi]);
+    pools_[r.pool[mi]].droppable -= r.charged[mi];
+    r.counted_droppable[mi] = false;
+  }
+  if (!schedule_) return;
+  for (uint32_t position : lanes_.reads_of(r.handle.index)) {
+    lanes_.set(position, AccessLanes::kNoLane);
+  }
 }
 
 Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t min_next_use,
@@ -1064,6 +1165,7 @@ Status Scheduler::issue(TensorRecord& r, OpKind kind, bool cleaning, bool prefet
     pools_[r.pool[memory_index(source)]].cleaning += r.charged[memory_index(source)];
     ++cleaning_inflight_;
   }
+  note_state(r);
   const Buffer& pinned = r.buffer[memory_index(Tier::kPinned)];
   const Buffer& device = r.buffer[memory_index(Tier::kDevice)];
   const Completion done{this, id};
@@ -1175,6 +1277,7 @@ void Scheduler::drop_copy(TensorRecord& r, Tier tier) {
   Status dropped = r.residency.drop(tier, r.spec.name);
   STRATA_ASSERT(dropped.is_ok());  // callers check evictable() first
   free_stale_buffers(r);
+  note_state(r);
 }
 
 void Scheduler::apply_discard(TensorRecord& r) {
@@ -1183,6 +1286,7 @@ void Scheduler::apply_discard(TensorRecord& r) {
   STRATA_ASSERT(discarded.is_ok());
   free_stale_buffers(r);
   clear_failure(r);
+  note_state(r);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1282,59 +1386,73 @@ void Scheduler::serve_hints(uint32_t blocked_pools) {
 
 void Scheduler::walk_schedule(uint32_t blocked_pools) {
   if (!schedule_) return;
+  // The window: `reach` phases from the cursor's, at most max_accesses accesses in all. The
+  // positions run on through the schedule and wrap into the next step: one range, or two.
   const uint32_t phases = schedule_->phase_count();
   const uint32_t reach = std::min(config_.window.max_phases, phases);
-  uint32_t examined = 0;
-  for (uint32_t d = 0; d < reach; ++d) {
-    const uint32_t phase = (cursor_ + d) % phases;
-    const std::span<const Access> accesses = schedule_->phase_accesses(phase);
-    for (size_t j = 0; j < accesses.size(); ++j) {
-      const Access& a = accesses[j];
-      if (++examined > config_.window.max_accesses) return;
-      // The record load below misses the cache more often than not: ask for a later one now.
-      if (j + kPrefetchDistance < accesses.size()) {
-        registry_.prefetch(accesses[j + kPrefetchDistance].tensor.index);
+  const uint32_t total = schedule_->access_count();
+  const uint32_t first = schedule_->access_begin(cursor_);
+  const uint32_t past = cursor_ + reach;  // the phase after the window, not wrapped
+  const uint32_t spanned = past <= phases ? schedule_->access_begin(past) - first
+                                          : total - first + schedule_->access_begin(past - phases);
+  const uint32_t length = std::min(spanned, config_.window.max_accesses);
+  const uint32_t ranges[2][2] = {{first, std::min(total, first + length)},
+                                 {0, first + length > total ? first + length - total : 0}};
+  // Only accesses in a lane whose pool is not blocked and whose link has room: any other would
+  // be skipped, or make advance() return at once (its link is busy, or nothing is to be done for
+  // it), so the walk passes them without looking. Lanes change as the walk goes (an eviction
+  // gives its victim's accesses one); next() reads them as they are, as a look at every record
+  // would.
+  for (const auto& range : ranges) {
+    for (uint32_t position = range[0];; ++position) {
+      uint64_t lanes = 0;
+      for (size_t p = 0; p < pools_.size(); ++p) {
+        if ((blocked_pools & (1u << p)) != 0) continue;
+        const uint32_t lane = 2 * static_cast<uint32_t>(p);
+        if (pools_[p].spec.tier == Tier::kDevice) {
+          if (link_free(Link::kHostToDevice)) lanes |= uint64_t{1} << lane;
+        } else {
+          if (link_free(Link::kNvmeRead)) lanes |= uint64_t{1} << lane;
+          if (link_free(Link::kDeviceToHost)) lanes |= uint64_t{1} << (lane + 1);
+        }
       }
-      if (a.mode == AccessMode::kOverwrite) continue;  // nothing to load ahead
-      Result<uint32_t> index = registry_.resolve(a.tensor);
-      if (!index) continue;
-      TensorRecord& r = registry_.at(*index);
-      if (r.residency.valid_on(a.tier) || r.residency.in_flight()) continue;
-      const Tier staged =
-          a.tier == Tier::kDevice && !r.residency.valid_on(Tier::kPinned) ? Tier::kPinned : a.tier;
-      const int pool = r.pool[memory_index(staged)];
-      if (pool == kNoPool || (blocked_pools & (1u << pool)) != 0) continue;
+      if (lanes == 0) return;  // nothing more can start before a completion
+      position = lanes_.next(position, range[1], lanes);
+      if (position == range[1]) break;
+      const Access& a = schedule_->access(position);
+      // Only a live tensor's access has a lane.
+      STRATA_ASSERT(registry_.live(a.tensor.index) &&
+                    registry_.at(a.tensor.index).handle == a.tensor);
+      TensorRecord& r = registry_.at(a.tensor.index);
+      const uint32_t pool = lanes_.lane(position) / 2;
       // Anything needed no later than phase d stays: only tensors needed after it may go.
+      const uint32_t d = (lanes_.phase_of(position) + phases - cursor_) % phases;
       const Step step = advance(r, a.tier, uint64_t{d} + 1, /*prefetch=*/true).step;
       if (step == Step::kBlocked) blocked_pools |= 1u << pool;
-      if (!link_free(Link::kNvmeRead) && !link_free(Link::kHostToDevice) &&
-          !link_free(Link::kDeviceToHost)) {
-        return;
-      }
     }
   }
 }
 
 void Scheduler::clean_ahead() {
   if (config_.clean_headroom <= 0) return;
+  // A pool's droppable bytes leave out no tensor for being advanced: a pump runs outside any.
+  STRATA_ASSERT(advancing_ == UINT32_MAX);
   for (PoolState& pool : pools_) {
     const Tier tier = pool.spec.tier;
     const int mi = memory_index(tier);
     const Link link = tier == Tier::kPinned ? Link::kNvmeWrite : Link::kDeviceToHost;
-    // Plenty of free room: nothing to scan for.
-    if (!wants_cleaning(pool.spec.budget_bytes, pool.used, 0, pool.cleaning,
-                        config_.clean_headroom)) {
-      continue;
-    }
     // Bounded by the link's in-flight limit: each round starts one cleaning or stops.
     while (link_free(link)) {
-      // First what could be dropped without a write and which dirty tensors could be cleaned;
-      // their next uses (a search each) only when the dropping alone leaves too little room,
-      // which on most pumps it does not. The victim is the same: better_victim is a total order.
-      // wants_cleaning only turns false as droppable grows, so the scan stops as soon as the
-      // droppable bytes seen so far make the room: the rest of the pool could not change that.
+      // Free room, droppable bytes (kept by note_state) and cleanings in flight leave the
+      // headroom on almost every pump: then there is nothing to scan for. (Checked every round:
+      // a cleaning started grows pool.cleaning.)
+      if (!wants_cleaning(pool.spec.budget_bytes, pool.used, pool.droppable, pool.cleaning,
+                          config_.clean_headroom)) {
+        break;
+      }
+      // Which dirty tensors could be cleaned; their next uses (a search each) after. The victim
+      // is the same whatever the order: better_victim is a total order.
       uint64_t droppable = 0;
-      bool enough = false;
       scratch_.clear();
       for (size_t k = 0; k < pool.resident.size(); ++k) {
         const uint32_t index = pool.resident[k];
@@ -1345,22 +1463,13 @@ void Scheduler::clean_ahead() {
         if (!evictable(c, tier)) continue;
         if (!needs_cleaning(c, tier)) {
           droppable += c.charged[mi];
-          if (!wants_cleaning(pool.spec.budget_bytes, pool.used, droppable, pool.cleaning,
-                              config_.clean_headroom)) {
-            enough = true;
-            break;
-          }
           continue;
         }
         scratch_.push_back({index, 0, c.charged[mi], true});
       }
-      // (The check before the loop does not cover a round after a cleaning started: it grew
-      // pool.cleaning.)
-      if (enough || scratch_.empty() ||
-          !wants_cleaning(pool.spec.budget_bytes, pool.used, droppable, pool.cleaning,
-                          config_.clean_headroom)) {
-        break;
-      }
+      // The scan recounts what the running count says (it is here anyway, and rarely).
+      STRATA_ASSERT(droppable == pool.droppable);
+      if (scratch_.empty()) break;
       EvictionCandidate best;
       bool have = false;
       for (EvictionCandidate& candidate : scratch_) {
@@ -1442,6 +1551,7 @@ Status Scheduler::check_invariants_locked() const {
   // Recounted from the records, compared with the running totals below.
   std::vector<uint64_t> pool_used(pools_.size(), 0);
   std::vector<size_t> pool_resident(pools_.size(), 0);
+  std::vector<uint64_t> pool_droppable(pools_.size(), 0);
   std::array<std::array<uint64_t, kTensorKindCount>, kMemoryTierCount> kind_bytes{};
   std::array<uint64_t, kTensorKindCount> nvme_kind_bytes{};
   for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
@@ -1470,6 +1580,23 @@ Status Scheduler::check_invariants_locked() const {
     for (Tier tier : kMemoryTiers) {
       const int mi = memory_index(tier);
       const bool has_buffer = r.buffer[mi].valid();
+      if (schedule_ && r.next_use_epoch[mi] == cursor_epoch_ &&
+          r.next_use_filter[mi] == static_cast<uint8_t>(use_filter(r, tier)) &&
+          r.next_use_memo[mi] != schedule_next_use(r, tier)) {
+        return broken(label(r) + " remembers its next use on " + to_string(tier) + " as " +
+                      std::to_string(r.next_use_memo[mi]) + " phases; the schedule says " +
+                      std::to_string(schedule_next_use(r, tier)));
+      }
+      if (r.counted_droppable[mi] != droppable(r, tier)) {
+        return broken(label(r) +
+                      (r.counted_droppable[mi] ? " is counted as droppable from "
+                                               : " is droppable but not counted on ") +
+                      to_string(tier));
+      }
+      if (r.counted_droppable[mi] && !has_buffer) {
+        return broken(label(r) + " is counted as droppable without a " + to_string(tier) +
+                      " buffer");
+      }
       if (res.valid_on(tier) && !has_buffer) {
         return broken(label(r) + " has a valid " + to_string(tier) + " copy but no buffer");
       }
@@ -1487,8 +1614,34 @@ Status Scheduler::check_invariants_locked() const {
         return broken(label(r) + " is not where its position says in pool '" + p.spec.name + "'");
       }
       pool_used[pool] += r.charged[mi];
+      if (r.counted_droppable[mi]) pool_droppable[pool] += r.charged[mi];
       ++pool_resident[pool];
       kind_bytes[mi][static_cast<int>(r.spec.kind)] += r.charged[mi];
+    }
+  }
+
+  // Every access's lane, recomputed from its tensor's record.
+  if (schedule_) {
+    if (lanes_.size() != schedule_->access_count()) {
+      return broken("the lanes index " + std::to_string(lanes_.size()) +
+                    " accesses; the schedule has " + std::to_string(schedule_->access_count()));
+    }
+    const auto name = [](uint32_t lane) {
+      return lane == AccessLanes::kNoLane ? std::string("none") : std::to_string(lane);
+    };
+    for (uint32_t p = 0; p < lanes_.size(); ++p) {
+      const Access& a = schedule_->access(p);
+      const bool live =
+          registry_.live(a.tensor.index) && registry_.at(a.tensor.index).handle == a.tensor;
+      const uint32_t expected =
+          live ? lane_of(registry_.at(a.tensor.index), a) : AccessLanes::kNoLane;
+      if (lanes_.lane(p) != expected) {
+        return broken("scheduled access " + std::to_string(p) +
+                      (live ? " of " + label(registry_.at(a.tensor.index))
+                            : std::string(" of a stale handle")) +
+                      " is in lane " + name(lanes_.lane(p)) + "; its tensor's state says " +
+                      name(expected));
+      }
     }
   }
 
@@ -1501,6 +1654,10 @@ Status Scheduler::check_invariants_locked() const {
                     " bytes in " + std::to_string(pool.resident.size()) +
                     " buffers; its tensors hold " + std::to_string(pool_used[p]) + " in " +
                     std::to_string(pool_resident[p]));
+    }
+    if (pool.droppable != pool_droppable[p]) {
+      return broken("pool '" + pool.spec.name + "' counts " + std::to_string(pool.droppable) +
+                    " droppable bytes; its tensors hold " + std::to_string(pool_droppable[p]));
     }
     if (pool.used > pool.spec.budget_bytes) {
       return broken("pool '" + pool.spec.name + "' uses " + std::to_string(pool.used) +

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "sched/access_lanes.h"
 #include "sched/access_schedule.h"
 #include "sched/memory_plan.h"
 #include "sched/policy.h"
@@ -243,7 +244,10 @@ class Scheduler final : public CompletionSink {
     PoolSpec spec;
     uint64_t used = 0;
     uint64_t peak = 0;
-    uint64_t cleaning = 0;           // bytes whose cleaning transfer is in flight
+    uint64_t cleaning = 0;  // bytes whose cleaning transfer is in flight
+    // Bytes of residents that could go at once, without a write (droppable()): kept up to date
+    // by note_state, so write-behind sees whether the pool has its headroom without a scan.
+    uint64_t droppable = 0;
     std::vector<uint32_t> resident;  // tensors holding a buffer here
   };
   enum class Space : uint8_t { kReady, kWaiting, kImpossible };
@@ -285,11 +289,40 @@ class Scheduler final : public CompletionSink {
   void free_stale_buffers(TensorRecord& r);
   void drop_copy(TensorRecord& r, Tier tier);
   void apply_discard(TensorRecord& r);
+  // Phases until r is next read from tier (LRU age without a schedule), remembered in r until
+  // the cursor moves; schedule_next_use is the same without the memo.
   uint64_t next_use(const TensorRecord& r, Tier tier) const;
+  UseFilter use_filter(const TensorRecord& r, Tier tier) const;
+  uint64_t schedule_next_use(const TensorRecord& r, Tier tier) const {
+    return schedule_->next_read(r.handle, use_filter(r, tier), cursor_);
+  }
+  // Every cursor change goes through here: it ends the remembered next uses.
+  void move_cursor(uint32_t phase) {
+    cursor_ = phase;
+    ++cursor_epoch_;
+  }
   // r's buffer on tier leaves only after a call of the framework: it is at home there, or dirty
   // with a failed write-back that waits for its report. Room it holds is never made by waiting.
   bool held_until_a_call(const TensorRecord& r, Tier tier) const;
   bool evictable(const TensorRecord& r, Tier tier) const;
+  // evictable() but for the tensor being advanced: what depends on r's own fields alone.
+  bool evictable_unless_advancing(const TensorRecord& r, Tier tier) const;
+  // r's buffer on tier could be freed now without a write (whether or not r is being advanced).
+  bool droppable(const TensorRecord& r, Tier tier) const;
+  // The lane of access a of r (lanes_): the pool a prefetch of it makes room in and the link it
+  // starts a transfer on, numbered 2 x pool (an NVMe read into a pinned pool, a copy into a
+  // device pool) or 2 x pool + 1 (a device -> pinned copy); AccessLanes::kNoLane when it would do
+  // nothing whatever the links and pools.
+  uint32_t lane_of(const TensorRecord& r, const Access& a) const;
+  // Brings what the scheduler keeps incrementally about r (its pools' droppable bytes, its
+  // accesses' lanes) up to date. Called after every change of r's residency, uses, demands,
+  // failure or pending discard, before anything reads that state; check_invariants recounts it
+  // from the records.
+  void note_state(TensorRecord& r);
+  // Takes r out of that state before its record goes (unregister).
+  void forget_state(TensorRecord& r);
+  // After schedule_ changed: the lanes of its accesses, from every live record.
+  void index_schedule();
   bool needs_cleaning(const TensorRecord& r, Tier tier) const;
   bool link_free(Link link) const {
     return inflight_[static_cast<int>(link)] < config_.max_inflight[static_cast<int>(link)];
@@ -316,9 +349,13 @@ class Scheduler final : public CompletionSink {
   std::condition_variable cv_;
   TensorRegistry registry_;
   std::optional<AccessSchedule> schedule_;
+  AccessLanes lanes_;  // of schedule_'s accesses (index_schedule, note_state)
   AccessSchedule::Builder recorder_;
   bool recording_ = false;
   uint32_t cursor_ = 0;  // current phase (or the next one, between phases)
+  // Counts cursor moves (and so schedule changes, which move it to 0); starts at 1, since a
+  // record's next_use_epoch 0 means nothing remembered.
+  uint64_t cursor_epoch_ = 1;
   bool in_phase_ = false;
   bool phase_matched_ = false;
   PhaseKey phase_key_;

@@ -100,6 +100,7 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
   sc.window = config.window;
   sc.clean_headroom = config.clean_headroom;
   sc.record_first_step = false;
+  sc.check_invariants = config.check_invariants;
   sc.max_tensors =
       static_cast<uint32_t>(std::min<size_t>(inventory.size(), size_t{kMaxHandleIndex} + 1));
   STRATA_ASSIGN_OR_RETURN(run.scheduler(),

@@ -53,6 +53,9 @@ struct SimulationConfig {
   // Explicit limit on simulated transfers, so a pathological configuration fails instead of
   // running for hours.
   uint64_t max_transfers = 100'000'000;
+  // Tests: the scheduler recounts its books after every pump (SchedulerConfig::check_invariants).
+  // A scan of every record and scheduled access per pump: for small inventories only.
+  bool check_invariants = false;
 };
 
 struct SimulationResult {

@@ -73,11 +73,21 @@ struct TensorRecord {
   // kind there) and what one buffer costs in it.
   int pool[kMemoryTierCount] = {kNoPool, kNoPool};
   uint64_t charged[kMemoryTierCount] = {0, 0};
+  // Scheduler::next_use's last answer per memory tier, kept while the cursor stays where it was
+  // (next_use_epoch: the scheduler's cursor epoch then; 0: none) for the same filter: the pool
+  // scans ask for the same residents' next uses on every pump, a binary search each. A cache of
+  // a pure function of the schedule, so it may change under the scheduler's const members.
+  mutable uint64_t next_use_memo[kMemoryTierCount] = {0, 0};
+  mutable uint64_t next_use_epoch[kMemoryTierCount] = {0, 0};
+  mutable uint8_t next_use_filter[kMemoryTierCount] = {0, 0};
 
   ResidencyState residency;
   Buffer buffer[kMemoryTierCount];  // allocated while valid there, or while a transfer fills it
   Extent extent;                    // allocated on the first write-back (or at registration)
   uint32_t resident_pos[kMemoryTierCount] = {kNotResident, kNotResident};  // in the pool's list
+  // Whether the scheduler counts this buffer in its pool's droppable bytes (Scheduler::note_state
+  // keeps it equal to Scheduler::droppable after every change of the fields that decides).
+  bool counted_droppable[kMemoryTierCount] = {false, false};
 
   // Uses by the framework: acquired and not yet released, all on one tier at a time.
   uint32_t uses = 0;

@@ -36,6 +36,7 @@ SimulationConfig small_config() {
   config.memory = strata_memory_plan(4 * GiB, 4 * GiB);
   config.device.forward_seconds_per_layer = 0.004;
   config.device.backward_seconds_per_layer = 0.008;
+  config.check_invariants = true;  // the scheduler's incremental state, recounted every pump
   return config;
 }
 
