@@ -15,6 +15,7 @@
 #include "bench_commands.h"
 #include "common/report.h"
 #include "common/units.h"
+#include "finetune/worker_common.h"
 #include "io/engine_factory.h"
 #include "memory/pinned_arena.h"
 
@@ -32,16 +33,6 @@ struct PinnedMapArgs {
 [[noreturn]] void fail(const Status& status) {
   std::fprintf(stderr, "strata bench pinned-map: %s\n", status.message().c_str());
   throw CLI::RuntimeError(1);
-}
-
-// The 1-minute load average, or -1 where /proc/loadavg cannot be read.
-double load_average() {
-  std::FILE* f = std::fopen("/proc/loadavg", "r");
-  if (f == nullptr) return -1;
-  double load = -1;
-  if (std::fscanf(f, "%lf", &load) != 1) load = -1;
-  std::fclose(f);
-  return load;
 }
 
 double median(std::vector<double> v) {
@@ -110,7 +101,7 @@ void run_pinned_map_bench(const PinnedMapArgs& args) {
     nlohmann::ordered_json out = {{"buffers_per_batch", args.buffers},
                                   {"reps", args.reps},
                                   {"io_registration", engine_name},
-                                  {"load_average", load_average()}};
+                                  {"load_average", finetune::load_average()}};
     for (const Row& r : rows) {
       out["sizes"].push_back({{"bytes", r.bytes},
                               {"small_pages_ms", r.small_ms},
@@ -129,7 +120,7 @@ void run_pinned_map_bench(const PinnedMapArgs& args) {
   std::printf(
       "\nms: median over %u alternations of the mean per buffer to map, lock and register it "
       "(I/O engine: %s) and to undo it all, %u buffers at a time. Load average %.2f.\n",
-      args.reps, engine_name.c_str(), args.buffers, load_average());
+      args.reps, engine_name.c_str(), args.buffers, finetune::load_average());
 }
 
 }  // namespace
