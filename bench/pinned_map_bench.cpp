@@ -3,7 +3,6 @@
 // against the small pages it used before, alternating so that both see the same machine. This is
 // the cost a recycler take pays whenever it cannot reuse a kept buffer (docs/memory.md).
 #include <CLI/CLI.hpp>
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -33,11 +32,6 @@ struct PinnedMapArgs {
 [[noreturn]] void fail(const Status& status) {
   std::fprintf(stderr, "strata bench pinned-map: %s\n", status.message().c_str());
   throw CLI::RuntimeError(1);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 // Milliseconds per buffer made and unmade, over `buffers` buffers of `bytes`.
@@ -93,7 +87,7 @@ void run_pinned_map_bench(const PinnedMapArgs& args) {
             .push_back(time_batch(*arenas[is_huge ? 1 : 0], *bytes, args.buffers));
       }
     }
-    rows.push_back({*bytes, median(small), median(huge)});
+    rows.push_back({*bytes, finetune::median(small), finetune::median(huge)});
   }
 
   const std::string engine_name = engine ? engine->name() : "none";

@@ -473,7 +473,7 @@ int run_pinned_sweep(const FinetuneOptions& options) {
     } else {
       for (const char* key : {"peak_host_bytes", "peak_pinned_bytes", "step_seconds",
                               "nvme_read_gbps", "nvme_write_gbps", "stall_fraction"}) {
-        row[key] = r->result.value(key, 0.0);
+        if (r->result.contains(key)) row[key] = r->result[key];  // as the worker wrote it
       }
     }
     rows.push_back(std::move(row));
@@ -504,10 +504,9 @@ int run_pinned_sweep(const FinetuneOptions& options) {
       continue;
     }
     const double step = row["step_seconds"].get<double>();
-    table.add_row({budget,
-                   format_bytes(static_cast<uint64_t>(row["peak_host_bytes"].get<double>())),
-                   format_bytes(static_cast<uint64_t>(row["peak_pinned_bytes"].get<double>())),
-                   fixed(step, 2), default_step > 0 ? fixed(step / default_step, 3) : "-",
+    table.add_row({budget, format_bytes(row["peak_host_bytes"].get<uint64_t>()),
+                   format_bytes(row["peak_pinned_bytes"].get<uint64_t>()), fixed(step, 2),
+                   default_step > 0 ? fixed(step / default_step, 3) : "-",
                    fixed(row["stall_fraction"].get<double>(), 2)});
   }
   std::printf("%s", table.render().c_str());

@@ -712,12 +712,13 @@ Scheduler::Usage Scheduler::usage() const {
 void Scheduler::reset_peaks() {
   std::lock_guard lock(mu_);
   for (PoolState& pool : pools_) pool.peak = pool.used;
-  for (TierUsage* usage_ptr : {&stats_.tiers[0], &stats_.tiers[1], &stats_.nvme}) {
-    TierUsage& usage = *usage_ptr;
+  const auto restart = [](TierUsage& usage) {
     usage.peak_in_use_bytes = usage.in_use_bytes;
     usage.peak_footprint_bytes = usage.footprint_bytes;
     usage.kind_peak_in_use_bytes = usage.kind_in_use_bytes;
-  }
+  };
+  for (TierUsage& usage : stats_.tiers) restart(usage);
+  restart(stats_.nvme);
 }
 
 // ---------------------------------------------------------------------------------------------
