@@ -500,10 +500,10 @@ Result<AcquireAttempt> Scheduler::attempt_locked(uint32_t index, Tier tier, Acce
   if (mode == AccessMode::kOverwrite) {
     if (!r.buffer[mi].valid()) {
       Status why;
-      const Space space = ensure_space(r.pool[mi], r.charged[mi], 0, &why);
+      Space space = ensure_space(r.pool[mi], r.charged[mi], 0, &why);
+      if (space == Space::kReady) space = allocate_in_room(r, tier, 0, &why);
       if (space == Space::kImpossible) return why;
       if (space == Space::kWaiting) return pending;
-      STRATA_TRY(allocate_buffer(r, tier));
     }
     Status changed = r.residency.overwrite(tier, r.spec.name);
     if (!changed) return changed;
@@ -1131,8 +1131,15 @@ Scheduler::StepResult Scheduler::advance(TensorRecord& r, Tier target, uint64_t 
   if (target == Tier::kDevice && !r.residency.valid_on(Tier::kPinned)) return {Step::kBlocked, {}};
   // ensure_space may have started a cleaning copy on the same link.
   if (!link_free(link)) return {Step::kLinkBusy, {}};
-  Status allocated = allocate_buffer(r, target);
-  if (!allocated) return {Step::kError, std::move(allocated)};
+  const Space allocated = allocate_in_room(r, target, min_next_use, &why);
+  if (allocated == Space::kImpossible) return {Step::kError, std::move(why)};
+  if (allocated == Space::kWaiting) return {Step::kBlocked, {}};
+  // More room for the arena may have been made the same ways as above: check both again.
+  const bool staged = target != Tier::kDevice || r.residency.valid_on(Tier::kPinned);
+  if (!staged || !link_free(link)) {
+    free_buffer(r, target);
+    return {staged ? Step::kLinkBusy : Step::kBlocked, {}};
+  }
   const OpKind kind = link == Link::kHostToDevice   ? OpKind::kCopyToDevice
                       : link == Link::kDeviceToHost ? OpKind::kCopyToHost
                                                     : OpKind::kRead;
@@ -1213,6 +1220,38 @@ Status Scheduler::allocate_buffer(TensorRecord& r, Tier tier) {
   r.buffer[mi] = *buffer;
   charge(r, tier, true);
   return Status::ok();
+}
+
+// The pool's count and the backend's arena are two facts about the same memory, and the count
+// is not enough: the device slab is one range allocator, whose free bytes may lie in ranges each
+// smaller than the tensor while the count says it fits (reliability finding 8: a training step
+// failed with STRATA_E_DEVICE_BUDGET at 1.10 MiB in use of a 1.60 MiB slab). Then one more victim
+// leaves, chosen by the same order as any room (ensure_space asked for one byte more than is
+// free), and the allocation is tried again: a freed range merges with its free neighbours, so
+// each round can only widen the ranges, and the rounds end when nothing more can leave. A victim
+// that must be cleaned first makes it a wait, like any room.
+Scheduler::Space Scheduler::allocate_in_room(TensorRecord& r, Tier tier, uint64_t min_next_use,
+                                             Status* why) {
+  const int pool_index = r.pool[memory_index(tier)];
+  const PoolState& pool = pools_[pool_index];
+  for (;;) {
+    Status allocated = allocate_buffer(r, tier);
+    if (allocated) return Space::kReady;
+    if (allocated.code() != budget_code(tier) || pool.used == 0) {
+      *why = std::move(allocated);
+      return Space::kImpossible;
+    }
+    const uint64_t one_more_victim = pool.spec.budget_bytes - pool.used + 1;
+    Status no_victim;
+    const Space space = ensure_space(pool_index, one_more_victim, min_next_use, &no_victim);
+    if (space == Space::kWaiting) return Space::kWaiting;
+    if (space == Space::kImpossible) {
+      *why = std::move(allocated).with_context("after every tensor that can leave pool '" +
+                                               pool.spec.name + "' has left");
+      return Space::kImpossible;
+    }
+    ++stats_.arena_retries;
+  }
 }
 
 void Scheduler::free_buffer(TensorRecord& r, Tier tier) {

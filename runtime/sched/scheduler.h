@@ -120,6 +120,7 @@ struct SchedulerStats {
   uint64_t demand_transfers = 0;    // issued for an acquire that was waiting
   uint64_t evictions = 0;           // buffers freed to make room
   uint64_t cleanings = 0;           // write-backs / device->host copies started to make room
+  uint64_t arena_retries = 0;       // victims that left because the arena, not the count, refused
   uint64_t transfer_failures = 0;
   uint64_t unscheduled_phases = 0;  // begin_phase keys the schedule does not have
   uint64_t dirty_bytes = 0;         // tensors whose newest copy is not on NVMe
@@ -282,6 +283,10 @@ class Scheduler final : public CompletionSink {
   Status take_async_error();
   void charge(TensorRecord& r, Tier tier, bool add);
   Status allocate_buffer(TensorRecord& r, Tier tier);
+  // allocate_buffer once ensure_space has made room by the pool's count: when the backend's arena
+  // still refuses (its free bytes split in ranges each smaller than r), more of the pool leaves
+  // and the allocation is tried again. kImpossible carries the arena's refusal in *why.
+  Space allocate_in_room(TensorRecord& r, Tier tier, uint64_t min_next_use, Status* why);
   void free_buffer(TensorRecord& r, Tier tier);
   // r's NVMe space, taken from and given back to the backend, counted in the NVMe tier's usage.
   Status allocate_extent(TensorRecord& r);

@@ -251,13 +251,15 @@ TEST(SimulatorValidation, StepTimeAndPeakPinnedMatchARealRunWithin15Percent) {
   EXPECT_NEAR(time_ratio, 1.0, 0.15) << "simulated / real step time";
   EXPECT_NEAR(pinned_ratio, 1.0, 0.15) << "simulated / real peak pinned";
 
-  // Overlap: the step took less than its NVMe busy time plus its compute would take end to end,
-  // by at least a quarter of the shorter of the two (they ran at the same time for that long).
-  const double serial = real->nvme_busy_seconds + real->compute_seconds;
-  const double overlapped = serial - real->step_seconds;
-  EXPECT_GT(overlapped, 0.25 * std::min(real->nvme_busy_seconds, real->compute_seconds))
-      << "I/O did not overlap compute: nvme busy " << real->nvme_busy_seconds << " s, compute "
-      << real->compute_seconds << " s, step " << real->step_seconds << " s";
+  // Overlap: the loop waited for I/O (its stall) for less than the I/O took, by at least a
+  // quarter of the shorter of I/O and compute: that much of the I/O ran behind compute. (The
+  // step's other time, releasing and bookkeeping, is neither; counting it as a wait made the
+  // check fail on a faster disk where the overlap was the same.)
+  const double hidden = real->nvme_busy_seconds - real->stall_seconds;
+  EXPECT_GT(hidden, 0.25 * std::min(real->nvme_busy_seconds, real->compute_seconds))
+      << "I/O did not overlap compute: nvme busy " << real->nvme_busy_seconds << " s, stall "
+      << real->stall_seconds << " s, compute " << real->compute_seconds << " s, step "
+      << real->step_seconds << " s";
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
 #include "sched/fake_backend.h"
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 
 namespace strata::sched::testing {
 
@@ -31,6 +34,19 @@ Result<Buffer> FakeBackend::allocate(Tier tier, uint64_t bytes, TensorKind /*kin
       return Status::error(STRATA_E_NOMEM, "fake: no memory (injected)");
     }
   }
+  if (tier == Tier::kDevice && device_ranges_) {
+    std::lock_guard lock(mu_);
+    const std::optional<uint64_t> offset = device_ranges_->allocate(bytes);
+    if (!offset) {
+      return Status::error(STRATA_E_DEVICE_BUDGET,
+                           "fake slab: no free range of " + std::to_string(bytes) + " B (largest " +
+                               std::to_string(device_ranges_->largest_free_range()) + " B)");
+    }
+    std::byte* data = device_slab_.get() + *offset;
+    std::memset(data, 0xCD, bytes);
+    ++live_buffers_;
+    return Buffer{data, bytes, *offset};
+  }
   void* data = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   if (data == nullptr) return Status::error(STRATA_E_NOMEM, "fake allocate");
   std::memset(data, 0xCD, bytes);  // poison: never what a test wrote
@@ -38,9 +54,26 @@ Result<Buffer> FakeBackend::allocate(Tier tier, uint64_t bytes, TensorKind /*kin
   return Buffer{data, bytes, reinterpret_cast<uint64_t>(data)};
 }
 
-void FakeBackend::free(Tier, const Buffer& buffer) {
-  std::free(buffer.data);
+void FakeBackend::free(Tier tier, const Buffer& buffer) {
+  if (tier == Tier::kDevice && device_ranges_) {
+    std::lock_guard lock(mu_);
+    const bool freed = device_ranges_->free(buffer.token).has_value();
+    EXPECT_TRUE(freed) << "fake slab: free of " << buffer.token << " that is not an allocation";
+  } else {
+    std::free(buffer.data);
+  }
   --live_buffers_;
+}
+
+void FakeBackend::use_device_slab(uint64_t capacity) {
+  std::lock_guard lock(mu_);
+  device_slab_ = std::make_unique<std::byte[]>(capacity);
+  device_ranges_ = std::make_unique<memory::RangeAllocator>(capacity, 256, 1024);
+}
+
+uint64_t FakeBackend::largest_free_device_range() const {
+  std::lock_guard lock(mu_);
+  return device_ranges_ ? device_ranges_->largest_free_range() : 0;
 }
 
 void FakeBackend::fail_next_allocations(Tier tier, uint32_t count) {

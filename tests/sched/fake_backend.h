@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "memory/range_allocator.h"
 #include "sched/tier_backend.h"
 
 namespace strata::sched::testing {
@@ -46,6 +47,13 @@ class FakeBackend final : public TierBackend {
   // The next `count` buffer allocations on `tier` fail with STRATA_E_NOMEM (the host or its
   // lock limit refusing memory the pool's budget allows).
   void fail_next_allocations(Tier tier, uint32_t count);
+  // From now on, device buffers are carved from one slab of `capacity` bytes by the device
+  // arena's RangeAllocator (256-byte aligned), as the real device backends do: an allocation
+  // fails with STRATA_E_DEVICE_BUDGET when no free range is large enough, however many bytes
+  // are free. Call before the first device allocation.
+  void use_device_slab(uint64_t capacity);
+  // The largest free range of the slab (0 without one).
+  uint64_t largest_free_device_range() const;
   // While paused, transfers queue without running (to observe in-flight states).
   void pause(bool paused);
 
@@ -79,6 +87,8 @@ class FakeBackend final : public TierBackend {
   uint32_t extent_failures_ = 0;
   uint32_t allocation_failures_[kTierCount] = {};
   LinkCounters counters_[kLinkCount];
+  std::unique_ptr<memory::RangeAllocator> device_ranges_;  // guarded by mu_; null: no slab
+  std::unique_ptr<std::byte[]> device_slab_;
   std::atomic<uint64_t> live_buffers_{0};
   std::atomic<uint64_t> failures_{0};
   std::thread worker_;

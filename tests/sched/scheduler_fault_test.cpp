@@ -187,6 +187,66 @@ TEST(SchedulerFaults, APinnedAllocationFailureWhileCleaningIsReportedNotWaitedOn
   expect_version(s, g, Tier::kPinned, 5);
 }
 
+// Four tensors fill a device slab exactly; the second and fourth go, leaving two free ranges of
+// one tensor each, apart. The pool's count then says a tensor of two fits (half the budget is
+// free) while the slab has no range that holds it.
+std::vector<TensorHandle> fragment_the_slab(Harness& harness, const RegisterOptions& options) {
+  Scheduler& s = harness.s();
+  std::vector<TensorHandle> all;
+  for (int i = 0; i < 4; ++i) {
+    all.push_back(s.register_tensor(flat_spec("t" + std::to_string(i), kT), options).value());
+    write_version(s, all.back(), Tier::kDevice, 10 + i);
+  }
+  EXPECT_TRUE(s.unregister_tensor(all[1]).is_ok());
+  EXPECT_TRUE(s.unregister_tensor(all[3]).is_ok());
+  EXPECT_EQ(harness.backend.largest_free_device_range(), kT);
+  return {all[0], all[2]};
+}
+
+// Reliability finding 8: the arena, not the budget, refused, and the acquire failed with
+// STRATA_E_DEVICE_BUDGET though more of the pool could have left. Now a victim leaves and the
+// allocation is tried again; every byte of the victims survives.
+TEST(SchedulerFaults, AFragmentedDeviceArenaMakesMoreRoomInsteadOfFailing) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(8 * kT, 4 * kT));
+  harness.backend.use_device_slab(4 * kT);
+  Scheduler& s = harness.s();
+  const std::vector<TensorHandle> kept = fragment_the_slab(harness, {});
+  const TensorHandle wide = s.register_tensor(flat_spec("wide", 2 * kT)).value();
+  Result<Acquired> a = s.acquire(wide, Tier::kDevice, AccessMode::kOverwrite, kWait);
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  fill_pattern(a->data, 2 * kT, wide.index, 1);
+  ASSERT_TRUE(s.release(wide, true).is_ok());
+  EXPECT_GE(s.stats().arena_retries, 1u);
+  EXPECT_TRUE(s.check_invariants().is_ok()) << s.check_invariants().message();
+  expect_version(s, kept[0], Tier::kPinned, 10);
+  expect_version(s, kept[1], Tier::kPinned, 12);
+  Result<Acquired> back = s.acquire(wide, Tier::kPinned, AccessMode::kRead, kWait);
+  ASSERT_TRUE(back.is_ok()) << back.status().message();
+  EXPECT_EQ(check_pattern(back->data, 2 * kT, wide.index, 1), -1);
+  ASSERT_TRUE(s.release(wide, false).is_ok());
+}
+
+// When nothing more can leave (the rest live on the device for good), the arena's own refusal is
+// the answer, at once: never a wait that could only time out.
+TEST(SchedulerFaults, AFragmentedArenaWithNothingLeftToMoveReportsTheArenasRefusal) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(8 * kT, 4 * kT));
+  harness.backend.use_device_slab(4 * kT);
+  Scheduler& s = harness.s();
+  RegisterOptions at_home;
+  at_home.home = Tier::kDevice;
+  fragment_the_slab(harness, at_home);
+  const TensorHandle wide = s.register_tensor(flat_spec("wide", 2 * kT)).value();
+  const auto start = std::chrono::steady_clock::now();
+  const Result<Acquired> a = s.acquire(wide, Tier::kDevice, AccessMode::kOverwrite, kWait);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, kWait / 2);
+  ASSERT_EQ(a.status().code(), STRATA_E_DEVICE_BUDGET) << a.status().message();
+  EXPECT_NE(a.status().message().find("no free range"), std::string::npos) << a.status().message();
+  EXPECT_NE(a.status().message().find("can leave pool"), std::string::npos) << a.status().message();
+  EXPECT_TRUE(s.check_invariants().is_ok()) << s.check_invariants().message();
+}
+
 TEST(SchedulerFaults, AFullNvmeTierIsReportedAtRegistrationAndNothingIsRegistered) {
   Watchdog watchdog(30);
   Harness harness(small_config(2 * kT, kT));
