@@ -262,6 +262,16 @@ Status RealBackend::copy_to_host(const sched::Buffer& from_device, const sched::
   return start_copy(d2h_, to_pinned.data, from_device.data, bytes, done);
 }
 
+Status RealBackend::stream_to_device(const sched::Extent&, const sched::Buffer&, uint64_t,
+                                     sched::Completion) {
+  return Status::error(STRATA_E_UNSUPPORTED, "streamed transfers: not yet");
+}
+
+Status RealBackend::stream_to_nvme(const sched::Buffer&, const sched::Extent&, uint64_t,
+                                   sched::Completion) {
+  return Status::error(STRATA_E_UNSUPPORTED, "streamed transfers: not yet");
+}
+
 void RealBackend::on_release(Tier tier, const sched::Buffer& buffer, void* device_stream) {
   (void)buffer;
   if (tier != Tier::kDevice || device_stream == nullptr) return;

@@ -57,6 +57,10 @@ class RealBackend final : public sched::TierBackend {
                         uint64_t bytes, sched::Completion done) override;
   Status copy_to_host(const sched::Buffer& from_device, const sched::Buffer& to_pinned,
                       uint64_t bytes, sched::Completion done) override;
+  Status stream_to_device(const sched::Extent& from, const sched::Buffer& to_device, uint64_t bytes,
+                          sched::Completion done) override;
+  Status stream_to_nvme(const sched::Buffer& from_device, const sched::Extent& to, uint64_t bytes,
+                        sched::Completion done) override;
   void on_release(Tier tier, const sched::Buffer& buffer, void* device_stream) override;
   sched::LinkCounters link_counters(sched::Link link) const override;
 

@@ -23,6 +23,9 @@ struct DeviceModel {
   double host_to_device_bytes_per_s = 25e9;
   double device_to_host_bytes_per_s = 25e9;
   double pcie_latency_s = 10e-6;
+  // A streamed transfer (NVMe <-> device through staging buffers) moves this many bytes per
+  // chunk: its NVMe and PCIe legs overlap but for one chunk at the start.
+  double stream_chunk_bytes = 4.0 * 1024 * 1024;
 
   // Compute. A transformer layer's forward and backward (with recomputation if the framework
   // does it) on the GPU; layers outside (embedding, head) scale by their parameter count.

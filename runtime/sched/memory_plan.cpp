@@ -35,7 +35,14 @@ Status validate(const MemoryPlan& plan) {
     if (pool.tier != Tier::kPinned && pool.tier != Tier::kDevice) {
       return invalid_argument(where + "tier must be pinned or device");
     }
-    if (pool.budget_bytes == 0) return invalid_argument(where + "budget is 0 bytes");
+    if (pool.budget_bytes == 0) {
+      return invalid_argument(where + "budget is 0 bytes" +
+                              (pool.tier == Tier::kPinned && plan.stream_staging_bytes > 0
+                                   ? " (the streaming staging buffers, " +
+                                         std::to_string(plan.stream_staging_bytes) +
+                                         " bytes, take the whole pinned budget)"
+                                   : std::string()));
+    }
     if ((pool.kinds & kAllKinds) == 0) return invalid_argument(where + "serves no tensor kind");
     if (pool.reserved_bytes != 0 && pool.reserved_bytes < pool.budget_bytes) {
       return invalid_argument(where + "reserves less than its budget");
@@ -61,13 +68,16 @@ uint64_t reserved_bytes(const MemoryPlan& plan, Tier tier) {
   return total;
 }
 
-MemoryPlan strata_memory_plan(uint64_t pinned_budget_bytes, uint64_t device_budget_bytes) {
+MemoryPlan strata_memory_plan(uint64_t pinned_budget_bytes, uint64_t device_budget_bytes,
+                              uint64_t stream_staging_bytes) {
   MemoryPlan plan;
   plan.policy = "strata";
+  plan.stream_staging_bytes = stream_staging_bytes;
   PoolSpec pinned;
   pinned.name = "pinned";
   pinned.tier = Tier::kPinned;
-  pinned.budget_bytes = pinned_budget_bytes;
+  pinned.budget_bytes =
+      pinned_budget_bytes > stream_staging_bytes ? pinned_budget_bytes - stream_staging_bytes : 0;
   pinned.size = {SizeClass::kExact, kPageSize, 0};
   plan.pools.push_back(std::move(pinned));
   plan.pools.push_back(device_pool(device_budget_bytes));

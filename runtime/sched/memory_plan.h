@@ -47,6 +47,11 @@ struct MemoryPlan {
   // Kinds that rest in pinned memory for good (registered with home = pinned): ZeRO-Infinity's
   // flat gradient buffer. Bits of kind_bit.
   uint32_t pinned_home_kinds = 0;
+  // Pinned memory the backend holds from start to end for streamed device transfers
+  // (TierBackend::stream_to_device / stream_to_nvme), outside the pools; counted in the pinned
+  // tier as kind other. 0: no streaming: device data moves through a pinned buffer of its own
+  // size, staged in the pinned pool (ZeRO-Infinity's way, and the only way before streaming).
+  uint64_t stream_staging_bytes = 0;
 };
 
 // Pools on pinned/device tiers only, non-zero budgets, reserved 0 or >= budget, <= kMaxPools,
@@ -60,8 +65,11 @@ int find_pool(const MemoryPlan& plan, Tier tier, TensorKind kind);
 uint64_t reserved_bytes(const MemoryPlan& plan, Tier tier);
 
 // Strata: one pinned pool (page-exact buffers, allocated on demand) shared by every kind, and one
-// device pool (256-byte exact).
-MemoryPlan strata_memory_plan(uint64_t pinned_budget_bytes, uint64_t device_budget_bytes);
+// device pool (256-byte exact). With stream_staging_bytes > 0 device transfers stream, and the
+// pinned pool's budget is what the staging buffers leave of pinned_budget_bytes (which must
+// leave some: validate() refuses a plan without pinned room beside them).
+MemoryPlan strata_memory_plan(uint64_t pinned_budget_bytes, uint64_t device_budget_bytes,
+                              uint64_t stream_staging_bytes = 0);
 
 // ZeRO-Infinity's memory plan for Strata's own scheduler, the C API's "zero-infinity" policy
 // (api/runtime.cpp). Its element-count defaults are DeepSpeed's, from the one record of them

@@ -56,6 +56,14 @@ constexpr std::array<std::array<bool, kResidencyCount>, kResidencyCount> make_ta
 
   allow(R::kCopyingToHost, R::kDirty);     // dirty source, copied or failed
   allow(R::kCopyingToHost, R::kOnDevice);  // clean source, copied or failed
+
+  allow(R::kOnNvme, R::kStreamingIn);
+  allow(R::kStreamingIn, R::kOnDevice);  // streamed in
+  allow(R::kStreamingIn, R::kOnNvme);    // failed: the NVMe copy is untouched
+
+  allow(R::kDirty, R::kStreamingOut);
+  allow(R::kStreamingOut, R::kOnDevice);  // streamed out: NVMe holds the device's contents
+  allow(R::kStreamingOut, R::kDirty);     // failed: the data stays dirty on the device
   return t;
 }
 
@@ -87,6 +95,10 @@ const char* to_string(Residency state) {
       return "WritingBack";
     case R::kCopyingToHost:
       return "CopyingToHost";
+    case R::kStreamingIn:
+      return "StreamingIn";
+    case R::kStreamingOut:
+      return "StreamingOut";
   }
   return "?";
 }
@@ -99,7 +111,7 @@ bool is_legal_transition(Residency from, Residency to) {
 
 bool is_transient(Residency state) {
   return state == R::kReading || state == R::kCopyingToDevice || state == R::kWritingBack ||
-         state == R::kCopyingToHost;
+         state == R::kCopyingToHost || state == R::kStreamingIn || state == R::kStreamingOut;
 }
 
 bool is_consistent(Residency state, TierMask valid) {
@@ -124,6 +136,10 @@ bool is_consistent(Residency state, TierMask valid) {
       return !nvme && pinned;
     case R::kCopyingToHost:
       return device && !pinned;
+    case R::kStreamingIn:
+      return valid == kNvmeBit;
+    case R::kStreamingOut:
+      return valid == kDeviceBit;
   }
   return false;
 }
@@ -154,8 +170,10 @@ Tier ResidencyState::transfer_target() const {
     case R::kCopyingToHost:
       return Tier::kPinned;
     case R::kCopyingToDevice:
+    case R::kStreamingIn:
       return Tier::kDevice;
     case R::kWritingBack:
+    case R::kStreamingOut:
       return Tier::kNvme;
     default:
       break;
@@ -191,6 +209,14 @@ Status ResidencyState::begin_copy_to_host(std::string_view name) {
 
 Status ResidencyState::begin_write_back(std::string_view name) {
   return transition(R::kWritingBack, valid_, "write-back", name);
+}
+
+Status ResidencyState::begin_stream_to_device(std::string_view name) {
+  return transition(R::kStreamingIn, valid_, "stream to device", name);
+}
+
+Status ResidencyState::begin_stream_to_nvme(std::string_view name) {
+  return transition(R::kStreamingOut, valid_, "stream to nvme", name);
 }
 
 Status ResidencyState::finish(bool ok, std::string_view name) {

@@ -15,6 +15,15 @@
 //   any stable --overwrite / modified--> Dirty --write_back--> WritingBack --> Pinned|OnDevice
 //   Dirty <--> CopyingToHost (device -> pinned) ; Dirty --copy_to_device--> CopyingToDevice
 //   any stable --discard--> Unwritten --overwrite--> Dirty
+//
+// Streamed (chunk by chunk through the backend's staging ring, no pinned copy of the tensor):
+//
+//            stream_to_device                          stream_to_nvme
+//   OnNvme -----------------> StreamingIn --> OnDevice <--------------- StreamingOut <-- Dirty
+//     ^        (fail) <------------'                     (fail) -----------------------> {device}
+//
+// StreamingIn starts from the NVMe copy alone and StreamingOut from the device copy alone: with a
+// pinned copy the whole-buffer transfers above are the cheaper way.
 #pragma once
 
 #include <cstdint>
@@ -47,8 +56,10 @@ enum class Residency : uint8_t {
   kDirty = 6,            // newest contents only in memory (pinned and/or device), NVMe stale
   kWritingBack = 7,      // pinned -> NVMe in flight; the pinned copy stays valid meanwhile
   kCopyingToHost = 8,    // device -> pinned in flight
+  kStreamingIn = 9,      // NVMe -> device in flight, chunk by chunk through staging buffers
+  kStreamingOut = 10,    // device -> NVMe in flight, the same way; the device copy stays valid
 };
-inline constexpr int kResidencyCount = 9;
+inline constexpr int kResidencyCount = 11;
 const char* to_string(Residency state);
 
 // The legality table: true when `from -> to` is one of the transitions drawn above.
@@ -78,10 +89,12 @@ class ResidencyState {
   // The tier a transfer in flight fills; meaningful only while in_flight().
   Tier transfer_target() const;
 
-  Status begin_read(std::string_view name);            // OnNvme -> Reading
-  Status begin_copy_to_device(std::string_view name);  // pinned valid, device not -> Copying
-  Status begin_copy_to_host(std::string_view name);    // device valid, pinned not -> Copying
-  Status begin_write_back(std::string_view name);      // dirty with a pinned copy -> WritingBack
+  Status begin_read(std::string_view name);              // OnNvme -> Reading
+  Status begin_copy_to_device(std::string_view name);    // pinned valid, device not -> Copying
+  Status begin_copy_to_host(std::string_view name);      // device valid, pinned not -> Copying
+  Status begin_write_back(std::string_view name);        // dirty with a pinned copy -> WritingBack
+  Status begin_stream_to_device(std::string_view name);  // OnNvme -> StreamingIn
+  Status begin_stream_to_nvme(std::string_view name);    // dirty on the device alone -> Out
   // Ends the transfer in flight. On success its target becomes valid; on failure the copies
   // are exactly those before it began (so a failed write-back stays Dirty).
   Status finish(bool ok, std::string_view name);

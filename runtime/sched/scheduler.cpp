@@ -54,6 +54,25 @@ std::string label(const TensorRecord& r) {
   return "tensor '" + r.spec.name + "' (" + format_bytes(r.bytes) + ")";
 }
 
+// What a transfer of `kind` is doing, for messages.
+const char* doing(Scheduler::OpKind kind) {
+  switch (kind) {
+    case Scheduler::OpKind::kRead:
+      return "reading";
+    case Scheduler::OpKind::kWriteBack:
+      return "writing back";
+    case Scheduler::OpKind::kCopyToDevice:
+      return "copying to device";
+    case Scheduler::OpKind::kCopyToHost:
+      return "copying to host";
+    case Scheduler::OpKind::kStreamToDevice:
+      return "streaming to device";
+    case Scheduler::OpKind::kStreamToNvme:
+      return "streaming to nvme";
+  }
+  return "moving";
+}
+
 Clock::time_point deadline_after(std::chrono::nanoseconds timeout) {
   // Saturates: a "wait forever" timeout of nanoseconds::max() must not overflow.
   const Clock::time_point now = Clock::now();
@@ -136,6 +155,13 @@ Scheduler::Scheduler(const SchedulerConfig& config, TierBackend& backend,
     usage.reserved_bytes = reserved_bytes(config_.memory, tier);
     usage.footprint_bytes = usage.reserved_bytes;
     usage.peak_footprint_bytes = usage.reserved_bytes;
+  }
+  // The backend's staging buffers for streamed transfers: pinned memory in use from start to end.
+  const uint64_t staging = config_.memory.stream_staging_bytes;
+  if (staging > 0) {
+    TierUsage& pinned = stats_.tiers[memory_index(Tier::kPinned)];
+    pinned.reserved_bytes += staging;
+    count_usage(pinned, TensorKind::kOther, staging, /*add=*/true, /*footprint=*/true);
   }
 }
 
@@ -478,7 +504,7 @@ Result<AcquireAttempt> Scheduler::attempt_locked(uint32_t index, Tier tier, Acce
   // Device data goes back to NVMe through pinned memory. A tensor larger than the pinned pool
   // could be placed on the device (with DISCARD nothing is staged) but never written back, and a
   // flush or an eviction would wait for it forever (found by tests/fuzz/c_api_fuzz).
-  if (tier == Tier::kDevice && r.home == Tier::kNvme) {
+  if (tier == Tier::kDevice && r.home == Tier::kNvme && !streams()) {
     const int pinned = r.pool[memory_index(Tier::kPinned)];
     if (pinned != kNoPool &&
         r.charged[memory_index(Tier::kPinned)] > pools_[pinned].spec.budget_bytes) {
@@ -740,7 +766,7 @@ void Scheduler::complete_locked(uint32_t id, Status status) {
   const bool ok = status.is_ok();
   const int link = static_cast<int>(op.link);
   if (op.cleaning) {
-    // The tier being cleaned: pinned for a write-back, device for a copy to host.
+    // The tier being cleaned: pinned for a write-back, device for a copy to host or a stream out.
     const Tier source = op.kind == OpKind::kWriteBack ? Tier::kPinned : Tier::kDevice;
     PoolState& pool = pools_[r.pool[memory_index(source)]];
     STRATA_ASSERT(pool.cleaning >= r.charged[memory_index(source)]);
@@ -756,15 +782,13 @@ void Scheduler::complete_locked(uint32_t id, Status status) {
   } else {
     ++stats_.transfer_failures;
     free_stale_buffers(r);  // the buffer the transfer was filling holds nothing trustworthy
-    const char* what = op.kind == OpKind::kRead           ? "reading"
-                       : op.kind == OpKind::kWriteBack    ? "writing back"
-                       : op.kind == OpKind::kCopyToDevice ? "copying to device"
-                                                          : "copying to host";
     // A lost write-back or cleaning copy leaves dirty data pinned in memory: everybody waiting on
     // durability (sync, end_step) must hear of it. A failed read or copy-in only concerns the
     // tensor's next acquirer.
-    const bool durability = op.kind == OpKind::kWriteBack || op.cleaning;
-    note_async_failure(r, std::move(status).with_context(std::string(what) + " " + label(r)),
+    const bool durability =
+        op.kind == OpKind::kWriteBack || op.kind == OpKind::kStreamToNvme || op.cleaning;
+    note_async_failure(r,
+                       std::move(status).with_context(std::string(doing(op.kind)) + " " + label(r)),
                        durability);
   }
   --inflight_[link];
@@ -917,7 +941,9 @@ uint32_t Scheduler::lane_of(const TensorRecord& r, const Access& a) const {
   if (r.pool[memory_index(a.tier)] == kNoPool) return kNone;
   const int pinned = r.pool[memory_index(Tier::kPinned)];
   if (a.tier == Tier::kDevice) {
-    if (res.valid_on(Tier::kPinned)) return 2 * static_cast<uint32_t>(r.pool[memory_index(a.tier)]);
+    const auto device = static_cast<uint32_t>(r.pool[memory_index(a.tier)]);
+    if (res.valid_on(Tier::kPinned)) return 2 * device;
+    if (streams()) return 2 * device + 1;  // streamed from NVMe straight into the device pool
     // Staged through pinned memory: read from NVMe there first (the device copy is not valid).
     return pinned == kNoPool ? kNone : 2 * static_cast<uint32_t>(pinned);
   }
@@ -958,7 +984,7 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
                                                 format_bytes(budget) + budget_advice(tier));
     return Space::kImpossible;
   }
-  const Link cleaning_link = tier == Tier::kPinned ? Link::kNvmeWrite : Link::kDeviceToHost;
+  const Link cleaning_link = cleaning_link_of(tier);
   // Dropping a clean victim changes nothing about the other candidates (their records, the
   // links, what could ever be freed): the next round reuses the scan without the victim instead
   // of scanning the pool again. choose_victim's order is total, so the list's order is no matter.
@@ -1044,6 +1070,18 @@ bool Scheduler::start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use
       }
     }
     if (!issue(r, OpKind::kWriteBack, /*cleaning=*/true, false).is_ok()) return false;
+  } else if (streams()) {
+    // Device data with no other copy streams to NVMe through the staging buffers: no pinned room.
+    if (!link_free(Link::kNvmeWrite)) return false;
+    if (!r.extent.valid()) {
+      Status extent = allocate_extent(r);
+      if (!extent) {
+        note_async_failure(r, std::move(extent).with_context("writing back " + label(r)),
+                           /*durability=*/true);
+        return false;
+      }
+    }
+    if (!issue(r, OpKind::kStreamToNvme, /*cleaning=*/true, false).is_ok()) return false;
   } else {
     // Device data with no other copy goes to pinned memory first (and from there to NVMe).
     if (!link_free(Link::kDeviceToHost)) return false;
@@ -1116,10 +1154,13 @@ Scheduler::StepResult Scheduler::advance(TensorRecord& r, Tier target, uint64_t 
     return {Step::kError, invalid_argument(label(r) + ": no " + std::string(to_string(target)) +
                                            " pool serves kind " + to_string(r.spec.kind))};
   }
-  if (target == Tier::kDevice && !r.residency.valid_on(Tier::kPinned)) {
-    return advance(r, Tier::kPinned, min_next_use, prefetch);  // staged through pinned memory
+  // From NVMe alone to the device: streamed, or staged through a pinned copy of its own.
+  const bool stream = target == Tier::kDevice && !r.residency.valid_on(Tier::kPinned) && streams();
+  if (target == Tier::kDevice && !r.residency.valid_on(Tier::kPinned) && !stream) {
+    return advance(r, Tier::kPinned, min_next_use, prefetch);
   }
-  const Link link = target == Tier::kDevice               ? Link::kHostToDevice
+  const Link link = stream                                ? Link::kNvmeRead
+                    : target == Tier::kDevice             ? Link::kHostToDevice
                     : r.residency.valid_on(Tier::kDevice) ? Link::kDeviceToHost
                                                           : Link::kNvmeRead;
   if (!link_free(link)) return {Step::kLinkBusy, {}};
@@ -1128,19 +1169,23 @@ Scheduler::StepResult Scheduler::advance(TensorRecord& r, Tier target, uint64_t 
   if (space == Space::kImpossible) return {Step::kError, std::move(why).with_context(label(r))};
   if (space == Space::kWaiting) return {Step::kBlocked, {}};
   // Making room may have taken the staged copy this transfer starts from.
-  if (target == Tier::kDevice && !r.residency.valid_on(Tier::kPinned)) return {Step::kBlocked, {}};
+  const auto source_gone = [&] {
+    return target == Tier::kDevice && !stream && !r.residency.valid_on(Tier::kPinned);
+  };
+  if (source_gone()) return {Step::kBlocked, {}};
   // ensure_space may have started a cleaning copy on the same link.
   if (!link_free(link)) return {Step::kLinkBusy, {}};
   const Space allocated = allocate_in_room(r, target, min_next_use, &why);
   if (allocated == Space::kImpossible) return {Step::kError, std::move(why)};
   if (allocated == Space::kWaiting) return {Step::kBlocked, {}};
   // More room for the arena may have been made the same ways as above: check both again.
-  const bool staged = target != Tier::kDevice || r.residency.valid_on(Tier::kPinned);
-  if (!staged || !link_free(link)) {
+  if (source_gone() || !link_free(link)) {
+    const bool blocked = source_gone();
     free_buffer(r, target);
-    return {staged ? Step::kLinkBusy : Step::kBlocked, {}};
+    return {blocked ? Step::kBlocked : Step::kLinkBusy, {}};
   }
-  const OpKind kind = link == Link::kHostToDevice   ? OpKind::kCopyToDevice
+  const OpKind kind = stream                        ? OpKind::kStreamToDevice
+                      : link == Link::kHostToDevice ? OpKind::kCopyToDevice
                       : link == Link::kDeviceToHost ? OpKind::kCopyToHost
                                                     : OpKind::kRead;
   Status issued = issue(r, kind, /*cleaning=*/false, prefetch);
@@ -1149,15 +1194,29 @@ Scheduler::StepResult Scheduler::advance(TensorRecord& r, Tier target, uint64_t 
 }
 
 Status Scheduler::issue(TensorRecord& r, OpKind kind, bool cleaning, bool prefetch) {
-  const Link link = kind == OpKind::kRead           ? Link::kNvmeRead
-                    : kind == OpKind::kWriteBack    ? Link::kNvmeWrite
-                    : kind == OpKind::kCopyToDevice ? Link::kHostToDevice
-                                                    : Link::kDeviceToHost;
+  const Link link = link_of(kind);
   STRATA_ASSERT(link_free(link) && !free_ops_.empty());
-  Status began = kind == OpKind::kRead           ? r.residency.begin_read(r.spec.name)
-                 : kind == OpKind::kWriteBack    ? r.residency.begin_write_back(r.spec.name)
-                 : kind == OpKind::kCopyToDevice ? r.residency.begin_copy_to_device(r.spec.name)
-                                                 : r.residency.begin_copy_to_host(r.spec.name);
+  Status began;
+  switch (kind) {
+    case OpKind::kRead:
+      began = r.residency.begin_read(r.spec.name);
+      break;
+    case OpKind::kWriteBack:
+      began = r.residency.begin_write_back(r.spec.name);
+      break;
+    case OpKind::kCopyToDevice:
+      began = r.residency.begin_copy_to_device(r.spec.name);
+      break;
+    case OpKind::kCopyToHost:
+      began = r.residency.begin_copy_to_host(r.spec.name);
+      break;
+    case OpKind::kStreamToDevice:
+      began = r.residency.begin_stream_to_device(r.spec.name);
+      break;
+    case OpKind::kStreamToNvme:
+      began = r.residency.begin_stream_to_nvme(r.spec.name);
+      break;
+  }
   if (!began) {
     free_stale_buffers(r);
     return began;
@@ -1170,6 +1229,8 @@ Status Scheduler::issue(TensorRecord& r, OpKind kind, bool cleaning, bool prefet
   r.op = id;
   if (cleaning) {
     const Tier source = kind == OpKind::kWriteBack ? Tier::kPinned : Tier::kDevice;
+    STRATA_ASSERT(kind == OpKind::kWriteBack || kind == OpKind::kCopyToHost ||
+                  kind == OpKind::kStreamToNvme);
     pools_[r.pool[memory_index(source)]].cleaning += r.charged[memory_index(source)];
     ++cleaning_inflight_;
   }
@@ -1191,6 +1252,12 @@ Status Scheduler::issue(TensorRecord& r, OpKind kind, bool cleaning, bool prefet
       break;
     case OpKind::kCopyToHost:
       submitted = backend_.copy_to_host(device, pinned, r.bytes, done);
+      break;
+    case OpKind::kStreamToDevice:
+      submitted = backend_.stream_to_device(r.extent, device, r.bytes, done);
+      break;
+    case OpKind::kStreamToNvme:
+      submitted = backend_.stream_to_nvme(device, r.extent, r.bytes, done);
       break;
   }
   if (!submitted) {
@@ -1388,11 +1455,7 @@ uint32_t Scheduler::serve_demands() {
       continue;
     }
     const StepResult step = advance(r, d.tier, 0, /*prefetch=*/false);
-    if (step.step == Step::kBlocked) {
-      const Tier staged =
-          d.tier == Tier::kDevice && !r.residency.valid_on(Tier::kPinned) ? Tier::kPinned : d.tier;
-      blocked |= 1u << r.pool[memory_index(staged)];
-    }
+    if (step.step == Step::kBlocked) blocked |= 1u << r.pool[memory_index(staged_on(r, d.tier))];
   }
   demands_.resize(kept);
   return blocked;
@@ -1406,16 +1469,15 @@ void Scheduler::serve_hints(uint32_t blocked_pools) {
     Result<uint32_t> index = registry_.resolve(hint.tensor);
     if (!index) continue;
     TensorRecord& r = registry_.at(*index);
-    const Tier staged = hint.tier == Tier::kDevice && !r.residency.valid_on(Tier::kPinned)
-                            ? Tier::kPinned
-                            : hint.tier;
+    const Tier staged = staged_on(r, hint.tier);
     const int pool = r.pool[memory_index(staged)];
     bool keep = false;
     if (pool != kNoPool && (blocked_pools & (1u << pool)) != 0) {
       keep = true;
     } else {
       const Step step = advance(r, hint.tier, 1, /*prefetch=*/true).step;
-      // Staging reads leave the hint for its second leg; a full link or pool, for later.
+      // Staging reads (without streaming) leave the hint for its second leg; a full link or
+      // pool, for later.
       keep = step == Step::kBlocked || step == Step::kLinkBusy ||
              (step == Step::kIssued && staged != hint.tier);
     }
@@ -1451,6 +1513,7 @@ void Scheduler::walk_schedule(uint32_t blocked_pools) {
         const uint32_t lane = 2 * static_cast<uint32_t>(p);
         if (pools_[p].spec.tier == Tier::kDevice) {
           if (link_free(Link::kHostToDevice)) lanes |= uint64_t{1} << lane;
+          if (link_free(Link::kNvmeRead)) lanes |= uint64_t{1} << (lane + 1);  // streamed in
         } else {
           if (link_free(Link::kNvmeRead)) lanes |= uint64_t{1} << lane;
           if (link_free(Link::kDeviceToHost)) lanes |= uint64_t{1} << (lane + 1);
@@ -1480,7 +1543,7 @@ void Scheduler::clean_ahead() {
   for (PoolState& pool : pools_) {
     const Tier tier = pool.spec.tier;
     const int mi = memory_index(tier);
-    const Link link = tier == Tier::kPinned ? Link::kNvmeWrite : Link::kDeviceToHost;
+    const Link link = cleaning_link_of(tier);
     // Bounded by the link's in-flight limit: each round starts one cleaning or stops.
     while (link_free(link)) {
       // Free room, droppable bytes (kept by note_state) and cleanings in flight leave the
@@ -1541,6 +1604,9 @@ void Scheduler::flush_step() {
     if (r.residency.valid_on(Tier::kPinned)) {
       if (!link_free(Link::kNvmeWrite)) continue;
       start_cleaning(r, Tier::kPinned, 0);
+    } else if (streams()) {
+      if (!link_free(Link::kNvmeWrite)) continue;
+      start_cleaning(r, Tier::kDevice, 0);
     } else {
       if (!link_free(Link::kDeviceToHost)) continue;
       // Device data goes back through pinned memory. When what never leaves the pinned pool
@@ -1705,6 +1771,10 @@ Status Scheduler::check_invariants_locked() const {
     }
     tier_bytes[memory_index(pool.spec.tier)] += pool.used;
   }
+  // The staging buffers of streamed transfers, in use from start to end (kind other).
+  tier_bytes[memory_index(Tier::kPinned)] += config_.memory.stream_staging_bytes;
+  kind_bytes[memory_index(Tier::kPinned)][static_cast<int>(TensorKind::kOther)] +=
+      config_.memory.stream_staging_bytes;
   for (Tier tier : kMemoryTiers) {
     const int mi = memory_index(tier);
     const TierUsage& usage = stats_.tiers[mi];
@@ -1744,6 +1814,10 @@ Status Scheduler::check_invariants_locked() const {
     ++active;
     ++inflight[static_cast<int>(op.link)];
     if (!registry_.live(op.tensor)) return broken("a transfer in flight for a removed tensor");
+    if (op.link != link_of(op.kind)) return broken("a transfer in flight on the wrong link");
+    if ((op.kind == OpKind::kStreamToDevice || op.kind == OpKind::kStreamToNvme) && !streams()) {
+      return broken("a streamed transfer under a plan without streaming");
+    }
     if (op.cleaning) {
       ++cleaning;
       const TensorRecord& r = registry_.at(op.tensor);

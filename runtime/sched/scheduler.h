@@ -202,7 +202,8 @@ class Scheduler final : public CompletionSink {
   // ---- Durability ----
   // Waits until no write-back is in flight; returns the first unreported asynchronous failure.
   Status sync(std::chrono::nanoseconds timeout);
-  // Writes every dirty tensor not in use back to NVMe (devices copies via pinned), then sync.
+  // Writes every dirty tensor not in use back to NVMe (device copies streamed, or via pinned
+  // memory without streaming), then sync.
   Status flush(std::chrono::nanoseconds timeout);
   // Stops issuing prefetches (demands and write-behind continue). The simulator pauses prefetch
   // before draining its event queue at the end of a run.
@@ -232,8 +233,32 @@ class Scheduler final : public CompletionSink {
   void on_transfer_complete(uint32_t op, Status status) override;
   boost::asio::any_io_executor completion_executor() const override { return executor_; }
 
+  // The transfers the scheduler issues (public for messages; nothing else uses them).
+  enum class OpKind : uint8_t {
+    kRead,            // NVMe -> pinned
+    kWriteBack,       // pinned -> NVMe
+    kCopyToDevice,    // pinned -> device
+    kCopyToHost,      // device -> pinned
+    kStreamToDevice,  // NVMe -> device through the staging buffers
+    kStreamToNvme,    // device -> NVMe through the staging buffers
+  };
+  static constexpr Link link_of(OpKind kind) {
+    switch (kind) {
+      case OpKind::kRead:
+      case OpKind::kStreamToDevice:
+        return Link::kNvmeRead;
+      case OpKind::kWriteBack:
+      case OpKind::kStreamToNvme:
+        return Link::kNvmeWrite;
+      case OpKind::kCopyToDevice:
+        return Link::kHostToDevice;
+      case OpKind::kCopyToHost:
+        return Link::kDeviceToHost;
+    }
+    return Link::kNvmeRead;
+  }
+
  private:
-  enum class OpKind : uint8_t { kRead, kWriteBack, kCopyToDevice, kCopyToHost };
   struct Op {
     OpKind kind = OpKind::kRead;
     Link link = Link::kNvmeRead;
@@ -316,8 +341,9 @@ class Scheduler final : public CompletionSink {
   bool droppable(const TensorRecord& r, Tier tier) const;
   // The lane of access a of r (lanes_): the pool a prefetch of it makes room in and the link it
   // starts a transfer on, numbered 2 x pool (an NVMe read into a pinned pool, a copy into a
-  // device pool) or 2 x pool + 1 (a device -> pinned copy); AccessLanes::kNoLane when it would do
-  // nothing whatever the links and pools.
+  // device pool) or 2 x pool + 1 (a device -> pinned copy into a pinned pool, a stream from NVMe
+  // into a device pool); AccessLanes::kNoLane when it would do nothing whatever the links and
+  // pools.
   uint32_t lane_of(const TensorRecord& r, const Access& a) const;
   // Brings what the scheduler keeps incrementally about r (its pools' droppable bytes, its
   // accesses' lanes) up to date. Called after every change of r's residency, uses, demands,
@@ -329,6 +355,20 @@ class Scheduler final : public CompletionSink {
   // After schedule_ changed: the lanes of its accesses, from every live record.
   void index_schedule();
   bool needs_cleaning(const TensorRecord& r, Tier tier) const;
+  // Device transfers of tensors without a pinned copy stream (MemoryPlan::stream_staging_bytes).
+  bool streams() const { return config_.memory.stream_staging_bytes > 0; }
+  // The link that takes data off `tier` when it is cleaned: pinned data is written to NVMe,
+  // device data streams to NVMe or is copied to pinned memory.
+  Link cleaning_link_of(Tier tier) const {
+    return tier == Tier::kPinned || streams() ? Link::kNvmeWrite : Link::kDeviceToHost;
+  }
+  // The tier whose pool a transfer towards `tier` needs room in first: pinned for a device copy
+  // staged through a pinned buffer (no pinned copy yet, no streaming), else `tier` itself.
+  Tier staged_on(const TensorRecord& r, Tier tier) const {
+    return tier == Tier::kDevice && !r.residency.valid_on(Tier::kPinned) && !streams()
+               ? Tier::kPinned
+               : tier;
+  }
   bool link_free(Link link) const {
     return inflight_[static_cast<int>(link)] < config_.max_inflight[static_cast<int>(link)];
   }

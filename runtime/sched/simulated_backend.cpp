@@ -138,37 +138,78 @@ Status SimulatedBackend::copy_to_host(const Buffer& from_device, const Buffer& t
   return schedule(Link::kDeviceToHost, bytes, done);
 }
 
-Status SimulatedBackend::schedule(Link link, uint64_t bytes, Completion done) {
+Status SimulatedBackend::stream_to_device(const Extent& from, const Buffer& to_device,
+                                          uint64_t bytes, Completion done) {
+  if (!from.valid() || !to_device.valid() || bytes > from.bytes || bytes > to_device.bytes) {
+    return invalid_argument("simulated stream_to_device: bad request");
+  }
+  return schedule_stream(Link::kNvmeRead, Link::kHostToDevice, bytes, done);
+}
+
+Status SimulatedBackend::stream_to_nvme(const Buffer& from_device, const Extent& to, uint64_t bytes,
+                                        Completion done) {
+  if (!to.valid() || !from_device.valid() || bytes > to.bytes || bytes > from_device.bytes) {
+    return invalid_argument("simulated stream_to_nvme: bad request");
+  }
+  return schedule_stream(Link::kDeviceToHost, Link::kNvmeWrite, bytes, done);
+}
+
+SimulatedBackend::Server SimulatedBackend::server_of(Link link) const {
   const int l = static_cast<int>(link);
-  double rate = 0, latency = 0;
-  int server = l;
   switch (link) {
     case Link::kNvmeRead:
     case Link::kNvmeWrite:
-      rate = link == Link::kNvmeRead ? model_.nvme_read_bytes_per_s : model_.nvme_write_bytes_per_s;
-      latency = model_.nvme_latency_s;
       // A half-duplex drive: both directions queue on one server.
-      if (!model_.nvme_full_duplex) server = static_cast<int>(Link::kNvmeRead);
-      break;
+      return {
+          link == Link::kNvmeRead ? model_.nvme_read_bytes_per_s : model_.nvme_write_bytes_per_s,
+          model_.nvme_latency_s, model_.nvme_full_duplex ? l : static_cast<int>(Link::kNvmeRead)};
     case Link::kHostToDevice:
-      rate = model_.host_to_device_bytes_per_s;
-      latency = model_.pcie_latency_s;
-      break;
+      return {model_.host_to_device_bytes_per_s, model_.pcie_latency_s, l};
     case Link::kDeviceToHost:
-      rate = model_.device_to_host_bytes_per_s;
-      latency = model_.pcie_latency_s;
-      break;
+      return {model_.device_to_host_bytes_per_s, model_.pcie_latency_s, l};
   }
-  const double start = std::max(now_, server_free_at_[server]);
-  const double service = static_cast<double>(bytes) / rate;
-  server_free_at_[server] = start + service;
-  const double completion = start + service + latency;
+  return {};
+}
+
+double SimulatedBackend::occupy(Link link, uint64_t bytes, double ready, double* start) {
+  const Server server = server_of(link);
+  *start = std::max(ready, server_free_at_[server.index]);
+  server_free_at_[server.index] = *start + static_cast<double>(bytes) / server.rate;
+  return server_free_at_[server.index];
+}
+
+void SimulatedBackend::count(Link link, uint64_t bytes, double start, double completion) {
   // Busy time as a real backend measures it: time with at least one transfer in flight.
+  const int l = static_cast<int>(link);
   LinkCounters& c = counters_[l];
   c.busy_seconds += std::max(0.0, completion - std::max(start, busy_until_[l]));
   busy_until_[l] = std::max(busy_until_[l], completion);
   c.bytes += bytes;
   ++c.transfers;
+}
+
+Status SimulatedBackend::schedule(Link link, uint64_t bytes, Completion done) {
+  double start = 0;
+  const double completion = occupy(link, bytes, now_, &start) + server_of(link).latency;
+  count(link, bytes, start, completion);
+  events_.push(Event{completion, sequence_++, done});
+  return Status::ok();
+}
+
+Status SimulatedBackend::schedule_stream(Link first, Link second, uint64_t bytes, Completion done) {
+  const Server in = server_of(first), out = server_of(second);
+  const double chunk = std::min(static_cast<double>(bytes), model_.stream_chunk_bytes);
+  double first_start = 0, second_start = 0;
+  const double first_done = occupy(first, bytes, now_, &first_start);
+  // The second leg starts once the first chunk is through the first, and cannot finish before
+  // the last chunk is through the first and then through the second.
+  const double second_ready = first_start + chunk / in.rate + in.latency;
+  double second_done = occupy(second, bytes, second_ready, &second_start);
+  second_done = std::max(second_done, first_done + in.latency + chunk / out.rate);
+  server_free_at_[out.index] = std::max(server_free_at_[out.index], second_done);
+  const double completion = second_done + out.latency;
+  count(first, bytes, first_start, first_done + in.latency);
+  count(second, bytes, second_start, completion);
   events_.push(Event{completion, sequence_++, done});
   return Status::ok();
 }

@@ -35,6 +35,10 @@ class SimulatedBackend final : public TierBackend {
                         Completion done) override;
   Status copy_to_host(const Buffer& from_device, const Buffer& to_pinned, uint64_t bytes,
                       Completion done) override;
+  Status stream_to_device(const Extent& from, const Buffer& to_device, uint64_t bytes,
+                          Completion done) override;
+  Status stream_to_nvme(const Buffer& from_device, const Extent& to, uint64_t bytes,
+                        Completion done) override;
   LinkCounters link_counters(Link link) const override { return counters_[static_cast<int>(link)]; }
 
   // The executor the scheduler must be created with.
@@ -64,7 +68,21 @@ class SimulatedBackend final : public TierBackend {
       return a.time != b.time ? a.time > b.time : a.sequence > b.sequence;
     }
   };
+  // One link's rate, latency and server (the drive's one server unless full duplex).
+  struct Server {
+    double rate = 0;
+    double latency = 0;
+    int index = 0;
+  };
+  Server server_of(Link link) const;
+  // Occupies the link's server for bytes / rate from `ready` on; returns when the bytes are done
+  // (before the latency), and counts them and the busy time up to `completion`.
+  double occupy(Link link, uint64_t bytes, double ready, double* start);
+  void count(Link link, uint64_t bytes, double start, double completion);
   Status schedule(Link link, uint64_t bytes, Completion done);
+  // A streamed transfer: `first` (the side the bytes leave) and `second` both serve it, the
+  // second one chunk behind the first, so it ends one chunk after the slower of the two.
+  Status schedule_stream(Link first, Link second, uint64_t bytes, Completion done);
   void deliver(const Event& event);
 
   DeviceModel model_;

@@ -105,6 +105,16 @@ class TierBackend {
                                 Completion done) = 0;
   virtual Status copy_to_host(const Buffer& from_device, const Buffer& to_pinned, uint64_t bytes,
                               Completion done) = 0;
+  // Streamed transfers between NVMe and the device, chunk by chunk through the backend's own
+  // staging buffers (MemoryPlan::stream_staging_bytes of pinned memory, held from start to end):
+  // no pinned buffer of the tensor's size exists at any moment. A stream is one transfer to the
+  // scheduler (one completion, after its last chunk; a failed chunk fails it, and it completes
+  // only once no chunk of it is in flight). It occupies the NVMe link of its direction and the
+  // device link beside it; the link counters count its bytes on both.
+  virtual Status stream_to_device(const Extent& from, const Buffer& to_device, uint64_t bytes,
+                                  Completion done) = 0;
+  virtual Status stream_to_nvme(const Buffer& from_device, const Extent& to, uint64_t bytes,
+                                Completion done) = 0;
 
   // The framework released a buffer it used on `tier`. On CUDA, device_stream is the
   // cudaStream_t whose queued work still reads or writes the buffer: a backend records an event

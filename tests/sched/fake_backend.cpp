@@ -126,6 +126,18 @@ Status FakeBackend::copy_to_host(const Buffer& from_device, const Buffer& to_pin
                   static_cast<uint8_t*>(to_pinned.data), 0, bytes, done});
 }
 
+Status FakeBackend::stream_to_device(const Extent& from, const Buffer& to_device, uint64_t bytes,
+                                     Completion done) {
+  return enqueue({Link::kNvmeRead, nullptr, static_cast<uint8_t*>(to_device.data), from.token,
+                  bytes, done, /*streamed=*/true});
+}
+
+Status FakeBackend::stream_to_nvme(const Buffer& from_device, const Extent& to, uint64_t bytes,
+                                   Completion done) {
+  return enqueue({Link::kNvmeWrite, static_cast<const uint8_t*>(from_device.data), nullptr,
+                  to.token, bytes, done, /*streamed=*/true});
+}
+
 Status FakeBackend::enqueue(Job job) {
   {
     std::lock_guard lock(mu_);
@@ -215,6 +227,13 @@ void FakeBackend::run() {
       if (!fail) {
         counters_[l].bytes += job.bytes;
         ++counters_[l].transfers;
+        if (job.streamed) {
+          const Link device =
+              job.link == Link::kNvmeRead ? Link::kHostToDevice : Link::kDeviceToHost;
+          counters_[static_cast<int>(device)].bytes += job.bytes;
+          ++counters_[static_cast<int>(device)].transfers;
+          ++streams_;
+        }
       }
     }
     post_completion(job.done, std::move(status));

@@ -38,6 +38,12 @@ class FakeBackend final : public TierBackend {
                         Completion done) override;
   Status copy_to_host(const Buffer& from_device, const Buffer& to_pinned, uint64_t bytes,
                       Completion done) override;
+  // A stream is one job on its NVMe link (faults injected there), straight between the extent
+  // and the device buffer; counted on the device link too, and in streams().
+  Status stream_to_device(const Extent& from, const Buffer& to_device, uint64_t bytes,
+                          Completion done) override;
+  Status stream_to_nvme(const Buffer& from_device, const Extent& to, uint64_t bytes,
+                        Completion done) override;
   LinkCounters link_counters(Link link) const override;
 
   // The next `count` transfers on `link` fail with `code` (STRATA_E_IO, STRATA_E_CORRUPT, ...).
@@ -61,6 +67,7 @@ class FakeBackend final : public TierBackend {
   uint64_t live_extents() const;
   uint64_t transfers(Link link) const { return link_counters(link).transfers; }
   uint64_t failures() const { return failures_.load(); }
+  uint64_t streams() const { return streams_.load(); }  // streamed transfers completed
 
  private:
   struct Job {
@@ -70,6 +77,7 @@ class FakeBackend final : public TierBackend {
     uint64_t extent = 0;              // extent token (read source / write destination)
     uint64_t bytes = 0;
     Completion done;
+    bool streamed = false;  // an NVMe link job whose memory side is a device buffer
   };
   Status enqueue(Job job);
   void run();
@@ -91,6 +99,7 @@ class FakeBackend final : public TierBackend {
   std::unique_ptr<std::byte[]> device_slab_;
   std::atomic<uint64_t> live_buffers_{0};
   std::atomic<uint64_t> failures_{0};
+  std::atomic<uint64_t> streams_{0};
   std::thread worker_;
 };
 

@@ -42,6 +42,12 @@ const std::set<std::pair<R, R>>& expected_legal() {
       {R::kWritingBack, R::kDirty},
       {R::kCopyingToHost, R::kDirty},
       {R::kCopyingToHost, R::kOnDevice},
+      {R::kOnNvme, R::kStreamingIn},
+      {R::kStreamingIn, R::kOnDevice},
+      {R::kStreamingIn, R::kOnNvme},
+      {R::kDirty, R::kStreamingOut},
+      {R::kStreamingOut, R::kOnDevice},
+      {R::kStreamingOut, R::kDirty},
   };
   return legal;
 }
@@ -92,6 +98,8 @@ TEST(ResidencyTable, ConsistencyRejectsImpossibleCopySets) {
   EXPECT_FALSE(is_consistent(R::kWritingBack, kDeviceBit));  // nothing to write from
   EXPECT_FALSE(is_consistent(R::kCopyingToDevice, kPinnedBit | kDeviceBit));
   EXPECT_FALSE(is_consistent(R::kCopyingToHost, kPinnedBit | kDeviceBit));
+  EXPECT_FALSE(is_consistent(R::kStreamingIn, kNvmeBit | kPinnedBit));     // pinned: copy instead
+  EXPECT_FALSE(is_consistent(R::kStreamingOut, kPinnedBit | kDeviceBit));  // write from pinned
   EXPECT_FALSE(is_consistent(R::kUnwritten, kNvmeBit));
   EXPECT_FALSE(is_consistent(R::kPinned, 0x10));
 }
@@ -112,6 +120,52 @@ TEST(ResidencyEvents, ReadCopyAndDropWalkTheCleanPath) {
   ASSERT_TRUE(s.drop(Tier::kDevice, "w").is_ok());
   EXPECT_EQ(s.state(), R::kOnNvme);
   EXPECT_FALSE(s.dirty());
+}
+
+TEST(ResidencyEvents, StreamingInGoesFromNvmeToTheDeviceWithoutAPinnedCopy) {
+  ResidencyState s = ResidencyState::on_nvme();
+  ASSERT_TRUE(s.begin_stream_to_device("w").is_ok());
+  EXPECT_EQ(s.state(), R::kStreamingIn);
+  EXPECT_EQ(s.transfer_target(), Tier::kDevice);
+  EXPECT_EQ(s.drop(Tier::kNvme, "w").code(), STRATA_E_STATE);
+  ASSERT_TRUE(s.finish(true, "w").is_ok());
+  EXPECT_EQ(s.state(), R::kOnDevice);
+  EXPECT_EQ(s.valid(), kNvmeBit | kDeviceBit);
+  // Only from the NVMe copy alone: with a pinned copy, copy_to_device is the way.
+  ResidencyState pinned = ResidencyState::on_nvme();
+  ASSERT_TRUE(pinned.begin_read("w").is_ok());
+  ASSERT_TRUE(pinned.finish(true, "w").is_ok());
+  EXPECT_EQ(pinned.begin_stream_to_device("w").code(), STRATA_E_STATE);
+}
+
+TEST(ResidencyEvents, AFailedStreamInLeavesTheNvmeCopy) {
+  ResidencyState s = ResidencyState::on_nvme();
+  ASSERT_TRUE(s.begin_stream_to_device("w").is_ok());
+  ASSERT_TRUE(s.finish(false, "w").is_ok());
+  EXPECT_EQ(s.state(), R::kOnNvme);
+  EXPECT_EQ(s.valid(), kNvmeBit);
+}
+
+TEST(ResidencyEvents, StreamingOutCleansDeviceDataAndAFailureKeepsItDirty) {
+  ResidencyState s;
+  ASSERT_TRUE(s.overwrite(Tier::kDevice, "g").is_ok());
+  ASSERT_TRUE(s.begin_stream_to_nvme("g").is_ok());
+  EXPECT_EQ(s.state(), R::kStreamingOut);
+  EXPECT_EQ(s.transfer_target(), Tier::kNvme);
+  // The source stays the last valid copy until the write succeeded.
+  EXPECT_EQ(s.drop(Tier::kDevice, "g").code(), STRATA_E_STATE);
+  ASSERT_TRUE(s.finish(false, "g").is_ok());
+  EXPECT_EQ(s.state(), R::kDirty);
+  EXPECT_EQ(s.valid(), kDeviceBit);
+  ASSERT_TRUE(s.begin_stream_to_nvme("g").is_ok());
+  ASSERT_TRUE(s.finish(true, "g").is_ok());
+  EXPECT_EQ(s.state(), R::kOnDevice);
+  EXPECT_EQ(s.valid(), kNvmeBit | kDeviceBit);
+  EXPECT_FALSE(s.dirty());
+  // Only from the device copy alone: a dirty pinned copy is written back from pinned memory.
+  ResidencyState both;
+  ASSERT_TRUE(both.overwrite(Tier::kPinned, "g").is_ok());
+  EXPECT_EQ(both.begin_stream_to_nvme("g").code(), STRATA_E_STATE);
 }
 
 TEST(ResidencyEvents, FailedReadLeavesTheNvmeCopy) {

@@ -130,6 +130,15 @@ inline SchedulerConfig small_config(uint64_t pinned_budget, uint64_t device_budg
   return config;
 }
 
+// The same with streamed device transfers: `staging` bytes of pinned memory held for them beside
+// a pinned pool of `pinned_pool` bytes.
+inline SchedulerConfig streaming_config(uint64_t pinned_pool, uint64_t device_budget,
+                                        uint64_t staging) {
+  SchedulerConfig config;
+  config.memory = strata_memory_plan(pinned_pool + staging, device_budget, staging);
+  return config;
+}
+
 inline constexpr auto kWait = std::chrono::seconds(10);
 
 // A Llama-shaped inventory in forward order with Adam states, named like model/inventory.h

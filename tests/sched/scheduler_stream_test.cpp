@@ -1,0 +1,158 @@
+// Streamed device transfers (MemoryPlan::stream_staging_bytes): NVMe <-> device without a pinned
+// copy of the tensor, over a backend that really stores bytes.
+#include <gtest/gtest.h>
+
+#include "sched/sched_test_util.h"
+
+namespace strata::sched {
+namespace {
+
+using testing::check_pattern;
+using testing::fill_pattern;
+using testing::flat_spec;
+using testing::Harness;
+using testing::kWait;
+using testing::streaming_config;
+using testing::Watchdog;
+
+constexpr uint64_t kT = 64 << 10;
+constexpr uint64_t kStaging = 32 << 10;
+
+void write_version(Scheduler& s, TensorHandle h, Tier tier, uint64_t v, uint64_t bytes = kT) {
+  Result<Acquired> a = s.acquire(h, tier, AccessMode::kOverwrite, kWait);
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  fill_pattern(a->data, bytes, h.index, v);
+  ASSERT_TRUE(s.release(h, true).is_ok());
+}
+
+void expect_version(Scheduler& s, TensorHandle h, Tier tier, uint64_t v, uint64_t bytes = kT) {
+  Result<Acquired> a = s.acquire(h, tier, AccessMode::kRead, kWait);
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  EXPECT_EQ(check_pattern(a->data, bytes, h.index, v), -1) << "tensor " << h.index;
+  ASSERT_TRUE(s.release(h, false).is_ok());
+}
+
+// Leaves `h` on NVMe alone: written on the device, flushed, its device copy given to `other`.
+void push_to_nvme(Scheduler& s, TensorHandle h, TensorHandle other, uint64_t v) {
+  write_version(s, h, Tier::kDevice, v);
+  ASSERT_TRUE(s.flush(kWait).is_ok());
+  write_version(s, other, Tier::kDevice, 1);
+  ASSERT_EQ(s.describe(h)->residency, Residency::kOnNvme);
+}
+
+TEST(SchedulerStreaming, DeviceDataGoesToNvmeAndBackWithoutAPinnedCopy) {
+  Watchdog watchdog(30);
+  // A pinned pool smaller than either tensor: only streaming can move them.
+  Harness harness(streaming_config(kT / 2, kT, kStaging));
+  Scheduler& s = harness.s();
+  const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
+  const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
+  push_to_nvme(s, a, b, 7);  // b's overwrite makes a stream out, then a's copy is dropped
+  expect_version(s, a, Tier::kDevice, 7);  // streamed in, b streamed out to make room
+  expect_version(s, b, Tier::kDevice, 1);
+  EXPECT_GE(harness.backend.streams(), 3u);
+  EXPECT_EQ(harness.backend.transfers(Link::kNvmeRead),
+            harness.backend.streams() - harness.backend.transfers(Link::kNvmeWrite));
+  const SchedulerStats stats = s.stats();
+  EXPECT_EQ(stats.pools[0].peak_in_use_bytes, 0u) << "a pinned buffer was used";
+  EXPECT_TRUE(s.check_invariants().is_ok()) << s.check_invariants().message();
+}
+
+TEST(SchedulerStreaming, TheStagingBuffersAreCountedAsPinnedMemoryInUseOfKindOther) {
+  Watchdog watchdog(30);
+  Harness harness(streaming_config(2 * kT, 2 * kT, kStaging));
+  Scheduler& s = harness.s();
+  const TierUsage pinned = s.tier_usage(Tier::kPinned);
+  EXPECT_EQ(pinned.in_use_bytes, kStaging);
+  EXPECT_EQ(pinned.reserved_bytes, kStaging);
+  EXPECT_EQ(pinned.kind_in_use_bytes[static_cast<size_t>(TensorKind::kOther)], kStaging);
+  EXPECT_EQ(s.stats().pools[0].budget_bytes, 2 * kT);  // the pool has the rest of the budget
+  const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
+  write_version(s, a, Tier::kPinned, 1);
+  EXPECT_EQ(s.tier_usage(Tier::kPinned).in_use_bytes, kStaging + kT);
+  EXPECT_TRUE(s.check_invariants().is_ok()) << s.check_invariants().message();
+}
+
+TEST(SchedulerStreaming, APlanWhoseStagingTakesTheWholePinnedBudgetIsRefused) {
+  SchedulerConfig config;
+  config.memory = strata_memory_plan(kStaging, kT, kStaging);
+  const Status valid = validate(config.memory);
+  EXPECT_EQ(valid.code(), STRATA_E_INVALID);
+  EXPECT_NE(valid.message().find("staging"), std::string::npos) << valid.message();
+}
+
+TEST(SchedulerStreaming, AFailedStreamInReachesTheAcquirerAndTheNvmeCopyStays) {
+  Watchdog watchdog(30);
+  Harness harness(streaming_config(kT, kT, kStaging));
+  Scheduler& s = harness.s();
+  const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
+  const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
+  push_to_nvme(s, a, b, 3);
+  harness.backend.fail_next(Link::kNvmeRead, STRATA_E_CORRUPT);
+  const Result<Acquired> failed = s.acquire(a, Tier::kDevice, AccessMode::kRead, kWait);
+  EXPECT_EQ(failed.status().code(), STRATA_E_CORRUPT);
+  EXPECT_NE(failed.status().message().find("streaming to device tensor 'a'"), std::string::npos)
+      << failed.status().message();
+  EXPECT_EQ(s.describe(a)->residency, Residency::kOnNvme);
+  expect_version(s, a, Tier::kDevice, 3);  // the retry streams it in whole
+}
+
+TEST(SchedulerStreaming, AFailedStreamOutKeepsTheDeviceDataAndSyncReportsIt) {
+  Watchdog watchdog(30);
+  Harness harness(streaming_config(kT, 2 * kT, kStaging));
+  Scheduler& s = harness.s();
+  const TensorHandle g = s.register_tensor(flat_spec("g", kT, TensorKind::kGradient)).value();
+  write_version(s, g, Tier::kDevice, 5);
+  harness.backend.fail_next(Link::kNvmeWrite, STRATA_E_IO);
+  const Status flushed = s.flush(kWait);
+  EXPECT_EQ(flushed.code(), STRATA_E_IO) << flushed.message();
+  EXPECT_NE(flushed.message().find("streaming to nvme tensor 'g'"), std::string::npos)
+      << flushed.message();
+  EXPECT_EQ(s.describe(g)->valid, kDeviceBit);  // still dirty on the device alone
+  ASSERT_TRUE(s.flush(kWait).is_ok());          // reported once; the next flush streams it out
+  EXPECT_EQ(s.describe(g)->residency, Residency::kOnDevice);
+  expect_version(s, g, Tier::kPinned, 5);  // read back from NVMe
+}
+
+TEST(SchedulerStreaming, ADeviceTensorLargerThanThePinnedPoolIsServed) {
+  Watchdog watchdog(30);
+  // Without streaming such a tensor is refused on the device: it could never be written back.
+  Harness harness(streaming_config(kT / 4, 4 * kT, kStaging));
+  Scheduler& s = harness.s();
+  const TensorHandle big = s.register_tensor(flat_spec("big", 2 * kT)).value();
+  const TensorHandle other = s.register_tensor(flat_spec("other", 3 * kT)).value();
+  write_version(s, big, Tier::kDevice, 9, 2 * kT);
+  write_version(s, other, Tier::kDevice, 1, 3 * kT);  // big streams out to make room
+  expect_version(s, big, Tier::kDevice, 9, 2 * kT);   // and back in
+  EXPECT_TRUE(s.check_invariants().is_ok()) << s.check_invariants().message();
+}
+
+TEST(SchedulerStreaming, ARecordedStepPrefetchesByStreamingIntoTheDevice) {
+  Watchdog watchdog(60);
+  Harness harness(streaming_config(kT, 3 * kT, kStaging));
+  Scheduler& s = harness.s();
+  std::vector<TensorHandle> w;
+  for (int i = 0; i < 6; ++i) {
+    w.push_back(s.register_tensor(flat_spec("w" + std::to_string(i), kT, TensorKind::kParameter, i))
+                    .value());
+    write_version(s, w.back(), Tier::kDevice, 1);
+  }
+  ASSERT_TRUE(s.flush(kWait).is_ok());
+  // Two steps: the first is recorded, the second follows the schedule and prefetches.
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(s.begin_step().is_ok());
+    for (int i = 0; i < 6; ++i) {
+      ASSERT_TRUE(s.begin_phase({PhaseKind::kForward, i}).is_ok());
+      expect_version(s, w[i], Tier::kDevice, 1);
+      ASSERT_TRUE(s.end_phase({PhaseKind::kForward, i}).is_ok());
+    }
+    ASSERT_TRUE(s.end_step().is_ok());
+  }
+  const SchedulerStats stats = s.stats();
+  EXPECT_GT(stats.prefetch_transfers, 0u);
+  EXPECT_EQ(stats.pools[0].peak_in_use_bytes, 0u);
+  EXPECT_TRUE(s.check_invariants().is_ok()) << s.check_invariants().message();
+}
+
+}  // namespace
+}  // namespace strata::sched
