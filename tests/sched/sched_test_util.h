@@ -89,6 +89,32 @@ inline int64_t check_pattern(const void* data, uint64_t bytes, uint64_t tensor, 
   return -1;
 }
 
+// Writes version `v` of `h` (its first `bytes`) through an overwrite acquire on `tier`.
+inline void write_version(Scheduler& s, TensorHandle h, Tier tier, uint64_t v, uint64_t bytes) {
+  Result<Acquired> a = s.acquire(h, tier, AccessMode::kOverwrite, std::chrono::seconds(10));
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  fill_pattern(a->data, bytes, h.index, v);
+  ASSERT_TRUE(s.release(h, true).is_ok());
+}
+
+// Reads `h` on `tier` and expects version `v` in its first `bytes`.
+inline void expect_version(Scheduler& s, TensorHandle h, Tier tier, uint64_t v, uint64_t bytes) {
+  Result<Acquired> a = s.acquire(h, tier, AccessMode::kRead, std::chrono::seconds(10));
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  EXPECT_EQ(check_pattern(a->data, bytes, h.index, v), -1) << "tensor " << h.index;
+  ASSERT_TRUE(s.release(h, false).is_ok());
+}
+
+// Leaves `h` on NVMe alone: version `v` written on `tier`, flushed, and its buffer there given
+// to `other` (which the caller sized so that the tier holds one of the two).
+inline void push_to_nvme(Scheduler& s, TensorHandle h, TensorHandle other, Tier tier, uint64_t v,
+                         uint64_t bytes) {
+  write_version(s, h, tier, v, bytes);
+  ASSERT_TRUE(s.flush(std::chrono::seconds(10)).is_ok());
+  write_version(s, other, tier, 1, bytes);
+  ASSERT_EQ(s.describe(h)->residency, Residency::kOnNvme);
+}
+
 inline TensorSpec flat_spec(const std::string& name, uint64_t bytes,
                             TensorKind kind = TensorKind::kParameter, int32_t layer = -1) {
   TensorSpec spec;

@@ -8,36 +8,17 @@ namespace strata::sched {
 namespace {
 
 using testing::check_pattern;
+using testing::expect_version;
 using testing::fill_pattern;
 using testing::flat_spec;
 using testing::Harness;
 using testing::kWait;
+using testing::push_to_nvme;
 using testing::small_config;
 using testing::Watchdog;
+using testing::write_version;
 
 constexpr uint64_t kT = 32 << 10;
-
-void write_version(Scheduler& s, TensorHandle h, Tier tier, uint64_t v) {
-  Result<Acquired> a = s.acquire(h, tier, AccessMode::kOverwrite, kWait);
-  ASSERT_TRUE(a.is_ok()) << a.status().message();
-  fill_pattern(a->data, kT, h.index, v);
-  ASSERT_TRUE(s.release(h, true).is_ok());
-}
-
-void expect_version(Scheduler& s, TensorHandle h, Tier tier, uint64_t v) {
-  Result<Acquired> a = s.acquire(h, tier, AccessMode::kRead, kWait);
-  ASSERT_TRUE(a.is_ok()) << a.status().message();
-  EXPECT_EQ(check_pattern(a->data, kT, h.index, v), -1);
-  ASSERT_TRUE(s.release(h, false).is_ok());
-}
-
-// Leaves `h` only on NVMe: written, flushed, and its buffers given to `other`.
-void push_to_nvme(Scheduler& s, TensorHandle h, TensorHandle other, uint64_t v) {
-  write_version(s, h, Tier::kPinned, v);
-  ASSERT_TRUE(s.flush(kWait).is_ok());
-  write_version(s, other, Tier::kPinned, 1);
-  ASSERT_EQ(s.describe(h)->residency, Residency::kOnNvme);
-}
 
 TEST(SchedulerFaults, ReadErrorReachesTheAcquirerAndTheNextAcquireRetries) {
   Watchdog watchdog(30);
@@ -45,14 +26,14 @@ TEST(SchedulerFaults, ReadErrorReachesTheAcquirerAndTheNextAcquireRetries) {
   Scheduler& s = harness.s();
   const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
   const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
-  push_to_nvme(s, a, b, 3);
+  push_to_nvme(s, a, b, Tier::kPinned, 3, kT);
   harness.backend.fail_next(Link::kNvmeRead, STRATA_E_IO);
   const Result<Acquired> failed = s.acquire(a, Tier::kPinned, AccessMode::kRead, kWait);
   EXPECT_EQ(failed.status().code(), STRATA_E_IO);
   EXPECT_NE(failed.status().message().find("reading tensor 'a'"), std::string::npos)
       << failed.status().message();
   EXPECT_EQ(s.describe(a)->residency, Residency::kOnNvme);  // the NVMe copy is still the truth
-  expect_version(s, a, Tier::kPinned, 3);
+  expect_version(s, a, Tier::kPinned, 3, kT);
   EXPECT_EQ(s.stats().transfer_failures, 1u);
 }
 
@@ -62,11 +43,11 @@ TEST(SchedulerFaults, CorruptReadIsReportedAsCorrupt) {
   Scheduler& s = harness.s();
   const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
   const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
-  push_to_nvme(s, a, b, 9);
+  push_to_nvme(s, a, b, Tier::kPinned, 9, kT);
   harness.backend.fail_next(Link::kNvmeRead, STRATA_E_CORRUPT);
   EXPECT_EQ(s.acquire(a, Tier::kDevice, AccessMode::kRead, kWait).status().code(),
             STRATA_E_CORRUPT);
-  expect_version(s, a, Tier::kDevice, 9);
+  expect_version(s, a, Tier::kDevice, 9, kT);
 }
 
 TEST(SchedulerFaults, FailedWriteBackKeepsTheDirtyDataAndReportsIt) {
@@ -76,27 +57,27 @@ TEST(SchedulerFaults, FailedWriteBackKeepsTheDirtyDataAndReportsIt) {
   const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
   const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
   const TensorHandle c = s.register_tensor(flat_spec("c", kT)).value();
-  write_version(s, a, Tier::kPinned, 1);
-  write_version(s, b, Tier::kPinned, 1);
+  write_version(s, a, Tier::kPinned, 1, kT);
+  write_version(s, b, Tier::kPinned, 1, kT);
   harness.backend.fail_next(Link::kNvmeWrite, STRATA_E_IO);
   // c needs a buffer: a (least recently used) is written back, which fails (and tears the
   // extent); b is written instead and c gets its buffer.
-  write_version(s, c, Tier::kPinned, 1);
+  write_version(s, c, Tier::kPinned, 1, kT);
   EXPECT_EQ(harness.backend.failures(), 1u);
   EXPECT_EQ(s.describe(a)->residency, Residency::kDirty);
   EXPECT_TRUE(s.describe(a)->has_error);
   // The data is still the newest version, and reading it is fine: the failure is not the
   // reader's. The durability barrier reports it, once (with the tensor named), then works again.
-  expect_version(s, a, Tier::kPinned, 1);
+  expect_version(s, a, Tier::kPinned, 1, kT);
   const Status reported = s.sync(kWait);
   EXPECT_EQ(reported.code(), STRATA_E_IO);
   EXPECT_NE(reported.message().find("writing back tensor 'a'"), std::string::npos);
   EXPECT_TRUE(s.flush(kWait).is_ok());
   // Evict a for real now, and read it back from NVMe: the torn extent was rewritten.
-  write_version(s, b, Tier::kPinned, 2);
-  write_version(s, c, Tier::kPinned, 2);
+  write_version(s, b, Tier::kPinned, 2, kT);
+  write_version(s, c, Tier::kPinned, 2, kT);
   EXPECT_EQ(s.describe(a)->residency, Residency::kOnNvme);
-  expect_version(s, a, Tier::kPinned, 1);
+  expect_version(s, a, Tier::kPinned, 1, kT);
 }
 
 TEST(SchedulerFaults, WriteBehindFailureLeavesTheDataReadableAndIsReportedBySync) {
@@ -105,13 +86,13 @@ TEST(SchedulerFaults, WriteBehindFailureLeavesTheDataReadableAndIsReportedBySync
   Scheduler& s = harness.s();
   const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
   harness.backend.fail_next(Link::kNvmeWrite, STRATA_E_IO);
-  write_version(s, a, Tier::kPinned, 1);  // write-behind starts at once, and fails
+  write_version(s, a, Tier::kPinned, 1, kT);  // write-behind starts at once, and fails
   const auto deadline = std::chrono::steady_clock::now() + kWait;
   while (!s.describe(a)->has_error && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   ASSERT_TRUE(s.describe(a)->has_error);
-  expect_version(s, a, Tier::kPinned, 1);
+  expect_version(s, a, Tier::kPinned, 1, kT);
   EXPECT_TRUE(s.describe(a)->has_error) << "a read took the report that sync must give";
   EXPECT_EQ(s.sync(kWait).code(), STRATA_E_IO);
   EXPECT_FALSE(s.describe(a)->has_error);
@@ -126,7 +107,7 @@ TEST(SchedulerFaults, WriteBackFailureDuringAStepReachesEndStep) {
   const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
   ASSERT_TRUE(s.begin_step().is_ok());
   ASSERT_TRUE(s.begin_phase({PhaseKind::kOptimizer, 0}).is_ok());
-  write_version(s, a, Tier::kPinned, 1);
+  write_version(s, a, Tier::kPinned, 1, kT);
   ASSERT_TRUE(s.end_phase({PhaseKind::kOptimizer, 0}).is_ok());
   harness.backend.fail_next(Link::kNvmeWrite, STRATA_E_IO);
   ASSERT_TRUE(s.begin_phase({PhaseKind::kOptimizer, 1}).is_ok());
@@ -139,8 +120,8 @@ TEST(SchedulerFaults, WriteBackFailureDuringAStepReachesEndStep) {
   EXPECT_EQ(ended.code(), STRATA_E_IO);
   EXPECT_NE(ended.message().find("tensor 'a'"), std::string::npos) << ended.message();
   // Reported: the write-back is retried and b fits.
-  write_version(s, b, Tier::kPinned, 1);
-  expect_version(s, a, Tier::kPinned, 1);
+  write_version(s, b, Tier::kPinned, 1, kT);
+  expect_version(s, a, Tier::kPinned, 1, kT);
 }
 
 TEST(SchedulerFaults, FailedCopyToDeviceLeavesThePinnedCopy) {
@@ -148,13 +129,13 @@ TEST(SchedulerFaults, FailedCopyToDeviceLeavesThePinnedCopy) {
   Harness harness(small_config(2 * kT, 2 * kT));
   Scheduler& s = harness.s();
   const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
-  write_version(s, a, Tier::kPinned, 5);
+  write_version(s, a, Tier::kPinned, 5, kT);
   harness.backend.fail_next(Link::kHostToDevice, STRATA_E_DEVICE);
   EXPECT_EQ(s.acquire(a, Tier::kDevice, AccessMode::kRead, kWait).status().code(), STRATA_E_DEVICE);
   EXPECT_EQ(s.describe(a)->residency, Residency::kDirty);
   EXPECT_EQ(s.describe(a)->valid, kPinnedBit);
-  expect_version(s, a, Tier::kPinned, 5);
-  expect_version(s, a, Tier::kDevice, 5);
+  expect_version(s, a, Tier::kPinned, 5, kT);
+  expect_version(s, a, Tier::kDevice, 5, kT);
 }
 
 TEST(SchedulerFaults, FailedCopyToHostKeepsTheDeviceCopy) {
@@ -162,11 +143,11 @@ TEST(SchedulerFaults, FailedCopyToHostKeepsTheDeviceCopy) {
   Harness harness(small_config(2 * kT, kT));
   Scheduler& s = harness.s();
   const TensorHandle g = s.register_tensor(flat_spec("g", kT, TensorKind::kGradient)).value();
-  write_version(s, g, Tier::kDevice, 8);
+  write_version(s, g, Tier::kDevice, 8, kT);
   harness.backend.fail_next(Link::kDeviceToHost, STRATA_E_DEVICE);
   EXPECT_EQ(s.acquire(g, Tier::kPinned, AccessMode::kRead, kWait).status().code(), STRATA_E_DEVICE);
   EXPECT_EQ(s.describe(g)->valid, kDeviceBit);
-  expect_version(s, g, Tier::kPinned, 8);
+  expect_version(s, g, Tier::kPinned, 8, kT);
 }
 
 // Cleaning device data needs a pinned buffer; when the pool has room but the memory cannot be
@@ -176,7 +157,7 @@ TEST(SchedulerFaults, APinnedAllocationFailureWhileCleaningIsReportedNotWaitedOn
   Harness harness(small_config(2 * kT, kT));
   Scheduler& s = harness.s();
   const TensorHandle g = s.register_tensor(flat_spec("g", kT, TensorKind::kGradient)).value();
-  write_version(s, g, Tier::kDevice, 5);
+  write_version(s, g, Tier::kDevice, 5, kT);
   harness.backend.fail_next_allocations(Tier::kPinned, 1);
   const Status flushed = s.flush(kWait);
   EXPECT_EQ(flushed.code(), STRATA_E_NOMEM) << flushed.message();
@@ -184,7 +165,7 @@ TEST(SchedulerFaults, APinnedAllocationFailureWhileCleaningIsReportedNotWaitedOn
   EXPECT_EQ(s.describe(g)->valid, kDeviceBit);  // the data stayed on the device
   EXPECT_TRUE(s.check_invariants().is_ok()) << s.check_invariants().message();
   EXPECT_TRUE(s.flush(kWait).is_ok());  // reported once; the next flush writes it back
-  expect_version(s, g, Tier::kPinned, 5);
+  expect_version(s, g, Tier::kPinned, 5, kT);
 }
 
 // Four tensors fill a device slab exactly; the second and fourth go, leaving two free ranges of
@@ -195,7 +176,7 @@ std::vector<TensorHandle> fragment_the_slab(Harness& harness, const RegisterOpti
   std::vector<TensorHandle> all;
   for (int i = 0; i < 4; ++i) {
     all.push_back(s.register_tensor(flat_spec("t" + std::to_string(i), kT), options).value());
-    write_version(s, all.back(), Tier::kDevice, 10 + i);
+    write_version(s, all.back(), Tier::kDevice, 10 + i, kT);
   }
   EXPECT_TRUE(s.unregister_tensor(all[1]).is_ok());
   EXPECT_TRUE(s.unregister_tensor(all[3]).is_ok());
@@ -219,8 +200,8 @@ TEST(SchedulerFaults, AFragmentedDeviceArenaMakesMoreRoomInsteadOfFailing) {
   ASSERT_TRUE(s.release(wide, true).is_ok());
   EXPECT_GE(s.stats().arena_retries, 1u);
   EXPECT_TRUE(s.check_invariants().is_ok()) << s.check_invariants().message();
-  expect_version(s, kept[0], Tier::kPinned, 10);
-  expect_version(s, kept[1], Tier::kPinned, 12);
+  expect_version(s, kept[0], Tier::kPinned, 10, kT);
+  expect_version(s, kept[1], Tier::kPinned, 12, kT);
   Result<Acquired> back = s.acquire(wide, Tier::kPinned, AccessMode::kRead, kWait);
   ASSERT_TRUE(back.is_ok()) << back.status().message();
   EXPECT_EQ(check_pattern(back->data, 2 * kT, wide.index, 1), -1);
@@ -265,12 +246,12 @@ TEST(SchedulerFaults, AWriteBackThatMeetsAFullDiskKeepsTheDataInMemory) {
   Harness harness(small_config(2 * kT, kT));
   Scheduler& s = harness.s();
   const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
-  write_version(s, a, Tier::kPinned, 2);
+  write_version(s, a, Tier::kPinned, 2, kT);
   harness.backend.fail_next(Link::kNvmeWrite, STRATA_E_NOSPACE);
   const Status flushed = s.flush(kWait);
   EXPECT_EQ(flushed.code(), STRATA_E_NOSPACE) << flushed.message();
   EXPECT_EQ(s.describe(a)->residency, Residency::kDirty);
-  expect_version(s, a, Tier::kPinned, 2);
+  expect_version(s, a, Tier::kPinned, 2, kT);
   EXPECT_TRUE(s.flush(kWait).is_ok());
   EXPECT_EQ(s.describe(a)->residency, Residency::kPinned);
 }
@@ -281,7 +262,7 @@ TEST(SchedulerFaults, AFailedPrefetchIsReportedToTheNextAcquireOnly) {
   Scheduler& s = harness.s();
   const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
   const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
-  push_to_nvme(s, a, b, 6);
+  push_to_nvme(s, a, b, Tier::kPinned, 6, kT);
   ASSERT_TRUE(s.flush(kWait).is_ok());
   harness.backend.fail_next(Link::kNvmeRead, STRATA_E_IO);
   ASSERT_TRUE(s.prefetch(a, Tier::kPinned).is_ok());
@@ -292,7 +273,7 @@ TEST(SchedulerFaults, AFailedPrefetchIsReportedToTheNextAcquireOnly) {
   ASSERT_TRUE(s.describe(a)->has_error);
   EXPECT_TRUE(s.sync(kWait).is_ok());  // a failed read loses nothing: not a durability error
   EXPECT_EQ(s.acquire(a, Tier::kPinned, AccessMode::kRead, kWait).status().code(), STRATA_E_IO);
-  expect_version(s, a, Tier::kPinned, 6);
+  expect_version(s, a, Tier::kPinned, 6, kT);
 }
 
 }  // namespace

@@ -8,37 +8,18 @@ namespace strata::sched {
 namespace {
 
 using testing::check_pattern;
+using testing::expect_version;
 using testing::fill_pattern;
 using testing::flat_spec;
 using testing::Harness;
 using testing::kWait;
+using testing::push_to_nvme;
 using testing::streaming_config;
 using testing::Watchdog;
+using testing::write_version;
 
 constexpr uint64_t kT = 64 << 10;
 constexpr uint64_t kStaging = 32 << 10;
-
-void write_version(Scheduler& s, TensorHandle h, Tier tier, uint64_t v, uint64_t bytes = kT) {
-  Result<Acquired> a = s.acquire(h, tier, AccessMode::kOverwrite, kWait);
-  ASSERT_TRUE(a.is_ok()) << a.status().message();
-  fill_pattern(a->data, bytes, h.index, v);
-  ASSERT_TRUE(s.release(h, true).is_ok());
-}
-
-void expect_version(Scheduler& s, TensorHandle h, Tier tier, uint64_t v, uint64_t bytes = kT) {
-  Result<Acquired> a = s.acquire(h, tier, AccessMode::kRead, kWait);
-  ASSERT_TRUE(a.is_ok()) << a.status().message();
-  EXPECT_EQ(check_pattern(a->data, bytes, h.index, v), -1) << "tensor " << h.index;
-  ASSERT_TRUE(s.release(h, false).is_ok());
-}
-
-// Leaves `h` on NVMe alone: written on the device, flushed, its device copy given to `other`.
-void push_to_nvme(Scheduler& s, TensorHandle h, TensorHandle other, uint64_t v) {
-  write_version(s, h, Tier::kDevice, v);
-  ASSERT_TRUE(s.flush(kWait).is_ok());
-  write_version(s, other, Tier::kDevice, 1);
-  ASSERT_EQ(s.describe(h)->residency, Residency::kOnNvme);
-}
 
 TEST(SchedulerStreaming, DeviceDataGoesToNvmeAndBackWithoutAPinnedCopy) {
   Watchdog watchdog(30);
@@ -47,9 +28,10 @@ TEST(SchedulerStreaming, DeviceDataGoesToNvmeAndBackWithoutAPinnedCopy) {
   Scheduler& s = harness.s();
   const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
   const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
-  push_to_nvme(s, a, b, 7);  // b's overwrite makes a stream out, then a's copy is dropped
-  expect_version(s, a, Tier::kDevice, 7);  // streamed in, b streamed out to make room
-  expect_version(s, b, Tier::kDevice, 1);
+  push_to_nvme(s, a, b, Tier::kDevice, 7,
+               kT);  // b's overwrite makes a stream out, then a's copy is dropped
+  expect_version(s, a, Tier::kDevice, 7, kT);  // streamed in, b streamed out to make room
+  expect_version(s, b, Tier::kDevice, 1, kT);
   EXPECT_GE(harness.backend.streams(), 3u);
   EXPECT_EQ(harness.backend.transfers(Link::kNvmeRead),
             harness.backend.streams() - harness.backend.transfers(Link::kNvmeWrite));
@@ -68,7 +50,7 @@ TEST(SchedulerStreaming, TheStagingBuffersAreCountedAsPinnedMemoryInUseOfKindOth
   EXPECT_EQ(pinned.kind_in_use_bytes[static_cast<size_t>(TensorKind::kOther)], kStaging);
   EXPECT_EQ(s.stats().pools[0].budget_bytes, 2 * kT);  // the pool has the rest of the budget
   const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
-  write_version(s, a, Tier::kPinned, 1);
+  write_version(s, a, Tier::kPinned, 1, kT);
   EXPECT_EQ(s.tier_usage(Tier::kPinned).in_use_bytes, kStaging + kT);
   EXPECT_TRUE(s.check_invariants().is_ok()) << s.check_invariants().message();
 }
@@ -87,14 +69,14 @@ TEST(SchedulerStreaming, AFailedStreamInReachesTheAcquirerAndTheNvmeCopyStays) {
   Scheduler& s = harness.s();
   const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
   const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
-  push_to_nvme(s, a, b, 3);
+  push_to_nvme(s, a, b, Tier::kDevice, 3, kT);
   harness.backend.fail_next(Link::kNvmeRead, STRATA_E_CORRUPT);
   const Result<Acquired> failed = s.acquire(a, Tier::kDevice, AccessMode::kRead, kWait);
   EXPECT_EQ(failed.status().code(), STRATA_E_CORRUPT);
   EXPECT_NE(failed.status().message().find("streaming to device tensor 'a'"), std::string::npos)
       << failed.status().message();
   EXPECT_EQ(s.describe(a)->residency, Residency::kOnNvme);
-  expect_version(s, a, Tier::kDevice, 3);  // the retry streams it in whole
+  expect_version(s, a, Tier::kDevice, 3, kT);  // the retry streams it in whole
 }
 
 TEST(SchedulerStreaming, AFailedStreamOutKeepsTheDeviceDataAndSyncReportsIt) {
@@ -102,7 +84,7 @@ TEST(SchedulerStreaming, AFailedStreamOutKeepsTheDeviceDataAndSyncReportsIt) {
   Harness harness(streaming_config(kT, 2 * kT, kStaging));
   Scheduler& s = harness.s();
   const TensorHandle g = s.register_tensor(flat_spec("g", kT, TensorKind::kGradient)).value();
-  write_version(s, g, Tier::kDevice, 5);
+  write_version(s, g, Tier::kDevice, 5, kT);
   harness.backend.fail_next(Link::kNvmeWrite, STRATA_E_IO);
   const Status flushed = s.flush(kWait);
   EXPECT_EQ(flushed.code(), STRATA_E_IO) << flushed.message();
@@ -111,7 +93,7 @@ TEST(SchedulerStreaming, AFailedStreamOutKeepsTheDeviceDataAndSyncReportsIt) {
   EXPECT_EQ(s.describe(g)->valid, kDeviceBit);  // still dirty on the device alone
   ASSERT_TRUE(s.flush(kWait).is_ok());          // reported once; the next flush streams it out
   EXPECT_EQ(s.describe(g)->residency, Residency::kOnDevice);
-  expect_version(s, g, Tier::kPinned, 5);  // read back from NVMe
+  expect_version(s, g, Tier::kPinned, 5, kT);  // read back from NVMe
 }
 
 TEST(SchedulerStreaming, ADeviceTensorLargerThanThePinnedPoolIsServed) {
@@ -135,7 +117,7 @@ TEST(SchedulerStreaming, ARecordedStepPrefetchesByStreamingIntoTheDevice) {
   for (int i = 0; i < 6; ++i) {
     w.push_back(s.register_tensor(flat_spec("w" + std::to_string(i), kT, TensorKind::kParameter, i))
                     .value());
-    write_version(s, w.back(), Tier::kDevice, 1);
+    write_version(s, w.back(), Tier::kDevice, 1, kT);
   }
   ASSERT_TRUE(s.flush(kWait).is_ok());
   // Two steps: the first is recorded, the second follows the schedule and prefetches.
@@ -143,7 +125,7 @@ TEST(SchedulerStreaming, ARecordedStepPrefetchesByStreamingIntoTheDevice) {
     ASSERT_TRUE(s.begin_step().is_ok());
     for (int i = 0; i < 6; ++i) {
       ASSERT_TRUE(s.begin_phase({PhaseKind::kForward, i}).is_ok());
-      expect_version(s, w[i], Tier::kDevice, 1);
+      expect_version(s, w[i], Tier::kDevice, 1, kT);
       ASSERT_TRUE(s.end_phase({PhaseKind::kForward, i}).is_ok());
     }
     ASSERT_TRUE(s.end_step().is_ok());

@@ -9,29 +9,16 @@ namespace strata::sched {
 namespace {
 
 using testing::check_pattern;
+using testing::expect_version;
 using testing::fill_pattern;
 using testing::flat_spec;
 using testing::Harness;
 using testing::kWait;
 using testing::small_config;
 using testing::Watchdog;
+using testing::write_version;
 
 constexpr uint64_t kT = 64 << 10;  // tensor size used below (a 16-page buffer)
-
-// Writes version `v` of tensor `t` through an overwrite acquire on `tier`.
-void write_version(Scheduler& s, TensorHandle h, Tier tier, uint64_t v, uint64_t bytes = kT) {
-  Result<Acquired> a = s.acquire(h, tier, AccessMode::kOverwrite, kWait);
-  ASSERT_TRUE(a.is_ok()) << a.status().message();
-  fill_pattern(a->data, bytes, h.index, v);
-  ASSERT_TRUE(s.release(h, true).is_ok());
-}
-
-void expect_version(Scheduler& s, TensorHandle h, Tier tier, uint64_t v, uint64_t bytes = kT) {
-  Result<Acquired> a = s.acquire(h, tier, AccessMode::kRead, kWait);
-  ASSERT_TRUE(a.is_ok()) << a.status().message();
-  EXPECT_EQ(check_pattern(a->data, bytes, h.index, v), -1) << "tensor " << h.index;
-  ASSERT_TRUE(s.release(h, false).is_ok());
-}
 
 TEST(Scheduler, DataSurvivesEvictionToNvmeAndBack) {
   Watchdog watchdog(60);
@@ -43,11 +30,11 @@ TEST(Scheduler, DataSurvivesEvictionToNvmeAndBack) {
     ASSERT_TRUE(h.is_ok());
     t.push_back(*h);
   }
-  for (int i = 0; i < 6; ++i) write_version(s, t[i], Tier::kPinned, 1);
+  for (int i = 0; i < 6; ++i) write_version(s, t[i], Tier::kPinned, 1, kT);
   // Six tensors through a pool of two: most were written back and evicted.
   EXPECT_GE(harness.backend.transfers(Link::kNvmeWrite), 4u);
-  for (int i = 0; i < 6; ++i) expect_version(s, t[i], Tier::kPinned, 1);
-  for (int i = 0; i < 6; ++i) expect_version(s, t[i], Tier::kDevice, 1);
+  for (int i = 0; i < 6; ++i) expect_version(s, t[i], Tier::kPinned, 1, kT);
+  for (int i = 0; i < 6; ++i) expect_version(s, t[i], Tier::kDevice, 1, kT);
   const SchedulerStats stats = s.stats();
   EXPECT_LE(stats.pools[0].peak_in_use_bytes, 2 * kT);
   EXPECT_LE(stats.pools[1].peak_in_use_bytes, 2 * kT);
@@ -78,7 +65,7 @@ TEST(Scheduler, MisuseIsAStateErrorNotACrash) {
   EXPECT_EQ(s.release(h, false).code(), STRATA_E_STATE);  // not acquired
   EXPECT_EQ(s.acquire(h, Tier::kPinned, AccessMode::kRead, kWait).status().code(),
             STRATA_E_STATE);  // nothing to read yet
-  write_version(s, h, Tier::kPinned, 1);
+  write_version(s, h, Tier::kPinned, 1, kT);
   ASSERT_TRUE(s.acquire(h, Tier::kPinned, AccessMode::kRead, kWait).is_ok());
   EXPECT_EQ(s.acquire(h, Tier::kDevice, AccessMode::kRead, kWait).status().code(), STRATA_E_STATE);
   EXPECT_EQ(s.acquire(h, Tier::kPinned, AccessMode::kOverwrite, kWait).status().code(),
@@ -113,7 +100,7 @@ TEST(Scheduler, AcquireWaitingOnAnotherAcquireTimesOut) {
   Scheduler& s = harness.s();
   const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
   const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
-  write_version(s, a, Tier::kPinned, 1);
+  write_version(s, a, Tier::kPinned, 1, kT);
   ASSERT_TRUE(s.acquire(a, Tier::kPinned, AccessMode::kRead, kWait).is_ok());
   const auto start = std::chrono::steady_clock::now();
   const Result<Acquired> blocked =
@@ -125,8 +112,8 @@ TEST(Scheduler, AcquireWaitingOnAnotherAcquireTimesOut) {
   EXPECT_EQ(s.stats().acquire_timeouts, 1u);
   // Once a is released, b fits (a is written back first: it is the only copy).
   ASSERT_TRUE(s.release(a, false).is_ok());
-  write_version(s, b, Tier::kPinned, 1);
-  expect_version(s, a, Tier::kPinned, 1);
+  write_version(s, b, Tier::kPinned, 1, kT);
+  expect_version(s, a, Tier::kPinned, 1, kT);
 }
 
 TEST(Scheduler, AReleaseWakesAWaitingAcquire) {
@@ -135,7 +122,7 @@ TEST(Scheduler, AReleaseWakesAWaitingAcquire) {
   Scheduler& s = harness.s();
   const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
   const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
-  write_version(s, a, Tier::kPinned, 1);
+  write_version(s, a, Tier::kPinned, 1, kT);
   ASSERT_TRUE(s.acquire(a, Tier::kPinned, AccessMode::kRead, kWait).is_ok());
   std::thread releaser([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -154,12 +141,12 @@ TEST(Scheduler, DirtyDataIsWrittenBackBeforeItsBufferIsReused) {
   Scheduler& s = harness.s();
   const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
   const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
-  write_version(s, a, Tier::kPinned, 7);
+  write_version(s, a, Tier::kPinned, 7, kT);
   EXPECT_EQ(harness.backend.transfers(Link::kNvmeWrite), 0u);
-  write_version(s, b, Tier::kPinned, 3);  // needs a's buffer
+  write_version(s, b, Tier::kPinned, 3, kT);  // needs a's buffer
   EXPECT_EQ(harness.backend.transfers(Link::kNvmeWrite), 1u);
   EXPECT_EQ(s.describe(a)->residency, Residency::kOnNvme);
-  expect_version(s, a, Tier::kPinned, 7);
+  expect_version(s, a, Tier::kPinned, 7, kT);
 }
 
 TEST(Scheduler, DiscardedDataIsNeverWrittenBack) {
@@ -168,10 +155,10 @@ TEST(Scheduler, DiscardedDataIsNeverWrittenBack) {
   Scheduler& s = harness.s();
   const TensorHandle grad = s.register_tensor(flat_spec("g", kT, TensorKind::kGradient)).value();
   const TensorHandle other = s.register_tensor(flat_spec("o", kT)).value();
-  write_version(s, grad, Tier::kPinned, 1);
+  write_version(s, grad, Tier::kPinned, 1, kT);
   ASSERT_TRUE(s.discard(grad).is_ok());
   EXPECT_EQ(s.describe(grad)->residency, Residency::kUnwritten);
-  write_version(s, other, Tier::kPinned, 1);
+  write_version(s, other, Tier::kPinned, 1, kT);
   EXPECT_EQ(harness.backend.transfers(Link::kNvmeWrite), 0u);
 }
 
@@ -181,13 +168,13 @@ TEST(Scheduler, DeviceDirtyDataReachesNvmeThroughPinned) {
   Scheduler& s = harness.s();
   const TensorHandle g = s.register_tensor(flat_spec("g", kT, TensorKind::kGradient)).value();
   const TensorHandle w = s.register_tensor(flat_spec("w", kT)).value();
-  write_version(s, g, Tier::kDevice, 5);
-  write_version(s, w, Tier::kDevice, 1);  // device full: g goes device -> pinned
+  write_version(s, g, Tier::kDevice, 5, kT);
+  write_version(s, w, Tier::kDevice, 1, kT);  // device full: g goes device -> pinned
   ASSERT_TRUE(s.flush(kWait).is_ok());
   EXPECT_GE(harness.backend.transfers(Link::kDeviceToHost), 1u);
   EXPECT_GE(harness.backend.transfers(Link::kNvmeWrite), 1u);
-  expect_version(s, g, Tier::kDevice, 5);
-  expect_version(s, w, Tier::kPinned, 1);
+  expect_version(s, g, Tier::kDevice, 5, kT);
+  expect_version(s, w, Tier::kPinned, 1, kT);
   const SchedulerStats stats = s.stats();
   EXPECT_EQ(stats.dirty_bytes, 0u);
 }
@@ -199,16 +186,16 @@ TEST(Scheduler, HomeTensorsAreNeverEvicted) {
   RegisterOptions pinned_home;
   pinned_home.home = Tier::kPinned;
   const TensorHandle resident = s.register_tensor(flat_spec("resident", kT), pinned_home).value();
-  write_version(s, resident, Tier::kPinned, 2);
+  write_version(s, resident, Tier::kPinned, 2, kT);
   for (int i = 0; i < 4; ++i) {
     const TensorHandle t = s.register_tensor(flat_spec("x" + std::to_string(i), kT)).value();
-    write_version(s, t, Tier::kPinned, 1);
+    write_version(s, t, Tier::kPinned, 1, kT);
   }
   EXPECT_EQ(s.describe(resident)->residency, Residency::kDirty);  // still in pinned, unflushed
-  expect_version(s, resident, Tier::kPinned, 2);
+  expect_version(s, resident, Tier::kPinned, 2, kT);
   // Two home tensors cannot share a pool of two with anyone else: the third waits for nothing.
   const TensorHandle second = s.register_tensor(flat_spec("second", kT), pinned_home).value();
-  write_version(s, second, Tier::kPinned, 1);
+  write_version(s, second, Tier::kPinned, 1, kT);
   const TensorHandle third = s.register_tensor(flat_spec("third", kT)).value();
   EXPECT_EQ(s.acquire(third, Tier::kPinned, AccessMode::kOverwrite, kWait).status().code(),
             STRATA_E_PINNED_BUDGET);
@@ -223,7 +210,7 @@ TEST(Scheduler, EvictsTheTensorUsedFarthestInTheFuture) {
   const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
   const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
   const TensorHandle c = s.register_tensor(flat_spec("c", kT)).value();
-  for (TensorHandle h : {c, b, a}) write_version(s, h, Tier::kPinned, 1);  // a, b resident last
+  for (TensorHandle h : {c, b, a}) write_version(s, h, Tier::kPinned, 1, kT);  // a, b resident last
   ASSERT_TRUE(s.flush(kWait).is_ok());
   AccessSchedule::Builder builder;
   builder.begin_phase({PhaseKind::kForward, 0});
@@ -239,8 +226,8 @@ TEST(Scheduler, EvictsTheTensorUsedFarthestInTheFuture) {
 
   ASSERT_TRUE(s.begin_step().is_ok());
   ASSERT_TRUE(s.begin_phase({PhaseKind::kForward, 0}).is_ok());
-  expect_version(s, a, Tier::kPinned, 1);
-  expect_version(s, b, Tier::kPinned, 1);
+  expect_version(s, a, Tier::kPinned, 1, kT);
+  expect_version(s, b, Tier::kPinned, 1, kT);
   ASSERT_TRUE(s.end_phase({PhaseKind::kForward, 0}).is_ok());
   ASSERT_TRUE(s.begin_phase({PhaseKind::kForward, 1}).is_ok());
   Result<Acquired> got = s.acquire(c, Tier::kPinned, AccessMode::kRead, kWait);
@@ -260,12 +247,12 @@ TEST(Scheduler, RecordedStepDrivesPrefetchInTheNextStep) {
   const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
   const TensorHandle b = s.register_tensor(flat_spec("b", kT)).value();
   const TensorHandle filler = s.register_tensor(flat_spec("filler", 2 * kT)).value();
-  write_version(s, a, Tier::kPinned, 1);
-  write_version(s, b, Tier::kPinned, 1);
+  write_version(s, a, Tier::kPinned, 1, kT);
+  write_version(s, b, Tier::kPinned, 1, kT);
   ASSERT_TRUE(s.begin_step().is_ok());
   for (int layer = 0; layer < 2; ++layer) {
     ASSERT_TRUE(s.begin_phase({PhaseKind::kForward, layer}).is_ok());
-    expect_version(s, layer == 0 ? a : b, Tier::kDevice, 1);
+    expect_version(s, layer == 0 ? a : b, Tier::kDevice, 1, kT);
     ASSERT_TRUE(s.end_phase({PhaseKind::kForward, layer}).is_ok());
   }
   ASSERT_TRUE(s.end_step().is_ok());
@@ -299,7 +286,7 @@ TEST(Scheduler, PrefetchHintBringsATensorToTheDevice) {
   Harness harness(small_config(2 * kT, 2 * kT));
   Scheduler& s = harness.s();
   const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
-  write_version(s, a, Tier::kPinned, 4);
+  write_version(s, a, Tier::kPinned, 4, kT);
   ASSERT_TRUE(s.flush(kWait).is_ok());
   ASSERT_TRUE(s.prefetch(a, Tier::kDevice).is_ok());
   const auto deadline = std::chrono::steady_clock::now() + kWait;
@@ -307,7 +294,7 @@ TEST(Scheduler, PrefetchHintBringsATensorToTheDevice) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   EXPECT_TRUE(s.describe(a)->valid & kDeviceBit);
-  expect_version(s, a, Tier::kDevice, 4);
+  expect_version(s, a, Tier::kDevice, 4, kT);
 }
 
 TEST(Scheduler, PollingAcquireReportsPendingThenReady) {
@@ -315,7 +302,7 @@ TEST(Scheduler, PollingAcquireReportsPendingThenReady) {
   Harness harness(small_config(2 * kT, 2 * kT));
   Scheduler& s = harness.s();
   const TensorHandle a = s.register_tensor(flat_spec("a", kT)).value();
-  write_version(s, a, Tier::kPinned, 1);
+  write_version(s, a, Tier::kPinned, 1, kT);
   ASSERT_TRUE(s.flush(kWait).is_ok());
   harness.backend.pause(true);
   Result<AcquireAttempt> first = s.try_acquire(a, Tier::kDevice, AccessMode::kRead);
@@ -344,7 +331,7 @@ TEST(Scheduler, NothingLeaksWhenTheSchedulerGoes) {
     Scheduler& s = harness.s();
     for (int i = 0; i < 5; ++i) {
       const TensorHandle t = s.register_tensor(flat_spec("t" + std::to_string(i), kT)).value();
-      write_version(s, t, i % 2 ? Tier::kDevice : Tier::kPinned, 1);
+      write_version(s, t, i % 2 ? Tier::kDevice : Tier::kPinned, 1, kT);
     }
     harness.scheduler.reset();
     EXPECT_EQ(backend->live_buffers(), 0u);
