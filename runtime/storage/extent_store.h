@@ -14,7 +14,8 @@
 //    write_range_async ([offset, offset + bytes) with content_bytes). Only once the engine
 //    reports that the whole request succeeded does each block it covers record its new hash and
 //    the length become the write's content_bytes. Until then, and forever if it fails, its
-//    blocks keep their previous records and the length stays.
+//    blocks keep their previous records (without checksums, see failed writes below) and the
+//    length stays.
 //  - A successful write that changes the length drops the record of every block it did not
 //    cover whose logical bytes the new length changes: blocks past a shorter length are no
 //    longer content, and an old partial last block must be written again once the length grows
@@ -23,8 +24,8 @@
 //    bytes)). It verifies every block it covers before it reports success: a mismatch is
 //    STRATA_E_CORRUPT naming the extent, the first mismatching block ([start, end) within the
 //    extent's content) and both hashes; every mismatching block counts in checksum_failures.
-//    Reading an extent no write has succeeded on, or a block with no content (never written
-//    successfully, or dropped by a new length), is STRATA_E_STATE.
+//    Reading an extent no write has succeeded on, a block with no content (never written
+//    successfully, or dropped by a new length) or a failed block (below) is STRATA_E_STATE.
 //  - Ranged arguments: offset a multiple of block_bytes(); bytes >= 1 and a multiple of
 //    block_bytes() unless the range ends at the content's end (a write's content_bytes, the
 //    recorded length for a read); for a write offset + bytes <= content_bytes <= capacity, for a
@@ -94,8 +95,9 @@ class ExtentStore final : public SwapStore {
   // The same, reporting a failure to remove the swap file. The store must not be used after.
   Status close() override;
 
-  // Reserves space for `bytes` (rounded up to alignment()). STRATA_E_NOSPACE says whether the
-  // tier is full or only fragmented; STRATA_E_LIMIT at max_extents.
+  // Reserves space for `bytes` (rounded up to alignment()) and its block records.
+  // STRATA_E_NOSPACE says whether the tier is full or only fragmented; STRATA_E_LIMIT at
+  // max_extents; STRATA_E_NOMEM when host memory for the records cannot be had.
   Result<Extent> allocate(uint64_t bytes) override;
   // Returns the extent's space. STRATA_E_STATE for an unknown or already freed handle, or when
   // I/O on it is in flight.
