@@ -87,8 +87,9 @@ class SwapStore {
   // must not be used after.
   virtual Status close() = 0;
 
-  // Reserves space for `bytes` (rounded up to alignment()). STRATA_E_NOSPACE when the capacity
-  // cannot hold it, with the numbers.
+  // Reserves space for `bytes` (rounded up to alignment()) and the records of its blocks.
+  // STRATA_E_NOSPACE when the capacity cannot hold it, with the numbers; STRATA_E_NOMEM when
+  // host memory for the records cannot be had.
   virtual Result<Extent> allocate(uint64_t bytes) = 0;
   // Returns the extent's space. STRATA_E_STATE for an unknown or already freed handle, or when
   // I/O on it is in flight.
