@@ -112,24 +112,33 @@ Status ExtentContent::check_read(const Extent& extent, uint64_t offset, uint64_t
         name() + (last_write_failed_ ? ", whose only write failed" : ", which was never written"));
   }
   STRATA_TRY(check_range(extent, offset, bytes, length_, /*write=*/false, whole));
-  for (uint64_t i = first_block(offset); i < end_block(offset + bytes); ++i) {
+  const uint64_t end = end_block(offset + bytes);
+  const uint64_t i = first_unreadable(first_block(offset), end);
+  if (i < end) {
     const std::string block = "block " + range_text(i * block_bytes_, block_length(i, length_));
-    switch (states_[i] & kStateMask) {
-      case kWritten:
-        break;
-      case kFailed:
-        return Status::error(STRATA_E_STATE, name() + ": the last write failed over " + block +
-                                                 " and, without checksums, what it holds is " +
-                                                 "unknown; write it again");
-      default:
-        return Status::error(STRATA_E_STATE,
-                             name() + ": " + block + " was never written" +
-                                 ((states_[i] & kWriteFailedBit) != 0
-                                      ? " successfully (the last write over it failed)"
-                                      : ""));
+    if ((states_[i] & kStateMask) == kFailed) {
+      return Status::error(STRATA_E_STATE, name() + ": the last write failed over " + block +
+                                               " and, without checksums, what it holds is " +
+                                               "unknown; write it again");
     }
+    return Status::error(STRATA_E_STATE, name() + ": " + block + " was never written" +
+                                             ((states_[i] & kWriteFailedBit) != 0
+                                                  ? " successfully (the last write over it failed)"
+                                                  : ""));
   }
   return check_overlap(extent, offset, bytes, /*write=*/false, whole);
+}
+
+uint64_t ExtentContent::first_unreadable(uint64_t first, uint64_t end) const {
+  for (uint64_t i = first; i < end; ++i) {
+    if ((states_[i] & kStateMask) != kWritten) return i;
+  }
+  return end;
+}
+
+bool ExtentContent::readable() const {
+  const uint64_t end = end_block(length_);
+  return length_ > 0 && first_unreadable(0, end) == end;
 }
 
 Status ExtentContent::check_overlap(const Extent& extent, uint64_t offset, uint64_t bytes,

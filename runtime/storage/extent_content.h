@@ -44,6 +44,9 @@ class ExtentContent {
   // The content's logical length, as the last successful write set it; 0 until one succeeds.
   uint64_t length() const { return length_; }
   bool io_in_flight() const { return in_flight_ != nullptr; }
+  // Whether every block of the content holds content, so that a whole read can be admitted
+  // (overlap with requests in flight aside).
+  bool readable() const;
   uint64_t block_bytes() const { return block_bytes_; }
 
   // Whether a request may start, checked before any I/O: STRATA_E_INVALID for arguments that
@@ -86,6 +89,8 @@ class ExtentContent {
   uint64_t end_block(uint64_t end) const { return (end + block_bytes_ - 1) / block_bytes_; }
   // The block's logical bytes when the content is `length` long.
   uint64_t block_length(uint64_t index, uint64_t length) const;
+  // The first block of [first, end) that holds no readable content, or end.
+  uint64_t first_unreadable(uint64_t first, uint64_t end) const;
   // The argument rules of a range that must end within a content of `end` bytes.
   Status check_range(const Extent& extent, uint64_t offset, uint64_t bytes, uint64_t end,
                      bool write, bool whole) const;

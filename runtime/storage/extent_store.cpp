@@ -397,12 +397,11 @@ Result<uint64_t> ExtentStore::read_range(const Extent& extent, uint64_t offset, 
 Result<uint64_t> ExtentStore::content_bytes(const Extent& extent) const {
   std::lock_guard lock(mutex_);
   STRATA_ASSIGN_OR_RETURN(auto found, find_locked(extent));
-  const uint64_t length = found->content.length();
-  if (length == 0) {
+  if (!found->content.readable()) {
     return Status::error(STRATA_E_STATE,
                          describe_extent(extent.id, extent.offset) + " holds no readable content");
   }
-  return length;
+  return found->content.length();
 }
 
 ExtentStoreStats ExtentStore::stats() const {

@@ -132,8 +132,9 @@ class ExtentStore final : public SwapStore {
   Result<uint64_t> read_range(const Extent& extent, uint64_t offset, void* buffer, uint64_t bytes,
                               int32_t buffer_index = -1);
 
-  // The logical length of the extent's content, as the last successful write set it (some of
-  // its blocks may still be unreadable); STRATA_E_STATE when no write has succeeded.
+  // The logical length of the extent's content, as the last successful write set it - what a
+  // whole read returns; STRATA_E_STATE when a whole read would be refused for want of content
+  // (no write has succeeded, or a block of the content was never written or is failed).
   Result<uint64_t> content_bytes(const Extent& extent) const;
 
   uint64_t alignment() const override { return device_.alignment(); }

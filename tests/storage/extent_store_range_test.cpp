@@ -283,6 +283,8 @@ TEST_P(ExtentStoreRanges, MisalignedOrOutOfRangeArgumentsAreInvalid) {
   EXPECT_NE(hole.message().find(block_text(0, block_) + " was never written"), std::string::npos)
       << hole.message();
   EXPECT_EQ(store_->read(extent, back.data(), back.size()).status().code(), STRATA_E_STATE);
+  EXPECT_EQ(store_->content_bytes(extent).status().code(), STRATA_E_STATE)
+      << "no whole content to read yet";
   EXPECT_TRUE(read_and_compare(extent, image, block_, block_).is_ok());
 
   const std::string past = "content length of " + std::to_string(content);
