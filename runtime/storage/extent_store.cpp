@@ -1,8 +1,11 @@
 #include "storage/extent_store.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <latch>
+#include <optional>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -20,8 +23,9 @@ std::string hex64(uint64_t value) {
   return text;
 }
 
-std::string describe(uint64_t id, uint64_t offset) {
-  return "extent #" + std::to_string(id) + " at offset " + std::to_string(offset);
+// The logical bytes of the index-th block of a range of `bytes`: whole blocks but the last.
+uint64_t block_in_range(uint64_t bytes, uint64_t index, uint64_t block_bytes) {
+  return std::min(block_bytes, bytes - index * block_bytes);
 }
 
 }  // namespace
@@ -29,6 +33,11 @@ std::string describe(uint64_t id, uint64_t offset) {
 Result<std::unique_ptr<ExtentStore>> ExtentStore::open(BackingDevice device, io::IoEngine& engine,
                                                        const ExtentStoreOptions& options) {
   if (device.fd() < 0) return invalid_argument("extent store: the backing device is closed");
+  if (!is_power_of_two(options.block_bytes) || options.block_bytes < device.alignment()) {
+    return invalid_argument("extent store: block_bytes is " + std::to_string(options.block_bytes) +
+                            "; it must be a power of two of at least the device's alignment (" +
+                            std::to_string(device.alignment()) + " bytes)");
+  }
   STRATA_ASSIGN_OR_RETURN(
       auto allocator,
       ExtentAllocator::create(device.capacity(), device.alignment(), options.max_extents));
@@ -63,14 +72,24 @@ Status ExtentStore::close() {
 }
 
 Result<Extent> ExtentStore::allocate(uint64_t bytes) {
+  // The block records are sized for the capacity the allocator will reserve and allocated
+  // before the lock; a size the allocator refuses gets its message instead.
+  std::optional<ExtentContent> content;
+  if (bytes > 0 && bytes <= capacity()) {
+    STRATA_ASSIGN_OR_RETURN(auto created,
+                            ExtentContent::create(align_up(bytes, alignment()),
+                                                  options_.block_bytes, options_.verify_checksums),
+                            "allocating " + std::to_string(bytes) + " bytes");
+    content.emplace(std::move(created));
+  }
   std::lock_guard lock(mutex_);
   auto offset = allocator_.allocate(bytes);
   if (!offset) return std::move(offset).take_status();
   Extent extent{next_id_++, *offset, allocator_.reserved_length(bytes)};
-  Record record;
-  record.offset = extent.offset;
-  record.capacity = extent.capacity;
-  const bool inserted = records_.emplace(extent.id, record).second;
+  STRATA_ASSERT(content.has_value() && extent.capacity == align_up(bytes, alignment()));
+  const bool inserted =
+      records_.emplace(extent.id, Record{extent.offset, extent.capacity, std::move(*content)})
+          .second;
   STRATA_ASSERT(inserted);
   return extent;
 }
@@ -83,13 +102,13 @@ Result<ExtentStore::Record*> ExtentStore::find_locked(const Extent& extent) {
 Result<const ExtentStore::Record*> ExtentStore::find_locked(const Extent& extent) const {
   const auto it = records_.find(extent.id);
   if (it == records_.end()) {
-    return Status::error(STRATA_E_STATE, describe(extent.id, extent.offset) +
+    return Status::error(STRATA_E_STATE, describe_extent(extent.id, extent.offset) +
                                              " is not allocated (freed already, or from another "
                                              "store)");
   }
   const Record& record = it->second;
   if (record.offset != extent.offset || record.capacity != extent.capacity) {
-    return Status::error(STRATA_E_STATE, describe(extent.id, extent.offset) +
+    return Status::error(STRATA_E_STATE, describe_extent(extent.id, extent.offset) +
                                              ": the handle does not match the extent (offset " +
                                              std::to_string(record.offset) + ", capacity " +
                                              std::to_string(record.capacity) + ")");
@@ -101,8 +120,8 @@ Status ExtentStore::free(const Extent& extent) {
   std::lock_guard lock(mutex_);
   STRATA_ASSIGN_OR_RETURN(auto found, find_locked(extent), "freeing");
   Record& record = *found;
-  if (record.writing || record.readers > 0) {
-    return Status::error(STRATA_E_STATE, "freeing " + describe(extent.id, extent.offset) +
+  if (record.content.io_in_flight()) {
+    return Status::error(STRATA_E_STATE, "freeing " + describe_extent(extent.id, extent.offset) +
                                              " while I/O on it is in flight");
   }
   // The table and the allocator agree on every live extent, so this cannot fail.
@@ -112,7 +131,10 @@ Status ExtentStore::free(const Extent& extent) {
   return Status::ok();
 }
 
-Status ExtentStore::check_buffer(const void* buffer, const char* what) const {
+Status ExtentStore::check_request(const ExtentIo* io, const void* buffer, const char* what) const {
+  if (io == nullptr || io->on_complete == nullptr) {
+    return invalid_argument(std::string(what) + ": no completion callback");
+  }
   if (buffer == nullptr) return invalid_argument(std::string(what) + ": buffer is NULL");
   if (!is_aligned(buffer, device_.memory_alignment())) {
     return invalid_argument(std::string(what) + ": buffer is not aligned to " +
@@ -124,43 +146,60 @@ Status ExtentStore::check_buffer(const void* buffer, const char* what) const {
 
 Status ExtentStore::write_async(const Extent& extent, const void* buffer, uint64_t bytes,
                                 ExtentIo* io, int32_t buffer_index) {
-  if (io == nullptr || io->on_complete == nullptr) {
-    return invalid_argument("extent write: no completion callback");
-  }
-  STRATA_TRY(check_buffer(buffer, "extent write"));
+  STRATA_TRY(check_request(io, buffer, "extent write"));
   if (bytes == 0 || bytes > extent.capacity) {
     return invalid_argument("writing " + std::to_string(bytes) + " bytes to " +
-                            describe(extent.id, extent.offset) + " of capacity " +
+                            describe_extent(extent.id, extent.offset) + " of capacity " +
                             std::to_string(extent.capacity));
   }
-  // Hashed before the write is issued and outside the lock: the caller may not touch the buffer
-  // until completion anyway, and this keeps engine threads free for completions.
-  const uint64_t hash = options_.verify_checksums ? checksum(buffer, bytes) : 0;
+  return submit_write(extent, 0, buffer, bytes, bytes, io, buffer_index, /*whole=*/true);
+}
+
+Status ExtentStore::write_range_async(const Extent& extent, uint64_t offset, const void* buffer,
+                                      uint64_t bytes, uint64_t content_bytes, ExtentIo* io,
+                                      int32_t buffer_index) {
+  STRATA_TRY(check_request(io, buffer, "extent write"));
+  return submit_write(extent, offset, buffer, bytes, content_bytes, io, buffer_index,
+                      /*whole=*/false);
+}
+
+Status ExtentStore::submit_write(const Extent& extent, uint64_t offset, const void* buffer,
+                                 uint64_t bytes, uint64_t content_bytes, ExtentIo* io,
+                                 int32_t buffer_index, bool whole) {
+  std::span<uint64_t> pending;
   {
     std::lock_guard lock(mutex_);
     STRATA_ASSIGN_OR_RETURN(auto found, find_locked(extent), "writing");
-    Record& record = *found;
-    if (record.writing || record.readers > 0) {
-      return Status::error(STRATA_E_STATE, "writing " + describe(extent.id, extent.offset) +
-                                               " while another I/O on it is in flight");
-    }
-    record.writing = true;
+    ExtentContent& content = found->content;
+    STRATA_TRY(content.check_write(extent, offset, bytes, content_bytes, whole));
+    content.start(io, extent, offset, bytes, content_bytes, /*write=*/true, whole);
+    pending = content.pending_hashes(*io);
     ++in_flight_;
   }
-
-  io->status = Status::ok();
-  io->bytes = bytes;
-  io->store = this;
-  io->extent_id = extent.id;
-  io->expected_checksum = hash;
+  // Hashed once admitted (the pending slots of its blocks are this write's alone now), before
+  // the write is issued and outside the lock: the caller may not touch the buffer until
+  // completion anyway, and this keeps engine threads free for completions.
+  const auto* bytes_in = static_cast<const unsigned char*>(buffer);
+  for (uint64_t i = 0; i < pending.size(); ++i) {
+    pending[i] = checksum(bytes_in + i * options_.block_bytes,
+                          block_in_range(bytes, i, options_.block_bytes));
+  }
   io->request = io::IoRequest{};
   io->request.op = io::IoOp::kWrite;
-  io->request.file = file_;
-  io->request.buffer = const_cast<void*>(buffer);  // the engine only reads a write's buffer
-  io->request.length = align_up(bytes, device_.alignment());
-  io->request.offset = extent.offset;
-  io->request.buffer_index = buffer_index;
   io->request.on_complete = &ExtentStore::on_write_done;
+  return issue(extent, io, const_cast<void*>(buffer), buffer_index);  // the engine only reads it
+}
+
+Status ExtentStore::issue(const Extent& extent, ExtentIo* io, void* buffer, int32_t buffer_index) {
+  io->status = Status::ok();
+  io->store = this;
+  io->request.file = file_;
+  io->request.buffer = buffer;
+  // A ranged request covers whole blocks (multiples of the alignment) but for the content's
+  // tail, so the padding of its transfer stays inside its own last block.
+  io->request.length = align_up(io->bytes, device_.alignment());
+  io->request.offset = extent.offset + io->offset;
+  io->request.buffer_index = buffer_index;
   io->request.context = io;
 
   Status submitted = engine_.submit(&io->request);
@@ -168,10 +207,10 @@ Status ExtentStore::write_async(const Extent& extent, const void* buffer, uint64
     std::lock_guard lock(mutex_);
     auto found = find_locked(extent);
     STRATA_ASSERT(found.is_ok());  // a record with I/O in flight cannot be freed
-    (*found)->writing = false;
-    ++stats_.write_errors;
+    (*found)->content.withdraw(io);
+    ++(io->write ? stats_.write_errors : stats_.read_errors);
     finish_locked();
-    return std::move(submitted).with_context("writing " + describe(extent.id, extent.offset));
+    return std::move(submitted).with_context(ExtentContent::describe(*io, extent.offset));
   }
   return Status::ok();
 }
@@ -185,24 +224,13 @@ void ExtentStore::on_write_done(io::IoRequest* request, void* context) {
     const auto it = store.records_.find(io->extent_id);
     STRATA_ASSERT(it != store.records_.end());
     Record& record = it->second;
-    STRATA_ASSERT(record.writing);
-    record.writing = false;
+    record.content.finish(io, status.is_ok());
     if (status.is_ok()) {
-      record.content = Content::kWritten;
-      record.length = io->bytes;
-      record.checksum = io->expected_checksum;
-      record.last_write_failed = false;
       ++store.stats_.writes;
       store.stats_.bytes_written += io->bytes;
     } else {
-      // The previous record stays: with a checksum it still tells whether the old bytes survived.
-      // Without one nothing can, so the content is given up rather than trusted.
-      record.last_write_failed = true;
-      if (!store.options_.verify_checksums && record.content == Content::kWritten) {
-        record.content = Content::kFailed;
-      }
       ++store.stats_.write_errors;
-      status = std::move(status).with_context("writing " + describe(io->extent_id, record.offset));
+      status = std::move(status).with_context(ExtentContent::describe(*io, record.offset));
     }
     store.finish_locked();
   }
@@ -212,108 +240,100 @@ void ExtentStore::on_write_done(io::IoRequest* request, void* context) {
 
 Status ExtentStore::read_async(const Extent& extent, void* buffer, uint64_t buffer_bytes,
                                ExtentIo* io, int32_t buffer_index) {
-  if (io == nullptr || io->on_complete == nullptr) {
-    return invalid_argument("extent read: no completion callback");
-  }
-  STRATA_TRY(check_buffer(buffer, "extent read"));
-  uint64_t length = 0;
-  uint64_t expected = 0;
+  STRATA_TRY(check_request(io, buffer, "extent read"));
+  return submit_read(extent, 0, buffer, 0, buffer_bytes, io, buffer_index, /*whole=*/true);
+}
+
+Status ExtentStore::read_range_async(const Extent& extent, uint64_t offset, void* buffer,
+                                     uint64_t bytes, ExtentIo* io, int32_t buffer_index) {
+  STRATA_TRY(check_request(io, buffer, "extent read"));
+  // The caller sizes a ranged read's buffer by the rule; there is no length to check it by.
+  return submit_read(extent, offset, buffer, bytes, align_up(bytes, alignment()), io, buffer_index,
+                     /*whole=*/false);
+}
+
+Status ExtentStore::submit_read(const Extent& extent, uint64_t offset, void* buffer, uint64_t bytes,
+                                uint64_t buffer_bytes, ExtentIo* io, int32_t buffer_index,
+                                bool whole) {
   {
     std::lock_guard lock(mutex_);
     STRATA_ASSIGN_OR_RETURN(auto found, find_locked(extent), "reading");
-    Record& record = *found;
-    if (record.writing) {
-      return Status::error(STRATA_E_STATE, "reading " + describe(extent.id, extent.offset) +
-                                               " while a write to it is in flight");
-    }
-    if (record.content == Content::kNone) {
-      return Status::error(STRATA_E_STATE,
-                           "reading " + describe(extent.id, extent.offset) +
-                               (record.last_write_failed ? ", whose only write failed"
-                                                         : ", which was never written"));
-    }
-    if (record.content == Content::kFailed) {
-      return Status::error(STRATA_E_STATE, "reading " + describe(extent.id, extent.offset) +
-                                               ": its last write failed and, without checksums, "
-                                               "what it holds is unknown; write it again");
-    }
-    length = record.length;
-    expected = record.checksum;
-    if (buffer_bytes < align_up(length, device_.alignment())) {
-      return invalid_argument("reading " + describe(extent.id, extent.offset) + " of " +
-                              std::to_string(length) + " bytes needs a buffer of " +
-                              std::to_string(align_up(length, device_.alignment())) +
+    ExtentContent& content = found->content;
+    if (whole) bytes = content.length();
+    STRATA_TRY(content.check_read(extent, offset, bytes, whole));
+    if (buffer_bytes < align_up(bytes, device_.alignment())) {
+      return invalid_argument("reading " + describe_extent(extent.id, extent.offset) + " of " +
+                              std::to_string(bytes) + " bytes needs a buffer of " +
+                              std::to_string(align_up(bytes, device_.alignment())) +
                               " bytes; got " + std::to_string(buffer_bytes));
     }
-    ++record.readers;
+    content.start(io, extent, offset, bytes, 0, /*write=*/false, whole);
     ++in_flight_;
   }
-
-  io->status = Status::ok();
-  io->bytes = length;
-  io->store = this;
-  io->extent_id = extent.id;
-  io->expected_checksum = expected;
   io->request = io::IoRequest{};
   io->request.op = io::IoOp::kRead;
-  io->request.file = file_;
-  io->request.buffer = buffer;
-  io->request.length = align_up(length, device_.alignment());
-  io->request.offset = extent.offset;
-  io->request.buffer_index = buffer_index;
   io->request.on_complete = &ExtentStore::on_read_done;
-  io->request.context = io;
-
-  Status submitted = engine_.submit(&io->request);
-  if (!submitted) {
-    std::lock_guard lock(mutex_);
-    auto found = find_locked(extent);
-    STRATA_ASSERT(found.is_ok());
-    --(*found)->readers;
-    ++stats_.read_errors;
-    finish_locked();
-    return std::move(submitted).with_context("reading " + describe(extent.id, extent.offset));
-  }
-  return Status::ok();
+  return issue(extent, io, buffer, buffer_index);
 }
 
 void ExtentStore::on_read_done(io::IoRequest* request, void* context) {
   auto* io = static_cast<ExtentIo*>(context);
   ExtentStore& store = *static_cast<ExtentStore*>(io->store);
   Status status = io::request_status(*request);
+  // Verified here, on the engine thread and outside the lock, so that a caller never sees
+  // unverified bytes reported as a successful read. The recorded hashes of this read's blocks
+  // cannot change while it is in flight: no write over them is admitted.
+  uint64_t mismatches = 0;
+  uint64_t first_bad = 0;
+  uint64_t expected = 0;
   uint64_t actual = 0;
-  bool mismatch = false;
-  // Verified here, on the engine thread, so that a caller never sees unverified bytes reported
-  // as a successful read.
-  if (status.is_ok() && store.options_.verify_checksums) {
-    actual = checksum(request->buffer, io->bytes);
-    mismatch = actual != io->expected_checksum;
+  const uint64_t block_bytes = store.options_.block_bytes;
+  if (status.is_ok()) {
+    const std::span<const uint64_t> hashes = io->content->hashes(*io);
+    const auto* bytes_in = static_cast<const unsigned char*>(request->buffer);
+    for (uint64_t i = 0; i < hashes.size(); ++i) {
+      const uint64_t hash =
+          checksum(bytes_in + i * block_bytes, block_in_range(io->bytes, i, block_bytes));
+      if (hash == hashes[i]) continue;
+      if (mismatches++ == 0) {
+        first_bad = i;
+        expected = hashes[i];
+        actual = hash;
+      }
+    }
   }
   {
     std::lock_guard lock(store.mutex_);
     const auto it = store.records_.find(io->extent_id);
     STRATA_ASSERT(it != store.records_.end());
     Record& record = it->second;
-    STRATA_ASSERT(record.readers > 0);
-    --record.readers;
     if (!status.is_ok()) {
       ++store.stats_.read_errors;
-      status = std::move(status).with_context("reading " + describe(io->extent_id, record.offset));
-    } else if (mismatch) {
+      status = std::move(status).with_context(ExtentContent::describe(*io, record.offset));
+    } else if (mismatches > 0) {
       ++store.stats_.read_errors;
-      ++store.stats_.checksum_failures;
+      store.stats_.checksum_failures += mismatches;
+      const uint64_t bad_offset = io->offset + first_bad * block_bytes;
+      const uint64_t bad_bytes = block_in_range(io->bytes, first_bad, block_bytes);
       status = Status::error(
           STRATA_E_CORRUPT,
-          "reading " + describe(io->extent_id, record.offset) + " (" + std::to_string(io->bytes) +
-              " bytes): checksum mismatch, expected xxh3 " + hex64(io->expected_checksum) +
+          ExtentContent::describe(*io, record.offset) +
+              (io->whole ? " (" + std::to_string(io->bytes) + " bytes)" : std::string()) +
+              ": checksum mismatch in block [" + std::to_string(bad_offset) + ", " +
+              std::to_string(bad_offset + bad_bytes) + "), expected xxh3 " + hex64(expected) +
               ", got " + hex64(actual) +
-              (record.last_write_failed
-                   ? "; the last write to this extent failed and overwrote part of it"
+              (mismatches > 1 ? " (" + std::to_string(mismatches - 1) +
+                                    " more of the range's blocks mismatched)"
+                              : std::string()) +
+              (record.content.write_failed_over(bad_offset / block_bytes)
+                   ? "; the last write to this extent failed while covering this block and "
+                     "overwrote part of it"
                    : "; the data on the device changed since it was written"));
     } else {
       ++store.stats_.reads;
       store.stats_.bytes_read += io->bytes;
     }
+    record.content.finish(io, status.is_ok());
     store.finish_locked();
   }
   io->status = std::move(status);
@@ -327,45 +347,61 @@ void ExtentStore::finish_locked() {
 
 namespace {
 
-// Completion for the blocking forms: the waiter owns the ExtentIo on its stack.
-void count_down(ExtentIo*, void* context) {
-  static_cast<std::latch*>(context)->count_down();
+// Runs one asynchronous call to completion: the waiter owns the ExtentIo on its stack.
+template <typename Submit>
+Result<uint64_t> run_blocking(Submit submit) {
+  std::latch done(1);
+  ExtentIo io;
+  io.on_complete = [](ExtentIo*, void* context) {
+    static_cast<std::latch*>(context)->count_down();
+  };
+  io.context = &done;
+  STRATA_TRY(submit(&io));
+  done.wait();
+  if (!io.status) return std::move(io.status);
+  return io.bytes;
+}
+
+Status status_of(Result<uint64_t> result) {
+  return result ? Status::ok() : std::move(result).take_status();
 }
 
 }  // namespace
 
 Status ExtentStore::write(const Extent& extent, const void* buffer, uint64_t bytes,
                           int32_t buffer_index) {
-  std::latch done(1);
-  ExtentIo io;
-  io.on_complete = &count_down;
-  io.context = &done;
-  STRATA_TRY(write_async(extent, buffer, bytes, &io, buffer_index));
-  done.wait();
-  return std::move(io.status);
+  return status_of(run_blocking(
+      [&](ExtentIo* io) { return write_async(extent, buffer, bytes, io, buffer_index); }));
 }
 
 Result<uint64_t> ExtentStore::read(const Extent& extent, void* buffer, uint64_t buffer_bytes,
                                    int32_t buffer_index) {
-  std::latch done(1);
-  ExtentIo io;
-  io.on_complete = &count_down;
-  io.context = &done;
-  STRATA_TRY(read_async(extent, buffer, buffer_bytes, &io, buffer_index));
-  done.wait();
-  if (!io.status) return std::move(io.status);
-  return io.bytes;
+  return run_blocking(
+      [&](ExtentIo* io) { return read_async(extent, buffer, buffer_bytes, io, buffer_index); });
+}
+
+Status ExtentStore::write_range(const Extent& extent, uint64_t offset, const void* buffer,
+                                uint64_t bytes, uint64_t content_bytes, int32_t buffer_index) {
+  return status_of(run_blocking([&](ExtentIo* io) {
+    return write_range_async(extent, offset, buffer, bytes, content_bytes, io, buffer_index);
+  }));
+}
+
+Result<uint64_t> ExtentStore::read_range(const Extent& extent, uint64_t offset, void* buffer,
+                                         uint64_t bytes, int32_t buffer_index) {
+  return run_blocking([&](ExtentIo* io) {
+    return read_range_async(extent, offset, buffer, bytes, io, buffer_index);
+  });
 }
 
 Result<uint64_t> ExtentStore::content_bytes(const Extent& extent) const {
   std::lock_guard lock(mutex_);
   STRATA_ASSIGN_OR_RETURN(auto found, find_locked(extent));
-  const Record& record = *found;
-  if (record.content != Content::kWritten) {
+  if (!found->content.readable()) {
     return Status::error(STRATA_E_STATE,
-                         describe(extent.id, extent.offset) + " holds no readable content");
+                         describe_extent(extent.id, extent.offset) + " holds no readable content");
   }
-  return record.length;
+  return found->content.length();
 }
 
 ExtentStoreStats ExtentStore::stats() const {

@@ -18,13 +18,16 @@ namespace {
 
 constexpr uint32_t kMaxThreads = 64;
 
-// pread/pwrite the whole range, resubmitting short transfers and interrupted calls.
-Status transfer_all(int fd, void* buffer, uint64_t bytes, bool write, const std::string& path) {
+// pread/pwrite [offset, offset + bytes) of the file, resubmitting short transfers and
+// interrupted calls.
+Status transfer_all(int fd, void* buffer, uint64_t offset, uint64_t bytes, bool write,
+                    const std::string& path) {
   uint64_t done = 0;
   while (done < bytes) {
     auto* at = static_cast<unsigned char*>(buffer) + done;
-    const ssize_t n = write ? ::pwrite(fd, at, bytes - done, static_cast<off_t>(done))
-                            : ::pread(fd, at, bytes - done, static_cast<off_t>(done));
+    const auto where = static_cast<off_t>(offset + done);
+    const ssize_t n =
+        write ? ::pwrite(fd, at, bytes - done, where) : ::pread(fd, at, bytes - done, where);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       const int err = errno;
@@ -32,8 +35,9 @@ Status transfer_all(int fd, void* buffer, uint64_t bytes, bool write, const std:
                           std::string(write ? "writing " : "reading ") + path, err);
     }
     if (n == 0) {
-      return Status::error(STRATA_E_CORRUPT, path + " ends at byte " + std::to_string(done) +
-                                                 " of " + std::to_string(bytes));
+      return Status::error(STRATA_E_CORRUPT, path + " ends at byte " +
+                                                 std::to_string(offset + done) + " of " +
+                                                 std::to_string(offset + bytes));
     }
     done += static_cast<uint64_t>(n);
   }
@@ -203,6 +207,10 @@ Result<Extent> FilePerTensorStore::allocate(uint64_t bytes) {
                                                "; raise nvme_capacity_bytes");
   }
   const uint64_t padded = align_up(bytes, kAlignment);
+  // Block records before the lock: allocation stays off the paths that hold it.
+  STRATA_ASSIGN_OR_RETURN(auto content,
+                          ExtentContent::create(padded, kBlockBytes, /*checksums=*/false),
+                          "allocating " + std::to_string(bytes) + " bytes");
   std::lock_guard lock(mutex_);
   if (closed_) return Status::error(STRATA_E_STATE, "the NVMe tier is closed");
   if (padded > capacity_ - used_) {
@@ -212,7 +220,7 @@ Result<Extent> FilePerTensorStore::allocate(uint64_t bytes) {
                              format_bytes(capacity_) + "; raise nvme_capacity_bytes");
   }
   const uint64_t id = next_id_++;
-  records_.emplace(id, Record{padded});
+  records_.emplace(id, Record{padded, std::move(content)});
   used_ += padded;
   return Extent{id, 0, padded};
 }
@@ -230,7 +238,7 @@ Result<FilePerTensorStore::Record*> FilePerTensorStore::find_locked(const Extent
 Status FilePerTensorStore::free(const Extent& extent) {
   std::lock_guard lock(mutex_);
   STRATA_ASSIGN_OR_RETURN(auto record, find_locked(extent));
-  if ((record)->writing || (record)->readers != 0) {
+  if ((record)->content.io_in_flight()) {
     return Status::error(STRATA_E_STATE,
                          "extent " + std::to_string(extent.id) + " has I/O in flight");
   }
@@ -247,53 +255,69 @@ Status FilePerTensorStore::free(const Extent& extent) {
 Status FilePerTensorStore::write_async(const Extent& extent, const void* buffer, uint64_t bytes,
                                        ExtentIo* io, int32_t /*buffer_index*/) {
   STRATA_TRY(check_request(io, buffer, kAlignment, "write"));
+  if (bytes == 0 || bytes > extent.capacity) {
+    return invalid_argument("write of " + std::to_string(bytes) + " bytes to an extent of " +
+                            std::to_string(extent.capacity));
+  }
+  return submit_write(extent, 0, buffer, bytes, bytes, io, /*whole=*/true);
+}
+
+Status FilePerTensorStore::write_range_async(const Extent& extent, uint64_t offset,
+                                             const void* buffer, uint64_t bytes,
+                                             uint64_t content_bytes, ExtentIo* io,
+                                             int32_t /*buffer_index*/) {
+  STRATA_TRY(check_request(io, buffer, kAlignment, "write"));
+  return submit_write(extent, offset, buffer, bytes, content_bytes, io, /*whole=*/false);
+}
+
+Status FilePerTensorStore::submit_write(const Extent& extent, uint64_t offset, const void* buffer,
+                                        uint64_t bytes, uint64_t content_bytes, ExtentIo* io,
+                                        bool whole) {
   std::lock_guard lock(mutex_);
   STRATA_ASSIGN_OR_RETURN(auto record, find_locked(extent));
-  if (bytes == 0 || bytes > (record)->capacity) {
-    return invalid_argument("write of " + std::to_string(bytes) + " bytes to an extent of " +
-                            std::to_string((record)->capacity));
-  }
-  if ((record)->writing || (record)->readers != 0) {
-    return Status::error(STRATA_E_STATE,
-                         "extent " + std::to_string(extent.id) + " has I/O in flight");
-  }
-  const bool create = !(record)->has_file;
-  (record)->writing = true;
-  (record)->has_file = true;
-  enqueue_locked(Request{io, const_cast<void*>(buffer), align_up(bytes, kAlignment),
-                         /*write=*/true, create},
-                 extent.id, bytes);
+  STRATA_TRY(record->content.check_write(extent, offset, bytes, content_bytes, whole));
+  Request request{io, const_cast<void*>(buffer), align_up(bytes, kAlignment), /*write=*/true};
+  request.create = !record->has_file;
+  request.after_create = record->creating;
+  record->has_file = true;
+  record->creating = record->creating || request.create;
+  record->content.start(io, extent, offset, bytes, content_bytes, /*write=*/true, whole);
+  enqueue_locked(request);
   return Status::ok();
 }
 
 Status FilePerTensorStore::read_async(const Extent& extent, void* buffer, uint64_t buffer_bytes,
                                       ExtentIo* io, int32_t /*buffer_index*/) {
   STRATA_TRY(check_request(io, buffer, kAlignment, "read"));
+  return submit_read(extent, 0, buffer, 0, buffer_bytes, io, /*whole=*/true);
+}
+
+Status FilePerTensorStore::read_range_async(const Extent& extent, uint64_t offset, void* buffer,
+                                            uint64_t bytes, ExtentIo* io,
+                                            int32_t /*buffer_index*/) {
+  STRATA_TRY(check_request(io, buffer, kAlignment, "read"));
+  return submit_read(extent, offset, buffer, bytes, align_up(bytes, kAlignment), io,
+                     /*whole=*/false);
+}
+
+Status FilePerTensorStore::submit_read(const Extent& extent, uint64_t offset, void* buffer,
+                                       uint64_t bytes, uint64_t buffer_bytes, ExtentIo* io,
+                                       bool whole) {
   std::lock_guard lock(mutex_);
   STRATA_ASSIGN_OR_RETURN(auto record, find_locked(extent));
-  if (!(record)->written) {
-    return Status::error(STRATA_E_STATE,
-                         "extent " + std::to_string(extent.id) + " has never been written");
-  }
-  if ((record)->writing) {
-    return Status::error(STRATA_E_STATE,
-                         "extent " + std::to_string(extent.id) + " is being written");
-  }
-  const uint64_t transfer = align_up((record)->length, kAlignment);
+  if (whole) bytes = record->content.length();
+  STRATA_TRY(record->content.check_read(extent, offset, bytes, whole));
+  const uint64_t transfer = align_up(bytes, kAlignment);
   if (buffer_bytes < transfer) {
     return invalid_argument("read: the buffer holds " + std::to_string(buffer_bytes) +
                             " bytes, the content needs " + std::to_string(transfer));
   }
-  ++(record)->readers;
-  enqueue_locked(Request{io, buffer, transfer, /*write=*/false, /*create=*/false}, extent.id,
-                 (record)->length);
+  record->content.start(io, extent, offset, bytes, 0, /*write=*/false, whole);
+  enqueue_locked(Request{io, buffer, transfer, /*write=*/false});
   return Status::ok();
 }
 
-void FilePerTensorStore::enqueue_locked(const Request& request, uint64_t id,
-                                        uint64_t logical_bytes) {
-  request.io->bytes = logical_bytes;
-  request.io->extent_id = id;
+void FilePerTensorStore::enqueue_locked(const Request& request) {
   request.io->store = this;
   queue_.push_back(request);
   ++in_flight_;
@@ -316,10 +340,23 @@ void FilePerTensorStore::io_thread_main() {
 
 // What DeepSpeed's swapper does per request: open the tensor's file, fstat it, transfer, close.
 Status FilePerTensorStore::transfer(const Request& request) {
-  const std::string name = file_name(request.io->extent_id);
+  const uint64_t id = request.io->extent_id;
+  const std::string name = file_name(id);
+  if (request.after_create) {
+    // The creating write was queued first, so another thread has taken it already.
+    std::unique_lock lock(mutex_);
+    file_created_.wait(lock, [&] { return !records_.at(id).creating; });
+  }
   int flags = O_RDWR | O_NOFOLLOW | O_CLOEXEC | (direct_io_ ? O_DIRECT : 0);
   if (request.create) flags |= O_CREAT | O_EXCL;
   UniqueFd fd(::openat(dir_fd_.get(), name.c_str(), flags, 0600));
+  if (request.create) {
+    {
+      std::lock_guard lock(mutex_);
+      records_.at(id).creating = false;
+    }
+    file_created_.notify_all();
+  }
   if (!fd.valid()) {
     const int err = errno;
     return errno_status(err == ENOSPC ? STRATA_E_NOSPACE : STRATA_E_IO,
@@ -329,12 +366,13 @@ Status FilePerTensorStore::transfer(const Request& request) {
   if (::fstat(fd.get(), &st) != 0) {
     return errno_status(STRATA_E_IO, "fstat of " + path_ + "/" + name, errno);
   }
-  if (!request.write && static_cast<uint64_t>(st.st_size) < request.transfer) {
+  const uint64_t end = request.io->offset + request.transfer;
+  if (!request.write && static_cast<uint64_t>(st.st_size) < end) {
     return Status::error(STRATA_E_CORRUPT, path_ + "/" + name + " holds " +
                                                std::to_string(st.st_size) + " bytes, " +
-                                               std::to_string(request.transfer) + " expected");
+                                               std::to_string(end) + " expected");
   }
-  return transfer_all(fd.get(), request.buffer, request.transfer, request.write,
+  return transfer_all(fd.get(), request.buffer, request.io->offset, request.transfer, request.write,
                       path_ + "/" + name);
 }
 
@@ -346,32 +384,22 @@ void FilePerTensorStore::finish(const Request& request, Status status) {
     auto it = records_.find(id);
     STRATA_ASSERT(it != records_.end());  // free() refuses extents with I/O in flight
     Record& record = it->second;
-    if (request.write) {
-      record.writing = false;
-      if (status.is_ok()) {
-        // The file's content is what this write put there, whatever an earlier one left.
-        record.written = true;
-        record.length = io->bytes;
-        ++stats_.writes;
-        stats_.bytes_written += io->bytes;
-      } else {
-        // Part of the file may have been overwritten and nothing can tell which part.
-        record.written = false;
-        ++stats_.write_errors;
-        // A first write that could not create the file: the next one must create it.
-        if (request.create &&
-            ::faccessat(dir_fd_.get(), file_name(id).c_str(), F_OK, AT_SYMLINK_NOFOLLOW) != 0) {
-          record.has_file = false;
-        }
+    record.content.finish(io, status.is_ok());
+    if (request.write && status.is_ok()) {
+      ++stats_.writes;
+      stats_.bytes_written += io->bytes;
+    } else if (request.write) {
+      ++stats_.write_errors;
+      // A first write that could not create the file: the next one must create it.
+      if (request.create &&
+          ::faccessat(dir_fd_.get(), file_name(id).c_str(), F_OK, AT_SYMLINK_NOFOLLOW) != 0) {
+        record.has_file = false;
       }
+    } else if (status.is_ok()) {
+      ++stats_.reads;
+      stats_.bytes_read += io->bytes;
     } else {
-      --record.readers;
-      if (status.is_ok()) {
-        ++stats_.reads;
-        stats_.bytes_read += io->bytes;
-      } else {
-        ++stats_.read_errors;
-      }
+      ++stats_.read_errors;
     }
   }
   io->status = std::move(status);

@@ -2,6 +2,7 @@
 // or corrupted read reports, and that retried / short transfers stay invisible.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 
 #include "io/engine_factory.h"
@@ -33,7 +34,8 @@ class ExtentStoreUnderFaults : public ::testing::TestWithParam<io::IoEngineKind>
 
   // Opens a store whose engine applies `spec`. The first extent allocated sits at offset 0, so
   // specs can aim at it with offset=. Call through ASSERT_NO_FATAL_FAILURE.
-  void open(const std::string& spec, bool verify_checksums = true) {
+  void open(const std::string& spec, bool verify_checksums = true,
+            uint64_t block_bytes = ExtentStoreOptions{}.block_bytes) {
     auto plan = io::FaultPlan::parse(spec);
     ASSERT_TRUE(plan.is_ok()) << plan.status().message();
     auto engine = io::FaultInjectingEngine::wrap(std::move(inner_), std::move(plan).value());
@@ -47,6 +49,7 @@ class ExtentStoreUnderFaults : public ::testing::TestWithParam<io::IoEngineKind>
     ASSERT_TRUE(backing.is_ok()) << backing.status().message();
     ExtentStoreOptions store_options;
     store_options.verify_checksums = verify_checksums;
+    store_options.block_bytes = block_bytes;
     auto store = ExtentStore::open(std::move(backing).value(), *engine_, store_options);
     ASSERT_TRUE(store.is_ok()) << store.status().message();
     store_ = std::move(store).value();
@@ -154,6 +157,106 @@ TEST_P(ExtentStoreUnderFaults, WithoutChecksumsAFailedRewriteMakesTheContentUnre
   EXPECT_TRUE(read_and_compare(*extent, 9000, 3).is_ok());
 }
 
+// What a ranged read of store block `index` (kBlock bytes) returns, compared with `expected`.
+Status read_block(ExtentStore& store, const Extent& extent, uint64_t index,
+                  const AlignedBuffer& expected) {
+  AlignedBuffer back(kBlock);
+  auto read = store.read_range(extent, index * kBlock, back.data(), kBlock);
+  if (!read) return std::move(read).take_status();
+  EXPECT_EQ(std::memcmp(back.data(), expected.data() + index * kBlock, kBlock), 0)
+      << "wrong bytes in block " << index;
+  return Status::ok();
+}
+
+// Four store blocks of one engine block each, written whole from old_data; then the ranged
+// write of blocks 1-2 from new_data, which fails at block 2 (the second write attempt there,
+// the first being the whole write) after block 1 has been overwritten.
+struct FailedRangedRewrite {
+  static constexpr uint64_t kBytes = 4 * kBlock;
+  Extent extent;
+  AlignedBuffer old_data{kBytes};
+  AlignedBuffer new_data{kBytes};
+};
+
+class ExtentStoreUnderRangedFaults : public ExtentStoreUnderFaults {
+ protected:
+  // Call through ASSERT_NO_FATAL_FAILURE.
+  void fail_ranged_rewrite(bool verify_checksums, FailedRangedRewrite* out) {
+    ASSERT_NO_FATAL_FAILURE(
+        open("write:eio:offset=524288-786432:every=2:count=1", verify_checksums, kBlock));
+    auto extent = store_->allocate(FailedRangedRewrite::kBytes);
+    ASSERT_TRUE(extent.is_ok());
+    ASSERT_EQ(extent->offset, 0u);
+    out->extent = *extent;
+    out->old_data.fill_random(1, FailedRangedRewrite::kBytes);
+    out->new_data.fill_random(2, FailedRangedRewrite::kBytes);
+    ASSERT_TRUE(store_->write(*extent, out->old_data.data(), FailedRangedRewrite::kBytes).is_ok());
+    const Status failed = store_->write_range(*extent, kBlock, out->new_data.data() + kBlock,
+                                              2 * kBlock, FailedRangedRewrite::kBytes);
+    EXPECT_EQ(failed.code(), STRATA_E_IO);
+    EXPECT_NE(failed.message().find("bytes [262144, 786432)"), std::string::npos)
+        << failed.message();
+    EXPECT_EQ(store_->stats().write_errors, 1u);
+  }
+};
+
+TEST_P(ExtentStoreUnderRangedFaults, AFailedRangedWriteKeepsThePreviousRecordOfItsBlocksOnly) {
+  FailedRangedRewrite torn;
+  ASSERT_NO_FATAL_FAILURE(fail_ranged_rewrite(/*verify_checksums=*/true, &torn));
+  auto length = store_->content_bytes(torn.extent);
+  ASSERT_TRUE(length.is_ok()) << length.status().message();
+  EXPECT_EQ(*length, FailedRangedRewrite::kBytes) << "the records, length included, stay";
+  // Blocks the write did not cover, and block 2 that it never reached, hold the old bytes.
+  for (uint64_t index : {0, 2, 3}) {
+    EXPECT_TRUE(read_block(*store_, torn.extent, index, torn.old_data).is_ok()) << index;
+  }
+  // Block 1 holds new bytes under its old record: detected, never returned.
+  const Status read = read_block(*store_, torn.extent, 1, torn.old_data);
+  EXPECT_EQ(read.code(), STRATA_E_CORRUPT);
+  EXPECT_NE(read.message().find("block [262144, 524288)"), std::string::npos) << read.message();
+  EXPECT_NE(read.message().find("last write to this extent failed"), std::string::npos)
+      << read.message();
+  EXPECT_EQ(read_and_compare(torn.extent, FailedRangedRewrite::kBytes, 1).code(), STRATA_E_CORRUPT);
+
+  // Writing block 1 again makes the extent whole: old, new, old, old.
+  ASSERT_TRUE(store_
+                  ->write_range(torn.extent, kBlock, torn.new_data.data() + kBlock, kBlock,
+                                FailedRangedRewrite::kBytes)
+                  .is_ok());
+  std::memcpy(torn.old_data.data() + kBlock, torn.new_data.data() + kBlock, kBlock);
+  for (uint64_t index = 0; index < 4; ++index) {
+    EXPECT_TRUE(read_block(*store_, torn.extent, index, torn.old_data).is_ok()) << index;
+  }
+}
+
+TEST_P(ExtentStoreUnderRangedFaults,
+       WithoutChecksumsAFailedRangedWriteMakesOnlyItsBlocksUnreadable) {
+  FailedRangedRewrite torn;
+  ASSERT_NO_FATAL_FAILURE(fail_ranged_rewrite(/*verify_checksums=*/false, &torn));
+  EXPECT_EQ(store_->content_bytes(torn.extent).status().code(), STRATA_E_STATE)
+      << "a whole read would be refused";
+  for (uint64_t index : {1, 2}) {
+    const Status read = read_block(*store_, torn.extent, index, torn.old_data);
+    EXPECT_EQ(read.code(), STRATA_E_STATE) << index;
+    EXPECT_NE(read.message().find("last write failed"), std::string::npos) << read.message();
+  }
+  for (uint64_t index : {0, 3}) {
+    EXPECT_TRUE(read_block(*store_, torn.extent, index, torn.old_data).is_ok()) << index;
+  }
+  AlignedBuffer whole(FailedRangedRewrite::kBytes);
+  EXPECT_EQ(store_->read(torn.extent, whole.data(), whole.size()).status().code(), STRATA_E_STATE);
+
+  // A write over them succeeds (the fault fired once): old, new, new, old.
+  ASSERT_TRUE(store_
+                  ->write_range(torn.extent, kBlock, torn.new_data.data() + kBlock, 2 * kBlock,
+                                FailedRangedRewrite::kBytes)
+                  .is_ok());
+  std::memcpy(torn.old_data.data() + kBlock, torn.new_data.data() + kBlock, 2 * kBlock);
+  for (uint64_t index = 0; index < 4; ++index) {
+    EXPECT_TRUE(read_block(*store_, torn.extent, index, torn.old_data).is_ok()) << index;
+  }
+}
+
 TEST_P(ExtentStoreUnderFaults, AFailedReadIsAnIoErrorAndTheContentSurvives) {
   ASSERT_NO_FATAL_FAILURE(open("read:eio:count=1"));
   auto extent = store_->allocate(20000);
@@ -194,11 +297,13 @@ TEST_P(ExtentStoreUnderFaults, RetriedAndShortTransfersAreInvisible) {
   EXPECT_GT(engine_->injected(io::FaultKind::kEagain), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, ExtentStoreUnderFaults,
-                         ::testing::Values(io::IoEngineKind::kPsync, io::IoEngineKind::kUring),
-                         [](const auto& param_info) {
-                           return std::string(io::io_engine_kind_name(param_info.param));
-                         });
+// Both suites run on both engines.
+const auto kEngines = ::testing::Values(io::IoEngineKind::kPsync, io::IoEngineKind::kUring);
+std::string engine_name(const ::testing::TestParamInfo<io::IoEngineKind>& param_info) {
+  return io::io_engine_kind_name(param_info.param);
+}
+INSTANTIATE_TEST_SUITE_P(Engines, ExtentStoreUnderFaults, kEngines, engine_name);
+INSTANTIATE_TEST_SUITE_P(Engines, ExtentStoreUnderRangedFaults, kEngines, engine_name);
 
 }  // namespace
 }  // namespace strata::storage

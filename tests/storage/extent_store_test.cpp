@@ -21,7 +21,11 @@ namespace strata::storage {
 namespace {
 
 using testing::AlignedBuffer;
+using testing::Completion;
+using testing::GatedEngine;
+using testing::make_engine;
 using testing::ScratchDir;
+using testing::tamper;
 
 constexpr uint64_t kStoreCapacity = 64ull << 20;
 
@@ -37,14 +41,6 @@ const std::vector<uint64_t> kOddSizes = {1,
                                          (1u << 20) + 3,
                                          (3u << 20) + 123,
                                          (5u << 20) - 1};
-
-Result<std::unique_ptr<io::IoEngine>> make_engine(io::IoEngineKind kind) {
-  io::IoEngineOptions options;
-  options.queue_depth = 16;
-  options.block_size = 256 << 10;  // several blocks per request for the larger sizes
-  options.threads = 2;
-  return io::make_io_engine(kind, options);
-}
 
 BackingDeviceOptions swap_options(const ScratchDir& dir, uint64_t capacity = kStoreCapacity) {
   BackingDeviceOptions options;
@@ -85,19 +81,6 @@ void expect_content(ExtentStore& store, const Extent& extent, uint64_t bytes, ui
   ASSERT_TRUE(read.is_ok()) << read.status().message();
   EXPECT_EQ(*read, bytes);
   ASSERT_EQ(std::memcmp(actual.data(), expected.data(), bytes), 0) << bytes << " bytes";
-}
-
-// Rewrites bytes of the swap file through an ordinary descriptor, as a failing drive or another
-// program would, without Strata knowing.
-void tamper(const std::string& path, uint64_t offset, uint8_t xor_mask) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(fd, 0);
-  uint8_t byte = 0;
-  ASSERT_EQ(::pread(fd, &byte, 1, static_cast<off_t>(offset)), 1);
-  byte ^= xor_mask;
-  ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(offset)), 1);
-  ASSERT_EQ(::fsync(fd), 0);
-  ::close(fd);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -502,49 +485,7 @@ TEST_F(ExtentStoreTest, RawBlockDeviceRoundTrips) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Rules about I/O in flight. The gate holds requests back from the real engine until opened, so
-// that "in flight" lasts as long as the test needs.
-
-class GatedEngine final : public io::IoEngine {
- public:
-  explicit GatedEngine(io::IoEngine& inner) : inner_(inner) {}
-  const char* name() const override { return "gated"; }
-  const io::IoEngineOptions& options() const override { return inner_.options(); }
-  Result<uint32_t> register_file(int fd) override { return inner_.register_file(fd); }
-  Result<int32_t> register_buffer(void* base, uint64_t bytes) override {
-    return inner_.register_buffer(base, bytes);
-  }
-  Status unregister_buffer(int32_t index) override { return inner_.unregister_buffer(index); }
-  Status submit(io::IoRequest* request) override {
-    std::lock_guard lock(mutex_);
-    held_.push_back(request);
-    return Status::ok();
-  }
-  void open() {
-    std::vector<io::IoRequest*> held;
-    {
-      std::lock_guard lock(mutex_);
-      held.swap(held_);
-    }
-    for (io::IoRequest* request : held) ASSERT_TRUE(inner_.submit(request).is_ok());
-  }
-
- private:
-  io::IoEngine& inner_;
-  std::mutex mutex_;
-  std::vector<io::IoRequest*> held_;
-};
-
-struct Completion {
-  ExtentIo io;
-  std::latch done{1};
-  Completion() {
-    io.on_complete = [](ExtentIo*, void* context) {
-      static_cast<std::latch*>(context)->count_down();
-    };
-    io.context = &done;
-  }
-};
+// Rules about I/O in flight, with the GatedEngine holding requests back (storage_test_util.h).
 
 TEST_F(ExtentStoreTest, AnExtentWithAWriteInFlightRefusesOtherIo) {
   GatedEngine gate(*engine_);

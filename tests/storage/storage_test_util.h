@@ -1,17 +1,25 @@
-// Helpers shared by the storage tests: a private scratch directory and aligned buffers.
+// Helpers shared by the storage tests: a private scratch directory, aligned buffers, an engine
+// that holds requests in flight, and tampering with a swap file behind the store's back.
 #pragma once
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <latch>
 #include <memory>
+#include <mutex>
 #include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "io/engine_factory.h"
+#include "storage/swap_store.h"
 
 // Names engine parameters in test output ("psync") rather than as raw bytes.
 namespace strata::io {
@@ -87,6 +95,73 @@ class AlignedBuffer {
  private:
   uint64_t bytes_;
   std::unique_ptr<uint8_t, FreeDeleter> data_;
+};
+
+// The engine the extent store tests run on: several engine blocks per request for the larger
+// sizes, two threads.
+inline Result<std::unique_ptr<io::IoEngine>> make_engine(io::IoEngineKind kind) {
+  io::IoEngineOptions options;
+  options.queue_depth = 16;
+  options.block_size = 256 << 10;
+  options.threads = 2;
+  return io::make_io_engine(kind, options);
+}
+
+// Rewrites bytes of the swap file through an ordinary descriptor, as a failing drive or another
+// program would, without Strata knowing.
+inline void tamper(const std::string& path, uint64_t offset, uint8_t xor_mask) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  uint8_t byte = 0;
+  ASSERT_EQ(::pread(fd, &byte, 1, static_cast<off_t>(offset)), 1);
+  byte ^= xor_mask;
+  ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(offset)), 1);
+  ASSERT_EQ(::fsync(fd), 0);
+  ::close(fd);
+}
+
+// Holds requests back from the real engine until opened, so that "in flight" lasts as long as
+// a test needs.
+class GatedEngine final : public io::IoEngine {
+ public:
+  explicit GatedEngine(io::IoEngine& inner) : inner_(inner) {}
+  const char* name() const override { return "gated"; }
+  const io::IoEngineOptions& options() const override { return inner_.options(); }
+  Result<uint32_t> register_file(int fd) override { return inner_.register_file(fd); }
+  Result<int32_t> register_buffer(void* base, uint64_t bytes) override {
+    return inner_.register_buffer(base, bytes);
+  }
+  Status unregister_buffer(int32_t index) override { return inner_.unregister_buffer(index); }
+  Status submit(io::IoRequest* request) override {
+    std::lock_guard lock(mutex_);
+    held_.push_back(request);
+    return Status::ok();
+  }
+  void open() {
+    std::vector<io::IoRequest*> held;
+    {
+      std::lock_guard lock(mutex_);
+      held.swap(held_);
+    }
+    for (io::IoRequest* request : held) ASSERT_TRUE(inner_.submit(request).is_ok());
+  }
+
+ private:
+  io::IoEngine& inner_;
+  std::mutex mutex_;
+  std::vector<io::IoRequest*> held_;
+};
+
+// One asynchronous request's ExtentIo and a latch its completion counts down.
+struct Completion {
+  ExtentIo io;
+  std::latch done{1};
+  Completion() {
+    io.on_complete = [](ExtentIo*, void* context) {
+      static_cast<std::latch*>(context)->count_down();
+    };
+    io.context = &done;
+  }
 };
 
 }  // namespace strata::storage::testing
