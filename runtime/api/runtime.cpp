@@ -157,7 +157,47 @@ Result<strata_config> normalize_config(const strata_config* in) {
   if (c.trace_events > kMaxTraceEvents) {
     return invalid_argument("config.trace_events is limited to " + std::to_string(kMaxTraceEvents));
   }
+  const uint64_t chunk = c.stream_chunk_bytes;
+  if (chunk != 0 && chunk != STRATA_STREAMING_OFF &&
+      (chunk < kMinStreamChunk || chunk > kMaxStreamChunk || (chunk & (chunk - 1)) != 0)) {
+    return invalid_argument("config.stream_chunk_bytes " + std::to_string(chunk) +
+                            " must be a power of two from 64 KiB to 64 MiB (or 0, or "
+                            "STRATA_STREAMING_OFF)");
+  }
+  if (c.stream_buffers > kMaxStreamBuffers) {
+    return invalid_argument("config.stream_buffers is limited to " +
+                            std::to_string(kMaxStreamBuffers) + " per direction");
+  }
+  const StreamingShape shape = streaming_shape(c);
+  if (shape.on() && shape.staging_bytes() > c.pinned_budget_bytes / 2) {
+    return invalid_argument(
+        "the streaming staging buffers (2 directions x " + std::to_string(shape.buffers) + " x " +
+        format_bytes(shape.chunk_bytes) + " = " + format_bytes(shape.staging_bytes()) +
+        ") may take at most half of pinned_budget_bytes (" + format_bytes(c.pinned_budget_bytes) +
+        "): lower stream_chunk_bytes or stream_buffers, or raise pinned_budget_bytes");
+  }
   return c;
+}
+
+StreamingShape streaming_shape(const strata_config& c) {
+  if (c.stream_chunk_bytes == STRATA_STREAMING_OFF || c.policy != STRATA_POLICY_STRATA ||
+      c.nvme_layout != STRATA_NVME_EXTENTS) {
+    return {};
+  }
+  StreamingShape shape;
+  shape.buffers = c.stream_buffers != 0 ? c.stream_buffers : kDefaultStreamBuffers;
+  if (c.stream_chunk_bytes != 0) {
+    shape.chunk_bytes = c.stream_chunk_bytes;
+    return shape;
+  }
+  // Automatic: the default chunk, halved until the staging buffers take at most a quarter of
+  // the pinned budget; without room for the smallest chunk, no streaming.
+  const uint64_t share = c.pinned_budget_bytes / 4 / (2 * uint64_t{shape.buffers});
+  uint64_t chunk = kDefaultStreamChunk;
+  while (chunk > share && chunk > kMinStreamChunk) chunk /= 2;
+  if (chunk > share) return {};
+  shape.chunk_bytes = chunk;
+  return shape;
 }
 
 Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in, uint16_t handle_owner) {
@@ -229,6 +269,9 @@ Status Runtime::open_nvme_tier() {
   STRATA_ASSIGN_OR_RETURN(auto device_file, storage::BackingDevice::open(backing), "NVMe tier");
   storage::ExtentStoreOptions store_options;
   store_options.verify_checksums = c.verify_checksums != 0;
+  // A stream's ranged requests start on a chunk: the chunk is the checksum block.
+  const StreamingShape streaming = streaming_shape(c);
+  if (streaming.on()) store_options.block_bytes = streaming.chunk_bytes;
   STRATA_ASSIGN_OR_RETURN(
       store_, storage::ExtentStore::open(std::move(device_file), *engine_, store_options),
       "NVMe tier");
@@ -272,6 +315,14 @@ Status Runtime::open_scheduler(uint16_t handle_owner) {
   datapath::RealBackendOptions backend_options;
   backend_options.trace = trace_.get();
   backend_ = std::make_unique<datapath::RealBackend>(*store_, *arena_, *device_, backend_options);
+  const StreamingShape streaming = streaming_shape(c);
+  if (streaming.on()) {
+    datapath::StreamerOptions stream_options;
+    stream_options.chunk_bytes = streaming.chunk_bytes;
+    stream_options.buffers_per_direction = streaming.buffers;
+    STRATA_TRY(backend_->start_streaming(stream_options), "streaming staging buffers");
+    STRATA_ASSERT(backend_->staging_bytes() == streaming.staging_bytes());
+  }
 
   sched::SchedulerConfig sched_config;
   sched_config.handle_owner = handle_owner;
@@ -282,7 +333,8 @@ Status Runtime::open_scheduler(uint16_t handle_owner) {
   if (c.policy == STRATA_POLICY_ZERO_INFINITY) {
     STRATA_ASSIGN_OR_RETURN(sched_config.memory, zero_infinity_plan(c), "policy zero-infinity");
   } else {
-    sched_config.memory = sched::strata_memory_plan(c.pinned_budget_bytes, c.device_budget_bytes);
+    sched_config.memory = sched::strata_memory_plan(c.pinned_budget_bytes, c.device_budget_bytes,
+                                                    streaming.staging_bytes());
   }
   // Keep the engine's queue full: as many NVMe transfers in flight as it has slots, within the
   // backend's preallocated operations.

@@ -7,20 +7,11 @@
 #include "common/assert.h"
 
 namespace strata::datapath {
-namespace {
-
-constexpr telemetry::TrackId kLinkTracks[sched::kLinkCount] = {
-    telemetry::kTrackNvmeRead, telemetry::kTrackNvmeWrite, telemetry::kTrackH2DCopy,
-    telemetry::kTrackD2HCopy};
-
-constexpr const char* kLinkSpanNames[sched::kLinkCount] = {"read", "write", "h2d", "d2h"};
-
-}  // namespace
 
 RealBackend::RealBackend(storage::SwapStore& store, memory::PinnedArena& arena,
                          memory::Device& device, const RealBackendOptions& options)
-    : store_(store), arena_(arena), device_(device), options_(options) {
-  STRATA_ASSERT(options_.max_nvme_ops > 0 && options_.max_copy_ops > 0);
+    : store_(store), arena_(arena), device_(device), options_(options), meter_(options.trace) {
+  STRATA_ASSERT(options_.max_nvme_ops > 0);
   // Preallocated: an NVMe transfer never allocates.
   nvme_ops_.reserve(options_.max_nvme_ops);
   free_nvme_ops_.reserve(options_.max_nvme_ops);
@@ -31,28 +22,20 @@ RealBackend::RealBackend(storage::SwapStore& store, memory::PinnedArena& arena,
     nvme_ops_.push_back(std::move(op));
     free_nvme_ops_.push_back(options_.max_nvme_ops - 1 - i);
   }
-  h2d_.link = sched::Link::kHostToDevice;
-  h2d_.stream = memory::CopyStream::kHostToDevice;
-  d2h_.link = sched::Link::kDeviceToHost;
-  d2h_.stream = memory::CopyStream::kDeviceToHost;
-  h2d_.thread = std::thread([this] { run_lane(h2d_); });
-  d2h_.thread = std::thread([this] { run_lane(d2h_); });
+  h2d_ = std::make_unique<CopyLane>(device_, memory::CopyStream::kHostToDevice,
+                                    sched::Link::kHostToDevice, meter_);
+  d2h_ = std::make_unique<CopyLane>(device_, memory::CopyStream::kDeviceToHost,
+                                    sched::Link::kDeviceToHost, meter_);
 }
 
 RealBackend::~RealBackend() {
+  streamer_.reset();
   {
     std::unique_lock lock(nvme_mutex_);
     nvme_idle_.wait(lock, [&] { return free_nvme_ops_.size() == nvme_ops_.size(); });
   }
-  for (CopyLane* lane : {&h2d_, &d2h_}) {
-    {
-      std::lock_guard lock(lane->mutex);
-      stopping_.store(true);
-    }
-    lane->changed.notify_all();
-  }
-  h2d_.thread.join();
-  d2h_.thread.join();
+  h2d_.reset();
+  d2h_.reset();
   std::lock_guard lock(buffers_mutex_);
   for (auto& [token, data] : device_buffers_) (void)device_.free(data);
   device_buffers_.clear();
@@ -62,12 +45,11 @@ RealBackend::~RealBackend() {
   pinned_recycler_.trim();
 }
 
-uint64_t RealBackend::now_us() const {
-  // On the trace's clock when there is one, so spans line up with the rest of the trace.
-  if (options_.trace != nullptr) return options_.trace->now_us();
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                   std::chrono::steady_clock::now() - epoch_)
-                                   .count());
+Status RealBackend::start_streaming(const StreamerOptions& options) {
+  if (streamer_) return Status::error(STRATA_E_STATE, "streaming has started already");
+  STRATA_ASSIGN_OR_RETURN(streamer_,
+                          Streamer::create(store_, arena_, device_, *h2d_, *d2h_, meter_, options));
+  return Status::ok();
 }
 
 // ---- Memory ----
@@ -169,7 +151,7 @@ void RealBackend::on_nvme_done(storage::ExtentIo* io, void* context) {
   const uint64_t begin_us = op->begin_us;
   const sched::TransferLabel label = op->label;
   self->return_nvme_op(op);
-  self->link_finished(link, bytes, begin_us, kLinkSpanNames[static_cast<int>(link)], &label);
+  self->meter_.finished(link, bytes, begin_us, LinkMeter::word(link), &label);
   sched::post_completion(done, std::move(status));
 }
 
@@ -180,17 +162,17 @@ Result<RealBackend::NvmeOp*> RealBackend::start_nvme_op(sched::Link link, uint64
   o->link = link;
   o->label = sched::TransferLabel::current();
   o->bytes = bytes;
-  o->begin_us = now_us();
+  o->begin_us = meter_.now_us();
   o->io.on_complete = &RealBackend::on_nvme_done;
   o->io.context = o;
-  link_started(link);
+  meter_.started(link);
   return o;
 }
 
 Status RealBackend::finish_submission(NvmeOp* o, Status submitted) {
   // Refused at once: no completion will come, so the op and the link's count end here.
   if (!submitted) {
-    link_finished(o->link, 0, o->begin_us, nullptr);
+    meter_.finished(o->link, 0, o->begin_us, nullptr);
     return_nvme_op(o);
   }
   return submitted;
@@ -213,63 +195,28 @@ Status RealBackend::write(const sched::Buffer& from_pinned, const sched::Extent&
 
 // ---- Device copies ----
 
-Status RealBackend::start_copy(CopyLane& lane, void* dst, const void* src, uint64_t bytes,
-                               sched::Completion done) {
-  STRATA_ASSIGN_OR_RETURN(auto event, device_.create_event());
-  STRATA_TRY(device_.copy_async(lane.stream, dst, src, bytes));
-  STRATA_TRY(device_.record(event, lane.stream));
-  link_started(lane.link);
-  {
-    std::lock_guard lock(lane.mutex);
-    lane.queue.push_back(
-        CopyOp{std::move(event), done, sched::TransferLabel::current(), bytes, now_us()});
-    ++lane.waiting;
-  }
-  lane.changed.notify_one();
-  return Status::ok();
-}
-
-void RealBackend::run_lane(CopyLane& lane) {
-  for (;;) {
-    CopyOp op;
-    {
-      std::unique_lock lock(lane.mutex);
-      lane.changed.wait(lock, [&] { return !lane.queue.empty() || stopping_.load(); });
-      if (lane.queue.empty()) return;
-      op = std::move(lane.queue.front());
-      lane.queue.pop_front();
-    }
-    // Events on one stream complete in order, so waiting on each in turn loses nothing.
-    Status status = device_.synchronize(op.event);
-    op.event.reset();
-    link_finished(lane.link, status.is_ok() ? op.bytes : 0, op.begin_us,
-                  kLinkSpanNames[static_cast<int>(lane.link)], &op.label);
-    {
-      std::lock_guard lock(lane.mutex);
-      --lane.waiting;
-    }
-    sched::post_completion(op.done, std::move(status));
-  }
-}
-
 Status RealBackend::copy_to_device(const sched::Buffer& from_pinned, const sched::Buffer& to_device,
                                    uint64_t bytes, sched::Completion done) {
-  return start_copy(h2d_, to_device.data, from_pinned.data, bytes, done);
+  return h2d_->copy(to_device.data, from_pinned.data, bytes, done);
 }
 
 Status RealBackend::copy_to_host(const sched::Buffer& from_device, const sched::Buffer& to_pinned,
                                  uint64_t bytes, sched::Completion done) {
-  return start_copy(d2h_, to_pinned.data, from_device.data, bytes, done);
+  return d2h_->copy(to_pinned.data, from_device.data, bytes, done);
 }
 
-Status RealBackend::stream_to_device(const sched::Extent&, const sched::Buffer&, uint64_t,
-                                     sched::Completion) {
-  return Status::error(STRATA_E_UNSUPPORTED, "streamed transfers: not yet");
+// ---- Streams ----
+
+Status RealBackend::stream_to_device(const sched::Extent& from, const sched::Buffer& to_device,
+                                     uint64_t bytes, sched::Completion done) {
+  if (!streamer_) return unsupported("streamed transfers: this backend maps no staging buffers");
+  return streamer_->stream_in(to_store(from), to_device.data, bytes, done);
 }
 
-Status RealBackend::stream_to_nvme(const sched::Buffer&, const sched::Extent&, uint64_t,
-                                   sched::Completion) {
-  return Status::error(STRATA_E_UNSUPPORTED, "streamed transfers: not yet");
+Status RealBackend::stream_to_nvme(const sched::Buffer& from_device, const sched::Extent& to,
+                                   uint64_t bytes, sched::Completion done) {
+  if (!streamer_) return unsupported("streamed transfers: this backend maps no staging buffers");
+  return streamer_->stream_out(from_device.data, to_store(to), bytes, done);
 }
 
 void RealBackend::on_release(Tier tier, const sched::Buffer& buffer, void* device_stream) {
@@ -286,60 +233,8 @@ void RealBackend::on_release(Tier tier, const sched::Buffer& buffer, void* devic
 
 // ---- Link counters ----
 
-// The queue track of each link: transfers in flight, sampled at every change.
-constexpr const char* kLinkQueueNames[sched::kLinkCount] = {
-    "nvme read in flight", "nvme write in flight", "h2d in flight", "d2h in flight"};
-
-void RealBackend::link_started(sched::Link link) {
-  LinkState& state = links_[static_cast<int>(link)];
-  uint32_t inflight;
-  {
-    std::lock_guard lock(state.mutex);
-    if (state.inflight++ == 0) state.busy_since_us = now_us();
-    inflight = state.inflight;
-  }
-  if (options_.trace != nullptr) {
-    options_.trace->record_counter(kLinkQueueNames[static_cast<int>(link)], inflight);
-  }
-}
-
-void RealBackend::link_finished(sched::Link link, uint64_t bytes, uint64_t begin_us,
-                                const char* what, const sched::TransferLabel* label) {
-  const int index = static_cast<int>(link);
-  LinkState& state = links_[index];
-  const uint64_t end_us = now_us();
-  uint32_t inflight;
-  {
-    std::lock_guard lock(state.mutex);
-    STRATA_ASSERT(state.inflight > 0);
-    if (--state.inflight == 0) state.busy_us += end_us - state.busy_since_us;
-    inflight = state.inflight;
-  }
-  if (options_.trace != nullptr) options_.trace->record_counter(kLinkQueueNames[index], inflight);
-  if (bytes > 0) {
-    state.bytes.fetch_add(bytes, std::memory_order_relaxed);
-    state.transfers.fetch_add(1, std::memory_order_relaxed);
-  }
-  if (what != nullptr && options_.trace != nullptr) {
-    // Named by the tensor it moved (kind and layer in the span's args); the link's word only for
-    // a transfer the scheduler did not label.
-    const bool named = label != nullptr && label->labelled();
-    options_.trace->record_span(kLinkTracks[index], named ? label->name : what, begin_us, end_us,
-                                static_cast<int64_t>(bytes),
-                                named ? label->tensor : telemetry::SpanTensor{});
-  }
-}
-
 sched::LinkCounters RealBackend::link_counters(sched::Link link) const {
-  const LinkState& state = links_[static_cast<int>(link)];
-  sched::LinkCounters out;
-  out.bytes = state.bytes.load(std::memory_order_relaxed);
-  out.transfers = state.transfers.load(std::memory_order_relaxed);
-  std::lock_guard lock(state.mutex);
-  uint64_t busy = state.busy_us;
-  if (state.inflight > 0) busy += now_us() - state.busy_since_us;
-  out.busy_seconds = static_cast<double>(busy) / 1e6;
-  return out;
+  return meter_.counters(link);
 }
 
 }  // namespace strata::datapath

@@ -5,17 +5,16 @@
 // fired, so a device buffer the scheduler hands out is ready: acquire needs no event to wait on.
 #pragma once
 
-#include <array>
-#include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "datapath/copy_lane.h"
+#include "datapath/link_meter.h"
+#include "datapath/streamer.h"
 #include "memory/device.h"
 #include "memory/pinned_arena.h"
 #include "memory/pinned_recycler.h"
@@ -41,6 +40,11 @@ class RealBackend final : public sched::TierBackend {
   // Waits for every transfer it started; the scheduler has already done so when it is destroyed
   // first, which is the intended order.
   ~RealBackend() override;
+  // Maps the staging buffers of streamed transfers (datapath/streamer.h); until then, and without
+  // it, stream_to_device / stream_to_nvme are STRATA_E_UNSUPPORTED.
+  Status start_streaming(const StreamerOptions& options);
+  // The pinned bytes the staging buffers hold (0 without streaming).
+  uint64_t staging_bytes() const { return streamer_ ? streamer_->staging_bytes() : 0; }
   RealBackend(const RealBackend&) = delete;
   RealBackend& operator=(const RealBackend&) = delete;
 
@@ -76,34 +80,6 @@ class RealBackend final : public sched::TierBackend {
     uint64_t begin_us = 0;
     uint32_t slot = 0;
   };
-  // One device copy waiting for its event.
-  struct CopyOp {
-    memory::Event event;
-    sched::Completion done;
-    sched::TransferLabel label;
-    uint64_t bytes = 0;
-    uint64_t begin_us = 0;
-  };
-  // Completes device copies in stream order: a thread per direction waits on each event in turn.
-  struct CopyLane {
-    sched::Link link = sched::Link::kHostToDevice;
-    memory::CopyStream stream = memory::CopyStream::kHostToDevice;
-    std::mutex mutex;
-    std::condition_variable changed;
-    std::deque<CopyOp> queue;
-    uint32_t waiting = 0;  // ops queued or being waited on
-    std::thread thread;
-  };
-  struct LinkState {
-    std::atomic<uint64_t> bytes{0};
-    std::atomic<uint64_t> transfers{0};
-    // Busy time: the clock runs while at least one transfer is in flight on the link.
-    mutable std::mutex mutex;
-    uint32_t inflight = 0;
-    uint64_t busy_since_us = 0;
-    uint64_t busy_us = 0;
-  };
-
   Result<NvmeOp*> take_nvme_op();
   void return_nvme_op(NvmeOp* op);
   // An op for one NVMe transfer on `link`, filled in and counted as started.
@@ -111,21 +87,13 @@ class RealBackend final : public sched::TierBackend {
   // The store's answer to the submission: a refusal returns the op and ends the link's count.
   Status finish_submission(NvmeOp* o, Status submitted);
   static void on_nvme_done(storage::ExtentIo* io, void* context);
-  Status start_copy(CopyLane& lane, void* dst, const void* src, uint64_t bytes,
-                    sched::Completion done);
-  void run_lane(CopyLane& lane);
-  void link_started(sched::Link link);
-  // what: the span's fallback name (null: no span); label, when it names a tensor, replaces it.
-  void link_finished(sched::Link link, uint64_t bytes, uint64_t begin_us, const char* what,
-                     const sched::TransferLabel* label = nullptr);
-  uint64_t now_us() const;
   int32_t io_index(const sched::Buffer& pinned, uint64_t bytes) const;
 
   storage::SwapStore& store_;
   memory::PinnedArena& arena_;
   memory::Device& device_;
   const RealBackendOptions options_;
-  const std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
+  LinkMeter meter_;
 
   // Buffers the scheduler holds, by token. Guarded by buffers_mutex_ (calls arrive under the
   // scheduler's lock, but completions come from other threads).
@@ -148,11 +116,11 @@ class RealBackend final : public sched::TierBackend {
   std::vector<std::unique_ptr<NvmeOp>> nvme_ops_;
   std::vector<uint32_t> free_nvme_ops_;
 
-  std::array<LinkState, sched::kLinkCount> links_;
-  std::array<telemetry::TrackId, sched::kLinkCount> tracks_{};
-  CopyLane h2d_;
-  CopyLane d2h_;
-  std::atomic<bool> stopping_{false};
+  // The destructor stops these (the streamer first: it copies on the lanes) before it frees the
+  // buffers they may still be completing copies into.
+  std::unique_ptr<CopyLane> h2d_;
+  std::unique_ptr<CopyLane> d2h_;
+  std::unique_ptr<Streamer> streamer_;
 };
 
 }  // namespace strata::datapath

@@ -185,6 +185,17 @@ Scheduler::~Scheduler() {
   }
 }
 
+std::string Scheduler::budget_text(const PoolSpec& pool) const {
+  const uint64_t staging = config_.memory.stream_staging_bytes;
+  std::string text = format_bytes(pool.budget_bytes);
+  if (pool.tier == Tier::kPinned && staging > 0) {
+    // What the user set is the pinned budget; say where the rest of it went.
+    text += " (the pinned budget, " + format_bytes(pool.budget_bytes + staging) + ", less " +
+            format_bytes(staging) + " of streaming staging buffers)";
+  }
+  return text;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Registry
 
@@ -224,7 +235,7 @@ Result<TensorHandle> Scheduler::register_tensor(const TensorSpec& spec,
     if (r.charged[mi] > pool.spec.budget_bytes) {
       return fail(Status::error(budget_code(options.home),
                                 "registering " + label(r) + " at home in pool '" + pool.spec.name +
-                                    "' of " + format_bytes(pool.spec.budget_bytes) +
+                                    "' of " + budget_text(pool.spec) +
                                     budget_advice(options.home)));
     }
   }
@@ -508,11 +519,11 @@ Result<AcquireAttempt> Scheduler::attempt_locked(uint32_t index, Tier tier, Acce
     const int pinned = r.pool[memory_index(Tier::kPinned)];
     if (pinned != kNoPool &&
         r.charged[memory_index(Tier::kPinned)] > pools_[pinned].spec.budget_bytes) {
-      return Status::error(
-          STRATA_E_PINNED_BUDGET,
-          "cannot acquire " + label(r) + " on the device: it is staged through pool '" +
-              pools_[pinned].spec.name + "', whose budget is " +
-              format_bytes(pools_[pinned].spec.budget_bytes) + budget_advice(Tier::kPinned));
+      return Status::error(STRATA_E_PINNED_BUDGET,
+                           "cannot acquire " + label(r) +
+                               " on the device: it is staged through pool '" +
+                               pools_[pinned].spec.name + "', whose budget is " +
+                               budget_text(pools_[pinned].spec) + budget_advice(Tier::kPinned));
     }
   }
   if (r.discard_pending || r.residency.in_flight()) return pending;
@@ -616,14 +627,14 @@ Status Scheduler::reserve(TensorHandle tensor, Tier tier, std::chrono::nanosecon
         }
       }
       if (held + r.charged[mi] > pool.spec.budget_bytes) {
-        return Status::error(
-            budget_code(tier),
-            "needs " + format_bytes(r.charged[mi]) + " in pool '" + pool.spec.name + "' (budget " +
-                format_bytes(pool.spec.budget_bytes) + "), but " + format_bytes(held) +
-                " is held by tensors in use, allocations and tensors that never "
-                "leave it; an allocation takes its memory now and does not wait "
-                "for releases" +
-                budget_advice(tier));
+        return Status::error(budget_code(tier),
+                             "needs " + format_bytes(r.charged[mi]) + " in pool '" +
+                                 pool.spec.name + "' (budget " + budget_text(pool.spec) +
+                                 "), but " + format_bytes(held) +
+                                 " is held by tensors in use, allocations and tensors that never "
+                                 "leave it; an allocation takes its memory now and does not wait "
+                                 "for releases" +
+                                 budget_advice(tier));
       }
     }
   }
@@ -981,7 +992,7 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
   if (need > budget) {
     *why = Status::error(budget_code(tier), "needs " + format_bytes(need) + " in pool '" +
                                                 pool.spec.name + "', whose budget is " +
-                                                format_bytes(budget) + budget_advice(tier));
+                                                budget_text(pool.spec) + budget_advice(tier));
     return Space::kImpossible;
   }
   const Link cleaning_link = cleaning_link_of(tier);
@@ -1031,7 +1042,7 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
         *why = Status::error(
             budget_code(tier),
             "needs " + format_bytes(need) + " in pool '" + pool.spec.name + "' (budget " +
-                format_bytes(budget) + "), but tensors that never leave it hold " +
+                budget_text(pool.spec) + "), but tensors that never leave it hold " +
                 format_bytes(budget - potential) + budget_advice(tier) + " or free some of them");
         return Space::kImpossible;
       }

@@ -355,6 +355,9 @@ class Scheduler final : public CompletionSink {
   // After schedule_ changed: the lanes of its accesses, from every live record.
   void index_schedule();
   bool needs_cleaning(const TensorRecord& r, Tier tier) const;
+  // A pool's budget for messages; for the pinned pool of a streaming plan, with the pinned
+  // budget it comes from (the figure the user set) and the staging buffers it lost.
+  std::string budget_text(const PoolSpec& pool) const;
   // Device transfers of tensors without a pinned copy stream (MemoryPlan::stream_staging_bytes).
   bool streams() const { return config_.memory.stream_staging_bytes > 0; }
   // The link that takes data off `tier` when it is cleaned: pinned data is written to NVMe,

@@ -54,6 +54,8 @@ TIER_HOST, TIER_PINNED, TIER_DEVICE, TIER_NVME = 0, 1, 2, 3
 
 PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = 0, 1, 2
 
+STREAMING_OFF = (1 << 64) - 1  # config.stream_chunk_bytes: no streamed transfers
+
 MALLOC_OFFLOADABLE = 1
 ACQUIRE_DISCARD = 1
 RELEASE_DIRTY = 1
@@ -107,6 +109,8 @@ class ConfigStruct(Structure):
         ("zero_sub_group_elements", c_uint64),
         ("zero_param_buffer_elements", c_uint64),
         ("nvme_layout", c_int),
+        ("stream_chunk_bytes", c_uint64),
+        ("stream_buffers", c_uint32),
     ]
 
 

@@ -156,7 +156,23 @@ typedef struct strata_config {
    * worker_threads is the number of I/O threads (DeepSpeed's aio thread_count; 0 = 1), and
    * verify_checksums, STRATA_FAULTS and STRATA_PACED_DRIVE do not apply. */
   strata_nvme_layout nvme_layout;
+
+  /* Streamed device transfers (policy STRATA with STRATA_NVME_EXTENTS): a tensor moves between
+   * NVMe and the device chunk by chunk through stream_buffers staging buffers per direction of
+   * stream_chunk_bytes each, so that no pinned buffer of the tensor's size ever exists on that
+   * path. The staging buffers are pinned memory held from creation to destroy, taken out of
+   * pinned_budget_bytes and reported as pinned memory in use of kind OTHER; the chunk is also the
+   * NVMe tier's checksum block. stream_chunk_bytes: a power of two from 64 KiB to 64 MiB, or 0
+   * (default) = automatic (docs/memory.md, "Streaming"), or STRATA_STREAMING_OFF = no streaming
+   * (device data moves through a pinned buffer of its own size; always so for policy
+   * ZERO_INFINITY and STRATA_NVME_FILE_PER_TENSOR). stream_buffers: 1..64, 0 (default) =
+   * automatic. The staging buffers may take at most half of pinned_budget_bytes. */
+  uint64_t stream_chunk_bytes;
+  uint32_t stream_buffers;
 } strata_config;
+
+/* config.stream_chunk_bytes: no streamed transfers. */
+#define STRATA_STREAMING_OFF UINT64_MAX
 
 /* Fills *config with defaults (and config->struct_size). Any thread.
  * Returns STRATA_E_INVALID when config is NULL. */

@@ -1,0 +1,60 @@
+// What each link between the tiers carried and for how long it was busy (the scheduler's
+// calibration reads it through TierBackend::link_counters), with the trace's in-flight counters
+// and spans. Every transfer the real backend makes - a whole buffer, or one chunk of a stream -
+// starts and finishes here, so a link's bytes / busy time is the rate it delivered.
+//
+// Thread rules: any thread, concurrently (transfers finish on I/O and copy threads).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+
+#include "sched/tier_backend.h"
+#include "sched/transfer_label.h"
+#include "telemetry/trace_recorder.h"
+
+namespace strata::datapath {
+
+class LinkMeter {
+ public:
+  explicit LinkMeter(telemetry::TraceRecorder* trace) : trace_(trace) {}
+  LinkMeter(const LinkMeter&) = delete;
+  LinkMeter& operator=(const LinkMeter&) = delete;
+
+  // On the trace's clock when there is one, so spans line up with the rest of the trace.
+  uint64_t now_us() const;
+
+  void started(sched::Link link);
+  // bytes: what arrived (0 for a failure). what: the span's fallback name (null: no span);
+  // label, when it names a tensor, replaces it.
+  void finished(sched::Link link, uint64_t bytes, uint64_t begin_us, const char* what,
+                const sched::TransferLabel* label = nullptr);
+  // A span alone, for a transfer whose pieces were counted one by one (a stream's chunks).
+  void span(sched::Link link, uint64_t bytes, uint64_t begin_us, const char* what,
+            const sched::TransferLabel& label);
+
+  sched::LinkCounters counters(sched::Link link) const;
+
+  // The link's word for spans of unlabelled transfers ("read", "h2d", ...).
+  static const char* word(sched::Link link);
+
+ private:
+  struct LinkState {
+    std::atomic<uint64_t> bytes{0};
+    std::atomic<uint64_t> transfers{0};
+    // Busy time: the clock runs while at least one transfer is in flight on the link.
+    mutable std::mutex mutex;
+    uint32_t inflight = 0;
+    uint64_t busy_since_us = 0;
+    uint64_t busy_us = 0;
+  };
+
+  telemetry::TraceRecorder* const trace_;
+  const std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
+  std::array<LinkState, sched::kLinkCount> links_;
+};
+
+}  // namespace strata::datapath
