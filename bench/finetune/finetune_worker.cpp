@@ -73,7 +73,8 @@ class Worker {
   Status step(uint32_t index);
   Status forward(const Unit& unit);
   Status backward(const Unit& unit);
-  Status optimizer(const Unit& unit, bool first_unit);
+  Status configure_optimizer();
+  Status optimizer_step();
   Result<strata_acquired> acquire(size_t tensor, strata_tier tier, uint32_t flags);
   Status release(size_t tensor, bool dirty, void* stream = nullptr);
   void progress(const char* phase, uint32_t step, int32_t layer);
@@ -92,13 +93,13 @@ class Worker {
   std::vector<strata_tensor_desc> descs_;
   std::vector<strata_tensor> handles_;
   std::unique_ptr<LayerCompute> compute_;
-  std::unique_ptr<optim::CpuAdam> adam_;
+  uint32_t group_ = 0;  // the optimizer's one parameter group
   uint64_t runtime_epoch_lo_us_ = 0, runtime_epoch_hi_us_ = 0;
 
   // Per step.
   double stall_seconds_ = 0;  // inside strata_acquire
   std::atomic<uint64_t> stall_us_total_{0};
-  optim::GradStats grad_stats_;
+  bool skipped_ = false;  // the optimizer found a non-finite gradient and skipped the step
   double overflow_seconds_ = 0;
   double optimizer_seconds_ = 0;
   double compute_seconds_ = 0;
@@ -145,13 +146,37 @@ Status Worker::create_runtime() {
   return Status::ok();
 }
 
+// The framework's tensors: parameters and gradients. The fp32 master weights and Adam moments
+// of the inventory are Strata's optimizer's own (strata_optimizer_add_param registers them, in
+// sub-groups), as they are for strata.torch's AdamW.
 Status Worker::register_tensors() {
   handles_.assign(plan_.inventory.size(), STRATA_TENSOR_NONE);
   for (size_t i = 0; i < plan_.inventory.size(); ++i) {
+    const TensorKind kind = plan_.inventory[i].kind;
+    if (kind != TensorKind::kParameter && kind != TensorKind::kGradient) continue;
     STRATA_TRY(
         check(strata_tensor_register(rt_, &descs_[i], &handles_[i]), "strata_tensor_register"));
   }
   return Status::ok();
+}
+
+// Strata's optimizer as the training loop configures it: AdamW (lr 1e-5, weight decay 0.01, the
+// betas and eps of torch.optim.AdamW), global clipping at max_grad_norm and a step skipped on a
+// non-finite gradient after backward; overlapped, each unit's update starts as its backward ends,
+// with nothing global to wait for (no clipping, no overflow check).
+Status Worker::configure_optimizer() {
+  strata_optimizer_group group{};
+  STRATA_TRY(check(strata_optimizer_group_init(&group), "strata_optimizer_group_init"));
+  group.lr = 1e-5;
+  group.weight_decay = 0.01;
+  STRATA_TRY(check(strata_optimizer_add_group(rt_, &group, &group_), "strata_optimizer_add_group"));
+  strata_optimizer_options options{};
+  STRATA_TRY(check(strata_optimizer_options_init(&options), "strata_optimizer_options_init"));
+  const bool overlap = contender_.optimizer_overlap;
+  options.max_grad_norm = overlap ? 0.0 : plan_.options.max_grad_norm;
+  options.check_overflow = overlap ? 0 : 1;
+  options.overlap_backward = overlap ? 1 : 0;
+  return check(strata_optimizer_configure(rt_, &options), "strata_optimizer_configure");
 }
 
 Result<strata_acquired> Worker::acquire(size_t tensor, strata_tier tier, uint32_t flags) {
@@ -177,10 +202,12 @@ Status Worker::release(size_t tensor, bool dirty, void* stream) {
                "strata_release");
 }
 
-// The initial model: small bf16 weights and their fp32 masters (the same values), zero Adam
-// moments. Written in place through pinned acquires with DISCARD, as a framework loading a
-// checkpoint shard by shard would, so no copy of the model ever sits in host memory.
+// The initial model: small bf16 weights, written in place through pinned acquires with DISCARD,
+// as a framework loading a checkpoint shard by shard would, so no copy of the model ever sits in
+// host memory; then each goes under the optimizer, which makes its fp32 master from it (as
+// DeepSpeed makes its fp32 partitions from the 16-bit ones) and zero moments.
 Status Worker::initialize_tensors() {
+  STRATA_TRY(configure_optimizer());
   for (const Unit& unit : units_) {
     for (const ParamEntry& e : unit.params) {
       const uint64_t n = plan_.inventory[e.param].elements();
@@ -189,18 +216,12 @@ Status Worker::initialize_tensors() {
       auto* bf = static_cast<uint16_t*>(p.data);
       for (uint64_t i = 0; i < n; ++i) bf[i] = optim::float_to_bf16(initial_weight(e.param, i));
       STRATA_TRY(release(e.param, true));
-      for (size_t state : {e.master, e.adam_m, e.adam_v}) {
-        if (state == SIZE_MAX) continue;
-        STRATA_ASSIGN_OR_RETURN(strata_acquired s,
-                                acquire(state, STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD));
-        auto* f = static_cast<float*>(s.data);
-        if (state == e.master) {
-          for (uint64_t i = 0; i < n; ++i) f[i] = initial_weight(e.param, i);
-        } else {
-          std::memset(f, 0, n * sizeof(float));
-        }
-        STRATA_TRY(release(state, true));
+      if (e.grad == SIZE_MAX) {
+        return invalid_argument("parameter '" + plan_.inventory[e.param].name +
+                                "' has no gradient in the inventory");
       }
+      STRATA_TRY(check(strata_optimizer_add_param(rt_, group_, handles_[e.param], handles_[e.grad]),
+                       "strata_optimizer_add_param"));
       done_units_ += 1.0 / static_cast<double>(unit.params.size());
       progress("startup", 0, unit.layer);
     }
@@ -245,27 +266,6 @@ Status Worker::backward(const Unit& unit) {
   const uint64_t end = now_us();
   compute_seconds_ += static_cast<double>(end - begin) / 1e6;
   span("compute", "backward " + std::to_string(unit.layer), begin, end);
-  if (computed && plan_.compute != ComputeMode::kGpu) {
-    // Strata's fused overflow check: one read-only pass over each gradient where it was just
-    // produced, accumulating non-finite flags and the squared norm; no temporaries. (On a GPU
-    // this is a reduction kernel; here it runs on the CPU, inside the measured loop.)
-    std::vector<optim::GradSlice> slices;
-    slices.reserve(tensors.size());
-    for (const ComputeTensor& t : tensors) {
-      slices.push_back({t.grad, DType::kBFloat16, static_cast<size_t>(t.spec->elements())});
-    }
-    const uint64_t check_begin = now_us();
-    Result<optim::GradStats> stats = adam_->grad_stats(slices);
-    const uint64_t check_end = now_us();
-    overflow_seconds_ += static_cast<double>(check_end - check_begin) / 1e6;
-    span("overflow check", "fused " + std::to_string(unit.layer), check_begin, check_end);
-    if (!stats) {
-      computed = std::move(stats).take_status();
-    } else {
-      grad_stats_.found_nonfinite = grad_stats_.found_nonfinite || stats->found_nonfinite;
-      grad_stats_.sum_squares += stats->sum_squares;
-    }
-  }
   for (const ParamEntry& e : unit.params) {
     Status released = release(e.param, false, compute_->stream());
     if (computed) computed = std::move(released);
@@ -273,84 +273,42 @@ Status Worker::backward(const Unit& unit) {
     if (computed) computed = std::move(released);
   }
   STRATA_TRY(std::move(computed));
+  // The unit's gradients are final: the optimizer measures them where they are (the overflow
+  // check and the norm, one read-only pass, no temporaries; on the host-emulated device that is
+  // the device copy, read by the CPU inside the measured loop) or, overlapped, updates the unit.
+  const uint64_t ready_begin = now_us();
+  for (const ParamEntry& e : unit.params) {
+    STRATA_TRY(
+        check(strata_optimizer_grad_ready(rt_, handles_[e.param]), "strata_optimizer_grad_ready"));
+  }
+  const uint64_t ready_end = now_us();
+  overflow_seconds_ += static_cast<double>(ready_end - ready_begin) / 1e6;
+  span(contender_.optimizer_overlap ? "optimizer" : "overflow check",
+       "grad ready " + std::to_string(unit.layer), ready_begin, ready_end);
   return check(strata_layer_end(rt_, STRATA_PHASE_BACKWARD, unit.layer), "strata_layer_end");
 }
 
-Status Worker::optimizer(const Unit& unit, bool first_unit) {
-  STRATA_TRY(
-      check(strata_layer_begin(rt_, STRATA_PHASE_OPTIMIZER, unit.layer), "strata_layer_begin"));
-  optim::AdamWParams hp;
-  hp.lr = 1e-5;
-  hp.weight_decay = 0.01;
-  hp.step = static_cast<int64_t>(steps_.size()) + 1;
-  const bool skip = grad_stats_.found_nonfinite;  // a non-finite gradient skips the step
-  if (first_unit) {
-    // Global clipping as torch.nn.utils.clip_grad_norm_ (and DeepSpeed's unscale_and_clip_grads,
-    // stage3.py:2178-2187) computes it: coefficient max_norm / (norm + 1e-6), at most 1, folded
-    // into the update's own pass. Overlapped, the update of the first units runs before the
-    // norm of the rest exists, so there is no global clipping (the semantics line says so).
-    last_grad_norm_ = std::sqrt(grad_stats_.sum_squares);
-    last_clip_scale_ = 1.0f;
-    if (!contender_.optimizer_overlap && plan_.options.max_grad_norm > 0) {
-      last_clip_scale_ =
-          static_cast<float>(std::min(1.0, plan_.options.max_grad_norm / (last_grad_norm_ + 1e-6)));
-    }
-  }
-  hp.grad_scale = last_clip_scale_;
-  for (const ParamEntry& e : unit.params) {
-    if (e.master == SIZE_MAX || e.adam_m == SIZE_MAX || e.adam_v == SIZE_MAX) {
-      return invalid_argument("parameter '" + plan_.inventory[e.param].name +
-                              "' lacks optimizer states in the inventory");
-    }
-    STRATA_ASSIGN_OR_RETURN(strata_acquired g, acquire(e.grad, STRATA_TIER_PINNED, 0));
-    STRATA_ASSIGN_OR_RETURN(strata_acquired master, acquire(e.master, STRATA_TIER_PINNED, 0));
-    Result<strata_acquired> m = acquire(e.adam_m, STRATA_TIER_PINNED, 0);
-    if (!m) return std::move(m).take_status();
-    Result<strata_acquired> v = acquire(e.adam_v, STRATA_TIER_PINNED, 0);
-    if (!v) return std::move(v).take_status();
-    // The new bf16 weights are written whole: DISCARD, then DIRTY.
-    STRATA_ASSIGN_OR_RETURN(strata_acquired p,
-                            acquire(e.param, STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD));
-    const size_t n = static_cast<size_t>(plan_.inventory[e.param].elements());
-    Status stepped;
-    const uint64_t begin = now_us();
-    if (skip) {
-      // Skipped step: the weights stay as they were (the bf16 copy is rewritten from the master).
-      const auto* f = static_cast<const float*>(master.data);
-      auto* bf = static_cast<uint16_t*>(p.data);
-      for (size_t i = 0; i < n; ++i) bf[i] = optim::float_to_bf16(f[i]);
-    } else {
-      optim::AdamWSlice slice;
-      slice.param = static_cast<float*>(master.data);
-      slice.m = static_cast<float*>(m->data);
-      slice.v = static_cast<float*>(v->data);
-      slice.grad = g.data;
-      slice.grad_dtype = DType::kBFloat16;
-      slice.param_out = p.data;
-      slice.param_out_dtype = DType::kBFloat16;
-      slice.n = n;
-      stepped = adam_->step(hp, std::span<const optim::AdamWSlice>(&slice, 1));
-    }
-    const uint64_t end = now_us();
-    optimizer_seconds_ += static_cast<double>(end - begin) / 1e6;
-    span("optimizer", "adamw " + plan_.inventory[e.param].name, begin, end,
-         static_cast<int64_t>(n));
-    for (size_t state : {e.master, e.adam_m, e.adam_v}) {
-      Status released = release(state, stepped.is_ok());
-      if (stepped) stepped = std::move(released);
-    }
-    Status released = release(e.param, true);
-    if (stepped) stepped = std::move(released);
-    released = release(e.grad, false);
-    if (stepped) stepped = std::move(released);
-    // The gradient is dead once applied: without this its dirty copy would be written to NVMe
-    // when its room is needed, a write nobody reads (the next backward overwrites it).
-    if (stepped) {
-      stepped = check(strata_tensor_discard(rt_, handles_[e.grad]), "strata_tensor_discard");
-    }
-    STRATA_TRY(std::move(stepped));
-  }
-  return check(strata_layer_end(rt_, STRATA_PHASE_OPTIMIZER, unit.layer), "strata_layer_end");
+// One strata_optimizer_step: every sub-group of every parameter not updated yet streams through
+// pinned memory (read i+1, update i, write back i-1), the new bf16 weights written in the same
+// pass, the gradients discarded once applied. Its waits for NVMe count as the loop's stall.
+Status Worker::optimizer_step() {
+  STRATA_TRY(check(strata_layer_begin(rt_, STRATA_PHASE_OPTIMIZER, 0), "strata_layer_begin"));
+  strata_optimizer_result result{};
+  result.struct_size = sizeof result;
+  const uint64_t begin = now_us();
+  STRATA_TRY(check(strata_optimizer_step(rt_, 1.0, &result), "strata_optimizer_step"));
+  span("optimizer", "strata_optimizer_step", begin, now_us());
+  optimizer_seconds_ += result.update_seconds;
+  const double waited = result.read_wait_seconds + result.write_wait_seconds;
+  stall_seconds_ += waited;
+  stall_us_total_.fetch_add(static_cast<uint64_t>(waited * 1e6), std::memory_order_relaxed);
+  skipped_ = result.found_nonfinite != 0;
+  last_grad_norm_ = result.grad_norm;
+  // What the clip did (torch.nn.utils.clip_grad_norm_'s coefficient, at most 1).
+  const double max_norm = contender_.optimizer_overlap ? 0.0 : plan_.options.max_grad_norm;
+  last_clip_scale_ =
+      max_norm > 0 ? static_cast<float>(std::min(1.0, max_norm / (result.grad_norm + 1e-6))) : 1.0f;
+  return check(strata_layer_end(rt_, STRATA_PHASE_OPTIMIZER, 0), "strata_layer_end");
 }
 
 void Worker::progress(const char* phase, uint32_t step, int32_t layer) {
@@ -370,7 +328,7 @@ Status Worker::step(uint32_t index) {
   overflow_seconds_ = 0;
   optimizer_seconds_ = 0;
   compute_seconds_ = 0;
-  grad_stats_ = {};
+  skipped_ = false;
   const ProcIo io_before = read_proc_io();
   const strata_stats stats_before = runtime_stats();
   const auto start = Clock::now();
@@ -382,36 +340,20 @@ Status Worker::step(uint32_t index) {
     done_units_ += 1;
     progress("forward", index, unit.layer);
   }
-  // Overlapped (Strata's default): each unit's update follows its backward at once, so its
-  // gradients are consumed while still resident and never wait in pinned memory or spill to
-  // NVMe. The overflow check is fused into backward either way; overlapped, a non-finite
-  // gradient skips the update of its unit and of every unit after it (bf16 training, no loss
-  // scale to lower), where ZeRO-Infinity's global check skips the whole step.
+  // Overlapped: each unit's update starts as its backward ends (strata_optimizer_grad_ready),
+  // so its gradients are consumed while still resident and need not wait in memory or go to
+  // NVMe; otherwise the whole step's updates follow backward, which global clipping needs.
   const bool overlap = contender_.optimizer_overlap;
-  bool first = true;
   sampler_->set_moment(overlap ? "step: backward and optimizer" : "step: backward");
   for (auto it = units_.rbegin(); it != units_.rend(); ++it) {
     STRATA_TRY(backward(*it));
     done_units_ += 1;
     progress("backward", index, it->layer);
-    if (overlap) {
-      STRATA_TRY(optimizer(*it, first));
-      first = false;
-      done_units_ += 1;
-      progress("optimizer", index, it->layer);
-    }
   }
-  // Otherwise the optimizer takes the units in the order their gradients became ready (as the
-  // simulator's TrainingStep does): the weights updated last are the first the next forward needs.
-  if (!overlap) {
-    sampler_->set_moment("step: optimizer");
-    for (auto it = units_.rbegin(); it != units_.rend(); ++it) {
-      STRATA_TRY(optimizer(*it, first));
-      first = false;
-      done_units_ += 1;
-      progress("optimizer", index, it->layer);
-    }
-  }
+  if (!overlap) sampler_->set_moment("step: optimizer");
+  STRATA_TRY(optimizer_step());
+  done_units_ += static_cast<double>(units_.size());
+  progress("optimizer", index, units_.front().layer);
   STRATA_TRY(check(strata_step_end(rt_), "strata_step_end"));
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   span("step", "step " + std::to_string(index), begin_us, now_us());
@@ -427,7 +369,7 @@ Status Worker::step(uint32_t index) {
   r.compute = compute_seconds_;
   r.read = io_after.read - io_before.read;
   r.written = io_after.written - io_before.written;
-  r.skipped = grad_stats_.found_nonfinite;
+  r.skipped = skipped_;
   steps_.push_back(r);
   return Status::ok();
 }
@@ -465,8 +407,8 @@ void Worker::send_result() {
       {"event", "result"},
       {"name", contender_.name},
       {"semantics", contender_.optimizer_overlap
-                        ? "optimizer overlapped with backward: no global clipping, a non-finite "
-                          "gradient skips its unit and the units after it"
+                        ? "optimizer overlapped with backward: no global clipping, no overflow "
+                          "check"
                         : "optimizer after backward: global clipping, a non-finite gradient "
                           "skips the step"},
       {"last_grad_norm", last_grad_norm_},
@@ -514,7 +456,6 @@ Status Worker::run() {
     descs_.push_back(d);
   }
   STRATA_ASSIGN_OR_RETURN(compute_, make_layer_compute(plan_));
-  STRATA_ASSIGN_OR_RETURN(adam_, optim::CpuAdam::create());
 
   load_start_ = load_average();
   const auto startup = Clock::now();

@@ -316,8 +316,9 @@ Status TieredOptimizer::add_param(uint32_t group, sched::TensorHandle param,
     return Status::error(STRATA_E_PINNED_BUDGET,
                          "parameter '" + name + "' needs " + std::to_string(need) +
                              " pinned bytes to be updated (itself, its gradient and two "
-                             "sub-groups of states); the budget is " +
-                             std::to_string(config_.pinned_budget_bytes));
+                             "sub-groups of states); the pinned pool has " +
+                             std::to_string(config_.pinned_budget_bytes) +
+                             " (pinned_budget_bytes less the streaming staging buffers)");
   }
 
   Param p;
@@ -424,9 +425,19 @@ Status TieredOptimizer::check_gradient(const Param& p) {
 }
 
 Result<GradStats> TieredOptimizer::measure_gradient(const Param& p) {
-  STRATA_ASSIGN_OR_RETURN(
-      auto g, scheduler_.acquire(p.grad, Tier::kPinned, AccessMode::kRead, config_.timeout),
-      "gradient of '" + p.name + "'");
+  // Where the newest copy is, when that is readable from here: right after backward a gradient
+  // is on the device, and copying it to pinned memory to read it once would cost a pinned buffer
+  // of its size and a transfer.
+  Tier tier = Tier::kPinned;
+  if (config_.device_memory_is_host) {
+    STRATA_ASSIGN_OR_RETURN(auto info, scheduler_.describe(p.grad));
+    if ((info.valid & sched::kDeviceBit) != 0 && (info.valid & sched::kPinnedBit) == 0) {
+      tier = Tier::kDevice;
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(auto g,
+                          scheduler_.acquire(p.grad, tier, AccessMode::kRead, config_.timeout),
+                          "gradient of '" + p.name + "'");
   const GradSlice slice{g.data, p.grad_dtype, p.elements};
   auto stats = adam_->grad_stats({&slice, 1});
   Status released = scheduler_.release(p.grad, /*dirty=*/false);

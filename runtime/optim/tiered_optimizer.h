@@ -75,7 +75,13 @@ struct PassShape {
 };
 
 struct TieredOptimizerConfig {
-  uint64_t pinned_budget_bytes = 0;  // the runtime's: sub-groups are sized from it
+  // The pinned pool's budget (the runtime's pinned budget less its streaming staging buffers):
+  // sub-groups and the lookahead are sized from it.
+  uint64_t pinned_budget_bytes = 0;
+  // The device tier's memory is host memory (the host-emulated device): a gradient whose newest
+  // copy is on the device is measured there, in place, instead of being copied to pinned memory
+  // first. (On a GPU the copy is still made; a CUDA kernel could measure in place.)
+  bool device_memory_is_host = false;
   CpuAdamOptions adam;
   std::chrono::nanoseconds timeout = std::chrono::seconds(300);  // per acquire / flush
 };
