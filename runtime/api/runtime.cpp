@@ -373,6 +373,8 @@ Result<optim::TieredOptimizer*> Runtime::optimizer() {
     // The pinned pool's: what the streaming staging buffers leave of the pinned budget.
     config.pinned_budget_bytes = config_.pinned_budget_bytes - backend_->staging_bytes();
     config.device_memory_is_host = device_->backend() == memory::DeviceBackend::kEmulated;
+    config.device_budget_bytes = config_.device_budget_bytes;
+    config.device_streams = backend_->staging_bytes() > 0;
     config.adam.threads = static_cast<int>(config_.optimizer_threads);
     config.timeout = kAcquireTimeout;
     STRATA_ASSIGN_OR_RETURN(auto made, optim::TieredOptimizer::create(*scheduler_, config));

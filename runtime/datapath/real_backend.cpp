@@ -205,6 +205,19 @@ Status RealBackend::copy_to_host(const sched::Buffer& from_device, const sched::
   return d2h_->copy(to_pinned.data, from_device.data, bytes, done);
 }
 
+Status RealBackend::copy_range(sched::Link link, const sched::Buffer& from, uint64_t from_offset,
+                               const sched::Buffer& to, uint64_t to_offset, uint64_t bytes,
+                               sched::Completion done) {
+  if (from_offset + bytes > from.bytes || to_offset + bytes > to.bytes) {
+    return invalid_argument("copy_range: the range lies outside a buffer");
+  }
+  void* dst = static_cast<std::byte*>(to.data) + to_offset;
+  const void* src = static_cast<const std::byte*>(from.data) + from_offset;
+  if (link == sched::Link::kHostToDevice) return h2d_->copy(dst, src, bytes, done);
+  if (link == sched::Link::kDeviceToHost) return d2h_->copy(dst, src, bytes, done);
+  return invalid_argument("copy_range: a range copy goes between the device and pinned memory");
+}
+
 // ---- Streams ----
 
 Status RealBackend::stream_to_device(const sched::Extent& from, const sched::Buffer& to_device,

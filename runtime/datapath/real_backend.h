@@ -61,6 +61,9 @@ class RealBackend final : public sched::TierBackend {
                         uint64_t bytes, sched::Completion done) override;
   Status copy_to_host(const sched::Buffer& from_device, const sched::Buffer& to_pinned,
                       uint64_t bytes, sched::Completion done) override;
+  Status copy_range(sched::Link link, const sched::Buffer& from, uint64_t from_offset,
+                    const sched::Buffer& to, uint64_t to_offset, uint64_t bytes,
+                    sched::Completion done) override;
   Status stream_to_device(const sched::Extent& from, const sched::Buffer& to_device, uint64_t bytes,
                           sched::Completion done) override;
   Status stream_to_nvme(const sched::Buffer& from_device, const sched::Extent& to, uint64_t bytes,

@@ -216,12 +216,14 @@ size_t TieredOptimizer::param_count() {
 }
 
 uint32_t TieredOptimizer::lookahead() const {
-  // Sub-groups that fit beside the largest parameter and gradient, less the one being updated
-  // and the one being written back.
+  // Sub-groups that fit beside what a held parameter and gradient keep in pinned memory (their
+  // pieces, or the two whole where that is less), less the one being updated and the one being
+  // written back.
   uint64_t largest = 0, unit = 0;
+  const uint64_t pieces = uint64_t{2} * Pieces::kSlots * max_piece_bytes();
   for (const Param& p : params_) {
-    largest =
-        std::max(largest, p.elements * (dtype_size(p.param_dtype) + dtype_size(p.grad_dtype)));
+    const uint64_t whole = p.elements * (dtype_size(p.param_dtype) + dtype_size(p.grad_dtype));
+    largest = std::max(largest, holds_on_device(p) ? std::min(whole, pieces) : whole);
     for (const SubGroup& s : p.sub_groups) unit = std::max(unit, s.elements * 4 * kStateKinds);
   }
   if (unit == 0 || largest >= config_.pinned_budget_bytes) return 1;
@@ -307,16 +309,21 @@ Status TieredOptimizer::add_param(uint32_t group, sched::TensorHandle param,
   if (pinfo.uses != 0) return Status::error(STRATA_E_STATE, "parameter '" + name + "' is acquired");
 
   const uint64_t sub_elements = effective_sub_group_bytes() / sizeof(float);
-  // The parameter and its gradient are held in pinned memory while their sub-groups stream, so
-  // they and two sub-groups' states must fit the budget together.
-  const uint64_t need =
-      pinfo.bytes + ginfo.bytes +
-      uint64_t{2} * kStateKinds * sizeof(float) * std::min(sub_elements, elements);
+  // While its sub-groups stream, the parameter and its gradient are held on the device and moved
+  // through two pinned pieces each of a sub-group's bytes (holds_on_device), or else whole in
+  // pinned memory; with two sub-groups' states that must fit the pinned pool.
+  const uint64_t sub = std::min(sub_elements, elements);
+  const uint64_t widest = std::max(dtype_size(pinfo.dtype), dtype_size(ginfo.dtype));
+  const uint64_t both = pinfo.bytes + ginfo.bytes;
+  const bool on_device = config_.device_streams && both <= config_.device_budget_bytes;
+  const uint64_t held =
+      on_device ? std::min(both, uint64_t{2} * Pieces::kSlots * sub * widest) : both;
+  const uint64_t need = held + uint64_t{2} * kStateKinds * sizeof(float) * sub;
   if (need > config_.pinned_budget_bytes) {
     return Status::error(STRATA_E_PINNED_BUDGET,
                          "parameter '" + name + "' needs " + std::to_string(need) +
-                             " pinned bytes to be updated (itself, its gradient and two "
-                             "sub-groups of states); the pinned pool has " +
+                             " pinned bytes to be updated (pieces of itself and its gradient, "
+                             "and two sub-groups of states); the pinned pool has " +
                              std::to_string(config_.pinned_budget_bytes) +
                              " (pinned_budget_bytes less the streaming staging buffers)");
   }
@@ -451,14 +458,14 @@ Result<GradStats> TieredOptimizer::measure_gradient(const Param& p) {
 
 Status TieredOptimizer::update_unit(const Param& p, const SubGroup& s,
                                     void* const states[kStateKinds], const void* grad,
-                                    void* param_data, int64_t step, float grad_scale) {
+                                    void* param_out, int64_t step, float grad_scale) {
   AdamWSlice slice;
   slice.param = static_cast<float*>(states[0]);
   slice.m = static_cast<float*>(states[1]);
   slice.v = static_cast<float*>(states[2]);
-  slice.grad = static_cast<const unsigned char*>(grad) + s.offset * dtype_size(p.grad_dtype);
+  slice.grad = grad;
   slice.grad_dtype = p.grad_dtype;
-  auto* out = static_cast<unsigned char*>(param_data) + s.offset * dtype_size(p.param_dtype);
+  auto* out = static_cast<unsigned char*>(param_out);
   // A 16-bit parameter is written by the update pass itself; an fp32 one is the master copy.
   if (p.param_dtype != DType::kFloat32) {
     slice.param_out = out;
@@ -467,6 +474,147 @@ Status TieredOptimizer::update_unit(const Param& p, const SubGroup& s,
   slice.n = s.elements;
   STRATA_TRY(adam_->step(adam_params(p.group, step, grad_scale), {&slice, 1}));
   if (p.param_dtype == DType::kFloat32) std::memcpy(out, states[0], s.elements * sizeof(float));
+  return Status::ok();
+}
+
+// ---- Holding a parameter and its gradient ----
+
+bool TieredOptimizer::holds_on_device(const Param& p) const {
+  // Both held at once, and nothing else of the pass's on the device: room for the two can always
+  // be made there by evictions that end by themselves (streamed out, never through pinned memory
+  // the pass holds), so the acquires cannot wait on the pass itself.
+  const uint64_t both = p.elements * (dtype_size(p.param_dtype) + dtype_size(p.grad_dtype));
+  return config_.device_streams && both <= config_.device_budget_bytes;
+}
+
+Result<TieredOptimizer::HeldTensor> TieredOptimizer::hold(sched::TensorHandle tensor,
+                                                          bool on_device) {
+  STRATA_ASSIGN_OR_RETURN(auto info, scheduler_.describe(tensor));
+  // On the device (where backward left a gradient, or where the next forward wants the
+  // parameter), read and written in sub-group pieces: no pinned buffer of its size. Where its
+  // newest copy is pinned already, it is used there.
+  const Tier tier =
+      on_device && (info.valid & sched::kPinnedBit) == 0 ? Tier::kDevice : Tier::kPinned;
+  STRATA_ASSIGN_OR_RETURN(auto a,
+                          scheduler_.acquire(tensor, tier, AccessMode::kRead, config_.timeout));
+  return HeldTensor{true, tier, a.data};
+}
+
+uint64_t TieredOptimizer::max_piece_bytes() const {
+  const uint64_t sub_elements = effective_sub_group_bytes() / sizeof(float);
+  uint64_t bytes = 0;
+  for (const Param& p : params_) {
+    const uint64_t widest = std::max(dtype_size(p.param_dtype), dtype_size(p.grad_dtype));
+    bytes = std::max(bytes, std::min(sub_elements, p.elements) * widest);
+  }
+  return bytes;
+}
+
+Status TieredOptimizer::Pieces::make(sched::Scheduler& scheduler, uint64_t bytes,
+                                     std::chrono::nanoseconds timeout) {
+  if (made) return Status::ok();
+  sched::RegisterOptions options;
+  options.home = Tier::kPinned;
+  options.allocation = true;
+  for (int k = 0; k < kSlots; ++k) {
+    for (const bool is_grad : {true, false}) {
+      TensorSpec spec;
+      spec.name = std::string("optimizer.") + (is_grad ? "gradient" : "parameter") + "_piece[" +
+                  std::to_string(k) + "]";
+      spec.dtype = DType::kUInt8;
+      spec.kind = is_grad ? TensorKind::kGradient : TensorKind::kParameter;
+      spec.shape = {bytes};
+      STRATA_ASSIGN_OR_RETURN(auto handle, scheduler.register_tensor(spec, options));
+      (is_grad ? grad : param)[k] = handle;
+      made = true;  // from the first one on, free() has something to undo
+      STRATA_ASSIGN_OR_RETURN(
+          auto a, scheduler.acquire(handle, Tier::kPinned, AccessMode::kOverwrite, timeout));
+      (is_grad ? grad_data : param_data)[k] = a.data;
+    }
+  }
+  return Status::ok();
+}
+
+Status TieredOptimizer::Pieces::wait(sched::Scheduler& scheduler, uint64_t* ticket,
+                                     std::chrono::nanoseconds timeout) {
+  if (*ticket == 0) return Status::ok();
+  const uint64_t redeemed = *ticket;
+  *ticket = 0;
+  return scheduler.wait_copy_range(redeemed, timeout);
+}
+
+Status TieredOptimizer::Pieces::wait_all(sched::Scheduler& scheduler,
+                                         std::chrono::nanoseconds timeout) {
+  Status first;
+  for (int k = 0; k < kSlots; ++k) {
+    for (uint64_t* ticket : {&grad_ticket[k], &param_ticket[k]}) {
+      Status s = wait(scheduler, ticket, timeout);
+      if (first.is_ok()) first = std::move(s);
+    }
+  }
+  return first;
+}
+
+Status TieredOptimizer::Pieces::free(sched::Scheduler& scheduler) {
+  if (!made) return Status::ok();
+  Status first;
+  for (int k = 0; k < kSlots; ++k) {
+    for (sched::TensorHandle* h : {&grad[k], &param[k]}) {
+      if (h->generation == 0) continue;  // never registered (make() stopped before it)
+      if ((h == &grad[k] ? grad_data[k] : param_data[k]) != nullptr) {
+        Status released = scheduler.release(*h, /*dirty=*/false);
+        if (first.is_ok()) first = std::move(released);
+      }
+      Status gone = scheduler.unregister_tensor(*h);
+      if (first.is_ok()) first = std::move(gone);
+    }
+  }
+  *this = Pieces{};
+  return first;
+}
+
+Status TieredOptimizer::update_held(const Param& p, const Unit& u, const std::vector<Unit>& units,
+                                    size_t i, const HeldTensor& grad, const HeldTensor& param,
+                                    Pieces& pieces, void* const states[kStateKinds], int64_t step,
+                                    float grad_scale) {
+  const SubGroup& s = p.sub_groups[u.sub_group];
+  const uint64_t gsize = dtype_size(p.grad_dtype), psize = dtype_size(p.param_dtype);
+  const int k = static_cast<int>(u.sub_group % Pieces::kSlots);
+  auto start_grad = [&](const SubGroup& g, int slot) -> Status {
+    STRATA_ASSIGN_OR_RETURN(
+        pieces.grad_ticket[slot],
+        scheduler_.start_copy_range(p.grad, Tier::kDevice, g.offset * gsize, pieces.grad[slot],
+                                    Tier::kPinned, 0, g.elements * gsize, config_.timeout));
+    return Status::ok();
+  };
+  const void* grad_bytes = nullptr;
+  if (grad.tier == Tier::kPinned) {
+    grad_bytes = static_cast<const unsigned char*>(grad.data) + s.offset * gsize;
+  } else {
+    if (pieces.grad_ticket[k] == 0) STRATA_TRY(start_grad(s, k));
+    STRATA_TRY(Pieces::wait(scheduler_, &pieces.grad_ticket[k], config_.timeout));
+    grad_bytes = pieces.grad_data[k];
+    // The next sub-group's gradient travels while this one is updated.
+    if (i + 1 < units.size() && units[i + 1].param == u.param) {
+      const int next = static_cast<int>(units[i + 1].sub_group % Pieces::kSlots);
+      STRATA_TRY(start_grad(p.sub_groups[units[i + 1].sub_group], next));
+    }
+  }
+  void* param_bytes = nullptr;
+  if (param.tier == Tier::kPinned) {
+    param_bytes = static_cast<unsigned char*>(param.data) + s.offset * psize;
+  } else {
+    // The piece's last bytes must have left before new ones are written into it.
+    STRATA_TRY(Pieces::wait(scheduler_, &pieces.param_ticket[k], config_.timeout));
+    param_bytes = pieces.param_data[k];
+  }
+  STRATA_TRY(update_unit(p, s, states, grad_bytes, param_bytes, step, grad_scale));
+  if (param.tier == Tier::kDevice) {
+    STRATA_ASSIGN_OR_RETURN(
+        pieces.param_ticket[k],
+        scheduler_.start_copy_range(pieces.param[k], Tier::kPinned, 0, p.param, Tier::kDevice,
+                                    s.offset * psize, s.elements * psize, config_.timeout));
+  }
   return Status::ok();
 }
 
@@ -551,16 +699,21 @@ Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShap
     }
   };
 
-  // The parameter whose tensors are held, and them.
+  // The parameter whose tensors are held, and them: each in pinned memory whole (where its
+  // newest copy already is, or where the device has no room for it), or held on the device and
+  // moved through two pinned pieces of a sub-group each (range copies), so that no pinned buffer
+  // of a tensor's size is needed.
   uint32_t held = UINT32_MAX;
-  void* param_data = nullptr;
-  const void* grad_data = nullptr;
-  bool param_held = false, grad_held = false;
+  HeldTensor grad, param;
+  Pieces pieces;
   auto release_held = [&](bool updated) {
-    Status first;
-    if (param_held) first = scheduler_.release(params_[held].param, /*dirty=*/updated);
-    param_held = false;
-    if (grad_held) {
+    Status first = pieces.wait_all(scheduler_, config_.timeout);
+    if (param.held) {
+      Status s = scheduler_.release(params_[held].param, /*dirty=*/updated);
+      if (first.is_ok()) first = std::move(s);
+    }
+    param = HeldTensor{};
+    if (grad.held) {
       Status s = scheduler_.release(params_[held].grad, /*dirty=*/false);
       if (first.is_ok()) first = std::move(s);
       // The gradient is consumed: nothing of it needs to reach NVMe, and reading it before the
@@ -570,13 +723,14 @@ Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShap
         if (first.is_ok()) first = std::move(d);
       }
     }
-    grad_held = false;
+    grad = HeldTensor{};
     held = UINT32_MAX;
     return first;
   };
   auto fail = [&](Status status, bool updated) {
     stop_loader();
     (void)release_held(updated);
+    (void)pieces.free(scheduler_);
     return status;
   };
 
@@ -589,18 +743,25 @@ Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShap
       Status done = release_held(/*updated=*/true);
       if (!done.is_ok()) return fail(std::move(done), false);
       held = u.param;
-      auto g = scheduler_.acquire(p.grad, Tier::kPinned, AccessMode::kRead, config_.timeout);
+      // Where backward produced the gradient is where the training computes: gradients made on
+      // the device are consumed from there, and the parameter goes back there with them.
+      Result<sched::TensorInfo> grad_info = scheduler_.describe(p.grad);
+      if (!grad_info) return fail(std::move(grad_info).take_status(), false);
+      const bool on_device = holds_on_device(p) && grad_info->use_tier == Tier::kDevice;
+      Result<HeldTensor> g = hold(p.grad, on_device);
       if (!g) {
-        held = UINT32_MAX;
         return fail(std::move(g).take_status().with_context("gradient of '" + p.name + "'"), false);
       }
-      grad_held = true;
-      grad_data = g->data;
-      auto a = scheduler_.acquire(p.param, Tier::kPinned, AccessMode::kRead, config_.timeout);
-      if (!a)
+      grad = *g;
+      Result<HeldTensor> a = hold(p.param, on_device);
+      if (!a) {
         return fail(std::move(a).take_status().with_context("parameter '" + p.name + "'"), false);
-      param_held = true;
-      param_data = a->data;
+      }
+      param = *a;
+      if (grad.tier == Tier::kDevice || param.tier == Tier::kDevice) {
+        Status made = pieces.make(scheduler_, max_piece_bytes(), config_.timeout);
+        if (!made.is_ok()) return fail(std::move(made).with_context("optimizer pieces"), false);
+      }
     }
     Loaded current;
     if (window > 0) {
@@ -620,9 +781,8 @@ Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShap
       if (!shape.read) {
         for (void* d : current.data) std::memset(d, 0, s.elements * sizeof(float));
       }
-      if (shape.update) {
-        status = update_unit(p, s, current.data, grad_data, param_data, step, grad_scale);
-      }
+      if (shape.update)
+        status = update_held(p, u, units, i, grad, param, pieces, current.data, step, grad_scale);
       report->update_seconds += seconds_since(started);
     }
     Status released = release_states(s, current.acquired, /*dirty=*/shape.write && status.is_ok());
@@ -641,7 +801,10 @@ Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShap
     }
   }
   stop_loader();
-  STRATA_TRY(release_held(/*updated=*/true));
+  Status released_last = release_held(/*updated=*/true);
+  Status freed = pieces.free(scheduler_);
+  STRATA_TRY(std::move(released_last));
+  STRATA_TRY(std::move(freed));
   if (shape.write) {
     // Write-backs already started finish here; the rest stay dirty in pinned memory and are
     // written when their room is needed (or by strata_sync), overlapping what comes next.

@@ -82,6 +82,14 @@ struct TieredOptimizerConfig {
   // copy is on the device is measured there, in place, instead of being copied to pinned memory
   // first. (On a GPU the copy is still made; a CUDA kernel could measure in place.)
   bool device_memory_is_host = false;
+  // The device pool's budget, and whether device data streams to NVMe (no pinned memory needed to
+  // make device room). With both, a parameter and gradient that fit the device together, whose
+  // gradient backward made on the device, are held there during their update and moved through
+  // pinned pieces of a sub-group each; otherwise (no streaming: device room is made through
+  // pinned memory, which the pass's own held sub-groups may fill; too little device; training on
+  // the CPU) they are held whole in pinned memory.
+  uint64_t device_budget_bytes = 0;
+  bool device_streams = false;
   CpuAdamOptions adam;
   std::chrono::nanoseconds timeout = std::chrono::seconds(300);  // per acquire / flush
 };
@@ -151,6 +159,33 @@ class TieredOptimizer {
     uint32_t sub_group = 0;
   };
 
+  // A parameter's or a gradient's tensor as the update pass holds it, acquired on `tier`: in
+  // pinned memory `data` is the whole tensor; on the device it is reached through range copies
+  // of one sub-group at a time.
+  struct HeldTensor {
+    bool held = false;
+    Tier tier = Tier::kPinned;
+    void* data = nullptr;
+  };
+  // Two pinned pieces for the gradient and two for the parameter, a sub-group's bytes each:
+  // while sub-group i is updated in one pair, i+1's gradient arrives in the other and i-1's new
+  // parameter bytes leave it. Allocations of the scheduler's (home pinned), made for a pass that
+  // holds a tensor on the device and freed after it; a ticket is a range copy in flight.
+  struct Pieces {
+    static constexpr int kSlots = 2;
+    bool made = false;
+    sched::TensorHandle grad[kSlots], param[kSlots];
+    void* grad_data[kSlots] = {};
+    void* param_data[kSlots] = {};
+    uint64_t grad_ticket[kSlots] = {};
+    uint64_t param_ticket[kSlots] = {};
+    Status make(sched::Scheduler& scheduler, uint64_t bytes, std::chrono::nanoseconds timeout);
+    static Status wait(sched::Scheduler& scheduler, uint64_t* ticket,
+                       std::chrono::nanoseconds timeout);
+    Status wait_all(sched::Scheduler& scheduler, std::chrono::nanoseconds timeout);
+    Status free(sched::Scheduler& scheduler);
+  };
+
   TieredOptimizer(sched::Scheduler& scheduler, const TieredOptimizerConfig& config,
                   std::unique_ptr<CpuAdam> adam);
 
@@ -164,8 +199,21 @@ class TieredOptimizer {
   // unit and released after their last; units of one parameter are consecutive.
   Status run_units(const std::vector<Unit>& units, const PassShape& shape, int64_t step,
                    float grad_scale, StepReport* report);
+  // grad and param_out: the sub-group's own bytes of the gradient and of the new parameter.
   Status update_unit(const Param& p, const SubGroup& s, void* const states[kStateKinds],
-                     const void* grad, void* param_data, int64_t step, float grad_scale);
+                     const void* grad, void* param_out, int64_t step, float grad_scale);
+  // Holds a parameter's or gradient's tensor for the update pass: on the device (range copies)
+  // when on_device and its newest copy is not in pinned memory already, else whole in pinned.
+  Result<HeldTensor> hold(sched::TensorHandle tensor, bool on_device);
+  // Whether p's gradient and parameter can be held on the device for their update.
+  bool holds_on_device(const Param& p) const;
+  // The bytes of one piece: the largest sub-group's gradient or parameter bytes.
+  uint64_t max_piece_bytes() const;
+  // update_unit for units[i], its gradient and parameter bytes reached in place or through the
+  // pieces (and the next unit's gradient range started behind it).
+  Status update_held(const Param& p, const Unit& u, const std::vector<Unit>& units, size_t i,
+                     const HeldTensor& grad, const HeldTensor& param, Pieces& pieces,
+                     void* const states[kStateKinds], int64_t step, float grad_scale);
   Status release_states(const SubGroup& s, int acquired, bool dirty);
   // Copies one state of one parameter out of (dst) or into (src) its sub-group tensors.
   Status copy_state(const Param& p, StateKind state, void* dst, const void* src);

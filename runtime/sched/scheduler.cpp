@@ -69,6 +69,10 @@ const char* doing(Scheduler::OpKind kind) {
       return "streaming to device";
     case Scheduler::OpKind::kStreamToNvme:
       return "streaming to nvme";
+    case Scheduler::OpKind::kRangeToDevice:
+      return "copying a range to device";
+    case Scheduler::OpKind::kRangeToHost:
+      return "copying a range to host";
   }
   return "moving";
 }
@@ -572,6 +576,10 @@ Status Scheduler::release(TensorHandle tensor, bool dirty, void* device_stream) 
   TensorRecord& r = registry_.at(index);
   if (r.uses == 0)
     return Status::error(STRATA_E_STATE, "release of " + label(r) + ": not acquired");
+  if (r.range_copies > 0 && r.uses == 1) {
+    return Status::error(STRATA_E_STATE,
+                         "release of " + label(r) + ": a range copy from or into it is in flight");
+  }
   const Tier tier = r.use_tier;
   backend_.on_release(tier, r.buffer[memory_index(tier)], device_stream);
   if (dirty) {
@@ -602,6 +610,100 @@ Status Scheduler::discard(TensorHandle tensor) {
   pump();
   cv_.notify_all();
   return Status::ok();
+}
+
+Result<uint64_t> Scheduler::start_copy_range(TensorHandle from, Tier from_tier,
+                                             uint64_t from_offset, TensorHandle to, Tier to_tier,
+                                             uint64_t to_offset, uint64_t bytes,
+                                             std::chrono::nanoseconds timeout) {
+  const bool to_device = to_tier == Tier::kDevice && from_tier == Tier::kPinned;
+  if (!to_device && !(to_tier == Tier::kPinned && from_tier == Tier::kDevice)) {
+    return invalid_argument("a range copy goes between the device and pinned memory");
+  }
+  const Clock::time_point deadline = deadline_after(timeout);
+  const OpKind kind = to_device ? OpKind::kRangeToDevice : OpKind::kRangeToHost;
+  const Link link = link_of(kind);
+  std::unique_lock lock(mu_);
+  for (;;) {
+    STRATA_ASSIGN_OR_RETURN(uint32_t source, registry_.resolve(from));
+    STRATA_ASSIGN_OR_RETURN(uint32_t target, registry_.resolve(to));
+    const TensorRecord& f = registry_.at(source);
+    const TensorRecord& t = registry_.at(target);
+    for (const auto& [r, tier] : {std::pair{&f, from_tier}, std::pair{&t, to_tier}}) {
+      if (r->uses == 0 || r->use_tier != tier) {
+        return Status::error(STRATA_E_STATE, "a range copy needs " + label(*r) + " held on " +
+                                                 to_string(tier) + " (acquired there)");
+      }
+    }
+    if (bytes == 0 || from_offset > f.bytes || bytes > f.bytes - from_offset ||
+        to_offset > t.bytes || bytes > t.bytes - to_offset) {
+      return invalid_argument("range copy of " + std::to_string(bytes) + " bytes from offset " +
+                              std::to_string(from_offset) + " of " + label(f) + " to offset " +
+                              std::to_string(to_offset) + " of " + label(t) + ": outside a tensor");
+    }
+    uint32_t slot = kNoRange;
+    for (uint32_t i = 0; i < kMaxRangeCopies; ++i) {
+      if (range_copies_[i].ticket == 0) {
+        slot = i;
+        break;
+      }
+    }
+    if (slot == kNoRange) {
+      return Status::error(STRATA_E_LIMIT, "more than " + std::to_string(kMaxRangeCopies) +
+                                               " range copies started and not waited for");
+    }
+    if (link_free(link) && !free_ops_.empty()) {
+      const uint32_t id = free_ops_.back();
+      free_ops_.pop_back();
+      ops_[id] = {kind, link, target, /*cleaning=*/false, /*active=*/true, slot, source};
+      ++registry_.at(source).range_copies;
+      ++registry_.at(target).range_copies;
+      range_copies_[slot] = RangeCopy{next_range_ticket_++, false, false, bytes, Status::ok()};
+      ++inflight_[static_cast<int>(link)];
+      ++inflight_total_;
+      const int fi = memory_index(from_tier), ti = memory_index(to_tier);
+      const ScopedTransferLabel labelled(t.spec);
+      Status submitted = backend_.copy_range(link, f.buffer[fi], from_offset, t.buffer[ti],
+                                             to_offset, bytes, Completion{this, id});
+      if (!submitted) {
+        // Refused at once: no completion will come.
+        --registry_.at(source).range_copies;
+        --registry_.at(target).range_copies;
+        range_copies_[slot] = RangeCopy{};
+        --inflight_[static_cast<int>(link)];
+        --inflight_total_;
+        ops_[id] = Op{};
+        free_ops_.push_back(id);
+        return std::move(submitted).with_context(std::string(doing(kind)) + " of " + label(t));
+      }
+      return range_copies_[slot].ticket;
+    }
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      return Status::error(STRATA_E_TIMEOUT, std::string(doing(kind)) + " of " + label(t) +
+                                                 ": no room on the link in " + millis(timeout));
+    }
+  }
+}
+
+Status Scheduler::wait_copy_range(uint64_t ticket, std::chrono::nanoseconds timeout) {
+  const Clock::time_point deadline = deadline_after(timeout);
+  std::unique_lock lock(mu_);
+  RangeCopy* copy = nullptr;
+  for (RangeCopy& c : range_copies_) {
+    if (ticket != 0 && c.ticket == ticket && !c.abandoned) copy = &c;
+  }
+  if (copy == nullptr) {
+    return Status::error(STRATA_E_STATE, "range copy " + std::to_string(ticket) +
+                                             " is unknown or was waited for already");
+  }
+  if (!cv_.wait_until(lock, deadline, [&] { return copy->done; })) {
+    copy->abandoned = true;
+    return Status::error(STRATA_E_TIMEOUT, "range copy " + std::to_string(ticket) +
+                                               " did not end in " + millis(timeout));
+  }
+  Status status = std::move(copy->status);
+  *copy = RangeCopy{};
+  return status;
 }
 
 Status Scheduler::reserve(TensorHandle tensor, Tier tier, std::chrono::nanoseconds timeout) {
@@ -771,6 +873,32 @@ void Scheduler::on_transfer_complete(uint32_t op, Status status) {
 void Scheduler::complete_locked(uint32_t id, Status status) {
   STRATA_ASSERT(id < ops_.size() && ops_[id].active);
   Op& op = ops_[id];
+  if (op.range != kNoRange) {
+    // A range copy moves no residency: it ends in its slot, for wait_copy_range.
+    RangeCopy& copy = range_copies_[op.range];
+    STRATA_ASSERT(copy.ticket != 0 && !copy.done);
+    if (status.is_ok()) {
+      stats_.link_bytes[static_cast<int>(op.link)] += copy.bytes;
+      ++stats_.link_transfers[static_cast<int>(op.link)];
+    } else {
+      ++stats_.transfer_failures;
+    }
+    if (copy.abandoned) {
+      copy = RangeCopy{};
+    } else {
+      copy.done = true;
+      copy.status = std::move(status);
+    }
+    for (uint32_t held : {op.source, op.tensor}) {
+      STRATA_ASSERT(registry_.at(held).range_copies > 0);
+      --registry_.at(held).range_copies;
+    }
+    --inflight_[static_cast<int>(op.link)];
+    --inflight_total_;
+    op = Op{};
+    free_ops_.push_back(id);
+    return;
+  }
   STRATA_ASSERT(registry_.live(op.tensor));
   TensorRecord& r = registry_.at(op.tensor);
   STRATA_ASSERT(r.op == id);
@@ -1820,12 +1948,22 @@ Status Scheduler::check_invariants_locked() const {
 
   std::array<uint32_t, kLinkCount> inflight{};
   uint32_t active = 0, cleaning = 0;
+  std::vector<uint32_t> range_refs(registry_.slot_count(), 0);
   for (const Op& op : ops_) {
     if (!op.active) continue;
     ++active;
     ++inflight[static_cast<int>(op.link)];
     if (!registry_.live(op.tensor)) return broken("a transfer in flight for a removed tensor");
     if (op.link != link_of(op.kind)) return broken("a transfer in flight on the wrong link");
+    const bool range = op.kind == OpKind::kRangeToDevice || op.kind == OpKind::kRangeToHost;
+    if (range != (op.range != kNoRange)) return broken("a range copy without its slot, or back");
+    if (range) {
+      ++range_refs[op.source];
+      ++range_refs[op.tensor];
+      const RangeCopy& copy = range_copies_[op.range];
+      if (copy.ticket == 0 || copy.done) return broken("a range copy in flight in a free slot");
+      if (registry_.at(op.tensor).uses == 0) return broken("a range copy into a tensor not held");
+    }
     if ((op.kind == OpKind::kStreamToDevice || op.kind == OpKind::kStreamToNvme) && !streams()) {
       return broken("a streamed transfer under a plan without streaming");
     }
@@ -1846,6 +1984,13 @@ Status Scheduler::check_invariants_locked() const {
       return broken(std::string(to_string(static_cast<Link>(link))) + " has " +
                     std::to_string(inflight[link]) + " transfers in flight, counted " +
                     std::to_string(inflight_[link]));
+    }
+  }
+  for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
+    if (registry_.live(i) && registry_.at(i).range_copies != range_refs[i]) {
+      return broken(label(registry_.at(i)) + " counts " +
+                    std::to_string(registry_.at(i).range_copies) + " range copies; " +
+                    std::to_string(range_refs[i]) + " are in flight");
     }
   }
   if (cleaning != cleaning_inflight_) {

@@ -199,6 +199,25 @@ class Scheduler final : public CompletionSink {
   // the current phase. Never blocks; hints beyond max_prefetch_hints push out the oldest.
   Status prefetch(TensorHandle tensor, Tier tier);
 
+  // ---- Ranges of tensors in use ----
+  // Starts copying `bytes` from `from`'s copy on from_tier (at from_offset) into `to`'s copy on
+  // to_tier (at to_offset), one tier the device and the other pinned: for a consumer that works
+  // through a device tensor in pinned pieces (the optimizer reads a gradient and writes a
+  // parameter chunk by chunk) with no pinned buffer of the tensor's size. Both tensors must be
+  // held by the caller (acquired on those tiers), so their copies stay where they are while the
+  // copy runs; it changes no residency (release `to` dirty, as after any write, once its bytes
+  // are final). Waits for room on the link (bounded by timeout) and returns a ticket, which
+  // wait_copy_range redeems; every ticket must be redeemed before its tensors are released.
+  // STRATA_E_STATE unless both are held there, STRATA_E_INVALID for a range outside either,
+  // STRATA_E_LIMIT past kMaxRangeCopies tickets not yet redeemed.
+  Result<uint64_t> start_copy_range(TensorHandle from, Tier from_tier, uint64_t from_offset,
+                                    TensorHandle to, Tier to_tier, uint64_t to_offset,
+                                    uint64_t bytes, std::chrono::nanoseconds timeout);
+  // Waits for the copy and returns its outcome. STRATA_E_TIMEOUT leaves the copy running and its
+  // ticket given up; release() refuses either tensor (STRATA_E_STATE) until it has ended.
+  Status wait_copy_range(uint64_t ticket, std::chrono::nanoseconds timeout);
+  static constexpr uint32_t kMaxRangeCopies = 64;
+
   // ---- Durability ----
   // Waits until no write-back is in flight; returns the first unreported asynchronous failure.
   Status sync(std::chrono::nanoseconds timeout);
@@ -241,6 +260,8 @@ class Scheduler final : public CompletionSink {
     kCopyToHost,      // device -> pinned
     kStreamToDevice,  // NVMe -> device through the staging buffers
     kStreamToNvme,    // device -> NVMe through the staging buffers
+    kRangeToDevice,   // a byte range, pinned -> device, between tensors in use
+    kRangeToHost,     // a byte range, device -> pinned, between tensors in use
   };
   static constexpr Link link_of(OpKind kind) {
     switch (kind) {
@@ -251,8 +272,10 @@ class Scheduler final : public CompletionSink {
       case OpKind::kStreamToNvme:
         return Link::kNvmeWrite;
       case OpKind::kCopyToDevice:
+      case OpKind::kRangeToDevice:
         return Link::kHostToDevice;
       case OpKind::kCopyToHost:
+      case OpKind::kRangeToHost:
         return Link::kDeviceToHost;
     }
     return Link::kNvmeRead;
@@ -265,6 +288,17 @@ class Scheduler final : public CompletionSink {
     uint32_t tensor = 0;
     bool cleaning = false;  // started to make room (counted in the pool's cleaning bytes)
     bool active = false;
+    uint32_t range = kNoRange;  // a range copy's slot in range_copies_, else kNoRange
+    uint32_t source = 0;        // a range copy's source tensor (`tensor` is its target)
+  };
+  static constexpr uint32_t kNoRange = UINT32_MAX;
+  // A range copy's outcome until its ticket is redeemed. ticket 0: a free slot.
+  struct RangeCopy {
+    uint64_t ticket = 0;
+    bool done = false;
+    bool abandoned = false;  // its waiter timed out: the completion frees the slot
+    uint64_t bytes = 0;
+    Status status;
   };
   struct PoolState {
     PoolSpec spec;
@@ -418,6 +452,8 @@ class Scheduler final : public CompletionSink {
   size_t hint_head_ = 0;
   size_t hint_count_ = 0;
   std::vector<EvictionCandidate> scratch_;  // reused by ensure_space / clean_ahead
+  std::array<RangeCopy, kMaxRangeCopies> range_copies_;
+  uint64_t next_range_ticket_ = 1;
   uint64_t tick_ = 0;
   uint64_t failure_sequence_ = 0;     // orders AsyncFailure records
   uint32_t durability_failures_ = 0;  // live tensors whose durability_failed()

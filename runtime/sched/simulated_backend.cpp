@@ -138,6 +138,16 @@ Status SimulatedBackend::copy_to_host(const Buffer& from_device, const Buffer& t
   return schedule(Link::kDeviceToHost, bytes, done);
 }
 
+Status SimulatedBackend::copy_range(Link link, const Buffer& from, uint64_t from_offset,
+                                    const Buffer& to, uint64_t to_offset, uint64_t bytes,
+                                    Completion done) {
+  if ((link != Link::kHostToDevice && link != Link::kDeviceToHost) || !from.valid() ||
+      !to.valid() || from_offset + bytes > from.bytes || to_offset + bytes > to.bytes) {
+    return invalid_argument("simulated copy_range: bad request");
+  }
+  return schedule(link, bytes, done);
+}
+
 Status SimulatedBackend::stream_to_device(const Extent& from, const Buffer& to_device,
                                           uint64_t bytes, Completion done) {
   if (!from.valid() || !to_device.valid() || bytes > from.bytes || bytes > to_device.bytes) {

@@ -35,6 +35,8 @@ class SimulatedBackend final : public TierBackend {
                         Completion done) override;
   Status copy_to_host(const Buffer& from_device, const Buffer& to_pinned, uint64_t bytes,
                       Completion done) override;
+  Status copy_range(Link link, const Buffer& from, uint64_t from_offset, const Buffer& to,
+                    uint64_t to_offset, uint64_t bytes, Completion done) override;
   Status stream_to_device(const Extent& from, const Buffer& to_device, uint64_t bytes,
                           Completion done) override;
   Status stream_to_nvme(const Buffer& from_device, const Extent& to, uint64_t bytes,

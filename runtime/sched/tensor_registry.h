@@ -98,6 +98,7 @@ struct TensorRecord {
   bool polled[kMemoryTierCount] = {false, false};
 
   uint32_t op = kNoOp;           // the transfer in flight (one at a time per tensor)
+  uint32_t range_copies = 0;     // range copies in flight from or into its held copy
   bool discard_pending = false;  // discard() came while a transfer was in flight
   // An asynchronous failure of this tensor not yet reported; until it is, the scheduler does not
   // retry the transfer on its own. It belongs to the tensor: unregistering or discarding the

@@ -105,6 +105,11 @@ class TierBackend {
                                 Completion done) = 0;
   virtual Status copy_to_host(const Buffer& from_device, const Buffer& to_pinned, uint64_t bytes,
                               Completion done) = 0;
+  // A byte range between a device buffer and a pinned buffer (link kHostToDevice: pinned ->
+  // device, kDeviceToHost: device -> pinned), for a consumer that works through a device tensor
+  // in pinned pieces. Offsets plus bytes lie within both buffers.
+  virtual Status copy_range(Link link, const Buffer& from, uint64_t from_offset, const Buffer& to,
+                            uint64_t to_offset, uint64_t bytes, Completion done) = 0;
   // Streamed transfers between NVMe and the device, chunk by chunk through the backend's own
   // staging buffers (MemoryPlan::stream_staging_bytes of pinned memory, held from start to end):
   // no pinned buffer of the tensor's size exists at any moment. A stream is one transfer to the

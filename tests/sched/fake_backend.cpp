@@ -126,6 +126,16 @@ Status FakeBackend::copy_to_host(const Buffer& from_device, const Buffer& to_pin
                   static_cast<uint8_t*>(to_pinned.data), 0, bytes, done});
 }
 
+Status FakeBackend::copy_range(Link link, const Buffer& from, uint64_t from_offset,
+                               const Buffer& to, uint64_t to_offset, uint64_t bytes,
+                               Completion done) {
+  if (from_offset + bytes > from.bytes || to_offset + bytes > to.bytes) {
+    return invalid_argument("fake copy_range: outside a buffer");
+  }
+  return enqueue({link, static_cast<const uint8_t*>(from.data) + from_offset,
+                  static_cast<uint8_t*>(to.data) + to_offset, 0, bytes, done});
+}
+
 Status FakeBackend::stream_to_device(const Extent& from, const Buffer& to_device, uint64_t bytes,
                                      Completion done) {
   return enqueue({Link::kNvmeRead, nullptr, static_cast<uint8_t*>(to_device.data), from.token,

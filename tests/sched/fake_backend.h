@@ -38,6 +38,8 @@ class FakeBackend final : public TierBackend {
                         Completion done) override;
   Status copy_to_host(const Buffer& from_device, const Buffer& to_pinned, uint64_t bytes,
                       Completion done) override;
+  Status copy_range(Link link, const Buffer& from, uint64_t from_offset, const Buffer& to,
+                    uint64_t to_offset, uint64_t bytes, Completion done) override;
   // A stream is one job on its NVMe link (faults injected there), straight between the extent
   // and the device buffer; counted on the device link too, and in streams().
   Status stream_to_device(const Extent& from, const Buffer& to_device, uint64_t bytes,
