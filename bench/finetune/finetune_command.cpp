@@ -436,9 +436,10 @@ int run_pinned_sweep(const FinetuneOptions& options) {
   base.optimizer_overlap = "off";
   Result<FinetunePlan> default_plan = make_plan(base);
   if (!default_plan) return fail(default_plan.status(), 2);
+  // The default is automatic (0): its row comes first in the list and shows what it chose.
   const uint64_t default_budget = default_plan->strata_pinned_budget;
 
-  std::vector<std::pair<uint64_t, std::string>> budgets;  // bytes, as given
+  std::vector<std::pair<uint64_t, std::string>> budgets;  // bytes (0: automatic), as given
   for (const std::string& text : split_list(options.sweep_pinned)) {
     const std::optional<uint64_t> bytes = parse_bytes(text);
     if (!bytes || *bytes < kPageSize) {
@@ -460,17 +461,22 @@ int run_pinned_sweep(const FinetuneOptions& options) {
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (const auto& [bytes, text] : budgets) {
     FinetuneOptions o = base;
-    o.pinned_budget = std::to_string(bytes);
+    o.pinned_budget = bytes == 0 ? "auto" : std::to_string(bytes);
     Result<FinetunePlan> plan = make_plan(o);
     if (!plan) return fail(plan.status(), 2);
     const Contender* strata = find_contender(*plan, "strata");
     STRATA_ASSERT(strata != nullptr);
     nlohmann::ordered_json row = {{"pinned_budget_bytes", bytes},
-                                  {"default", bytes == default_budget}};
+                                  {"default", bytes == default_budget},
+                                  {"auto", bytes == 0}};
     Result<StrategyResult> r = run_strategy(*plan, *strata, progress, nullptr);
     if (!r) {
       row["error"] = r.status().message();
     } else {
+      // The budget in force: an automatic one is what the runtime sized.
+      if (r->result.contains("pinned_budget_bytes")) {
+        row["pinned_budget_bytes"] = r->result["pinned_budget_bytes"];
+      }
       for (const char* key : {"peak_host_bytes", "peak_pinned_bytes", "step_seconds",
                               "nvme_read_gbps", "nvme_write_gbps", "stall_fraction"}) {
         if (r->result.contains(key)) row[key] = r->result[key];  // as the worker wrote it
@@ -479,9 +485,14 @@ int run_pinned_sweep(const FinetuneOptions& options) {
     rows.push_back(std::move(row));
   }
 
+  // In budget order, the automatic one where its figure puts it.
+  std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    return a["pinned_budget_bytes"].template get<uint64_t>() <
+           b["pinned_budget_bytes"].template get<uint64_t>();
+  });
   if (options.json) {
     const nlohmann::ordered_json out = {{"model", options.model},
-                                        {"default_pinned_budget_bytes", default_budget},
+                                        {"default_pinned_budget", "auto"},
                                         {"pinned_sweep", rows}};
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
@@ -496,8 +507,11 @@ int run_pinned_sweep(const FinetuneOptions& options) {
       {"pinned budget", "peak host", "peak pinned", "step (s)", "step vs default", "stall"});
   std::vector<std::string> errors;
   for (const auto& row : rows) {
-    const std::string budget = format_bytes(row["pinned_budget_bytes"].get<uint64_t>()) +
-                               (row["default"].get<bool>() ? " (default)" : "");
+    const uint64_t bytes = row["pinned_budget_bytes"].get<uint64_t>();
+    const std::string budget = row["auto"].get<bool>()
+                                   ? (bytes == 0 ? "auto" : format_bytes(bytes) + " (auto)")
+                                   : format_bytes(bytes) +
+                                         (row["default"].get<bool>() ? " (default)" : "");
     if (row.contains("error")) {
       errors.push_back(budget + ": " + row["error"].get<std::string>());
       table.add_row({budget, "-", "-", "failed (" + std::to_string(errors.size()) + ")", "-", "-"});
@@ -583,8 +597,8 @@ void add_finetune_command(CLI::App& bench) {
   cmd->add_option("--mfu", o->mfu, "Fraction of the preset's dense bf16 rate achieved")
       ->capture_default_str();
   cmd->add_option("--pinned-budget", o->pinned_budget,
-                  "Strata's pinned budget, e.g. 512M (default: four times the largest tensor's "
-                  "optimizer working set)");
+                  "Strata's pinned budget, e.g. 512M, or auto (default: sized by the runtime "
+                  "from the drive, docs/tuning.md)");
   cmd->add_option("--sweep-pinned", o->sweep_pinned,
                   "Run Strata alone at each of these pinned budgets (comma-separated, e.g. "
                   "256M,512M,2G) and at the default: host peak against step time");

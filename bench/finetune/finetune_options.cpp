@@ -157,7 +157,7 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
   }
   plan.options.nvme_dir = dir.string();
 
-  // Budgets (see default_strata_pinned_budget for Strata's pinned one).
+  // Budgets: Strata's pinned one automatic unless --pinned-budget sets it.
   uint64_t largest_param = 0, largest_layer_params = 0;
   std::vector<uint64_t> layer_params(plan.model.num_hidden_layers + 1, 0);
   std::vector<uint64_t> param_elements;
@@ -168,8 +168,8 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
     if (t.layer >= 0) layer_params[static_cast<size_t>(t.layer)] += t.elements();
   }
   for (uint64_t p : layer_params) largest_layer_params = std::max(largest_layer_params, p);
-  if (options.pinned_budget.empty()) {
-    plan.strata_pinned_budget = default_strata_pinned_budget(largest_param);
+  if (options.pinned_budget.empty() || options.pinned_budget == "auto") {
+    plan.strata_pinned_budget = 0;  // automatic: the runtime sizes it from the drive
   } else {
     STRATA_ASSIGN_OR_RETURN(uint64_t b, budget_option(options.pinned_budget, "--pinned-budget"));
     plan.strata_pinned_budget = b;
@@ -267,10 +267,6 @@ std::vector<std::string> worker_arguments(const FinetuneOptions& o, const Conten
   }
   if (!trace_path.empty()) args.insert(args.end(), {"--worker-trace", trace_path});
   return args;
-}
-
-uint64_t default_strata_pinned_budget(uint64_t largest_parameter_elements) {
-  return align_up(4 * kOptimizerBytesPerElement * largest_parameter_elements, kBudgetGranule);
 }
 
 double modeled_seconds(const FinetunePlan& plan, uint64_t parameters, bool backward) {

@@ -97,7 +97,7 @@ struct FinetuneOptions {
   std::string plot_path;
   std::string project_gpu;
   int metrics_port = -1;      // -1: no endpoint; 0: an ephemeral port (printed on stderr)
-  std::string pinned_budget;  // "" : automatic (see Plan::strata_pinned_budget)
+  std::string pinned_budget;  // "" or "auto": automatic, sized by the runtime from the drive
   // Comma-separated pinned budgets: Strata alone (optimizer after backward) at each of them and
   // at the default, host peak against step time. Empty: no sweep.
   std::string sweep_pinned;
@@ -130,7 +130,7 @@ struct FinetunePlan {
   // parameters, reuse distance) shrink by it, so that its buffers keep their full-size
   // proportion to the model (deepspeed_config.h).
   double parameter_factor = 1.0;
-  uint64_t strata_pinned_budget = 0;
+  uint64_t strata_pinned_budget = 0;  // 0: automatic (strata_config.pinned_budget_bytes 0)
   uint64_t device_budget = 0;
   uint64_t nvme_capacity = 0;  // per worker's swap file
 };
@@ -143,18 +143,6 @@ std::vector<std::string> worker_arguments(const FinetuneOptions& options,
                                           const Contender& contender, int fd,
                                           const std::string& trace_path);
 const Contender* find_contender(const FinetunePlan& plan, const std::string& name);
-
-// Bytes per parameter element the optimizer holds while it updates a tensor: the bf16 gradient,
-// the fp32 master, m and v, and the new bf16 weights.
-inline constexpr uint64_t kOptimizerBytesPerElement = 2 + 4 + 4 + 4 + 2;
-
-// Strata's pinned budget unless --pinned-budget says otherwise: room for the optimizer working
-// set of the largest tensor four times over. The optimizer streams tensor by tensor; with this
-// room the next tensors' states are read while the last ones' are written back, and part of the
-// gradients backward produces can wait in pinned memory for the optimizer instead of making a
-// round trip to NVMe. (Twice the working set is the least that keeps the optimizer pipelined;
-// docs/results.md has the step time against the budget.)
-uint64_t default_strata_pinned_budget(uint64_t largest_parameter_elements);
 
 // Seconds of modelled compute for `parameters` over `tokens` at the preset's bf16 rate x MFU:
 // 2 FLOPs per parameter and token forward, 4 backward.

@@ -14,6 +14,8 @@
 #include "common/align.h"
 #include "common/report.h"
 #include "common/units.h"
+#include "optim/thread_pool.h"
+#include "sched/pinned_sizing.h"
 #include "sched/simulator.h"
 
 #ifndef STRATA_PLOT_SCRIPT
@@ -83,10 +85,6 @@ Result<json> project_full_scale(const FinetunePlan& plan) {
   STRATA_ASSIGN_OR_RETURN(NvmePreset nvme, find_nvme("gen4"));
   const ModelConfig& full = plan.full_model;
   const std::vector<TensorSpec> inventory = build_inventory(full, InventoryOptions{});
-  uint64_t largest = 0;
-  for (const TensorSpec& t : inventory) {
-    if (t.kind == TensorKind::kParameter) largest = std::max(largest, t.elements());
-  }
   sched::SimulationConfig config;
   sched::DeviceModel& d = config.device;
   d.nvme_read_bytes_per_s = nvme.read_gbps * 1e9;
@@ -101,12 +99,23 @@ Result<json> project_full_scale(const FinetunePlan& plan) {
       gpu.memory_bytes() > kProjectionDeviceReserve ? gpu.memory_bytes() - kProjectionDeviceReserve
                                                     : 0,
       uint64_t{1} << 30);
-  // Strata's pinned budget follows the same rule as the measured run.
-  const uint64_t pinned_budget = default_strata_pinned_budget(largest);
+  // Strata's pinned budget follows the same rule as the measured run: automatic, from the
+  // modelled drive (the engine's default queue depth of 1 MiB requests in flight), and the
+  // simulated step streams device transfers through that staging.
+  sched::DriveFigures drive;
+  drive.read_bytes_per_s = d.nvme_read_bytes_per_s;
+  drive.write_bytes_per_s = d.nvme_write_bytes_per_s;
+  drive.source = "modelled: " + nvme.name;
+  // The optimizer threads of this machine, as the measured run had them.
+  const sched::PinnedSizing sizing =
+      sched::size_pinned_budget(drive, static_cast<uint32_t>(optim::affinity_cpu_count()));
+  const uint64_t pinned_budget =
+      plan.strata_pinned_budget != 0 ? plan.strata_pinned_budget : sizing.budget_bytes;
+  d.stream_chunk_bytes = static_cast<double>(sizing.chunk_bytes);
 
   // Strata through the simulator, with the measured run's order of updates.
   sched::SimulationConfig c = config;
-  c.memory = sched::strata_memory_plan(pinned_budget, device_budget);
+  c.memory = sched::strata_memory_plan(pinned_budget, device_budget, sizing.staging_bytes);
   c.step.optimizer_overlap = plan.options.optimizer_overlap == "on";
   STRATA_ASSIGN_OR_RETURN(sched::SimulationResult r, sched::simulate(inventory, c),
                           "simulating strata");
@@ -155,6 +164,7 @@ Result<json> project_full_scale(const FinetunePlan& plan) {
               {"tokens_per_step", plan.tokens},
               {"device_budget_bytes", device_budget},
               {"strata_pinned_budget_bytes", pinned_budget},
+              {"strata_pinned_budget_derivation", sizing.derivation},
               {"strategies", json::array({std::move(strata)})},
               {"baselines", std::move(baselines)},
               {"host_reduction", std::move(reduction)},
@@ -237,7 +247,10 @@ std::string results_table(const FinetunePlan& plan, const std::vector<StrategyRe
   s << o.steps << " steps (step time: median after the first), seq " << o.seq << " x batch "
     << o.batch << ", " << to_string(plan.precision) << ", clipping " << fixed(o.max_grad_norm, 1)
     << ", compute " << o.compute << " (" << plan.gpu.name << ", MFU " << fixed(o.mfu, 2)
-    << "); pinned budget " << format_bytes(plan.strata_pinned_budget) << " (strata), device budget "
+    << "); pinned budget "
+    << (plan.strata_pinned_budget == 0 ? std::string("auto")
+                                       : format_bytes(plan.strata_pinned_budget))
+    << " (strata), device budget "
     << format_bytes(plan.device_budget) << "\n\n";
   Table table({"who", "peak host", "steps only", "peak pinned", "step (s)", "NVMe rd/step",
                "NVMe wr/step", "stall", "host peak set by"});

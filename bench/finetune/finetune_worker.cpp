@@ -394,7 +394,8 @@ void Worker::send_result() {
   const strata_stats st = runtime_stats();
   // Strata's own accounting beside the OS figures: what the runtime itself held (its pinned
   // arena, its device arena, its unpinned scratch) and what its sampler saw.
-  const json accounting = {{"pinned_peak_reserved_bytes", st.pinned.peak_reserved_bytes},
+  const json accounting = {{"pinned_budget_bytes", st.pinned_budget_bytes},
+                           {"pinned_peak_reserved_bytes", st.pinned.peak_reserved_bytes},
                            {"pinned_peak_in_use_bytes", st.pinned.peak_in_use_bytes},
                            {"device_peak_reserved_bytes", st.device.peak_reserved_bytes},
                            {"host_peak_reserved_bytes", st.host.peak_reserved_bytes},
@@ -414,6 +415,7 @@ void Worker::send_result() {
       {"last_grad_norm", last_grad_norm_},
       {"last_clip_scale", last_clip_scale_},
       {"pid", static_cast<int64_t>(::getpid())},
+      {"pinned_budget_bytes", st.pinned_budget_bytes},
       {"peak_host_bytes", peaks.host},
       {"peak_pinned_bytes", peaks.pinned},
       {"peak_device_bytes", peaks.device},

@@ -13,7 +13,9 @@
 #include "io/engine_factory.h"
 #include "io/fault_injection.h"
 #include "io/paced_engine.h"
+#include "optim/thread_pool.h"
 #include "sched/memory_plan.h"
+#include "storage/drive_probe.h"
 #include "storage/extent_store.h"
 #include "storage/file_per_tensor_store.h"
 
@@ -129,8 +131,8 @@ Result<strata_config> normalize_config(const strata_config* in) {
     return invalid_argument("config.block_size " + std::to_string(c.block_size) +
                             " must be a multiple of 4096 between 4 KiB and 64 MiB");
   }
-  if (c.pinned_budget_bytes < kPageSize) {
-    return invalid_argument("config.pinned_budget_bytes must be at least 4096");
+  if (c.pinned_budget_bytes != 0 && c.pinned_budget_bytes < kPageSize) {
+    return invalid_argument("config.pinned_budget_bytes must be 0 (automatic) or at least 4096");
   }
   if (c.device_budget_bytes < kPageSize) {
     return invalid_argument("config.device_budget_bytes must be at least 4096");
@@ -167,6 +169,20 @@ Result<strata_config> normalize_config(const strata_config* in) {
   if (c.stream_buffers > kMaxStreamBuffers) {
     return invalid_argument("config.stream_buffers is limited to " +
                             std::to_string(kMaxStreamBuffers) + " per direction");
+  }
+  if ((c.drive_read_bytes_per_s == 0) != (c.drive_write_bytes_per_s == 0)) {
+    return invalid_argument(
+        "set both config.drive_read_bytes_per_s and drive_write_bytes_per_s, or neither");
+  }
+  if (c.pinned_budget_bytes == 0) {
+    if (c.policy != STRATA_POLICY_STRATA || c.nvme_layout != STRATA_NVME_EXTENTS ||
+        c.stream_chunk_bytes == STRATA_STREAMING_OFF) {
+      return invalid_argument(
+          "an automatic pinned budget (pinned_budget_bytes 0) sizes streaming buffers, which "
+          "policy ZERO_INFINITY, STRATA_NVME_FILE_PER_TENSOR and STRATA_STREAMING_OFF do not "
+          "use: set pinned_budget_bytes");
+    }
+    return c;  // sized at creation, once the drive is known (Runtime::size_pinned_budget)
   }
   const StreamingShape shape = streaming_shape(c);
   if (shape.on() && shape.staging_bytes() > c.pinned_budget_bytes / 2) {
@@ -267,6 +283,8 @@ Status Runtime::open_nvme_tier() {
   backing.capacity_bytes = c.nvme_capacity_bytes;
   backing.keep = c.keep_swap_file != 0;
   STRATA_ASSIGN_OR_RETURN(auto device_file, storage::BackingDevice::open(backing), "NVMe tier");
+  // Before the store hands out any space: the probe writes the start of it.
+  if (c.pinned_budget_bytes == 0) STRATA_TRY(size_pinned_budget(device_file));
   storage::ExtentStoreOptions store_options;
   store_options.verify_checksums = c.verify_checksums != 0;
   // A stream's ranged requests start on a chunk: the chunk is the checksum block.
@@ -275,6 +293,35 @@ Status Runtime::open_nvme_tier() {
   STRATA_ASSIGN_OR_RETURN(
       store_, storage::ExtentStore::open(std::move(device_file), *engine_, store_options),
       "NVMe tier");
+  return Status::ok();
+}
+
+Status Runtime::size_pinned_budget(const storage::BackingDevice& device) {
+  strata_config& c = config_;
+  sched::DriveFigures drive;
+  drive.queue_depth = c.queue_depth;
+  drive.request_bytes = c.block_size;
+  if (c.drive_read_bytes_per_s != 0) {
+    drive.read_bytes_per_s = static_cast<double>(c.drive_read_bytes_per_s);
+    drive.write_bytes_per_s = static_cast<double>(c.drive_write_bytes_per_s);
+    drive.source = "declared (strata_config.drive_read/write_bytes_per_s)";
+  } else {
+    STRATA_ASSIGN_OR_RETURN(auto probe, storage::probe_drive(device, *engine_),
+                            "sizing the pinned budget");
+    drive.read_bytes_per_s = probe.read_bytes_per_s;
+    drive.write_bytes_per_s = probe.write_bytes_per_s;
+    drive.queue_depth = probe.knee_queue_depth;
+    drive.request_bytes = probe.request_bytes;
+    drive.latency_s = probe.knee_latency_s;
+    drive.source = "measured on " + device.path() + (probe.direct_io ? "" : " (page cache)");
+  }
+  const uint64_t chunk = c.stream_chunk_bytes;
+  const auto threads = static_cast<uint32_t>(
+      c.optimizer_threads != 0 ? static_cast<int>(c.optimizer_threads) : optim::affinity_cpu_count());
+  pinned_sizing_ = sched::size_pinned_budget(drive, threads, chunk);
+  c.pinned_budget_bytes = pinned_sizing_->budget_bytes;
+  if (c.stream_chunk_bytes == 0) c.stream_chunk_bytes = pinned_sizing_->chunk_bytes;
+  if (c.stream_buffers == 0) c.stream_buffers = pinned_sizing_->stream_buffers;
   return Status::ok();
 }
 
@@ -372,6 +419,8 @@ Result<optim::TieredOptimizer*> Runtime::optimizer() {
     optim::TieredOptimizerConfig config;
     // The pinned pool's: what the streaming staging buffers leave of the pinned budget.
     config.pinned_budget_bytes = config_.pinned_budget_bytes - backend_->staging_bytes();
+    // An automatic budget was sized for sub-groups of this size (sched/pinned_sizing.h).
+    if (pinned_sizing_) config.sub_group_bytes = pinned_sizing_->sub_group_bytes;
     config.device_memory_is_host = device_->backend() == memory::DeviceBackend::kEmulated;
     config.device_budget_bytes = config_.device_budget_bytes;
     config.device_streams = backend_->staging_bytes() > 0;

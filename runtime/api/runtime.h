@@ -9,6 +9,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -21,7 +22,9 @@
 #include "memory/pinned_arena.h"
 #include "memory/torch_allocator.h"
 #include "optim/tiered_optimizer.h"
+#include "sched/pinned_sizing.h"
 #include "sched/scheduler.h"
+#include "storage/backing_device.h"
 #include "storage/swap_store.h"
 #include "telemetry/trace_recorder.h"
 
@@ -44,6 +47,8 @@ class Runtime {
   Runtime& operator=(const Runtime&) = delete;
 
   const strata_config& config() const { return config_; }
+  // How the automatic pinned budget was sized; empty when the config set one.
+  const std::optional<sched::PinnedSizing>& pinned_sizing() const { return pinned_sizing_; }
   sched::Scheduler& scheduler() { return *scheduler_; }
   datapath::RealBackend& backend() { return *backend_; }
   memory::Device& device() { return *device_; }
@@ -65,10 +70,14 @@ class Runtime {
   void adopt(const strata_config& config);       // owns copies of the config's strings
   Status open_io_engine();                       // the engine, wrapped by fault injection or pacing
   Status open_nvme_tier();                       // the extent store (or file per tensor)
+  // An automatic pinned budget (pinned_budget_bytes 0), from the drive measured or declared:
+  // fills config_'s budget and streaming shape.
+  Status size_pinned_budget(const storage::BackingDevice& device);
   Status open_memory_tiers();                    // the device arena, the pinned arena, the sampler
   Status open_scheduler(uint16_t handle_owner);  // trace, backend, scheduler, torch binding
 
   strata_config config_{};
+  std::optional<sched::PinnedSizing> pinned_sizing_;  // how an automatic budget was sized
   std::string nvme_path_;  // owned copies of the config's strings
   std::string raw_device_;
   // Built in this order, destroyed in reverse: the scheduler first (it waits for transfers in

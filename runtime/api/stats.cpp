@@ -52,6 +52,7 @@ strata_stats collect_stats(Runtime& runtime) {
   s.os_peak_host_bytes_excluding_emulated_device = std::max(
       sampler.peak_host_bytes_excluding_device(), s.os_host_bytes_excluding_emulated_device);
   s.emulated_device_resident_bytes = device.host_resident_bytes();
+  s.pinned_budget_bytes = runtime.config().pinned_budget_bytes;
   return s;
 }
 

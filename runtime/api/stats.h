@@ -9,6 +9,7 @@
 //   NVMe reserved                   the swap file or device's capacity
 //   NVMe bytes read / written       the extent store (successful, verified transfers)
 //   OS figures                      /proc/self/status and the runtime's sampler
+//   pinned budget                   the runtime's config, as given or as automatic sizing set it
 //
 // The host tier (pageable buffers of Strata's own) is always 0: Strata holds host memory pinned.
 #pragma once

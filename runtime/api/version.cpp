@@ -59,7 +59,7 @@ int strata_config_init(strata_config* config) {
   std::memset(config, 0, sizeof *config);
   config->struct_size = sizeof *config;
   config->verify_checksums = 1;
-  config->pinned_budget_bytes = 4ull << 30;
+  config->pinned_budget_bytes = 0;  // automatic
   config->device_budget_bytes = 8ull << 30;
   config->io_engine = STRATA_IO_AUTO;
   config->queue_depth = 32;

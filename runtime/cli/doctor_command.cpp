@@ -22,9 +22,13 @@
 #include "cli/commands.h"
 #include "common/status.h"
 #include "common/units.h"
+#include "io/engine_factory.h"
 #include "io/uring_probe.h"
 #include "optim/simd_level.h"
+#include "optim/thread_pool.h"
+#include "sched/pinned_sizing.h"
 #include "storage/backing_device.h"
+#include "storage/drive_probe.h"
 #include "storage/owned_names.h"
 
 #ifdef STRATA_HAVE_CUDA
@@ -41,6 +45,7 @@ struct Check {
   Verdict verdict;
   std::string finding;
   std::string advice;  // what to change; empty when nothing needs changing
+  std::vector<std::string> details;  // more lines under the finding (a derivation)
 };
 
 const char* to_string(Verdict v) {
@@ -60,7 +65,7 @@ struct DoctorOptions {
   std::string engine = "auto";
   std::string device = "auto";
   std::string nvme_capacity = "0";
-  std::string pinned_budget = "4G";
+  std::string pinned_budget = "auto";
   bool json = false;
   bool remove_orphans = false;
 };
@@ -207,6 +212,54 @@ Check check_o_direct(const std::string& path) {
           dev.status().code() == STRATA_E_NOSPACE ? "free space there" : ""};
 }
 
+// The drive behind --path, measured as an automatic pinned budget measures it (a swap file of
+// its own, written and read back at rising queue depths), and the budget it gives.
+std::vector<Check> check_drive(const DoctorOptions& o, uint64_t* auto_budget) {
+  storage::BackingDeviceOptions bo;
+  bo.swap_dir = o.path;
+  bo.swap_file_name = storage::generated_name(".swap");
+  bo.capacity_bytes = 160u << 20;
+  auto dev = storage::BackingDevice::open(bo);
+  if (!dev) return {{"drive", Verdict::kWarn, "not measured: " + dev.status().message(), ""}};
+  io::IoEngineOptions io_options;  // the runtime's defaults: queue depth 32, 1 MiB requests
+  const io::IoEngineKind kind = o.engine == "psync"   ? io::IoEngineKind::kPsync
+                                : o.engine == "uring" ? io::IoEngineKind::kUring
+                                                      : io::IoEngineKind::kAuto;
+  auto engine = io::make_io_engine(kind, io_options);
+  if (!engine) return {{"drive", Verdict::kWarn, "not measured: " + engine.status().message(), ""}};
+  auto probe = storage::probe_drive(*dev, **engine);
+  if (!probe) return {{"drive", Verdict::kWarn, "not measured: " + probe.status().message(), ""}};
+  Check drive{"drive", Verdict::kOk, "", "", {}};
+  char line[160];
+  std::snprintf(line, sizeof line, "read %.2f GB/s (at %u requests of %s in flight), write %.2f GB/s",
+                probe->read_bytes_per_s / 1e9, probe->knee_queue_depth,
+                format_bytes(probe->request_bytes).c_str(), probe->write_bytes_per_s / 1e9);
+  drive.finding = line;
+  for (const storage::DriveProbe::Level& level : probe->levels) {
+    std::snprintf(line, sizeof line, "queue depth %2u: read %.2f GB/s, %.2f ms per request",
+                  level.queue_depth, level.read_bytes_per_s / 1e9, level.latency_s * 1e3);
+    drive.details.push_back(line);
+  }
+  if (!probe->direct_io) {
+    drive.verdict = Verdict::kWarn;
+    drive.advice = "measured through the page cache (no O_DIRECT here)";
+  }
+  sched::DriveFigures figures;
+  figures.read_bytes_per_s = probe->read_bytes_per_s;
+  figures.write_bytes_per_s = probe->write_bytes_per_s;
+  figures.queue_depth = probe->knee_queue_depth;
+  figures.request_bytes = probe->request_bytes;
+  figures.latency_s = probe->knee_latency_s;
+  figures.source = "measured on " + o.path;
+  const sched::PinnedSizing sizing = sched::size_pinned_budget(
+      figures, static_cast<uint32_t>(optim::affinity_cpu_count()));
+  *auto_budget = sizing.budget_bytes;
+  Check pinned{"pinned auto", Verdict::kOk,
+               format_bytes(sizing.budget_bytes) + " (pinned_budget_bytes 0, --pinned-budget auto)",
+               "", sizing.derivation};
+  return {std::move(drive), std::move(pinned)};
+}
+
 Check check_orphans(const DoctorOptions& o) {
   Result<std::vector<storage::Orphan>> found = storage::find_orphans(o.path);
   if (!found) return {"orphans", Verdict::kWarn, found.status().message(), ""};
@@ -271,10 +324,11 @@ bool has_cap_ipc_lock() {
   return false;
 }
 
-Check check_memlock(const DoctorOptions& o) {
+Check check_memlock(const DoctorOptions& o, uint64_t auto_budget) {
   rlimit lim{};
   getrlimit(RLIMIT_MEMLOCK, &lim);
-  const uint64_t budget = parse_bytes(o.pinned_budget).value_or(0);
+  const uint64_t budget =
+      o.pinned_budget == "auto" ? auto_budget : parse_bytes(o.pinned_budget).value_or(0);
   const bool unlimited = lim.rlim_cur == RLIM_INFINITY;
   const std::string limit = unlimited ? "unlimited" : format_bytes(lim.rlim_cur);
   if (unlimited || has_cap_ipc_lock()) {
@@ -353,7 +407,11 @@ int run_doctor(const DoctorOptions& o) {
   checks.push_back(check_kernel());
   checks.push_back(check_io_uring(o.engine));
   for (auto& c : check_path(o)) checks.push_back(std::move(c));
-  checks.push_back(check_memlock(o));
+  uint64_t auto_budget = 0;
+  if (checks.back().name == "O_DIRECT" && checks.back().verdict == Verdict::kOk) {
+    for (auto& c : check_drive(o, &auto_budget)) checks.push_back(std::move(c));
+  }
+  checks.push_back(check_memlock(o, auto_budget));
   checks.push_back(check_numa());
   checks.push_back(check_gpu(o.device));
   checks.push_back(check_simd());
@@ -368,12 +426,14 @@ int run_doctor(const DoctorOptions& o) {
       out["checks"].push_back({{"name", c.name},
                                {"verdict", to_string(c.verdict)},
                                {"finding", c.finding},
-                               {"advice", c.advice}});
+                               {"advice", c.advice},
+                               {"details", c.details}});
     }
     std::printf("%s\n", out.dump(2).c_str());
   } else {
     for (const auto& c : checks) {
       std::printf("%-11s %-4s  %s\n", c.name.c_str(), to_string(c.verdict), c.finding.c_str());
+      for (const std::string& detail : c.details) std::printf("%-17s   %s\n", "", detail.c_str());
       if (!c.advice.empty()) std::printf("%-17s -> %s\n", "", c.advice.c_str());
     }
     int warnings = 0;
@@ -407,7 +467,7 @@ void add_doctor_command(CLI::App& app) {
                   "Swap file size that will be asked for")
       ->capture_default_str();
   cmd->add_option("--pinned-budget", options->pinned_budget,
-                  "Pinned host budget that will be asked for")
+                  "Pinned host budget that will be asked for (auto: sized from the drive)")
       ->capture_default_str();
   cmd->add_flag("--json", options->json, "Print one JSON object");
   cmd->add_flag("--remove-orphans", options->remove_orphans,
@@ -415,6 +475,7 @@ void add_doctor_command(CLI::App& app) {
                 "one whose owner is alive)");
   cmd->callback([options] {
     for (const std::string* size : {&options->nvme_capacity, &options->pinned_budget}) {
+      if (*size == "auto" && size == &options->pinned_budget) continue;
       if (!parse_bytes(*size)) throw CLI::ValidationError("not a byte size: " + *size);
     }
     const int rc = run_doctor(*options);

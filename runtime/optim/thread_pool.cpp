@@ -72,6 +72,8 @@ class Bitmap {
   hwloc_bitmap_t bitmap_;
 };
 
+}  // namespace
+
 int affinity_cpu_count() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -79,8 +81,6 @@ int affinity_cpu_count() {
   const int count = CPU_COUNT(&set);
   return count > 0 ? count : 1;
 }
-
-}  // namespace
 
 Result<std::unique_ptr<ThreadPool>> ThreadPool::create(int threads, int numa_node) {
   Topology topology;

@@ -15,6 +15,10 @@
 
 namespace strata::optim {
 
+// CPUs this process may run on (its affinity mask): the optimizer's thread count when none is
+// configured, and what an automatic pinned budget sizes sub-groups for.
+int affinity_cpu_count();
+
 class ThreadPool {
  public:
   // threads: how many threads execute a job; <= 0 means one per core available (of the node

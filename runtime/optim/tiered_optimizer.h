@@ -78,6 +78,9 @@ struct TieredOptimizerConfig {
   // The pinned pool's budget (the runtime's pinned budget less its streaming staging buffers):
   // sub-groups and the lookahead are sized from it.
   uint64_t pinned_budget_bytes = 0;
+  // The sub-group size when the options leave it at 0 (an automatic pinned budget was sized for
+  // it); 0: a sixteenth of the pinned pool.
+  uint64_t sub_group_bytes = 0;
   // The device tier's memory is host memory (the host-emulated device): a gradient whose newest
   // copy is on the device is measured there, in place, instead of being copied to pinned memory
   // first. (On a GPU the copy is still made; a CUDA kernel could measure in place.)

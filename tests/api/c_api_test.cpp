@@ -109,7 +109,13 @@ TEST_F(Runtime, RefusesInvalidConfigsWithAMessage) {
       {"both path and device", [](strata_config& c) { c.raw_device = "/dev/null"; }},
       {"queue depth 0", [](strata_config& c) { c.queue_depth = 0; }},
       {"odd block size", [](strata_config& c) { c.block_size = 1000; }},
-      {"zero pinned budget", [](strata_config& c) { c.pinned_budget_bytes = 0; }},
+      {"pinned budget below a page", [](strata_config& c) { c.pinned_budget_bytes = 100; }},
+      {"automatic pinned budget without streaming",
+       [](strata_config& c) {
+         c.pinned_budget_bytes = 0;
+         c.stream_chunk_bytes = STRATA_STREAMING_OFF;
+       }},
+      {"half a declared drive", [](strata_config& c) { c.drive_read_bytes_per_s = 1000000000; }},
       {"zero device budget", [](strata_config& c) { c.device_budget_bytes = 0; }},
       {"unknown policy", [](strata_config& c) { c.policy = static_cast<strata_policy>(7); }},
       {"unknown engine", [](strata_config& c) { c.io_engine = static_cast<strata_io_engine>(9); }},

@@ -156,6 +156,51 @@ TEST_F(Streaming, StagingThatWouldTakeMoreThanHalfThePinnedBudgetIsRefusedAtCrea
   EXPECT_NE(std::string(strata_last_error(nullptr)).find("power of two"), std::string::npos);
 }
 
+// pinned_budget_bytes 0 is sized from the drive (docs/tuning.md): declared, the figure follows
+// from the formula alone; measured, it is reported and its staging takes no more than half.
+TEST_F(Streaming, AnAutomaticPinnedBudgetIsSizedFromTheDeclaredDrive) {
+  dir_ = strata::testing::scratch_dir("streaming").string();
+  strata_config c;
+  strata_config_init(&c);
+  EXPECT_EQ(c.pinned_budget_bytes, 0u);  // automatic is the default
+  c.nvme_path = dir_.c_str();
+  c.nvme_capacity_bytes = 256 * kMiB;
+  c.device_backend = STRATA_DEVICE_EMULATED;
+  c.queue_depth = 8;
+  c.drive_read_bytes_per_s = 2000000000;
+  c.drive_write_bytes_per_s = 1000000000;
+  c.optimizer_threads = 1;
+  ASSERT_EQ(strata_runtime_create(&c, &rt_), STRATA_OK) << strata_last_error(nullptr);
+  // F = 8 requests x 1 MiB = 8 MiB in flight; chunks of 4 MiB, 2 per direction: 16 MiB of
+  // staging. Sub-groups of max(4 MiB, 1 thread x 4 MiB) per state, read ahead
+  // ceil(8 / 12) + 1 = 2: (2 + 2) x 12 MiB + 8 MiB of pieces = 56 MiB. 72 MiB in all.
+  const strata_stats st = stats();
+  EXPECT_EQ(st.pinned_budget_bytes, 72 * kMiB);
+  EXPECT_EQ(st.pinned.in_use_bytes, 16 * kMiB);
+  EXPECT_EQ(st.pinned.kinds[STRATA_KIND_OTHER].in_use_bytes, 16 * kMiB);
+}
+
+TEST_F(Streaming, AnAutomaticPinnedBudgetIsSizedFromTheMeasuredDrive) {
+  dir_ = strata::testing::scratch_dir("streaming").string();
+  strata_config c;
+  strata_config_init(&c);
+  c.nvme_path = dir_.c_str();
+  c.nvme_capacity_bytes = 256 * kMiB;
+  c.device_backend = STRATA_DEVICE_EMULATED;
+  ASSERT_EQ(strata_runtime_create(&c, &rt_), STRATA_OK) << strata_last_error(nullptr);
+  const strata_stats st = stats();
+  // Whatever this disk measured: at least two chunks of staging per direction and the
+  // optimizer's three sub-groups, the staging in use from creation, and data moving through it.
+  EXPECT_GE(st.pinned_budget_bytes, 2 * 2 * 64 * kKiB + 14 * 64 * kKiB);
+  EXPECT_GT(st.pinned.in_use_bytes, 0u);
+  EXPECT_LE(st.pinned.in_use_bytes, st.pinned_budget_bytes);
+  const strata_tensor t = add("t", 3 * kMiB + 5);
+  write(t, 3 * kMiB + 5, 1, 1);
+  ASSERT_EQ(strata_sync(rt_), STRATA_OK) << strata_last_error(rt_);
+  int rc = 0;
+  EXPECT_EQ(check(t, 3 * kMiB + 5, 1, 1, &rc), -1);
+}
+
 // A corrupted chunk on NVMe fails the stream that reads it: STRATA_E_CORRUPT to the acquirer,
 // and the bad bytes never count as the device copy.
 TEST_F(Streaming, ACorruptChunkFailsTheStreamInAndNothingWrongIsHandedOut) {

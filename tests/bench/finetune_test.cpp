@@ -363,11 +363,23 @@ TEST(FinetuneBench, ThePinnedSweepRunsEachBudgetAndTheDefault) {
   ASSERT_EQ(r.code, 0) << r.err;
   const json j = json::parse(r.out);
   const json& rows = j["pinned_sweep"];
-  ASSERT_EQ(rows.size(), 2u) << r.out;  // 16M and the default (32M for this model)
-  EXPECT_EQ(rows[0]["pinned_budget_bytes"], 16u << 20);
-  EXPECT_FALSE(rows[0]["default"].get<bool>());
-  EXPECT_TRUE(rows[1]["default"].get<bool>());
-  EXPECT_EQ(rows[1]["pinned_budget_bytes"], j["default_pinned_budget_bytes"]);
+  ASSERT_EQ(rows.size(), 2u) << r.out;  // 16M and the default, automatic
+  EXPECT_EQ(j["default_pinned_budget"], "auto");
+  int autos = 0;
+  for (const json& row : rows) {
+    if (row["auto"].get<bool>()) {
+      ++autos;
+      EXPECT_TRUE(row["default"].get<bool>());
+      EXPECT_GT(row["pinned_budget_bytes"].get<uint64_t>(), 0u);  // what the runtime sized
+    } else {
+      EXPECT_EQ(row["pinned_budget_bytes"], 16u << 20);
+      EXPECT_FALSE(row["default"].get<bool>());
+    }
+  }
+  EXPECT_EQ(autos, 1);
+  // In budget order.
+  EXPECT_LE(rows[0]["pinned_budget_bytes"].get<uint64_t>(),
+            rows[1]["pinned_budget_bytes"].get<uint64_t>());
   for (const json& row : rows) {
     ASSERT_FALSE(row.contains("error")) << row.dump();
     EXPECT_GT(row["step_seconds"].get<double>(), 0);

@@ -111,6 +111,8 @@ class ConfigStruct(Structure):
         ("nvme_layout", c_int),
         ("stream_chunk_bytes", c_uint64),
         ("stream_buffers", c_uint32),
+        ("drive_read_bytes_per_s", c_uint64),
+        ("drive_write_bytes_per_s", c_uint64),
     ]
 
 
@@ -155,6 +157,7 @@ class StatsStruct(Structure):
         ("os_host_bytes_excluding_emulated_device", c_uint64),
         ("os_peak_host_bytes_excluding_emulated_device", c_uint64),
         ("emulated_device_resident_bytes", c_uint64),
+        ("pinned_budget_bytes", c_uint64),
     ]
 
 

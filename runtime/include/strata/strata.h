@@ -115,7 +115,14 @@ typedef struct strata_config {
   int keep_swap_file;           /* nonzero: leave the swap file in place on destroy */
   int verify_checksums;         /* nonzero (default): checksum every extent, verify every read */
 
-  /* Budgets per tier, in bytes. 0 means "no limit" only for host_budget_bytes. */
+  /* Budgets per tier, in bytes. 0 means "no limit" only for host_budget_bytes. 0 (the default)
+   * for pinned_budget_bytes is automatic: the least pinned memory that keeps the drive and the
+   * CPU optimizer at full speed, sized at creation from the drive (measured on the NVMe tier by a
+   * probe of a few hundred milliseconds, or declared with drive_read_bytes_per_s and
+   * drive_write_bytes_per_s) and not from the model: streaming staging buffers for the bytes the
+   * drive needs in flight, plus the optimizer's read-ahead (docs/tuning.md has the formula).
+   * strata_get_stats reports the budget in force. Automatic needs streaming (policy STRATA,
+   * STRATA_NVME_EXTENTS, not STRATA_STREAMING_OFF). */
   uint64_t pinned_budget_bytes;
   uint64_t device_budget_bytes;
   uint64_t host_budget_bytes;
@@ -169,6 +176,12 @@ typedef struct strata_config {
    * automatic. The staging buffers may take at most half of pinned_budget_bytes. */
   uint64_t stream_chunk_bytes;
   uint32_t stream_buffers;
+
+  /* The drive behind the NVMe tier, declared (bytes per second): with both set, an automatic
+   * pinned budget is sized from them and queue_depth requests of block_size in flight instead
+   * of a measurement. 0 (default) = measure. */
+  uint64_t drive_read_bytes_per_s;
+  uint64_t drive_write_bytes_per_s;
 } strata_config;
 
 /* config.stream_chunk_bytes: no streamed transfers. */
@@ -402,6 +415,8 @@ typedef struct strata_stats {
   uint64_t os_host_bytes_excluding_emulated_device;
   uint64_t os_peak_host_bytes_excluding_emulated_device;
   uint64_t emulated_device_resident_bytes; /* host memory backing the emulated device; 0 on CUDA */
+  /* The pinned budget in force: as configured, or what the automatic sizing chose. */
+  uint64_t pinned_budget_bytes;
 } strata_stats;
 
 /* Fills *out (set out->struct_size first). Any thread. */

@@ -1,0 +1,81 @@
+#include "sched/pinned_sizing.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/assert.h"
+#include "common/units.h"
+
+namespace strata::sched {
+namespace {
+
+constexpr uint64_t kMinChunkBytes = uint64_t{64} << 10;
+constexpr uint64_t kStates = 3;  // master, m, v
+
+uint64_t ceil_div(uint64_t a, uint64_t b) {
+  return (a + b - 1) / b;
+}
+
+std::string rate(double bytes_per_s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GB/s", bytes_per_s / 1e9);
+  return text;
+}
+
+}  // namespace
+
+PinnedSizing size_pinned_budget(const DriveFigures& drive, uint32_t optimizer_threads,
+                                uint64_t chunk_bytes) {
+  PinnedSizing out;
+  const uint64_t queue = uint64_t{std::max<uint32_t>(drive.queue_depth, 1)} * drive.request_bytes;
+  const double little = std::max(drive.read_bytes_per_s, drive.write_bytes_per_s) *
+                        std::max(drive.latency_s, 0.0);
+  out.in_flight_bytes = std::max<uint64_t>(queue, static_cast<uint64_t>(std::ceil(little)));
+  out.in_flight_bytes = std::max(out.in_flight_bytes, kMinChunkBytes * kMinStreamBuffers);
+
+  out.chunk_bytes = chunk_bytes != 0 ? chunk_bytes : kDefaultStreamChunkBytes;
+  if (chunk_bytes == 0) {
+    while (out.chunk_bytes > kMinChunkBytes &&
+           out.chunk_bytes * kMinStreamBuffers > out.in_flight_bytes) {
+      out.chunk_bytes /= 2;
+    }
+  }
+  out.stream_buffers = static_cast<uint32_t>(std::clamp<uint64_t>(
+      ceil_div(out.in_flight_bytes, out.chunk_bytes), kMinStreamBuffers, kMaxStreamBuffers));
+  out.staging_bytes = 2 * uint64_t{out.stream_buffers} * out.chunk_bytes;
+
+  const uint32_t threads = std::max<uint32_t>(optimizer_threads, 1);
+  out.sub_group_bytes = std::max(out.chunk_bytes, kSubGroupBytesPerThread * threads);
+  const uint64_t unit = kStates * out.sub_group_bytes;
+  out.window = static_cast<uint32_t>(ceil_div(out.in_flight_bytes, unit) + 1);
+  out.optimizer_bytes = (uint64_t{out.window} + 2) * unit + 2 * out.sub_group_bytes;
+  out.budget_bytes = out.staging_bytes + out.optimizer_bytes;
+  STRATA_ASSERT(out.budget_bytes > 0 && out.stream_buffers >= kMinStreamBuffers);
+
+  const std::string f = format_bytes(out.in_flight_bytes);
+  out.derivation = {
+      "drive: read " + rate(drive.read_bytes_per_s) + ", write " + rate(drive.write_bytes_per_s) +
+          ", full speed at " + std::to_string(drive.queue_depth) + " requests of " +
+          format_bytes(drive.request_bytes) + " in flight" +
+          (drive.latency_s > 0 ? " (" + std::to_string(drive.latency_s * 1e3).substr(0, 5) +
+                                     " ms each)"
+                               : std::string()) +
+          (drive.source.empty() ? std::string() : "; " + drive.source),
+      "in flight per direction F = " + f + " (max of queue depth x request, rate x latency)",
+      "staging = 2 directions x " + std::to_string(out.stream_buffers) + " buffers x " +
+          format_bytes(out.chunk_bytes) + " = " + format_bytes(out.staging_bytes) +
+          " (ceil(F / chunk) buffers)",
+      "sub-group = " + format_bytes(out.sub_group_bytes) + " per state (max of the chunk and " +
+          std::to_string(threads) + " optimizer threads x " +
+          format_bytes(kSubGroupBytesPerThread) + ")",
+      "optimizer = (" + std::to_string(out.window) + " read ahead + 2) x 3 states x " +
+          format_bytes(out.sub_group_bytes) + " + 2 x " + format_bytes(out.sub_group_bytes) +
+          " of pieces = " + format_bytes(out.optimizer_bytes) +
+          " (read ahead = ceil(F / 3 sub-group states) + 1)",
+      "pinned budget = " + format_bytes(out.staging_bytes) + " + " +
+          format_bytes(out.optimizer_bytes) + " = " + format_bytes(out.budget_bytes),
+  };
+  return out;
+}
+
+}  // namespace strata::sched

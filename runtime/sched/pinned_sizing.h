@@ -1,0 +1,64 @@
+// The automatic pinned budget (strata_config.pinned_budget_bytes = 0, --pinned-budget auto): the
+// least pinned memory that keeps the drive and the CPU optimizer at full speed, derived from the
+// drive, not from the model. Streaming moves every tensor in chunks, so what pinned memory must
+// hold is what is in flight, never a tensor:
+//
+//   in flight F   = max(queue depth the drive needs x request size, read rate x request latency)
+//                   per direction (Little's law: bytes in flight = rate x time each spends there)
+//   staging       = 2 directions x N buffers x chunk C, N = ceil(F / C) in [2, 64]
+//   sub-group S   = max(C, T x 4 MiB) per optimizer state (master, m, v) for T optimizer
+//                   threads: about a million fp32 elements per thread, a few milliseconds of
+//                   each thread's work per sub-group, so that what every sub-group costs beside
+//                   its arithmetic (acquires and releases of three states, the copies of its
+//                   pieces, waking the threads) stays a few percent
+//   window W      = ceil(F / 3S) + 1 sub-groups read ahead: their states keep F in flight
+//   optimizer     = (W + 2) x 3S (read ahead, being updated, being written back)
+//                 + 2S (the pinned pieces of a 16-bit parameter and gradient)
+//   budget        = staging + optimizer
+//
+// The planner (strata plan), strata doctor and the runtime all size it here, so each prints the
+// same figure with the same derivation (docs/tuning.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace strata::sched {
+
+struct DriveFigures {
+  double read_bytes_per_s = 0;
+  double write_bytes_per_s = 0;
+  // What keeps the drive at full speed: requests of request_bytes, queue_depth of them in flight,
+  // each taking latency_s (0: unknown; then F is queue_depth x request_bytes).
+  uint32_t queue_depth = 32;
+  uint64_t request_bytes = uint64_t{1} << 20;
+  double latency_s = 0;
+  std::string source;  // "measured on ...", "declared", "modelled: ..."
+};
+
+struct PinnedSizing {
+  uint64_t in_flight_bytes = 0;  // F, per direction
+  uint64_t chunk_bytes = 0;      // C
+  uint32_t stream_buffers = 0;   // N, per direction
+  uint64_t staging_bytes = 0;
+  uint64_t sub_group_bytes = 0;  // S
+  uint32_t window = 0;           // W
+  uint64_t optimizer_bytes = 0;
+  uint64_t budget_bytes = 0;
+  // One line per figure above, each with its numbers, for doctor, plan and logs.
+  std::vector<std::string> derivation;
+};
+
+inline constexpr uint64_t kDefaultStreamChunkBytes = uint64_t{4} << 20;
+inline constexpr uint32_t kMinStreamBuffers = 2;
+inline constexpr uint32_t kMaxStreamBuffers = 64;
+
+inline constexpr uint64_t kSubGroupBytesPerThread = uint64_t{4} << 20;
+
+// optimizer_threads: the CPU optimizer's threads (>= 1). chunk_bytes: the stream chunk (0:
+// kDefaultStreamChunkBytes, halved while F holds fewer than two).
+PinnedSizing size_pinned_budget(const DriveFigures& drive, uint32_t optimizer_threads,
+                                uint64_t chunk_bytes = 0);
+
+}  // namespace strata::sched

@@ -1,0 +1,46 @@
+// How fast the drive behind the NVMe tier is, and how many requests it needs in flight to get
+// there: the "measured" drive of the automatic pinned budget (sched/pinned_sizing.h). Writes a
+// region at the start of the backing device (before the extent store hands out any of it), then
+// reads it back at rising queue depths, one request size throughout, and finds the knee: the
+// least queue depth that reaches 90% of the best read rate. Pinned memory beyond that buys
+// nothing; below it the drive idles.
+//
+// Cold path: a few hundred milliseconds at creation. One request's buffer (reused by every
+// request: the bytes are not looked at), no pinned memory.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "io/io_engine.h"
+#include "storage/backing_device.h"
+
+namespace strata::storage {
+
+struct DriveProbeOptions {
+  uint64_t region_bytes = uint64_t{64} << 20;  // written once, read at each depth (capped at half
+                                               // the capacity)
+  uint64_t request_bytes = 0;                  // 0: the engine's block size
+  uint32_t max_queue_depth = 0;                // 0: the engine's queue depth
+};
+
+struct DriveProbe {
+  struct Level {
+    uint32_t queue_depth = 0;
+    double read_bytes_per_s = 0;
+    double latency_s = 0;  // mean time a request spends in flight (Little's law)
+  };
+  uint64_t request_bytes = 0;
+  double write_bytes_per_s = 0;  // at the deepest queue
+  double read_bytes_per_s = 0;   // the best level's
+  uint32_t knee_queue_depth = 0;
+  double knee_latency_s = 0;
+  bool direct_io = true;  // false: through the page cache, which the figures then measure
+  std::vector<Level> levels;
+};
+
+Result<DriveProbe> probe_drive(const BackingDevice& device, io::IoEngine& engine,
+                               const DriveProbeOptions& options = {});
+
+}  // namespace strata::storage
