@@ -466,9 +466,8 @@ int run_pinned_sweep(const FinetuneOptions& options) {
     if (!plan) return fail(plan.status(), 2);
     const Contender* strata = find_contender(*plan, "strata");
     STRATA_ASSERT(strata != nullptr);
-    nlohmann::ordered_json row = {{"pinned_budget_bytes", bytes},
-                                  {"default", bytes == default_budget},
-                                  {"auto", bytes == 0}};
+    nlohmann::ordered_json row = {
+        {"pinned_budget_bytes", bytes}, {"default", bytes == default_budget}, {"auto", bytes == 0}};
     Result<StrategyResult> r = run_strategy(*plan, *strata, progress, nullptr);
     if (!r) {
       row["error"] = r.status().message();
@@ -491,9 +490,8 @@ int run_pinned_sweep(const FinetuneOptions& options) {
            b["pinned_budget_bytes"].template get<uint64_t>();
   });
   if (options.json) {
-    const nlohmann::ordered_json out = {{"model", options.model},
-                                        {"default_pinned_budget", "auto"},
-                                        {"pinned_sweep", rows}};
+    const nlohmann::ordered_json out = {
+        {"model", options.model}, {"default_pinned_budget", "auto"}, {"pinned_sweep", rows}};
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
@@ -508,10 +506,10 @@ int run_pinned_sweep(const FinetuneOptions& options) {
   std::vector<std::string> errors;
   for (const auto& row : rows) {
     const uint64_t bytes = row["pinned_budget_bytes"].get<uint64_t>();
-    const std::string budget = row["auto"].get<bool>()
-                                   ? (bytes == 0 ? "auto" : format_bytes(bytes) + " (auto)")
-                                   : format_bytes(bytes) +
-                                         (row["default"].get<bool>() ? " (default)" : "");
+    const std::string budget =
+        row["auto"].get<bool>()
+            ? (bytes == 0 ? "auto" : format_bytes(bytes) + " (auto)")
+            : format_bytes(bytes) + (row["default"].get<bool>() ? " (default)" : "");
     if (row.contains("error")) {
       errors.push_back(budget + ": " + row["error"].get<std::string>());
       table.add_row({budget, "-", "-", "failed (" + std::to_string(errors.size()) + ")", "-", "-"});

@@ -250,8 +250,7 @@ std::string results_table(const FinetunePlan& plan, const std::vector<StrategyRe
     << "); pinned budget "
     << (plan.strata_pinned_budget == 0 ? std::string("auto")
                                        : format_bytes(plan.strata_pinned_budget))
-    << " (strata), device budget "
-    << format_bytes(plan.device_budget) << "\n\n";
+    << " (strata), device budget " << format_bytes(plan.device_budget) << "\n\n";
   Table table({"who", "peak host", "steps only", "peak pinned", "step (s)", "NVMe rd/step",
                "NVMe wr/step", "stall", "host peak set by"});
   for (const StrategyResult& r : results) {

@@ -316,8 +316,9 @@ Status Runtime::size_pinned_budget(const storage::BackingDevice& device) {
     drive.source = "measured on " + device.path() + (probe.direct_io ? "" : " (page cache)");
   }
   const uint64_t chunk = c.stream_chunk_bytes;
-  const auto threads = static_cast<uint32_t>(
-      c.optimizer_threads != 0 ? static_cast<int>(c.optimizer_threads) : optim::affinity_cpu_count());
+  const auto threads =
+      static_cast<uint32_t>(c.optimizer_threads != 0 ? static_cast<int>(c.optimizer_threads)
+                                                     : optim::affinity_cpu_count());
   pinned_sizing_ = sched::size_pinned_budget(drive, threads, chunk);
   c.pinned_budget_bytes = pinned_sizing_->budget_bytes;
   if (c.stream_chunk_bytes == 0) c.stream_chunk_bytes = pinned_sizing_->chunk_bytes;

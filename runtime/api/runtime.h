@@ -67,9 +67,9 @@ class Runtime {
  private:
   Runtime() = default;
   // create()'s steps, in order; each needs the ones before it.
-  void adopt(const strata_config& config);       // owns copies of the config's strings
-  Status open_io_engine();                       // the engine, wrapped by fault injection or pacing
-  Status open_nvme_tier();                       // the extent store (or file per tensor)
+  void adopt(const strata_config& config);  // owns copies of the config's strings
+  Status open_io_engine();                  // the engine, wrapped by fault injection or pacing
+  Status open_nvme_tier();                  // the extent store (or file per tensor)
   // An automatic pinned budget (pinned_budget_bytes 0), from the drive measured or declared:
   // fills config_'s budget and streaming shape.
   Status size_pinned_budget(const storage::BackingDevice& device);
@@ -78,7 +78,7 @@ class Runtime {
 
   strata_config config_{};
   std::optional<sched::PinnedSizing> pinned_sizing_;  // how an automatic budget was sized
-  std::string nvme_path_;  // owned copies of the config's strings
+  std::string nvme_path_;                             // owned copies of the config's strings
   std::string raw_device_;
   // Built in this order, destroyed in reverse: the scheduler first (it waits for transfers in
   // flight), the engine last (everything above submits to it).

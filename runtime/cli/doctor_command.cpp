@@ -44,7 +44,7 @@ struct Check {
   std::string name;
   Verdict verdict;
   std::string finding;
-  std::string advice;  // what to change; empty when nothing needs changing
+  std::string advice;                // what to change; empty when nothing needs changing
   std::vector<std::string> details;  // more lines under the finding (a derivation)
 };
 
@@ -231,7 +231,8 @@ std::vector<Check> check_drive(const DoctorOptions& o, uint64_t* auto_budget) {
   if (!probe) return {{"drive", Verdict::kWarn, "not measured: " + probe.status().message(), ""}};
   Check drive{"drive", Verdict::kOk, "", "", {}};
   char line[160];
-  std::snprintf(line, sizeof line, "read %.2f GB/s (at %u requests of %s in flight), write %.2f GB/s",
+  std::snprintf(line, sizeof line,
+                "read %.2f GB/s (at %u requests of %s in flight), write %.2f GB/s",
                 probe->read_bytes_per_s / 1e9, probe->knee_queue_depth,
                 format_bytes(probe->request_bytes).c_str(), probe->write_bytes_per_s / 1e9);
   drive.finding = line;
@@ -251,8 +252,8 @@ std::vector<Check> check_drive(const DoctorOptions& o, uint64_t* auto_budget) {
   figures.request_bytes = probe->request_bytes;
   figures.latency_s = probe->knee_latency_s;
   figures.source = "measured on " + o.path;
-  const sched::PinnedSizing sizing = sched::size_pinned_budget(
-      figures, static_cast<uint32_t>(optim::affinity_cpu_count()));
+  const sched::PinnedSizing sizing =
+      sched::size_pinned_budget(figures, static_cast<uint32_t>(optim::affinity_cpu_count()));
   *auto_budget = sizing.budget_bytes;
   Check pinned{"pinned auto", Verdict::kOk,
                format_bytes(sizing.budget_bytes) + " (pinned_budget_bytes 0, --pinned-budget auto)",

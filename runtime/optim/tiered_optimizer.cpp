@@ -855,7 +855,11 @@ Result<StepReport> TieredOptimizer::step(double loss_scale) {
   }
   StepReport report;
   auto reset_step_flags = [this] {
-    for (Param& p : params_) p.stats_done = p.queued = p.updated = false;
+    for (Param& p : params_) {
+      p.stats_done = p.queued = p.updated = false;
+      p.ready_order = 0;
+    }
+    announced_ = 0;
     overlapped_this_step_ = false;
   };
   GradStats total;
@@ -884,8 +888,16 @@ Result<StepReport> TieredOptimizer::step(double loss_scale) {
     return report;
   }
   const float grad_scale = unscale_and_clip(total, loss_scale, options_.max_grad_norm);
+  // In the order their gradients were announced (backward's order), those never announced after
+  // them in the order they were added.
+  std::vector<uint32_t> order(params_.size());
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [this](uint32_t a, uint32_t b) {
+    const uint64_t ka = params_[a].ready_order, kb = params_[b].ready_order;
+    return (ka != 0 && kb == 0) || (ka != 0 && kb != 0 && ka < kb);
+  });
   std::vector<Unit> units;
-  for (uint32_t i = 0; i < params_.size(); ++i) {
+  for (uint32_t i : order) {
     if (params_[i].updated) continue;
     for (uint32_t k = 0; k < params_[i].sub_groups.size(); ++k) units.push_back({i, k});
   }
@@ -908,13 +920,14 @@ Status TieredOptimizer::grad_ready(sched::TensorHandle param) {
   std::unique_lock lock(mu_);
   STRATA_ASSIGN_OR_RETURN(auto index, find_param(param));
   Param& p = params_[index];
-  if (p.stats_done || p.queued || p.updated) {
+  if (p.stats_done || p.queued || p.updated || p.ready_order != 0) {
     return Status::error(STRATA_E_STATE,
                          "the gradient of '" + p.name + "' was already announced this step");
   }
   if (options_.overlap_backward) {
     STRATA_TRY(take_worker_error_locked());
     STRATA_TRY(check_gradient(p));
+    p.ready_order = ++announced_;
     p.queued = true;
     overlapped_this_step_ = true;
     queue_.push_back(index);
@@ -928,6 +941,7 @@ Status TieredOptimizer::grad_ready(sched::TensorHandle param) {
     p.stats = stats.value();
     p.stats_done = true;
   }
+  p.ready_order = ++announced_;
   return Status::ok();
 }
 

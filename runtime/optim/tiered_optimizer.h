@@ -153,7 +153,11 @@ class TieredOptimizer {
     std::vector<SubGroup> sub_groups;
     bool stats_done = false;  // grad_ready measured its gradient this step
     GradStats stats;
-    bool queued = false;   // handed to the overlap worker this step
+    bool queued = false;  // handed to the overlap worker this step
+    // When grad_ready announced it this step (1, 2, ...; 0: not announced): the step updates
+    // parameters in that order, the last announced (the first layers') last, so they are still
+    // resident when the next forward begins with them.
+    uint64_t ready_order = 0;
     bool updated = false;  // the overlap worker updated it this step
   };
   // A job of the pipeline: one sub-group of one parameter.
@@ -235,6 +239,7 @@ class TieredOptimizer {
   std::vector<GroupSettings> groups_;
   std::vector<Param> params_;
   int64_t step_ = 0;
+  uint64_t announced_ = 0;        // grad_ready calls this step (Param::ready_order)
   double last_loss_scale_ = 1.0;  // what overlap updates divide by (static loss scale)
   bool overlapped_this_step_ = false;
 

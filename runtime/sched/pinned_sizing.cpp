@@ -28,8 +28,8 @@ PinnedSizing size_pinned_budget(const DriveFigures& drive, uint32_t optimizer_th
                                 uint64_t chunk_bytes) {
   PinnedSizing out;
   const uint64_t queue = uint64_t{std::max<uint32_t>(drive.queue_depth, 1)} * drive.request_bytes;
-  const double little = std::max(drive.read_bytes_per_s, drive.write_bytes_per_s) *
-                        std::max(drive.latency_s, 0.0);
+  const double little =
+      std::max(drive.read_bytes_per_s, drive.write_bytes_per_s) * std::max(drive.latency_s, 0.0);
   out.in_flight_bytes = std::max<uint64_t>(queue, static_cast<uint64_t>(std::ceil(little)));
   out.in_flight_bytes = std::max(out.in_flight_bytes, kMinChunkBytes * kMinStreamBuffers);
 
@@ -57,9 +57,9 @@ PinnedSizing size_pinned_budget(const DriveFigures& drive, uint32_t optimizer_th
       "drive: read " + rate(drive.read_bytes_per_s) + ", write " + rate(drive.write_bytes_per_s) +
           ", full speed at " + std::to_string(drive.queue_depth) + " requests of " +
           format_bytes(drive.request_bytes) + " in flight" +
-          (drive.latency_s > 0 ? " (" + std::to_string(drive.latency_s * 1e3).substr(0, 5) +
-                                     " ms each)"
-                               : std::string()) +
+          (drive.latency_s > 0
+               ? " (" + std::to_string(drive.latency_s * 1e3).substr(0, 5) + " ms each)"
+               : std::string()) +
           (drive.source.empty() ? std::string() : "; " + drive.source),
       "in flight per direction F = " + f + " (max of queue depth x request, rate x latency)",
       "staging = 2 directions x " + std::to_string(out.stream_buffers) + " buffers x " +

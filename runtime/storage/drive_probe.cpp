@@ -86,9 +86,9 @@ Result<DriveProbe> probe_drive(const BackingDevice& device, io::IoEngine& engine
   const io::IoEngineOptions& engine_options = engine.options();
   DriveProbe out;
   out.direct_io = device.direct_io();
-  out.request_bytes = align_up(
-      options.request_bytes != 0 ? options.request_bytes : engine_options.block_size,
-      device.alignment());
+  out.request_bytes =
+      align_up(options.request_bytes != 0 ? options.request_bytes : engine_options.block_size,
+               device.alignment());
   const uint32_t deepest = std::max<uint32_t>(
       1, options.max_queue_depth != 0 ? options.max_queue_depth : engine_options.queue_depth);
   uint64_t region = std::min(options.region_bytes, device.capacity() / 2);

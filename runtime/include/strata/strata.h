@@ -508,7 +508,10 @@ typedef struct strata_optimizer_result {
 } strata_optimizer_result;
 
 /* One optimizer step over every parameter: gradients are divided by loss_scale (1 = none),
- * clipped, and applied with bias correction for the new step count. result may be NULL. */
+ * clipped, and applied with bias correction for the new step count. Parameters are updated in
+ * the order strata_optimizer_grad_ready announced them this step (backward's order, so the first
+ * layers, which the next forward needs first, are updated last), then those not announced, in
+ * the order they were added. result may be NULL. */
 STRATA_API int strata_optimizer_step(strata_runtime* rt, double loss_scale,
                                      strata_optimizer_result* result);
 
