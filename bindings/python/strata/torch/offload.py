@@ -959,8 +959,10 @@ def _host_available_bytes():
 def sized_budgets(model, device, compute_tier):
     """The budgets offload() uses when none is given: {field: (bytes, why)}.
 
-    pinned_budget_bytes: 5x the model's largest unit, at least 64 MiB, at most half of the
-    host's available memory; not the model's size, so the model states live on NVMe and host
+    pinned_budget_bytes: computing on the device, automatic (0: the runtime sizes it from the
+    drive, not the model; the handle's .budgets then shows the figure it chose); computing in
+    pinned memory, 5x the model's largest unit, at least 64 MiB, at most half of the host's
+    available memory. Either way not the model's size, so the model states live on NVMe and host
     RAM stays far below plain PyTorch's 16 bytes per parameter. device_budget_bytes, on CUDA:
     half of the device's free memory (the rest for torch's activations), at most the model's
     parameters and gradients."""
@@ -979,13 +981,20 @@ def sized_budgets(model, device, compute_tier):
                 total += nbytes
         unit_bytes = max(unit_bytes, own)
     out = {}
-    pinned = max(_PINNED_FLOOR, _PINNED_UNITS * unit_bytes)
-    why = f"{_PINNED_UNITS} x the largest unit ({unit_bytes} bytes), at least {_PINNED_FLOOR}"
-    available = _host_available_bytes()
-    if available is not None and pinned > available // 2:
-        pinned = available // 2
-        why += f"; capped at half of MemAvailable ({available} bytes)"
-    out["pinned_budget_bytes"] = ((pinned + _MIB - 1) // _MIB * _MIB, why)
+    if compute_tier == "device":
+        # Nothing of torch's compute lives in pinned memory: what it must hold is what streams
+        # (staging) and the optimizer's read-ahead, which the runtime sizes from the drive.
+        out["pinned_budget_bytes"] = (0, "automatic: sized by the runtime from the drive "
+                                         "(pinned_budget_bytes 0, docs/tuning.md)")
+    else:
+        pinned = max(_PINNED_FLOOR, _PINNED_UNITS * unit_bytes)
+        why = (f"{_PINNED_UNITS} x the largest unit ({unit_bytes} bytes), at least "
+               f"{_PINNED_FLOOR}: torch computes in pinned memory")
+        available = _host_available_bytes()
+        if available is not None and pinned > available // 2:
+            pinned = available // 2
+            why += f"; capped at half of MemAvailable ({available} bytes)"
+        out["pinned_budget_bytes"] = ((pinned + _MIB - 1) // _MIB * _MIB, why)
     if device.type == "cuda" and compute_tier == "device":
         free, _ = torch.cuda.mem_get_info(device)
         wanted = 2 * total
@@ -1037,6 +1046,9 @@ def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config
                                               f"but the model has {sorted(map(str, wrong))} "
                                               "parameters: convert the model first")
     runtime = Runtime(cfg)
+    if budgets and budgets.get("pinned_budget_bytes", (None,))[0] == 0:
+        chosen = runtime.stats()["pinned_budget_bytes"]
+        budgets["pinned_budget_bytes"] = (chosen, budgets["pinned_budget_bytes"][1])
     try:
         return OffloadedModel(model, runtime, device, param_home, grad_home, average_gradients,
                               process_group, mapped, compute_tier, param_init_fn, budgets)
