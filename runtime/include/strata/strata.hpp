@@ -164,6 +164,10 @@ class Config {
   Config& nvme_layout(strata_nvme_layout v) { return set(c.nvme_layout, v); }
   Config& zero_sub_group_elements(uint64_t v) { return set(c.zero_sub_group_elements, v); }
   Config& zero_param_buffer_elements(uint64_t v) { return set(c.zero_param_buffer_elements, v); }
+  Config& stream_chunk_bytes(uint64_t v) { return set(c.stream_chunk_bytes, v); }
+  Config& stream_buffers(uint32_t v) { return set(c.stream_buffers, v); }
+  Config& drive_read_bytes_per_s(uint64_t v) { return set(c.drive_read_bytes_per_s, v); }
+  Config& drive_write_bytes_per_s(uint64_t v) { return set(c.drive_write_bytes_per_s, v); }
   Config& planned_tensors(std::span<const strata_tensor_desc> tensors) {
     c.planned_tensors = tensors.data();
     c.planned_tensor_count = tensors.size();
