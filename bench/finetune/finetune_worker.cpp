@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -28,6 +29,13 @@ namespace strata::bench::finetune {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The most bytes a trace's NVMe requests had in flight at one moment, and when.
+struct InFlightPeak {
+  uint64_t bytes = 0;
+  int64_t at_us = 0;
+};
+Result<InFlightPeak> peak_nvme_bytes_in_flight(const std::string& runtime_trace);
 
 class Worker {
  public:
@@ -93,7 +101,8 @@ class Worker {
   std::vector<strata_tensor_desc> descs_;
   std::vector<strata_tensor> handles_;
   std::unique_ptr<LayerCompute> compute_;
-  uint32_t group_ = 0;  // the optimizer's one parameter group
+  uint32_t group_ = 0;      // the optimizer's one parameter group
+  InFlightPeak in_flight_;  // from the runtime's trace, with --trace
   uint64_t runtime_epoch_lo_us_ = 0, runtime_epoch_hi_us_ = 0;
 
   // Per step.
@@ -374,6 +383,40 @@ Status Worker::step(uint32_t index) {
   return Status::ok();
 }
 
+Result<InFlightPeak> peak_nvme_bytes_in_flight(const std::string& runtime_trace) {
+  std::ifstream in(runtime_trace);
+  json trace;
+  try {
+    trace = json::parse(in);
+  } catch (const json::exception& e) {
+    return Status::error(STRATA_E_IO, runtime_trace + ": " + e.what());
+  }
+  // Every NVMe request (a whole-tensor read or write, or one chunk of a stream) as +bytes at its
+  // start and -bytes at its end; the running sum's peak is what the drive had in flight.
+  std::vector<std::pair<int64_t, int64_t>> edges;
+  for (const json& e : trace.value("traceEvents", json::array())) {
+    if (e.value("ph", "") != "X") continue;
+    const std::string track = e.value("cat", "");
+    if (track != "nvme read" && track != "nvme write") continue;
+    const int64_t bytes = e.contains("args") ? e["args"].value("bytes", int64_t{0}) : 0;
+    const auto ts = e.value("ts", int64_t{0});
+    edges.emplace_back(ts, bytes);
+    edges.emplace_back(ts + e.value("dur", int64_t{0}), -bytes);
+  }
+  // Ends before starts at the same time: a request that ended is not beside the next one.
+  std::sort(edges.begin(), edges.end());
+  InFlightPeak peak;
+  int64_t now = 0;
+  for (const auto& [ts, delta] : edges) {
+    now += delta;
+    if (now > static_cast<int64_t>(peak.bytes)) {
+      peak.bytes = static_cast<uint64_t>(now);
+      peak.at_us = ts;
+    }
+  }
+  return peak;
+}
+
 Status Worker::write_trace(const std::string& runtime_trace) {
   return write_worker_trace(trace_path_,
                             {{"strategy", contender_.name},
@@ -439,6 +482,14 @@ void Worker::send_result() {
       {"nvme_read_bytes", read},
       {"nvme_write_bytes", written},
       {"steps", std::move(totals.steps)},
+      // With --trace: the most bytes the runtime's NVMe requests had in flight at one moment,
+      // from its own trace, and peak host memory over it (issue 16's "<= 3x" target).
+      {"trace_peak_nvme_bytes_in_flight", in_flight_.bytes},
+      {"trace_peak_in_flight_at_us", in_flight_.at_us},
+      {"peak_host_over_in_flight",
+       in_flight_.bytes > 0
+           ? json(static_cast<double>(peaks.host) / static_cast<double>(in_flight_.bytes))
+           : json(nullptr)},
       {"memory_series", memory_series_json(*sampler_)}};
   channel_.send(result);
 }
@@ -484,6 +535,8 @@ Status Worker::run() {
   if (!trace_path_.empty()) {
     const std::string runtime_trace = trace_path_ + ".runtime.json";
     STRATA_TRY(check(strata_export_trace(rt_, runtime_trace.c_str()), "strata_export_trace"));
+    STRATA_ASSIGN_OR_RETURN(in_flight_, peak_nvme_bytes_in_flight(runtime_trace),
+                            "reading the runtime's trace");
     STRATA_TRY(write_trace(runtime_trace));
   }
   send_result();

@@ -66,14 +66,6 @@ void LinkMeter::finished(sched::Link link, uint64_t bytes, uint64_t begin_us, co
   }
 }
 
-void LinkMeter::span(sched::Link link, uint64_t bytes, uint64_t begin_us, const char* what,
-                     const sched::TransferLabel& label) {
-  if (trace_ == nullptr) return;
-  trace_->record_span(kLinkTracks[static_cast<int>(link)], label.labelled() ? label.name : what,
-                      begin_us, now_us(), static_cast<int64_t>(bytes),
-                      label.labelled() ? label.tensor : telemetry::SpanTensor{});
-}
-
 sched::LinkCounters LinkMeter::counters(sched::Link link) const {
   const LinkState& state = links_[static_cast<int>(link)];
   sched::LinkCounters out;

@@ -32,9 +32,6 @@ class LinkMeter {
   // label, when it names a tensor, replaces it.
   void finished(sched::Link link, uint64_t bytes, uint64_t begin_us, const char* what,
                 const sched::TransferLabel* label = nullptr);
-  // A span alone, for a transfer whose pieces were counted one by one (a stream's chunks).
-  void span(sched::Link link, uint64_t bytes, uint64_t begin_us, const char* what,
-            const sched::TransferLabel& label);
 
   sched::LinkCounters counters(sched::Link link) const;
 

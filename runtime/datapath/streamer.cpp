@@ -113,11 +113,10 @@ Status Streamer::submit(Direction direction, const storage::Extent& extent, std:
     s.bytes = bytes;
     s.done = done;
     s.label = sched::TransferLabel::current();
-    s.begin_us = meter_.now_us();
     order_[direction].push_back(index);
     ++active_streams_;
+    changed_.notify_one();
   }
-  changed_.notify_one();
   return Status::ok();
 }
 
@@ -142,12 +141,7 @@ void Streamer::run() {
       Status issued = issue(action);
       if (!issued) report(*action.buffer, std::move(issued));
     }
-    for (Stream& s : finished) {
-      const bool ok = s.failure.is_ok();
-      meter_.span(kNvmeLink[s.direction], ok ? s.bytes : 0, s.begin_us,
-                  s.direction == kIn ? "stream in" : "stream out", s.label);
-      sched::post_completion(s.done, std::move(s.failure));
-    }
+    for (Stream& s : finished) sched::post_completion(s.done, std::move(s.failure));
     lock.lock();
     // The scratch vectors go back, keeping what they reserved.
     actions.clear();
@@ -170,7 +164,10 @@ void Streamer::plan_locked() {
       b.result = Status::ok();
       const bool nvme_leg = b.leg == Leg::kReading || b.leg == Leg::kWriting;
       if (nvme_leg) {
-        meter_.finished(kNvmeLink[d], status.is_ok() ? b.bytes : 0, b.nvme_begin_us, nullptr);
+        // Each chunk's request is a span of its own, named by the tensor: the trace shows what
+        // is in flight on the drive, chunk by chunk.
+        meter_.finished(kNvmeLink[d], status.is_ok() ? b.bytes : 0, b.nvme_begin_us,
+                        LinkMeter::word(kNvmeLink[d]), &streams_[d][b.stream].label);
       }
       const bool last_leg = b.direction == kIn ? b.leg == Leg::kCopying : b.leg == Leg::kWriting;
       Stream& s = streams_[d][b.stream];
@@ -279,12 +276,13 @@ void Streamer::on_copy_done(void* context, Status status) {
 }
 
 void Streamer::report(Buffer& buffer, Status status) {
-  {
-    std::lock_guard lock(mutex_);
-    STRATA_ASSERT(!buffer.reported && buffer.leg != Leg::kIdle);
-    buffer.result = std::move(status);
-    buffer.reported = true;
-  }
+  // Notified under the lock: once the owner thread sees the report it may finish the last
+  // stream, and the destructor may then destroy the condition variable; a notify after unlocking
+  // could touch it after that (ThreadSanitizer found it).
+  std::lock_guard lock(mutex_);
+  STRATA_ASSERT(!buffer.reported && buffer.leg != Leg::kIdle);
+  buffer.result = std::move(status);
+  buffer.reported = true;
   changed_.notify_one();
 }
 

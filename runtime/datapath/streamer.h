@@ -103,7 +103,6 @@ class Streamer {
     Status failure;  // the first chunk's; no chunk starts after it
     sched::Completion done;
     sched::TransferLabel label;
-    uint64_t begin_us = 0;
   };
   // What the owner thread issues once it has let go of the lock.
   struct Action {

@@ -59,11 +59,11 @@ class Runner {
  private:
   static void on_complete(io::IoRequest* request, void* context) {
     auto* self = static_cast<Runner*>(context);
-    {
-      std::lock_guard lock(self->mutex_);
-      if (request->error != 0 && self->error_ == 0) self->error_ = request->error;
-      ++self->done_;
-    }
+    // Notified under the lock: run() may return, and the Runner go, as soon as it sees the
+    // last request ended.
+    std::lock_guard lock(self->mutex_);
+    if (request->error != 0 && self->error_ == 0) self->error_ = request->error;
+    ++self->done_;
     self->ended_.notify_one();
   }
 

@@ -270,7 +270,10 @@ TEST(Scheduler, RecordedStepDrivesPrefetchInTheNextStep) {
   ASSERT_TRUE(s.begin_step().is_ok());
   ASSERT_TRUE(s.begin_phase({PhaseKind::kForward, 0}).is_ok());
   const auto deadline = std::chrono::steady_clock::now() + kWait;
-  while (!(s.describe(b)->valid & kDeviceBit) && std::chrono::steady_clock::now() < deadline) {
+  // Both are prefetched, in either order: wait for both (checking one and then the other at
+  // once failed under TSan's slowness while the second copy was still in flight).
+  const auto on_device = [&](TensorHandle h) { return (s.describe(h)->valid & kDeviceBit) != 0; };
+  while (!(on_device(a) && on_device(b)) && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   EXPECT_TRUE(s.describe(b)->valid & kDeviceBit);
