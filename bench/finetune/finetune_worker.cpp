@@ -283,8 +283,8 @@ Status Worker::backward(const Unit& unit) {
   }
   STRATA_TRY(std::move(computed));
   // The unit's gradients are final: the optimizer measures them where they are (the overflow
-  // check and the norm, one read-only pass, no temporaries; on the host-emulated device that is
-  // the device copy, read by the CPU inside the measured loop) or, overlapped, updates the unit.
+  // check and the norm, one read-only pass over the device copy through two pinned pieces, as
+  // from a GPU) or, overlapped, updates the unit.
   const uint64_t ready_begin = now_us();
   for (const ParamEntry& e : unit.params) {
     STRATA_TRY(

@@ -319,7 +319,7 @@ Status Runtime::size_pinned_budget(const storage::BackingDevice& device) {
   const auto threads =
       static_cast<uint32_t>(c.optimizer_threads != 0 ? static_cast<int>(c.optimizer_threads)
                                                      : optim::affinity_cpu_count());
-  pinned_sizing_ = sched::size_pinned_budget(drive, threads, chunk);
+  pinned_sizing_ = sched::size_pinned_budget(drive, threads, chunk, c.stream_buffers);
   c.pinned_budget_bytes = pinned_sizing_->budget_bytes;
   if (c.stream_chunk_bytes == 0) c.stream_chunk_bytes = pinned_sizing_->chunk_bytes;
   if (c.stream_buffers == 0) c.stream_buffers = pinned_sizing_->stream_buffers;
@@ -422,7 +422,6 @@ Result<optim::TieredOptimizer*> Runtime::optimizer() {
     config.pinned_budget_bytes = config_.pinned_budget_bytes - backend_->staging_bytes();
     // An automatic budget was sized for sub-groups of this size (sched/pinned_sizing.h).
     if (pinned_sizing_) config.sub_group_bytes = pinned_sizing_->sub_group_bytes;
-    config.device_memory_is_host = device_->backend() == memory::DeviceBackend::kEmulated;
     config.device_budget_bytes = config_.device_budget_bytes;
     config.device_streams = backend_->staging_bytes() > 0;
     config.adam.threads = static_cast<int>(config_.optimizer_threads);

@@ -433,25 +433,63 @@ Status TieredOptimizer::check_gradient(const Param& p) {
 }
 
 Result<GradStats> TieredOptimizer::measure_gradient(const Param& p) {
-  // Where the newest copy is, when that is readable from here: right after backward a gradient
-  // is on the device, and copying it to pinned memory to read it once would cost a pinned buffer
-  // of its size and a transfer.
-  Tier tier = Tier::kPinned;
-  if (config_.device_memory_is_host) {
-    STRATA_ASSIGN_OR_RETURN(auto info, scheduler_.describe(p.grad));
-    if ((info.valid & sched::kDeviceBit) != 0 && (info.valid & sched::kPinnedBit) == 0) {
-      tier = Tier::kDevice;
-    }
+  STRATA_ASSIGN_OR_RETURN(auto info, scheduler_.describe(p.grad));
+  if ((info.valid & sched::kDeviceBit) == 0 || (info.valid & sched::kPinnedBit) != 0) {
+    // In pinned memory already, or to be read from NVMe: whole, where it is or lands.
+    STRATA_ASSIGN_OR_RETURN(
+        auto g, scheduler_.acquire(p.grad, Tier::kPinned, AccessMode::kRead, config_.timeout),
+        "gradient of '" + p.name + "'");
+    const GradSlice slice{g.data, p.grad_dtype, p.elements};
+    auto stats = adam_->grad_stats({&slice, 1});
+    Status released = scheduler_.release(p.grad, /*dirty=*/false);
+    if (!stats) return std::move(stats).take_status();
+    if (!released.is_ok()) return released;
+    return stats;
   }
-  STRATA_ASSIGN_OR_RETURN(auto g,
-                          scheduler_.acquire(p.grad, tier, AccessMode::kRead, config_.timeout),
-                          "gradient of '" + p.name + "'");
-  const GradSlice slice{g.data, p.grad_dtype, p.elements};
-  auto stats = adam_->grad_stats({&slice, 1});
+  // On the device, where backward left it: read once through two pinned pieces of a sub-group,
+  // not copied to pinned memory whole (a buffer of its size and a copy of all of it). The sums of
+  // the pieces add up in the pieces' order.
+  STRATA_ASSIGN_OR_RETURN(
+      auto held, scheduler_.acquire(p.grad, Tier::kDevice, AccessMode::kRead, config_.timeout),
+      "gradient of '" + p.name + "'");
+  (void)held;
+  Pieces pieces;
+  GradStats total;
+  Status status = pieces.make(scheduler_, max_piece_bytes(), config_.timeout, /*with_param=*/false);
+  const uint64_t gsize = dtype_size(p.grad_dtype);
+  auto start = [&](size_t k) -> Status {
+    const SubGroup& s = p.sub_groups[k];
+    STRATA_ASSIGN_OR_RETURN(
+        pieces.grad_ticket[k % Pieces::kSlots],
+        scheduler_.start_copy_range(p.grad, Tier::kDevice, s.offset * gsize,
+                                    pieces.grad[k % Pieces::kSlots], Tier::kPinned, 0,
+                                    s.elements * gsize, config_.timeout));
+    return Status::ok();
+  };
+  if (status.is_ok() && !p.sub_groups.empty()) status = start(0);
+  for (size_t k = 0; status.is_ok() && k < p.sub_groups.size(); ++k) {
+    const int slot = static_cast<int>(k % Pieces::kSlots);
+    status = Pieces::wait(scheduler_, &pieces.grad_ticket[slot], config_.timeout);
+    if (status.is_ok() && k + 1 < p.sub_groups.size()) status = start(k + 1);
+    if (!status.is_ok()) break;
+    const GradSlice slice{pieces.grad_data[slot], p.grad_dtype, p.sub_groups[k].elements};
+    auto stats = adam_->grad_stats({&slice, 1});
+    if (!stats) {
+      status = std::move(stats).take_status();
+      break;
+    }
+    total.found_nonfinite = total.found_nonfinite || stats->found_nonfinite;
+    total.sum_squares += stats->sum_squares;
+  }
+  Status waited = pieces.wait_all(scheduler_, config_.timeout);
+  Status freed = pieces.free(scheduler_);
   Status released = scheduler_.release(p.grad, /*dirty=*/false);
-  if (!stats) return std::move(stats).take_status();
-  if (!released.is_ok()) return released;
-  return stats;
+  for (Status* s : {&waited, &freed, &released}) {
+    if (status.is_ok()) status = std::move(*s);
+  }
+  if (!status.is_ok())
+    return std::move(status).with_context("measuring the gradient of '" + p.name + "'");
+  return total;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -512,13 +550,14 @@ uint64_t TieredOptimizer::max_piece_bytes() const {
 }
 
 Status TieredOptimizer::Pieces::make(sched::Scheduler& scheduler, uint64_t bytes,
-                                     std::chrono::nanoseconds timeout) {
+                                     std::chrono::nanoseconds timeout, bool with_param) {
   if (made) return Status::ok();
   sched::RegisterOptions options;
   options.home = Tier::kPinned;
   options.allocation = true;
   for (int k = 0; k < kSlots; ++k) {
     for (const bool is_grad : {true, false}) {
+      if (!is_grad && !with_param) continue;
       TensorSpec spec;
       spec.name = std::string("optimizer.") + (is_grad ? "gradient" : "parameter") + "_piece[" +
                   std::to_string(k) + "]";

@@ -81,10 +81,6 @@ struct TieredOptimizerConfig {
   // The sub-group size when the options leave it at 0 (an automatic pinned budget was sized for
   // it); 0: a sixteenth of the pinned pool.
   uint64_t sub_group_bytes = 0;
-  // The device tier's memory is host memory (the host-emulated device): a gradient whose newest
-  // copy is on the device is measured there, in place, instead of being copied to pinned memory
-  // first. (On a GPU the copy is still made; a CUDA kernel could measure in place.)
-  bool device_memory_is_host = false;
   // The device pool's budget, and whether device data streams to NVMe (no pinned memory needed to
   // make device room). With both, a parameter and gradient that fit the device together, whose
   // gradient backward made on the device, are held there during their update and moved through
@@ -186,7 +182,9 @@ class TieredOptimizer {
     void* param_data[kSlots] = {};
     uint64_t grad_ticket[kSlots] = {};
     uint64_t param_ticket[kSlots] = {};
-    Status make(sched::Scheduler& scheduler, uint64_t bytes, std::chrono::nanoseconds timeout);
+    // with_param false: the gradient's two pieces only (measuring a gradient).
+    Status make(sched::Scheduler& scheduler, uint64_t bytes, std::chrono::nanoseconds timeout,
+                bool with_param = true);
     static Status wait(sched::Scheduler& scheduler, uint64_t* ticket,
                        std::chrono::nanoseconds timeout);
     Status wait_all(sched::Scheduler& scheduler, std::chrono::nanoseconds timeout);

@@ -25,7 +25,7 @@ std::string rate(double bytes_per_s) {
 }  // namespace
 
 PinnedSizing size_pinned_budget(const DriveFigures& drive, uint32_t optimizer_threads,
-                                uint64_t chunk_bytes) {
+                                uint64_t chunk_bytes, uint32_t stream_buffers) {
   PinnedSizing out;
   const uint64_t queue = uint64_t{std::max<uint32_t>(drive.queue_depth, 1)} * drive.request_bytes;
   const double little =
@@ -40,8 +40,10 @@ PinnedSizing size_pinned_budget(const DriveFigures& drive, uint32_t optimizer_th
       out.chunk_bytes /= 2;
     }
   }
-  out.stream_buffers = static_cast<uint32_t>(std::clamp<uint64_t>(
-      ceil_div(out.in_flight_bytes, out.chunk_bytes), kMinStreamBuffers, kMaxStreamBuffers));
+  out.stream_buffers = stream_buffers != 0 ? stream_buffers
+                                           : static_cast<uint32_t>(std::clamp<uint64_t>(
+                                                 ceil_div(out.in_flight_bytes, out.chunk_bytes),
+                                                 kMinStreamBuffers, kMaxStreamBuffers));
   out.staging_bytes = 2 * uint64_t{out.stream_buffers} * out.chunk_bytes;
 
   const uint32_t threads = std::max<uint32_t>(optimizer_threads, 1);
@@ -64,7 +66,7 @@ PinnedSizing size_pinned_budget(const DriveFigures& drive, uint32_t optimizer_th
       "in flight per direction F = " + f + " (max of queue depth x request, rate x latency)",
       "staging = 2 directions x " + std::to_string(out.stream_buffers) + " buffers x " +
           format_bytes(out.chunk_bytes) + " = " + format_bytes(out.staging_bytes) +
-          " (ceil(F / chunk) buffers)",
+          (stream_buffers != 0 ? " (buffers as set)" : " (ceil(F / chunk) buffers)"),
       "sub-group = " + format_bytes(out.sub_group_bytes) + " per state (max of the chunk and " +
           std::to_string(threads) + " optimizer threads x " +
           format_bytes(kSubGroupBytesPerThread) + ")",

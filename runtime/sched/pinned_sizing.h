@@ -57,8 +57,9 @@ inline constexpr uint32_t kMaxStreamBuffers = 64;
 inline constexpr uint64_t kSubGroupBytesPerThread = uint64_t{4} << 20;
 
 // optimizer_threads: the CPU optimizer's threads (>= 1). chunk_bytes: the stream chunk (0:
-// kDefaultStreamChunkBytes, halved while F holds fewer than two).
+// kDefaultStreamChunkBytes, halved while F holds fewer than two). stream_buffers: per direction
+// (0: ceil(F / chunk)), for a caller that set them.
 PinnedSizing size_pinned_budget(const DriveFigures& drive, uint32_t optimizer_threads,
-                                uint64_t chunk_bytes = 0);
+                                uint64_t chunk_bytes = 0, uint32_t stream_buffers = 0);
 
 }  // namespace strata::sched

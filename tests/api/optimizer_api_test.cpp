@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -371,6 +372,30 @@ TEST_F(Optimizer, DeviceGradientsUpdatedThroughPinnedPiecesEqualCpuAdamAppliedDi
       destroy();
     }
   }
+}
+
+// The overflow check reads a device gradient through its pieces too: an inf in the last
+// sub-group of the last parameter is found, and the step skipped.
+TEST_F(Optimizer, ANonFiniteDeviceGradientIsFoundThroughItsPieces) {
+  ModelSetup setup;
+  setup.grad_dtype = STRATA_DTYPE_F32;
+  setup.pinned_budget = 4ull << 20;
+  setup.gradients_on_device = true;
+  create(setup);
+  write_gradients(1, 1.0f);
+  RefParam& last = params_.back();
+  strata_acquired a{};
+  a.struct_size = sizeof a;
+  ASSERT_EQ(strata_acquire(rt_, last.grad, STRATA_TIER_DEVICE, 0, &a), STRATA_OK)
+      << strata_last_error(rt_);
+  static_cast<float*>(a.data)[last.n - 1] = std::numeric_limits<float>::infinity();
+  ASSERT_EQ(strata_release(rt_, last.grad, STRATA_RELEASE_DIRTY, nullptr), STRATA_OK);
+  const Snapshot before = snapshot();
+  strata_optimizer_result result{};
+  result.struct_size = sizeof result;
+  ASSERT_EQ(strata_optimizer_step(rt_, 1.0, &result), STRATA_OK) << strata_last_error(rt_);
+  EXPECT_EQ(result.found_nonfinite, 1);
+  expect_snapshot(before, "after a skipped step");
 }
 
 TEST_F(Optimizer, StatesReallyStreamFromNvme) {

@@ -197,6 +197,27 @@ void fuzz_runtime_create(FuzzedDataProvider& in) {
   c->zero_sub_group_elements = in.ConsumeBool() ? 0 : pick_size(in, 1, 1 << 20);
   c->zero_param_buffer_elements = in.ConsumeBool() ? 0 : pick_size(in, 1, 1 << 20);
   c->nvme_layout = static_cast<strata_nvme_layout>(pick(in, 0, 1));
+  // Streaming: automatic, off, a valid power of two, or anything.
+  switch (in.ConsumeIntegralInRange(0, 3)) {
+    case 0:
+      c->stream_chunk_bytes = 0;
+      break;
+    case 1:
+      c->stream_chunk_bytes = STRATA_STREAMING_OFF;
+      break;
+    case 2:
+      c->stream_chunk_bytes = uint64_t{65536} << in.ConsumeIntegralInRange(0, 10);
+      break;
+    default:
+      c->stream_chunk_bytes = in.ConsumeIntegral<uint64_t>();
+      break;
+  }
+  c->stream_buffers = pick(in, 0u, 70u);
+  // A declared drive (both, one, or neither); measured when neither.
+  if (in.ConsumeBool()) {
+    c->drive_read_bytes_per_s = pick_size(in, 1, 20'000'000'000ull);
+    c->drive_write_bytes_per_s = in.ConsumeBool() ? pick_size(in, 1, 20'000'000'000ull) : 0;
+  }
 
   strata_runtime* rt = nullptr;
   const int rc = strata_runtime_create(c, &rt);
