@@ -434,8 +434,13 @@ Status TieredOptimizer::check_gradient(const Param& p) {
 
 Result<GradStats> TieredOptimizer::measure_gradient(const Param& p) {
   STRATA_ASSIGN_OR_RETURN(auto info, scheduler_.describe(p.grad));
-  if ((info.valid & sched::kDeviceBit) == 0 || (info.valid & sched::kPinnedBit) != 0) {
-    // In pinned memory already, or to be read from NVMe: whole, where it is or lands.
+  // On the device, or on NVMe alone where it can stream to the device: through pieces (below).
+  const bool on_device = (info.valid & sched::kDeviceBit) != 0;
+  const bool streams_in = (info.valid & sched::kNvmeBit) != 0 && config_.device_streams &&
+                          info.bytes <= config_.device_budget_bytes;
+  if ((info.valid & sched::kPinnedBit) != 0 || !(on_device || streams_in)) {
+    // In pinned memory already, or to be read from NVMe without streaming: whole, where it is or
+    // lands.
     STRATA_ASSIGN_OR_RETURN(
         auto g, scheduler_.acquire(p.grad, Tier::kPinned, AccessMode::kRead, config_.timeout),
         "gradient of '" + p.name + "'");
@@ -446,9 +451,9 @@ Result<GradStats> TieredOptimizer::measure_gradient(const Param& p) {
     if (!released.is_ok()) return released;
     return stats;
   }
-  // On the device, where backward left it: read once through two pinned pieces of a sub-group,
-  // not copied to pinned memory whole (a buffer of its size and a copy of all of it). The sums of
-  // the pieces add up in the pieces' order.
+  // On the device, where backward left it (or streamed back there): read once through two
+  // pinned pieces of a sub-group, not copied to pinned memory whole (a buffer of its size and a
+  // copy of all of it). The sums of the pieces add up in the pieces' order.
   STRATA_ASSIGN_OR_RETURN(
       auto held, scheduler_.acquire(p.grad, Tier::kDevice, AccessMode::kRead, config_.timeout),
       "gradient of '" + p.name + "'");
