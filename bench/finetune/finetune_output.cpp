@@ -14,7 +14,9 @@
 #include "common/align.h"
 #include "common/report.h"
 #include "common/units.h"
+#include "api/runtime.h"
 #include "optim/thread_pool.h"
+#include "optim/tiered_optimizer.h"
 #include "sched/pinned_sizing.h"
 #include "sched/simulator.h"
 
@@ -109,15 +111,33 @@ Result<json> project_full_scale(const FinetunePlan& plan) {
   // The optimizer threads of this machine, as the measured run had them.
   const sched::PinnedSizing sizing =
       sched::size_pinned_budget(drive, static_cast<uint32_t>(optim::affinity_cpu_count()));
-  const uint64_t pinned_budget =
-      plan.strata_pinned_budget != 0 ? plan.strata_pinned_budget : sizing.budget_bytes;
+  // A budget given exactly is split as the runtime splits it: its automatic staging, and
+  // sub-groups of a sixteenth of the pool left.
+  uint64_t pinned_budget = sizing.budget_bytes;
+  uint64_t staging_bytes = sizing.staging_bytes;
+  uint64_t sub_group_bytes = sizing.sub_group_bytes;
   d.stream_chunk_bytes = static_cast<double>(sizing.chunk_bytes);
+  if (plan.strata_pinned_budget != 0) {
+    strata_config given{};
+    strata_config_init(&given);
+    given.pinned_budget_bytes = plan.strata_pinned_budget;
+    const api::StreamingShape shape = api::streaming_shape(given);
+    pinned_budget = plan.strata_pinned_budget;
+    staging_bytes = shape.staging_bytes();
+    sub_group_bytes = optim::sub_group_bytes_for_pool(pinned_budget - staging_bytes);
+    if (shape.on()) d.stream_chunk_bytes = static_cast<double>(shape.chunk_bytes);
+  }
 
-  // Strata through the simulator, with the measured run's order of updates.
+  // Strata through the simulator, with the measured run's order of updates and its optimizer's
+  // layout: states in sub-groups of the sizing's size, each parameter and gradient held on the
+  // device for its update and reached through the pinned pieces.
   sched::SimulationConfig c = config;
-  c.memory = sched::strata_memory_plan(pinned_budget, device_budget, sizing.staging_bytes);
+  c.memory = sched::strata_memory_plan(pinned_budget, device_budget, staging_bytes);
   c.step.optimizer_overlap = plan.options.optimizer_overlap == "on";
-  STRATA_ASSIGN_OR_RETURN(sched::SimulationResult r, sched::simulate(inventory, c),
+  c.step.optimizer_device_bytes = device_budget;
+  const std::vector<TensorSpec> sub_grouped =
+      sched::split_optimizer_states(inventory, sub_group_bytes);
+  STRATA_ASSIGN_OR_RETURN(sched::SimulationResult r, sched::simulate(sub_grouped, c),
                           "simulating strata");
   json strata = {{"name", c.step.optimizer_overlap ? kStrataOverlapName : kStrataName},
                  {"peak_host_bytes", r.peak_host_bytes},
@@ -164,7 +184,13 @@ Result<json> project_full_scale(const FinetunePlan& plan) {
               {"tokens_per_step", plan.tokens},
               {"device_budget_bytes", device_budget},
               {"strata_pinned_budget_bytes", pinned_budget},
-              {"strata_pinned_budget_derivation", sizing.derivation},
+              {"strata_pinned_budget_derivation",
+               plan.strata_pinned_budget != 0
+                   ? json::array({"as given (--pinned-budget); staging " +
+                                  format_bytes(staging_bytes) + ", sub-groups of " +
+                                  format_bytes(sub_group_bytes) + " per state"})
+                   : json(sizing.derivation)},
+              {"strata_sub_group_bytes", sub_group_bytes},
               {"strategies", json::array({std::move(strata)})},
               {"baselines", std::move(baselines)},
               {"host_reduction", std::move(reduction)},

@@ -195,7 +195,11 @@ TieredOptimizerOptions TieredOptimizer::options() {
 uint64_t TieredOptimizer::effective_sub_group_bytes() const {
   if (options_.sub_group_bytes != 0) return options_.sub_group_bytes;
   if (config_.sub_group_bytes != 0) return config_.sub_group_bytes;
-  const uint64_t share = config_.pinned_budget_bytes / kSubGroupBudgetShare / kPageSize * kPageSize;
+  return sub_group_bytes_for_pool(config_.pinned_budget_bytes);
+}
+
+uint64_t sub_group_bytes_for_pool(uint64_t pinned_pool_bytes) {
+  const uint64_t share = pinned_pool_bytes / kSubGroupBudgetShare / kPageSize * kPageSize;
   return std::clamp(share, kMinSubGroupBytes, kMaxSubGroupBytes);
 }
 

@@ -706,6 +706,20 @@ Status Scheduler::wait_copy_range(uint64_t ticket, std::chrono::nanoseconds time
   return status;
 }
 
+Result<bool> Scheduler::poll_copy_range(uint64_t ticket) {
+  std::lock_guard lock(mu_);
+  for (RangeCopy& c : range_copies_) {
+    if (ticket == 0 || c.ticket != ticket || c.abandoned) continue;
+    if (!c.done) return false;
+    Status status = std::move(c.status);
+    c = RangeCopy{};
+    STRATA_TRY(std::move(status));
+    return true;
+  }
+  return Status::error(STRATA_E_STATE, "range copy " + std::to_string(ticket) +
+                                           " is unknown or was waited for already");
+}
+
 Status Scheduler::reserve(TensorHandle tensor, Tier tier, std::chrono::nanoseconds timeout) {
   if (tier == Tier::kNvme) return invalid_argument("reserve: the tier must be device or pinned");
   {

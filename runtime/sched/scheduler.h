@@ -216,6 +216,10 @@ class Scheduler final : public CompletionSink {
   // Waits for the copy and returns its outcome. STRATA_E_TIMEOUT leaves the copy running and its
   // ticket given up; release() refuses either tensor (STRATA_E_STATE) until it has ended.
   Status wait_copy_range(uint64_t ticket, std::chrono::nanoseconds timeout);
+  // Without waiting: false while the copy runs; true once it has ended, the ticket then redeemed
+  // (the copy's error if it failed). For the simulator, whose copies end only when it delivers
+  // them. STRATA_E_STATE for an unknown or redeemed ticket.
+  Result<bool> poll_copy_range(uint64_t ticket);
   static constexpr uint32_t kMaxRangeCopies = 64;
 
   // ---- Durability ----

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "common/assert.h"
 #include "common/units.h"
 #include "sched/simulated_backend.h"
 
@@ -114,7 +115,10 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
   handles.reserve(inventory.size());
   for (const TensorSpec& spec : inventory) {
     RegisterOptions options;
-    const bool pinned_home = (config.memory.pinned_home_kinds & kind_bit(spec.kind)) != 0;
+    // The sub-grouped optimizer's pieces live in pinned memory for the whole run.
+    const bool piece = spec.kind == TensorKind::kOther && spec.name.rfind("optimizer#", 0) == 0;
+    const bool pinned_home =
+        piece || (config.memory.pinned_home_kinds & kind_bit(spec.kind)) != 0;
     options.home = pinned_home ? Tier::kPinned : Tier::kNvme;
     options.contents_on_nvme = spec.kind != TensorKind::kGradient &&
                                spec.kind != TensorKind::kActivationCheckpoint && !pinned_home;
@@ -193,6 +197,38 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
           }
         }
       }
+      // The phase's range copies (a sub-group's pieces), each started when its link has room
+      // and waited for before the next: the virtual clock advances by delivering events.
+      auto copy_ranges = [&](bool after_compute) -> Status {
+        for (const StepCopy& c : phase.copies) {
+          if (c.after_compute != after_compute) continue;
+          const Access& from = phase.accesses.at(c.from).access;
+          const Access& to = phase.accesses.at(c.to).access;
+          uint64_t ticket = 0;
+          for (;;) {
+            Result<uint64_t> started =
+                scheduler.start_copy_range(from.tensor, from.tier, c.from_offset, to.tensor,
+                                           to.tier, c.to_offset, c.bytes, std::chrono::nanoseconds(0));
+            if (started) {
+              ticket = *started;
+              break;
+            }
+            if (started.status().code() != STRATA_E_TIMEOUT || !backend.deliver_next()) {
+              return std::move(started).take_status().with_context(
+                  "simulate, phase " + phase_label(phase.key));
+            }
+          }
+          for (;;) {
+            STRATA_ASSIGN_OR_RETURN(bool done, scheduler.poll_copy_range(ticket),
+                                    "simulate, phase " + phase_label(phase.key));
+            if (done) break;
+            const bool delivered = backend.deliver_next();
+            STRATA_ASSERT(delivered);  // the copy is in flight: its completion is due
+          }
+        }
+        return Status::ok();
+      };
+      STRATA_TRY(copy_ranges(false));
       if (measuring) stall += backend.now() - phase_start;
 
       double seconds = 0;
@@ -213,6 +249,7 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
       }
       if (measuring) busy[static_cast<int>(resource)] += seconds;
       backend.run_until(backend.now() + seconds + model.phase_overhead_seconds);
+      STRATA_TRY(copy_ranges(true));
 
       for (const StepAccess& a : phase.accesses) {
         Status released = scheduler.release(a.access.tensor, a.release_dirty);

@@ -1,5 +1,6 @@
 #include "sched/training_step.h"
 
+#include <algorithm>
 #include <string_view>
 #include <unordered_map>
 
@@ -8,8 +9,9 @@ namespace strata::sched {
 namespace {
 
 struct ParamGroup {
-  int param = -1, grad = -1, master = -1, m = -1, v = -1;
-  int32_t phase_layer = -1;  // -1 pre, 0..N-1, N post
+  int param = -1, grad = -1;
+  std::vector<int> master, m, v;  // one each, or one per sub-group
+  int32_t phase_layer = -1;       // -1 pre, 0..N-1, N post
 };
 
 std::string_view base_name(const std::string& name) {
@@ -58,19 +60,18 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
   }
   for (size_t i = 0; i < inventory.size(); ++i) {
     const TensorSpec& spec = inventory[i];
-    int ParamGroup::*slot = nullptr;
+    std::vector<int> ParamGroup::*states = nullptr;
     switch (spec.kind) {
       case TensorKind::kGradient:
-        slot = &ParamGroup::grad;
         break;
       case TensorKind::kMasterWeight:
-        slot = &ParamGroup::master;
+        states = &ParamGroup::master;
         break;
       case TensorKind::kAdamM:
-        slot = &ParamGroup::m;
+        states = &ParamGroup::m;
         break;
       case TensorKind::kAdamV:
-        slot = &ParamGroup::v;
+        states = &ParamGroup::v;
         break;
       default:
         continue;  // parameters done; other kinds are not part of the step
@@ -79,8 +80,45 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
     if (found == by_name.end()) {
       return invalid_argument("training step: state '" + spec.name + "' has no parameter");
     }
-    groups[found->second].*slot = static_cast<int>(i);
+    ParamGroup& group = groups[found->second];
+    if (states == nullptr) {
+      group.grad = static_cast<int>(i);
+    } else {
+      (group.*states).push_back(static_cast<int>(i));
+    }
   }
+  // Sub-grouped states: the three kinds in step, covering the parameter exactly.
+  for (const ParamGroup& group : groups) {
+    const TensorSpec& param = inventory[group.param];
+    const size_t n = std::max({group.master.size(), group.m.size(), group.v.size()});
+    if (n > 1 && (group.master.size() != n || group.m.size() != n || group.v.size() != n)) {
+      return invalid_argument("training step: '" + param.name +
+                              "' has different numbers of master, m and v sub-groups");
+    }
+    if (n <= 1) continue;
+    uint64_t covered = 0;
+    for (size_t k = 0; k < n; ++k) {
+      const uint64_t e = inventory[group.master[k]].elements();
+      if (inventory[group.m[k]].elements() != e || inventory[group.v[k]].elements() != e) {
+        return invalid_argument("training step: '" + param.name + "' sub-group " +
+                                std::to_string(k) + " differs between master, m and v");
+      }
+      covered += e;
+    }
+    if (covered != param.elements()) {
+      return invalid_argument("training step: the sub-groups of '" + param.name + "' cover " +
+                              std::to_string(covered) + " of its " +
+                              std::to_string(param.elements()) + " elements");
+    }
+  }
+  int pieces[4] = {-1, -1, -1, -1};
+  for (size_t i = 0; i < inventory.size(); ++i) {
+    for (int k = 0; k < 4; ++k) {
+      if (inventory[i].name == kOptimizerPieceNames[k]) pieces[k] = static_cast<int>(i);
+    }
+  }
+  const bool have_pieces = std::all_of(std::begin(pieces), std::end(pieces),
+                                       [](int piece) { return piece >= 0; });
 
   TrainingStep step;
   step.layers = static_cast<uint32_t>(layers);
@@ -107,28 +145,62 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
     return StepAccess{{handles[tensor], tier, mode}, dirty, discard};
   };
 
-  // One optimizer phase per parameter of a phase layer, in the order its gradients were made.
+  // One optimizer phase per parameter of a phase layer (per sub-group, when the states are
+  // sub-groups), in the order its gradients were made.
   auto push_optimizer = [&](int32_t pl) {
     const std::vector<size_t>& members = by_layer[pl + 1];
     for (auto it = members.rbegin(); it != members.rend(); ++it) {
       const ParamGroup& group = groups[*it];
       if (group.grad < 0) continue;  // frozen: no update
       const Tier tier = options.optimizer_tier;
-      StepPhase phase;
-      phase.key = {PhaseKind::kOptimizer, pl};
-      phase.compute = ComputeKind::kOptimizer;
-      phase.compute_units = static_cast<double>(inventory[group.param].elements());
-      phase.accesses.push_back(access(group.grad, tier, AccessMode::kRead, false, true));
-      for (int state : {group.master, group.m, group.v}) {
-        if (state >= 0)
+      const TensorSpec& param = inventory[group.param];
+      const TensorSpec& grad = inventory[group.grad];
+      const size_t sub_groups = std::max<size_t>(group.master.size(), 1);
+      const bool on_device = have_pieces && !group.master.empty() &&
+                             options.compute_tier == Tier::kDevice &&
+                             param.bytes() + grad.bytes() <= options.optimizer_device_bytes;
+      const Tier held = on_device ? Tier::kDevice : tier;
+      uint64_t first = 0;  // the sub-group's first element
+      for (size_t k = 0; k < sub_groups; ++k) {
+        const bool last = k + 1 == sub_groups;
+        StepPhase phase;
+        phase.key = {PhaseKind::kOptimizer, pl};
+        phase.compute = ComputeKind::kOptimizer;
+        const uint64_t elements =
+            group.master.size() > 1 ? inventory[group.master[k]].elements() : param.elements();
+        phase.compute_units = static_cast<double>(elements);
+        phase.accesses.push_back(access(group.grad, held, AccessMode::kRead, false, last));
+        for (const std::vector<int>* states : {&group.master, &group.m, &group.v}) {
+          if (states->empty()) continue;
+          const int state = states->size() > 1 ? (*states)[k] : states->front();
           phase.accesses.push_back(access(state, tier, AccessMode::kRead, true, false));
+        }
+        // With an fp32 master the new parameter is written fresh (its first sub-group overwrites
+        // a pinned copy held whole; on the device the rest of it stays); without one the
+        // parameter is the master and is updated in place.
+        const bool fresh = !group.master.empty() && k == 0 && !on_device;
+        phase.accesses.push_back(access(group.param, held,
+                                        fresh ? AccessMode::kOverwrite : AccessMode::kRead, true,
+                                        false));
+        if (on_device) {
+          const size_t grad_at = 0, param_at = phase.accesses.size() - 1;
+          const int slot = static_cast<int>(k % 2);
+          phase.accesses.push_back(
+              access(pieces[slot], Tier::kPinned, AccessMode::kOverwrite, false, false));
+          phase.accesses.push_back(
+              access(pieces[2 + slot], Tier::kPinned, AccessMode::kOverwrite, false, false));
+          const size_t grad_piece = phase.accesses.size() - 2;
+          const size_t param_piece = phase.accesses.size() - 1;
+          const uint64_t grad_width = dtype_size(grad.dtype);
+          const uint64_t param_width = dtype_size(param.dtype);
+          phase.copies.push_back(
+              {grad_at, grad_piece, first * grad_width, 0, elements * grad_width, false});
+          phase.copies.push_back(
+              {param_piece, param_at, 0, first * param_width, elements * param_width, true});
+        }
+        first += elements;
+        step.phases.push_back(std::move(phase));
       }
-      // With an fp32 master the new parameter is written fresh; without one the parameter is the
-      // master and is updated in place.
-      phase.accesses.push_back(
-          access(group.param, tier, group.master >= 0 ? AccessMode::kOverwrite : AccessMode::kRead,
-                 true, false));
-      step.phases.push_back(std::move(phase));
     }
   };
 
@@ -168,6 +240,45 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
   if (step.phases.empty())
     return invalid_argument("training step: the inventory has no parameters");
   return step;
+}
+
+std::vector<TensorSpec> split_optimizer_states(std::span<const TensorSpec> inventory,
+                                               uint64_t sub_group_bytes) {
+  std::vector<TensorSpec> out;
+  out.reserve(inventory.size());
+  const uint64_t per_group = sub_group_bytes / sizeof(float);
+  uint64_t widest_piece = 0;
+  std::unordered_map<std::string_view, uint32_t> widths;  // a parameter's or gradient's bytes
+  for (const TensorSpec& spec : inventory) {                // per element, the wider of the two
+    if (spec.kind == TensorKind::kParameter || spec.kind == TensorKind::kGradient) {
+      uint32_t& w = widths[base_name(spec.name)];
+      w = std::max(w, dtype_size(spec.dtype));
+    }
+  }
+  for (const TensorSpec& spec : inventory) {
+    const bool state = spec.kind == TensorKind::kMasterWeight ||
+                       spec.kind == TensorKind::kAdamM || spec.kind == TensorKind::kAdamV;
+    if (!state || per_group == 0 || spec.elements() <= per_group) {
+      if (state) {
+        widest_piece = std::max(widest_piece, spec.elements() * widths[base_name(spec.name)]);
+      }
+      out.push_back(spec);
+      continue;
+    }
+    const uint64_t elements = spec.elements();
+    for (uint64_t first = 0, k = 0; first < elements; first += per_group, ++k) {
+      TensorSpec part = spec;
+      part.name = spec.name + "@" + std::to_string(k);
+      part.shape = {std::min(per_group, elements - first)};
+      out.push_back(std::move(part));
+    }
+    widest_piece = std::max(widest_piece, per_group * widths[base_name(spec.name)]);
+  }
+  if (per_group == 0 || widest_piece == 0) return out;
+  for (const char* name : kOptimizerPieceNames) {
+    out.push_back({name, {widest_piece}, DType::kUInt8, TensorKind::kOther, -1});
+  }
+  return out;
 }
 
 Result<AccessSchedule> schedule_of(const TrainingStep& step) {

@@ -9,6 +9,11 @@
 //             after the whole backward, or each right after its layer's backward (overlap):
 //             gradient read on pinned (then discarded), fp32 master / Adam m / v read and written
 //             on pinned, the new low-precision parameter written on pinned (DISCARD)
+//             -- or, when the inventory's states are sub-groups (split_optimizer_states, the
+//             TieredOptimizer's layout), one phase per sub-group: its master / m / v on pinned,
+//             and the gradient and parameter either held on the device and reached through two
+//             pinned pieces of a sub-group each (a range copy of the gradient's bytes in before
+//             the update, of the new parameter's bytes out after it), or held whole on pinned
 //
 // "pre" and "post" are the layer -1 tensors before and after the transformer layers in the
 // inventory's forward order; their phases use layers -1 and N.
@@ -33,9 +38,21 @@ struct StepAccess {
   bool discard_after = false;  // its contents are dead after the phase (consumed gradients)
 };
 
+// A byte range copied between two tensors the phase holds (Scheduler::start_copy_range): a
+// sub-group's piece of a gradient or parameter held on the device.
+struct StepCopy {
+  size_t from = 0;  // indices into the phase's accesses
+  size_t to = 0;
+  uint64_t from_offset = 0;
+  uint64_t to_offset = 0;
+  uint64_t bytes = 0;
+  bool after_compute = false;  // false: before the phase computes
+};
+
 struct StepPhase {
   PhaseKey key;
   std::vector<StepAccess> accesses;  // in acquire order
+  std::vector<StepCopy> copies;      // in order, each waited for before the next
   ComputeKind compute = ComputeKind::kNone;
   // Forward / backward: transformer-layer equivalents (1 per layer; the head by its parameters
   // relative to a layer's, the embedding lookup 0). Optimizer: parameter elements updated.
@@ -58,10 +75,29 @@ struct TrainingStepOptions {
   // frameworks do without a global overflow check or clipping), instead of after the whole
   // backward pass (ZeRO-Infinity).
   bool optimizer_overlap = false;
+  // Sub-grouped states only: a parameter and its gradient of at most this many bytes together,
+  // computed on the device, are held there for their update and reached through the pinned
+  // pieces (the TieredOptimizer with streaming on and room on the device); 0 or larger: held
+  // whole on pinned.
+  uint64_t optimizer_device_bytes = 0;
 };
 
+// The pinned pieces of the sub-grouped optimizer, in the inventory split_optimizer_states makes:
+// two for gradients and two for parameters, each of the largest sub-group's 16-bit bytes.
+inline constexpr const char* kOptimizerPieceNames[4] = {
+    "optimizer#grad_piece0", "optimizer#grad_piece1", "optimizer#param_piece0",
+    "optimizer#param_piece1"};
+
+// The inventory as the TieredOptimizer registers it: each fp32 master, m and v split into
+// sub-groups of at most sub_group_bytes (named "<state>@<i>", in order), and the four pieces
+// appended (kind OTHER, layer -1; register them with home pinned). sub_group_bytes 0 or a
+// multiple of 4 bytes.
+std::vector<TensorSpec> split_optimizer_states(std::span<const TensorSpec> inventory,
+                                               uint64_t sub_group_bytes);
+
 // `handles[i]` is the registered handle of `inventory[i]`. States are matched to their parameter
-// by name prefix up to '#' ("w#grad", "w#master", "w#adam_m", "w#adam_v") and by kind.
+// by name prefix up to '#' ("w#grad", "w#master", "w#adam_m", "w#adam_v") and by kind; several
+// states of one kind are sub-groups, in inventory order, covering the parameter's elements.
 // STRATA_E_INVALID when the sizes differ or a state has no parameter.
 Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
                                         std::span<const TensorHandle> handles,

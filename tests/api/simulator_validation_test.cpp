@@ -76,6 +76,12 @@ struct RealRun {
   double nvme_busy_seconds = 0;  // per step: time with a read or a write in flight
   uint64_t peak_pinned_bytes = 0;
   sched::Measurements measured;
+  // Over the measured steps: transfers issued ahead of any demand (the schedule's prefetch and
+  // write-behind) against those an acquire waited for, and acquires that found their tensor ready.
+  uint64_t prefetch_transfers = 0;
+  uint64_t demand_transfers = 0;
+  uint64_t acquires = 0;
+  uint64_t acquire_hits = 0;
 };
 
 double seconds_since(Clock::time_point start) {
@@ -130,6 +136,11 @@ Result<RealRun> play_real(api::Runtime& runtime, const std::vector<TensorSpec>& 
       for (int i = 0; i < sched::kLinkCount; ++i)
         before[i] = backend.link_counters(static_cast<sched::Link>(i));
       scheduler.reset_peaks();
+      const sched::SchedulerStats stats = scheduler.stats();
+      run.prefetch_transfers = stats.prefetch_transfers;
+      run.demand_transfers = stats.demand_transfers;
+      run.acquires = stats.acquires;
+      run.acquire_hits = stats.acquire_hits;
       measure_start = Clock::now();
     }
     STRATA_TRY(scheduler.begin_step());
@@ -177,6 +188,11 @@ Result<RealRun> play_real(api::Runtime& runtime, const std::vector<TensorSpec>& 
   }
   const double measured_seconds = seconds_since(measure_start);
 
+  const sched::SchedulerStats stats = scheduler.stats();
+  run.prefetch_transfers = stats.prefetch_transfers - run.prefetch_transfers;
+  run.demand_transfers = stats.demand_transfers - run.demand_transfers;
+  run.acquires = stats.acquires - run.acquires;
+  run.acquire_hits = stats.acquire_hits - run.acquire_hits;
   run.step_seconds = measured_seconds / kMeasuredSteps;
   run.stall_seconds /= kMeasuredSteps;
   run.compute_seconds /= kMeasuredSteps;
@@ -251,17 +267,21 @@ TEST(SimulatorValidation, StepTimeAndPeakPinnedMatchARealRunWithin15Percent) {
   EXPECT_NEAR(time_ratio, 1.0, 0.15) << "simulated / real step time";
   EXPECT_NEAR(pinned_ratio, 1.0, 0.15) << "simulated / real peak pinned";
 
-  // Overlap: the loop waited for I/O (its stall) for less than the I/O took, by at least a
-  // tenth of the shorter of I/O and compute: that much of the I/O ran behind compute. Without
-  // overlap the stall is the whole I/O time and nothing is hidden. (On a 2-core VM with a fast
-  // virtio disk, 2026-12-02: nvme busy 0.28-0.31 s, stall 0.16-0.24 s, so 0.08-0.11 s hidden
-  // against the 0.03 s asked; the optimizer's phases, whose compute is shorter than their I/O,
-  // leave most of the stall. The step's other time, releasing and bookkeeping, is neither.)
-  const double hidden = real->nvme_busy_seconds - real->stall_seconds;
-  EXPECT_GT(hidden, 0.10 * std::min(real->nvme_busy_seconds, real->compute_seconds))
-      << "I/O did not overlap compute: nvme busy " << real->nvme_busy_seconds << " s, stall "
-      << real->stall_seconds << " s, compute " << real->compute_seconds << " s, step "
-      << real->step_seconds << " s";
+  // Overlap, by structure rather than by the clock (the machine is shared; a loaded CI runner
+  // stretched the I/O behind the sleeps until the stall was 95% of it, 2026-12-02): most
+  // transfers are issued ahead of the acquire that needs them, and most acquires find their
+  // tensor ready, so the I/O ran while the loop computed. The time hidden is printed: on an idle
+  // 2-core VM, nvme busy 0.24-0.26 s against a stall of 0.14-0.17 s.
+  std::printf("overlap: %llu transfers ahead of demand, %llu on demand; %llu of %llu acquires "
+              "ready; %.3f s of I/O hidden behind compute\n",
+              static_cast<unsigned long long>(real->prefetch_transfers),
+              static_cast<unsigned long long>(real->demand_transfers),
+              static_cast<unsigned long long>(real->acquire_hits),
+              static_cast<unsigned long long>(real->acquires),
+              real->nvme_busy_seconds - real->stall_seconds);
+  EXPECT_GT(real->prefetch_transfers, 2 * real->demand_transfers)
+      << "transfers were issued on demand rather than ahead of it";
+  EXPECT_GT(2 * real->acquire_hits, real->acquires) << "most acquires waited for their tensor";
 }
 
 }  // namespace
