@@ -14,9 +14,7 @@
 #include "common/align.h"
 #include "common/report.h"
 #include "common/units.h"
-#include "api/runtime.h"
 #include "optim/thread_pool.h"
-#include "optim/tiered_optimizer.h"
 #include "sched/pinned_sizing.h"
 #include "sched/simulator.h"
 
@@ -118,14 +116,11 @@ Result<json> project_full_scale(const FinetunePlan& plan) {
   uint64_t sub_group_bytes = sizing.sub_group_bytes;
   d.stream_chunk_bytes = static_cast<double>(sizing.chunk_bytes);
   if (plan.strata_pinned_budget != 0) {
-    strata_config given{};
-    strata_config_init(&given);
-    given.pinned_budget_bytes = plan.strata_pinned_budget;
-    const api::StreamingShape shape = api::streaming_shape(given);
+    const sched::StreamShape shape = sched::stream_shape_for_budget(plan.strata_pinned_budget);
     pinned_budget = plan.strata_pinned_budget;
     staging_bytes = shape.staging_bytes();
-    sub_group_bytes = optim::sub_group_bytes_for_pool(pinned_budget - staging_bytes);
-    if (shape.on()) d.stream_chunk_bytes = static_cast<double>(shape.chunk_bytes);
+    sub_group_bytes = sched::sub_group_bytes_for_pool(pinned_budget - staging_bytes);
+    if (shape.chunk_bytes != 0) d.stream_chunk_bytes = static_cast<double>(shape.chunk_bytes);
   }
 
   // Strata through the simulator, with the measured run's order of updates and its optimizer's

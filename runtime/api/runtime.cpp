@@ -208,11 +208,10 @@ StreamingShape streaming_shape(const strata_config& c) {
   }
   // Automatic: the default chunk, halved until the staging buffers take at most a quarter of
   // the pinned budget; without room for the smallest chunk, no streaming.
-  const uint64_t share = c.pinned_budget_bytes / 4 / (2 * uint64_t{shape.buffers});
-  uint64_t chunk = kDefaultStreamChunk;
-  while (chunk > share && chunk > kMinStreamChunk) chunk /= 2;
-  if (chunk > share) return {};
-  shape.chunk_bytes = chunk;
+  const sched::StreamShape automatic = sched::stream_shape_for_budget(c.pinned_budget_bytes,
+                                                                      shape.buffers);
+  if (automatic.chunk_bytes == 0) return {};
+  shape.chunk_bytes = automatic.chunk_bytes;
   return shape;
 }
 

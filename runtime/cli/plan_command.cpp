@@ -31,6 +31,8 @@ struct PlanOptions {
   std::vector<std::string> gpus;
   std::string host_ram;
   std::string pinned_budget;
+  uint32_t optimizer_threads = kPlanOptimizerThreads;
+  uint32_t drive_queue_depth = kPlanDriveQueueDepth;
   std::string nvme = "1:gen4";
   std::string nvme_drive;
   std::optional<double> nvme_tbw;
@@ -149,6 +151,11 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
   r.assume.mfu = o.mfu;
   r.assume.adam_params_per_s = o.adam_gparams * 1e9;
   r.assume.pcie_efficiency = o.pcie_efficiency;
+  r.assume.optimizer_threads = o.optimizer_threads;
+  r.assume.drive_queue_depth = o.drive_queue_depth;
+  if (o.optimizer_threads == 0 || o.drive_queue_depth == 0) {
+    return invalid_argument("--optimizer-threads and --drive-queue-depth must be at least 1");
+  }
   STRATA_TRY(validate(r));
   return r;
 }
@@ -174,9 +181,14 @@ void print_host(const Plan& plan, const GpuPlan& p) {
                 p.fits_host ? "fits within the recommended figure" : "too little");
   } else if (p.offload == Offload::kNvme) {
     std::printf(
-        "                 no --host-ram given: assumed the least NVMe offload runs in (pinned pool "
-        "%s)\n",
+        "                 no --host-ram given: Strata's automatic pinned budget, the least that "
+        "keeps the drives at full speed (pinned pool %s)\n",
         format_bytes(p.stages.pinned_budget_bytes).c_str());
+  }
+  if (p.offload == Offload::kNvme) {
+    for (const std::string& line : p.stages.pinned_derivation) {
+      std::printf("  pinned         %s\n", line.c_str());
+    }
   }
   if (p.offload != Offload::kNone) {
     std::printf("  full speed     %s of states in RAM, nothing on NVMe: recommended %s\n",
@@ -480,6 +492,14 @@ void add_plan_command(CLI::App& app) {
                   "none | cpu | nvme (default: the first that fits, per GPU)");
   cmd->add_option("--mfu", options->mfu, "Achieved fraction of dense peak FLOPS")
       ->capture_default_str();
+  cmd->add_option("--optimizer-threads", options->optimizer_threads,
+                  "The training machine's CPU optimizer threads, for Strata's automatic pinned "
+                  "budget (docs/tuning.md)")
+      ->default_val(kPlanOptimizerThreads);
+  cmd->add_option("--drive-queue-depth", options->drive_queue_depth,
+                  "1 MiB requests in flight that keep each drive at full speed, for Strata's "
+                  "automatic pinned budget")
+      ->default_val(kPlanDriveQueueDepth);
   cmd->add_option("--adam-rate", options->adam_gparams, "CPU Adam, billions of parameters/s")
       ->capture_default_str();
   cmd->add_option("--pcie-efficiency", options->pcie_efficiency,

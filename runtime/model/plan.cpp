@@ -643,6 +643,8 @@ OffloadJob offload_job(const PlanRequest& r, const ModelStates& s, const GpuChoi
     job.host_budget_bytes = usable_host_bytes(*r.host_ram_bytes, r.assume.host_headroom);
   }
   job.strata_pinned_bytes = r.strata_pinned_budget_bytes;
+  job.optimizer_threads = r.assume.optimizer_threads;
+  job.drive_queue_depth = r.assume.drive_queue_depth;
   return job;
 }
 
@@ -926,7 +928,10 @@ Result<Plan> make_gpu_plans(const PlanRequest& given) {
     for (const GpuPreset& gpu : gpu_presets()) gpus.push_back({gpu, 1});
   }
   const std::vector<TensorSpec> inventory = offload_inventory(request);
-  const uint64_t least_pinned = strata_min_pinned_bytes(inventory);
+  const uint64_t least_pinned =
+      strata_pinned_sizing(request.nvme.read_gbps, request.nvme.write_gbps,
+                           request.assume.optimizer_threads, request.assume.drive_queue_depth)
+          .budget_bytes;
   for (const GpuChoice& g : gpus) {
     plan.gpus.push_back(g.auto_count ? choose_count(request, plan.states, g, least_pinned)
                                      : choose_offload(request, plan.states, g));

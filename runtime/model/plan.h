@@ -82,6 +82,9 @@ struct PlanAssumptions {
   uint64_t cuda_context_bytes = uint64_t{1} << 30;  // context, cuBLAS workspace, fragmentation
   HostHeadroom host_headroom;             // RAM kept free beside the job's states (plan_headroom.h)
   double nvme_wear_warn_fraction = 0.10;  // warn when a job spends more of the drives' TBW
+  // Strata's automatic pinned budget is sized from these and the drives' rates (plan_offload.h).
+  uint32_t optimizer_threads = kPlanOptimizerThreads;
+  uint32_t drive_queue_depth = kPlanDriveQueueDepth;
 };
 
 struct PlanRequest {
@@ -107,8 +110,9 @@ struct PlanRequest {
   // parameters over the full model's, so that the knobs mean what they mean at full size, as
   // the benchmark sets them (`strata plan --scale`, docs/planner.md).
   double deepspeed_knob_factor = 1.0;
-  // Strata's pinned pool exactly (`--pinned-budget`), below strata_min_pinned_bytes if asked: a
-  // run's budget replayed. Unset: what the headroom leaves of host_ram_bytes, or the least.
+  // Strata's pinned pool exactly (`--pinned-budget`), below the automatic budget if asked: a
+  // run's budget replayed. Unset: the automatic budget, or what the headroom leaves of
+  // host_ram_bytes when that is more.
   std::optional<uint64_t> strata_pinned_budget_bytes;
 };
 Status validate(const PlanRequest& request);
@@ -265,7 +269,7 @@ struct DeepSpeedComparison {
 // Strata against ZeRO-Infinity like for like (docs/planner.md, "Strata vs DeepSpeed"): each side
 // at the least host RAM it runs in, and Strata given exactly each DeepSpeed configuration's RAM.
 struct OffloadComparison {
-  OffloadEstimate strata_least;  // Strata's pool at strata_min_pinned_bytes
+  OffloadEstimate strata_least;  // Strata at its automatic pinned budget (strata_pinned_sizing)
   // deepspeed-defaults, -pinned, -tuned, in that order; empty when they do not apply (the
   // reason in deepspeed_why_not).
   std::vector<DeepSpeedComparison> deepspeed;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/align.h"
+#include "common/units.h"
 #include "sched/memory_plan.h"
 #include "sched/simulator.h"
 
@@ -82,24 +83,37 @@ uint64_t nvme_home_bytes(const std::vector<TensorSpec>& inventory, uint32_t pinn
   return total;
 }
 
+// Strata's side of a simulation: the inventory as its optimizer registers it (states in
+// sub-groups, the pinned pieces) and what the step holds on the device.
+struct StrataLayout {
+  std::vector<TensorSpec> inventory;
+  uint64_t optimizer_device_bytes = 0;
+  uint64_t stream_chunk_bytes = 0;
+};
+
 // One simulation of `micro_batches` passes per step: a warm-up step, then one measured.
-Result<sched::SimulationResult> simulate_step(const OffloadJob& job,
+Result<sched::SimulationResult> simulate_step(const OffloadJob& job, const StrataLayout& layout,
                                               const sched::MemoryPlan& memory,
                                               uint32_t micro_batches) {
   sched::SimulationConfig config;
   config.device = offload_device_model(job);
+  if (layout.stream_chunk_bytes != 0) {
+    config.device.stream_chunk_bytes = static_cast<double>(layout.stream_chunk_bytes);
+  }
   config.memory = memory;
   config.micro_batches = micro_batches;
   config.warmup_steps = 1;
   config.measured_steps = 1;
-  return sched::simulate(job.inventory, config);
+  config.step.optimizer_device_bytes = layout.optimizer_device_bytes;
+  return sched::simulate(layout.inventory, config);
 }
 
-Result<OffloadEstimate> run_simulation(const OffloadJob& job, const sched::MemoryPlan& memory,
-                                       uint64_t pinned_budget) {
+Result<OffloadEstimate> run_simulation(const OffloadJob& job, const StrataLayout& layout,
+                                       const sched::MemoryPlan& memory, uint64_t pinned_budget) {
   const std::string& policy = memory.policy;
   const uint32_t simulated_passes = std::min(job.grad_accum, kMaxSimulatedMicroBatches);
-  Result<sched::SimulationResult> simulated = simulate_step(job, memory, simulated_passes);
+  Result<sched::SimulationResult> simulated =
+      simulate_step(job, layout, memory, simulated_passes);
   if (!simulated) {
     return std::move(simulated).take_status().with_context("simulating " + policy +
                                                            " NVMe offload");
@@ -109,7 +123,7 @@ Result<OffloadEstimate> run_simulation(const OffloadJob& job, const sched::Memor
     // mean rate micro-batches half-way to the limit and beyond added (time, busy time, bytes);
     // peaks stay. A mean over several, because Strata's caching makes single steps uneven.
     const uint32_t half = simulated_passes / 2;
-    Result<sched::SimulationResult> shorter = simulate_step(job, memory, half);
+    Result<sched::SimulationResult> shorter = simulate_step(job, layout, memory, half);
     if (!shorter) {
       return std::move(shorter).take_status().with_context("simulating " + policy +
                                                            " NVMe offload");
@@ -219,31 +233,14 @@ OffloadEstimate estimate_cpu_offload(const OffloadJob& job) {
   return e;
 }
 
-uint64_t strata_min_pinned_bytes(const std::vector<TensorSpec>& inventory) {
-  // Units: each layer's tensors together; each tensor outside the layers alone.
-  std::map<int32_t, uint64_t> layer_weights, layer_grads;
-  std::map<std::string, uint64_t> group;  // parameter name -> its optimizer working set
-  uint64_t unit_weights = 0, unit_grads = 0;
-  for (const TensorSpec& spec : inventory) {
-    const uint64_t bytes = align_up(spec.bytes(), kPageSize);
-    group[spec.name.substr(0, spec.name.find('#'))] += bytes;
-    if (spec.kind != TensorKind::kParameter && spec.kind != TensorKind::kGradient) continue;
-    const bool weight = spec.kind == TensorKind::kParameter;
-    if (spec.layer >= 0) {
-      (weight ? layer_weights : layer_grads)[spec.layer] += bytes;
-    } else {
-      uint64_t& unit = weight ? unit_weights : unit_grads;
-      unit = std::max(unit, bytes);
-    }
-  }
-  for (const auto& [layer, bytes] : layer_weights) unit_weights = std::max(unit_weights, bytes);
-  for (const auto& [layer, bytes] : layer_grads) unit_grads = std::max(unit_grads, bytes);
-  uint64_t optimizer_group = 0;
-  if (unit_grads > 0) {  // frozen weights have no optimizer step
-    for (const auto& [name, bytes] : group) optimizer_group = std::max(optimizer_group, bytes);
-  }
-  return kParamUnitsInFlight * unit_weights + kGradUnitsInFlight * unit_grads +
-         kOptimizerTensorsInFlight * optimizer_group;
+sched::PinnedSizing strata_pinned_sizing(double read_gbps, double write_gbps,
+                                         uint32_t optimizer_threads, uint32_t drive_queue_depth) {
+  sched::DriveFigures drive;
+  drive.read_bytes_per_s = read_gbps * kGB;
+  drive.write_bytes_per_s = write_gbps * kGB;
+  drive.queue_depth = drive_queue_depth;
+  drive.source = "modelled: the plan's drives";
+  return sched::size_pinned_budget(drive, optimizer_threads);
 }
 
 sched::DeviceModel offload_device_model(const OffloadJob& job) {
@@ -267,14 +264,43 @@ sched::DeviceModel offload_device_model(const OffloadJob& job) {
 }
 
 Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job) {
-  const uint64_t least = strata_min_pinned_bytes(job.inventory);
-  uint64_t pinned = job.host_budget_bytes
-                        ? std::max(align_down(*job.host_budget_bytes, kPageSize), least)
-                        : least;
-  if (job.strata_pinned_bytes)
-    pinned = std::max(align_down(*job.strata_pinned_bytes, kPageSize), kPageSize);
-  return run_simulation(job, sched::strata_memory_plan(pinned, job.device_budget_bytes * job.gpus),
-                        pinned);
+  // The automatic budget, as the runtime sizes it from the drive: the least that keeps it busy.
+  const sched::PinnedSizing sizing =
+      strata_pinned_sizing(job.nvme_read_gbps, job.nvme_write_gbps, job.optimizer_threads,
+                           job.drive_queue_depth);
+  uint64_t pinned = sizing.budget_bytes;
+  uint64_t staging = sizing.staging_bytes;
+  uint64_t sub_group = sizing.sub_group_bytes;
+  uint64_t chunk = sizing.chunk_bytes;
+  std::optional<uint64_t> given = job.strata_pinned_bytes;
+  if (!given && job.host_budget_bytes && *job.host_budget_bytes > pinned) {
+    given = *job.host_budget_bytes;  // RAM given to the pool: more states cached across steps
+  }
+  if (given) {
+    // A budget set exactly is split by the runtime's rules for one (sched/pinned_sizing.h).
+    pinned = std::max(align_down(*given, kPageSize), kPageSize);
+    const sched::StreamShape shape = sched::stream_shape_for_budget(pinned);
+    staging = shape.staging_bytes();
+    chunk = shape.chunk_bytes;
+    sub_group = sched::sub_group_bytes_for_pool(pinned - staging);
+  }
+  StrataLayout layout;
+  layout.inventory = job.optimizer_on_host
+                         ? sched::split_optimizer_states(job.inventory, sub_group)
+                         : job.inventory;
+  layout.optimizer_device_bytes = job.device_budget_bytes * job.gpus;
+  layout.stream_chunk_bytes = chunk;
+  STRATA_ASSIGN_OR_RETURN(
+      OffloadEstimate e,
+      run_simulation(job, layout,
+                     sched::strata_memory_plan(pinned, job.device_budget_bytes * job.gpus, staging),
+                     pinned));
+  e.pinned_derivation = given ? std::vector<std::string>{"pinned budget = " + format_bytes(pinned) +
+                                                         " as given; staging " +
+                                                         format_bytes(staging) + ", sub-groups of " +
+                                                         format_bytes(sub_group) + " per state"}
+                              : sizing.derivation;
+  return e;
 }
 
 }  // namespace strata

@@ -16,11 +16,17 @@
 
 #include "common/status.h"
 #include "sched/device_model.h"
+#include "sched/pinned_sizing.h"
 #include "vocabulary/tensor_spec.h"
 
 namespace strata {
 
 // What the offload estimators need to know about a job, independent of the policy.
+// A training server's CPU optimizer threads and the queue depth of 1 MiB requests that keeps a
+// datacenter NVMe drive at full speed, unless the plan is told otherwise.
+inline constexpr uint32_t kPlanOptimizerThreads = 16;
+inline constexpr uint32_t kPlanDriveQueueDepth = 32;
+
 struct OffloadJob {
   // What lives off the GPU, in forward order (build_inventory's): every parameter as stored (a
   // QLoRA layer weight is its NF4 bytes, kUInt8), and for full fine-tuning each one's gradient,
@@ -52,6 +58,10 @@ struct OffloadJob {
   // Strata's pinned pool exactly, no floor (`--pinned-budget`, as `strata bench finetune
   // --pinned-budget` sets it): to replay a run's budget. Overrides host_budget_bytes.
   std::optional<uint64_t> strata_pinned_bytes;
+  // The training machine's CPU optimizer threads and the drives' queue depth at full speed: what
+  // the automatic pinned budget is sized from (sched/pinned_sizing.h).
+  uint32_t optimizer_threads = kPlanOptimizerThreads;
+  uint32_t drive_queue_depth = kPlanDriveQueueDepth;
 };
 
 // Named bytes, for the breakdowns people read.
@@ -84,6 +94,8 @@ struct OffloadEstimate {
   uint64_t peak_pinned_bytes = 0;
   uint64_t peak_device_bytes = 0;  // all GPUs
   uint64_t transfers = 0;          // simulated, warm-up step included
+  // Strata: how its pinned budget was chosen, one line per figure (sched::PinnedSizing's).
+  std::vector<std::string> pinned_derivation;
 };
 
 // CPU offload (no NVMe): states in host RAM, exact size; PCIe and CPU Adam overlap compute.
@@ -97,16 +109,12 @@ OffloadEstimate estimate_cpu_offload(const OffloadJob& job);
 // simulation of kMax/2 gives (docs/planner.md, "Gradient accumulation").
 inline constexpr uint32_t kMaxSimulatedMicroBatches = 4;
 
-inline constexpr int kParamUnitsInFlight = 3;        // read from NVMe, copy to GPU, slack
-inline constexpr int kGradUnitsInFlight = 2;         // copied from GPU, draining to NVMe
-inline constexpr int kOptimizerTensorsInFlight = 3;  // reading, updating, writing back
-
-// The least pinned memory Strata's plan is given: kParamUnitsInFlight units of weights (a unit
-// is a layer, or the embedding or LM head alone), kGradUnitsInFlight units of gradients, and
-// kOptimizerTensorsInFlight of the largest parameter's optimizer working set (its weight,
-// gradient, master, m and v), each buffer 4 KiB-rounded. With --host-ram the pinned budget is
-// the RAM given (never less than this); the scheduler decides what the rest holds.
-uint64_t strata_min_pinned_bytes(const std::vector<TensorSpec>& inventory);
+// Strata's automatic pinned budget for drives of these rates, as the runtime sizes it
+// (sched::size_pinned_budget): staging for the bytes the drives need in flight, the optimizer's
+// read-ahead of sub-groups for its threads, its pieces. The least host RAM that keeps the drives
+// at full speed, whatever the model's size.
+sched::PinnedSizing strata_pinned_sizing(double read_gbps, double write_gbps,
+                                         uint32_t optimizer_threads, uint32_t drive_queue_depth);
 
 // The machine sched::simulate models for `job`: NVMe rates (half duplex), PCIe at the GPU's
 // rate times the GPU count (one link per GPU), per-layer forward and backward times that add up
@@ -115,9 +123,12 @@ uint64_t strata_min_pinned_bytes(const std::vector<TensorSpec>& inventory);
 // element).
 sched::DeviceModel offload_device_model(const OffloadJob& job);
 
-// NVMe offload with Strata's memory plan (one exact-size pinned pool of the budget above, one
-// device pool of device_budget_bytes x gpus), simulated: one warm-up step, one measured step of
-// grad_accum forward/backward passes and the optimizer. Errors: the simulator's (a budget that
+// NVMe offload with Strata's memory plan, simulated as the runtime runs it: the automatic pinned
+// budget (strata_pinned_sizing; the RAM given when larger, or --pinned-budget exactly), device
+// transfers streamed through its staging, the optimizer's states in sub-groups with each
+// parameter and gradient held on the device (device_budget_bytes x gpus) and moved through pinned
+// pieces; one warm-up step, one measured step of grad_accum forward/backward passes and the
+// optimizer. Errors: the simulator's (a budget that
 // cannot hold a phase is STRATA_E_PINNED_BUDGET / STRATA_E_DEVICE_BUDGET).
 Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job);
 

@@ -29,6 +29,7 @@ json offload_json(const OffloadEstimate& e) {
     out["stall_seconds"] = e.stall_seconds;
     out["pinned_budget_bytes"] = e.pinned_budget_bytes;
     out["peak_pinned_bytes"] = e.peak_pinned_bytes;
+    if (!e.pinned_derivation.empty()) out["pinned_budget_derivation"] = e.pinned_derivation;
     out["device_budget_bytes"] = e.device_budget_bytes;
     out["peak_device_bytes"] = e.peak_device_bytes;
     out["simulated_transfers"] = e.transfers;

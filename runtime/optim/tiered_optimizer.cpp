@@ -8,6 +8,7 @@
 #include "common/align.h"
 #include "optim/checkpoint_file.h"
 #include "optim/half_convert.h"
+#include "sched/pinned_sizing.h"
 
 namespace strata::optim {
 namespace {
@@ -20,14 +21,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Sub-groups sized from the pinned budget: a sixteenth of it per state tensor, so that the three
-// states of the sub-group being updated, those of the next ones being read and those of the
-// previous ones being written fit with room to spare. Capped because past tens of MiB a larger
-// sub-group only delays the start of the overlap; floored so small budgets still move whole
-// pages per request.
-constexpr uint64_t kSubGroupBudgetShare = 16;
-constexpr uint64_t kMinSubGroupBytes = uint64_t{64} * 1024;
-constexpr uint64_t kMaxSubGroupBytes = 64ull << 20;
 constexpr uint64_t kMaxConfiguredSubGroupBytes = 1ull << 40;
 constexpr uint32_t kMaxLookahead = 16;
 
@@ -195,12 +188,8 @@ TieredOptimizerOptions TieredOptimizer::options() {
 uint64_t TieredOptimizer::effective_sub_group_bytes() const {
   if (options_.sub_group_bytes != 0) return options_.sub_group_bytes;
   if (config_.sub_group_bytes != 0) return config_.sub_group_bytes;
-  return sub_group_bytes_for_pool(config_.pinned_budget_bytes);
-}
-
-uint64_t sub_group_bytes_for_pool(uint64_t pinned_pool_bytes) {
-  const uint64_t share = pinned_pool_bytes / kSubGroupBudgetShare / kPageSize * kPageSize;
-  return std::clamp(share, kMinSubGroupBytes, kMaxSubGroupBytes);
+  // Neither the options nor the automatic sizing set one: the rule for a budget given exactly.
+  return sched::sub_group_bytes_for_pool(config_.pinned_budget_bytes);
 }
 
 uint64_t TieredOptimizer::sub_group_elements() {

@@ -74,10 +74,6 @@ struct PassShape {
   bool overlap = true;  // prefetch ahead and write behind; false: read, update, write, wait
 };
 
-// The sub-group size for a pinned pool when neither the options nor the automatic sizing set
-// one: a sixteenth of the pool, page-aligned, within [64 KiB, 64 MiB].
-uint64_t sub_group_bytes_for_pool(uint64_t pinned_pool_bytes);
-
 struct TieredOptimizerConfig {
   // The pinned pool's budget (the runtime's pinned budget less its streaming staging buffers):
   // sub-groups and the lookahead are sized from it.

@@ -80,4 +80,24 @@ PinnedSizing size_pinned_budget(const DriveFigures& drive, uint32_t optimizer_th
   return out;
 }
 
+StreamShape stream_shape_for_budget(uint64_t pinned_budget, uint32_t buffers) {
+  StreamShape shape;
+  shape.buffers = buffers != 0 ? buffers : kDefaultBudgetStreamBuffers;
+  const uint64_t share = pinned_budget / 4 / (2 * uint64_t{shape.buffers});
+  uint64_t chunk = kDefaultStreamChunkBytes;
+  while (chunk > share && chunk > kMinChunkBytes) chunk /= 2;
+  shape.chunk_bytes = chunk <= share ? chunk : 0;
+  return shape;
+}
+
+// A sixteenth of the pool per state tensor, so that the three states of the sub-group being
+// updated, those of the next ones being read and those of the previous ones being written fit
+// with room to spare. Capped because past tens of MiB a larger sub-group only delays the start of
+// the overlap; floored so small budgets still move whole pages per request.
+uint64_t sub_group_bytes_for_pool(uint64_t pinned_pool_bytes) {
+  constexpr uint64_t kShare = 16, kPage = 4096;
+  constexpr uint64_t kMin = uint64_t{64} << 10, kMax = uint64_t{64} << 20;
+  return std::clamp(pinned_pool_bytes / kShare / kPage * kPage, kMin, kMax);
+}
+
 }  // namespace strata::sched

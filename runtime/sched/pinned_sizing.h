@@ -56,6 +56,19 @@ inline constexpr uint32_t kMaxStreamBuffers = 64;
 
 inline constexpr uint64_t kSubGroupBytesPerThread = uint64_t{4} << 20;
 
+// A budget given exactly (not automatic) is split by these two rules, the runtime's:
+// staging of `buffers` (0: 4) per direction of the default chunk, halved until the staging takes
+// a quarter of the budget at most (none without room for a 64 KiB chunk: no streaming), and
+// sub-groups of a sixteenth of the pool left, page-aligned, within [64 KiB, 64 MiB].
+struct StreamShape {
+  uint64_t chunk_bytes = 0;  // 0: no streaming
+  uint32_t buffers = 0;      // per direction
+  uint64_t staging_bytes() const { return 2 * uint64_t{buffers} * chunk_bytes; }
+};
+inline constexpr uint32_t kDefaultBudgetStreamBuffers = 4;
+StreamShape stream_shape_for_budget(uint64_t pinned_budget, uint32_t buffers = 0);
+uint64_t sub_group_bytes_for_pool(uint64_t pinned_pool_bytes);
+
 // optimizer_threads: the CPU optimizer's threads (>= 1). chunk_bytes: the stream chunk (0:
 // kDefaultStreamChunkBytes, halved while F holds fewer than two). stream_buffers: per direction
 // (0: ceil(F / chunk)), for a caller that set them.

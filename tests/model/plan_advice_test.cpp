@@ -73,7 +73,10 @@ TEST(LikeForLike, EachSidesLeastRamAndStrataAtEachDeepSpeedConfigurationsRam) {
   Result<Plan> p = make_plan(r);
   ASSERT_TRUE(p.is_ok()) << p.status().message();
   const OffloadComparison& c = p->like_for_like;
-  const uint64_t least = strata_min_pinned_bytes(p->gpus[0].job.inventory);
+  const OffloadJob& job = p->gpus[0].job;
+  const uint64_t least = strata_pinned_sizing(job.nvme_read_gbps, job.nvme_write_gbps,
+                                              job.optimizer_threads, job.drive_queue_depth)
+                             .budget_bytes;
   EXPECT_EQ(c.strata_least.pinned_budget_bytes, least);
   EXPECT_LE(c.strata_least.host_bytes, least);
   // The three labelled configurations, in order, each beside Strata given exactly its RAM.
@@ -119,9 +122,11 @@ TEST(PinnedBudget, ReplaysARunsBudgetEvenBelowTheLeastTheComparisonKeepsTheLeast
   r.nvme = *parse_nvme("1:gen4");
   Result<Plan> plain = make_gpu_plans(r);
   ASSERT_TRUE(plain.is_ok());
-  const uint64_t least = strata_min_pinned_bytes(plain->gpus[0].job.inventory);
-  // `strata bench finetune` runs Strata at four times the largest optimizer working set, below
-  // the planner's least (which adds layers of weights and gradients in flight).
+  const OffloadJob& job = plain->gpus[0].job;
+  const uint64_t least = strata_pinned_sizing(job.nvme_read_gbps, job.nvme_write_gbps,
+                                              job.optimizer_threads, job.drive_queue_depth)
+                             .budget_bytes;
+  // A run's budget below the automatic one (a point of `strata bench finetune --sweep-pinned`).
   r.strata_pinned_budget_bytes = least / 5 * 4 + 1;
   Result<Plan> p = make_plan(r);
   ASSERT_TRUE(p.is_ok()) << p.status().message();

@@ -345,30 +345,23 @@ TEST(NvmeOffload, DeviceModelSpreadsTheFormulasComputeOverTheSimulatedLayers) {
   EXPECT_NEAR(g.stages.compute_seconds, job.compute_seconds, job.compute_seconds * 1e-6);
 }
 
-TEST(NvmeOffload, LeastPinnedBudgetHoldsLayersAndOptimizerTensorsInFlight) {
-  const ModelConfig llama70 = preset("llama-2-70b");
-  const std::vector<TensorSpec> inventory = build_inventory(llama70, {});
-  // A layer: 4 attention projections (2 of them GQA-narrow), 3 MLP matrices, 2 norms, in bf16.
-  uint64_t layer = 0;
-  for (uint64_t n : {8192ull * 8192, 1024ull * 8192, 1024ull * 8192, 8192ull * 8192,
-                     28672ull * 8192, 28672ull * 8192, 8192ull * 28672, 8192ull, 8192ull}) {
-    layer += align_up(2 * n, kPageSize);
-  }
-  // The optimizer's largest working set: the embedding's weight, gradient, master, m, v.
-  const uint64_t embedding = 32000ull * 8192;
-  const uint64_t optimizer =
-      2 * align_up(2 * embedding, kPageSize) + 3 * align_up(4 * embedding, kPageSize);
-  EXPECT_EQ(strata_min_pinned_bytes(inventory), 3 * layer + 2 * layer + 3 * optimizer);
-  // Without --host-ram the plan runs in that budget, and the simulated peak stays inside it.
+// Without --host-ram Strata runs in its automatic pinned budget, sized from the drive as the
+// runtime sizes it (staging for the bytes in flight, the optimizer's sub-groups and pieces), not
+// from the model: full fine-tuning of 70B on one H100 and one Gen4 drive in a few hundred MiB of
+// pinned memory, issue 16's full-scale target being at most 8 GB of host RAM.
+TEST(NvmeOffload, WithoutHostRamTheBudgetIsTheAutomaticOneSizedFromTheDrive) {
   const GpuPlan g = nvme_plan(request("llama-2-70b", FinetuneMethod::kFull), "h100-sxm");
-  EXPECT_EQ(g.stages.pinned_budget_bytes, strata_min_pinned_bytes(inventory));
+  const sched::PinnedSizing sizing =
+      strata_pinned_sizing(g.job.nvme_read_gbps, g.job.nvme_write_gbps, kPlanOptimizerThreads,
+                           kPlanDriveQueueDepth);
+  EXPECT_EQ(g.stages.pinned_budget_bytes, sizing.budget_bytes);
+  EXPECT_EQ(g.stages.pinned_derivation, sizing.derivation);
+  EXPECT_LE(g.stages.peak_pinned_bytes, g.stages.pinned_budget_bytes);
   EXPECT_LE(g.host_bytes, g.stages.pinned_budget_bytes);
-  EXPECT_GT(g.host_bytes, g.stages.pinned_budget_bytes / 2);
-  EXPECT_LT(gib(g.host_bytes), 21);
-  // Frozen weights (LoRA) have no optimizer step: weight units only.
-  InventoryOptions frozen;
-  frozen.include_gradients = frozen.include_optimizer = false;
-  EXPECT_EQ(strata_min_pinned_bytes(build_inventory(llama70, frozen)), 3 * layer);
+  EXPECT_LT(g.host_bytes, uint64_t{8} << 30);
+  // The same drive sizes the same budget for a model a tenth the size.
+  const GpuPlan small = nvme_plan(request("llama-2-7b", FinetuneMethod::kFull), "h100-sxm");
+  EXPECT_EQ(small.stages.pinned_budget_bytes, sizing.budget_bytes);
 }
 
 TEST(NvmeOffload, HostRamIsTheSimulatedPeakAndMoreRamMeansLessNvmeTraffic) {
@@ -407,9 +400,12 @@ TEST(NvmeOffload, GradientAccumulationReplaysForwardAndBackwardPerMicroBatch) {
   const GpuPlan two = nvme_plan(r, "h100-sxm");
   EXPECT_NEAR(two.stages.compute_seconds, 2 * one.stages.compute_seconds,
               one.stages.compute_seconds * 1e-6);
-  // Gradients leave the GPU after each micro-batch, and weights stream in for each.
-  EXPECT_GT(two.stages.pcie_d2h_bytes, 19 * one.stages.pcie_d2h_bytes / 10);
-  EXPECT_GT(two.stages.pcie_h2d_bytes, 19 * one.stages.pcie_h2d_bytes / 10);
+  // Backward accumulates into gradients held on the GPU (7B's weights and gradients fit an
+  // H100's budget), and the optimizer moves each through its pieces once per step: PCIe moves
+  // no less, but not twice as much.
+  EXPECT_GE(two.stages.pcie_d2h_bytes, one.stages.pcie_d2h_bytes);
+  EXPECT_GE(two.stages.pcie_h2d_bytes, one.stages.pcie_h2d_bytes);
+  EXPECT_LT(two.stages.pcie_d2h_bytes, 19 * one.stages.pcie_d2h_bytes / 10);
   EXPECT_GT(two.step_seconds, one.step_seconds);
   EXPECT_DOUBLE_EQ(two.tokens_per_step, 2 * one.tokens_per_step);
   // Past kMaxSimulatedMicroBatches the step grows linearly with the micro-batches.
@@ -487,7 +483,10 @@ TEST(NvmeOffload, LoraStreamsFrozenWeightsAndQloraStreamsTheirNf4Bytes) {
   EXPECT_EQ(lora.stages.cpu_optimizer_seconds, 0);
   EXPECT_EQ(lora.stages.nvme_write_bytes, 0u);
   EXPECT_EQ(lora.nvme_bytes, 2 * 68'976'648'192ull);
-  EXPECT_GE(lora.stages.pcie_h2d_bytes, 2 * lora.nvme_bytes);
+  // Weights stream to the GPU for forward and again for backward, but for the last layers of
+  // forward, still on the GPU when backward begins with them.
+  EXPECT_LE(lora.stages.pcie_h2d_bytes, 2 * lora.nvme_bytes);
+  EXPECT_GE(lora.stages.pcie_h2d_bytes, 2 * lora.nvme_bytes / 100 * 95);
   r.method = FinetuneMethod::kQLora;
   const GpuPlan qlora = nvme_plan(r, "rtx-4090");
   EXPECT_EQ(qlora.nvme_bytes, qlora_base_weight_bytes(r.model, DType::kBFloat16));
