@@ -222,7 +222,7 @@ uint32_t TieredOptimizer::lookahead() const {
   }
   if (unit == 0 || largest >= config_.pinned_budget_bytes) return 1;
   const uint64_t fit = (config_.pinned_budget_bytes - largest) / unit;
-  return static_cast<uint32_t>(std::clamp<uint64_t>(fit > 2 ? fit - 2 : 1, 1, kMaxLookahead));
+  return static_cast<uint32_t>(std::clamp<uint64_t>(fit > 3 ? fit - 3 : 1, 1, kMaxLookahead));
 }
 
 AdamWParams TieredOptimizer::adam_params(uint32_t group, int64_t step, float grad_scale) const {
@@ -394,6 +394,10 @@ Status TieredOptimizer::release_states(const SubGroup& s, int acquired, bool dir
   Status first;
   for (int k = 0; k < acquired; ++k) {
     Status status = scheduler_.release(s.states[k], dirty);
+    // Updated: not needed again until the next step, so it may be written back at once, making
+    // room for the sub-groups read ahead while the drive writes (without the hint write-behind
+    // keeps data its current phase lists, and every read waited for a write).
+    if (status.is_ok() && dirty) status = scheduler_.write_behind(s.states[k]);
     if (first.is_ok() && !status.is_ok()) first = std::move(status);
   }
   return first;

@@ -50,7 +50,7 @@ PinnedSizing size_pinned_budget(const DriveFigures& drive, uint32_t optimizer_th
   out.sub_group_bytes = std::max(out.chunk_bytes, kSubGroupBytesPerThread * threads);
   const uint64_t unit = kStates * out.sub_group_bytes;
   out.window = static_cast<uint32_t>(ceil_div(out.in_flight_bytes, unit) + 1);
-  out.optimizer_bytes = (uint64_t{out.window} + 2) * unit + 2 * out.sub_group_bytes;
+  out.optimizer_bytes = (uint64_t{out.window} + 3) * unit + 2 * out.sub_group_bytes;
   out.budget_bytes = out.staging_bytes + out.optimizer_bytes;
   STRATA_ASSERT(out.budget_bytes > 0 && out.stream_buffers >= kMinStreamBuffers);
 

@@ -557,6 +557,7 @@ Result<AcquireAttempt> Scheduler::attempt_locked(uint32_t index, Tier tier, Acce
 
   STRATA_ASSERT(r.buffer[mi].valid() && r.residency.valid_on(tier));
   ++r.uses;
+  r.done_for_now = false;
   r.use_tier = tier;
   r.last_use_tick = ++tick_;
   r.polled[mi] = false;
@@ -593,6 +594,18 @@ Status Scheduler::release(TensorHandle tensor, bool dirty, void* device_stream) 
   note_state(r);
   pump();
   cv_.notify_all();
+  return Status::ok();
+}
+
+Status Scheduler::write_behind(TensorHandle tensor) {
+  std::lock_guard lock(mu_);
+  STRATA_ASSIGN_OR_RETURN(uint32_t index, registry_.resolve(tensor));
+  TensorRecord& r = registry_.at(index);
+  if (r.uses > 0) {
+    return Status::error(STRATA_E_STATE, "write_behind of " + label(r) + ": acquired");
+  }
+  r.done_for_now = true;
+  pump();
   return Status::ok();
 }
 
@@ -1731,7 +1744,10 @@ void Scheduler::clean_ahead() {
       for (EvictionCandidate& candidate : scratch_) {
         candidate.next_use = next_use(registry_.at(candidate.tensor), tier);
         // Data the current phase still reads stays put; it is likely about to be modified.
-        if (schedule_ && candidate.next_use == 0) continue;
+        if (schedule_ && candidate.next_use == 0 &&
+            !registry_.at(candidate.tensor).done_for_now) {
+          continue;
+        }
         if (!have || better_victim(candidate, best)) {
           best = candidate;
           have = true;

@@ -186,6 +186,11 @@ class Scheduler final : public CompletionSink {
   // release always happens; a non-OK return reports an earlier asynchronous failure of this
   // tensor (e.g. its last write-back), once.
   Status release(TensorHandle tensor, bool dirty, void* device_stream = nullptr);
+  // A hint after release: the caller will not acquire the tensor again soon (the optimizer, a
+  // sub-group it has updated), so write-behind may write its dirty copy back now, though the
+  // schedule's current phase lists it (write-behind otherwise keeps such data, as likely to be
+  // modified again). Holds until the next acquire; never blocks. STRATA_E_STATE while acquired.
+  Status write_behind(TensorHandle tensor);
   // The contents are dead (e.g. gradients after the optimizer step): buffers freed, nothing
   // written back, the tensor becomes Unwritten. Deferred until a transfer in flight ends.
   Status discard(TensorHandle tensor);

@@ -100,6 +100,9 @@ struct TensorRecord {
   uint32_t op = kNoOp;           // the transfer in flight (one at a time per tensor)
   uint32_t range_copies = 0;     // range copies in flight from or into its held copy
   bool discard_pending = false;  // discard() came while a transfer was in flight
+  // Scheduler::write_behind: the caller is done with it until its next acquire, so write-behind
+  // may clean it even while the schedule's current phase lists it.
+  bool done_for_now = false;
   // An asynchronous failure of this tensor not yet reported; until it is, the scheduler does not
   // retry the transfer on its own. It belongs to the tensor: unregistering or discarding the
   // tensor forgets it.

@@ -344,3 +344,47 @@ TEST(Scheduler, NothingLeaksWhenTheSchedulerGoes) {
 
 }  // namespace
 }  // namespace strata::sched
+
+namespace strata::sched {
+namespace {
+
+// Write-behind keeps dirty data the current phase lists (likely to be modified again), so a
+// caller that has finished with a tensor says so: the optimizer's updated sub-groups are then
+// written back while it reads the next ones, instead of each read waiting for a write.
+TEST(Scheduler, WriteBehindCleansATensorTheCurrentPhaseStillListsOnlyWhenTold) {
+  Watchdog watchdog(30);
+  constexpr uint64_t kT = 64 << 10;
+  Harness harness(testing::small_config(4 * kT, 4 * kT, /*headroom=*/0.10));
+  Scheduler& s = harness.s();
+  std::vector<TensorHandle> states;
+  AccessSchedule::Builder builder;
+  builder.begin_phase({PhaseKind::kOptimizer, 0});
+  for (const char* name : {"a", "b", "c", "d"}) {
+    states.push_back(s.register_tensor(testing::flat_spec(name, kT)).value());
+    ASSERT_TRUE(builder.add({states.back(), Tier::kPinned, AccessMode::kRead}).is_ok());
+  }
+  ASSERT_TRUE(s.declare_schedule(std::move(builder).build().value()).is_ok());
+  ASSERT_TRUE(s.begin_step().is_ok());
+  ASSERT_TRUE(s.begin_phase({PhaseKind::kOptimizer, 0}).is_ok());
+  // The pool full of dirty tensors the phase lists: write-behind leaves them all.
+  for (TensorHandle h : states) testing::write_version(s, h, Tier::kPinned, 1, kT);
+  ASSERT_TRUE(s.sync(testing::kWait).is_ok());
+  for (TensorHandle h : states) EXPECT_FALSE(s.describe(h)->valid & kNvmeBit);
+
+  Result<Acquired> held = s.acquire(states[1], Tier::kPinned, AccessMode::kRead, testing::kWait);
+  ASSERT_TRUE(held.is_ok());
+  EXPECT_EQ(s.write_behind(states[1]).code(), STRATA_E_STATE);  // acquired
+  ASSERT_TRUE(s.release(states[1], false).is_ok());
+
+  ASSERT_TRUE(s.write_behind(states[0]).is_ok());
+  ASSERT_TRUE(s.sync(testing::kWait).is_ok());
+  EXPECT_TRUE(s.describe(states[0])->valid & kNvmeBit);  // written back, still resident
+  EXPECT_TRUE(s.describe(states[0])->valid & kPinnedBit);
+  EXPECT_FALSE(s.describe(states[2])->valid & kNvmeBit);
+  testing::expect_version(s, states[0], Tier::kPinned, 1, kT);
+  ASSERT_TRUE(s.end_phase({PhaseKind::kOptimizer, 0}).is_ok());
+  ASSERT_TRUE(s.end_step().is_ok());
+}
+
+}  // namespace
+}  // namespace strata::sched
