@@ -70,7 +70,7 @@ PinnedSizing size_pinned_budget(const DriveFigures& drive, uint32_t optimizer_th
       "sub-group = " + format_bytes(out.sub_group_bytes) + " per state (max of the chunk and " +
           std::to_string(threads) + " optimizer threads x " +
           format_bytes(kSubGroupBytesPerThread) + ")",
-      "optimizer = (" + std::to_string(out.window) + " read ahead + 2) x 3 states x " +
+      "optimizer = (" + std::to_string(out.window) + " read ahead + 3) x 3 states x " +
           format_bytes(out.sub_group_bytes) + " + 2 x " + format_bytes(out.sub_group_bytes) +
           " of pieces = " + format_bytes(out.optimizer_bytes) +
           " (read ahead = ceil(F / 3 sub-group states) + 1)",

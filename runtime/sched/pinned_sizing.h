@@ -12,7 +12,8 @@
 //                   its arithmetic (acquires and releases of three states, the copies of its
 //                   pieces, waking the threads) stays a few percent
 //   window W      = ceil(F / 3S) + 1 sub-groups read ahead: their states keep F in flight
-//   optimizer     = (W + 2) x 3S (read ahead, being updated, being written back)
+//   optimizer     = (W + 3) x 3S (read ahead, being updated, being written back, and one of
+//                   room so that the drive reads the next while it writes one back)
 //                 + 2S (the pinned pieces of a 16-bit parameter and gradient)
 //   budget        = staging + optimizer
 //
