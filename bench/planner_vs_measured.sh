@@ -50,7 +50,10 @@ read -r scale layers seq batch mfu gpu budget < <(python3 - "$measured" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 s, c = j["scaled"], j["config"]
-print(s["scale"], s["layers"], c["seq"], c["batch"], c["mfu"], c["gpu"], c["strata_pinned_budget_bytes"])
+# The budget the run's Strata worker had: the automatic one it sized (config 0) or the one set.
+budget = c["strata_pinned_budget_bytes"] or next(
+    x["pinned_budget_bytes"] for x in j["strategies"] if x["name"] == "strata")
+print(s["scale"], s["layers"], c["seq"], c["batch"], c["mfu"], c["gpu"], budget)
 PY
 )
 plan_command=("$STRATA" plan --model "$MODEL" --scale "$scale" --layers "$layers" --method full
