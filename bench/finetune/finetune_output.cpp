@@ -172,26 +172,26 @@ Result<json> project_full_scale(const FinetunePlan& plan) {
                                                 static_cast<double>(peaks.run)
                                     : 0.0;
   }
-  return json{{"gpu", gpu.name},
-              {"model", full.name},
-              {"parameters", parameter_count(full)},
-              {"nvme", nvme.name},
-              {"tokens_per_step", plan.tokens},
-              {"device_budget_bytes", device_budget},
-              {"strata_pinned_budget_bytes", pinned_budget},
-              {"strata_pinned_budget_derivation",
-               plan.strata_pinned_budget != 0
-                   ? json::array({"as given (--pinned-budget); staging " +
-                                  format_bytes(staging_bytes) + ", sub-groups of " +
-                                  format_bytes(sub_group_bytes) + " per state"})
-                   : json(sizing.derivation)},
-              {"strata_sub_group_bytes", sub_group_bytes},
-              {"strategies", json::array({std::move(strata)})},
-              {"baselines", std::move(baselines)},
-              {"host_reduction", std::move(reduction)},
-              {"note",
-               "DeepSpeed's full-size host bytes come from its buffer rules (the ones the measured "
-               "workers allocate); its full-size step time is not simulated"}};
+  return json{
+      {"gpu", gpu.name},
+      {"model", full.name},
+      {"parameters", parameter_count(full)},
+      {"nvme", nvme.name},
+      {"tokens_per_step", plan.tokens},
+      {"device_budget_bytes", device_budget},
+      {"strata_pinned_budget_bytes", pinned_budget},
+      {"strata_pinned_budget_derivation",
+       plan.strata_pinned_budget != 0
+           ? json::array({"as given (--pinned-budget); staging " + format_bytes(staging_bytes) +
+                          ", sub-groups of " + format_bytes(sub_group_bytes) + " per state"})
+           : json(sizing.derivation)},
+      {"strata_sub_group_bytes", sub_group_bytes},
+      {"strategies", json::array({std::move(strata)})},
+      {"baselines", std::move(baselines)},
+      {"host_reduction", std::move(reduction)},
+      {"note",
+       "DeepSpeed's full-size host bytes come from its buffer rules (the ones the measured "
+       "workers allocate); its full-size step time is not simulated"}};
 }
 
 json results_json(const FinetunePlan& plan, const std::vector<StrategyResult>& results,

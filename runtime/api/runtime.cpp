@@ -208,8 +208,8 @@ StreamingShape streaming_shape(const strata_config& c) {
   }
   // Automatic: the default chunk, halved until the staging buffers take at most a quarter of
   // the pinned budget; without room for the smallest chunk, no streaming.
-  const sched::StreamShape automatic = sched::stream_shape_for_budget(c.pinned_budget_bytes,
-                                                                      shape.buffers);
+  const sched::StreamShape automatic =
+      sched::stream_shape_for_budget(c.pinned_budget_bytes, shape.buffers);
   if (automatic.chunk_bytes == 0) return {};
   shape.chunk_bytes = automatic.chunk_bytes;
   return shape;

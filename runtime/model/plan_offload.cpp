@@ -112,8 +112,7 @@ Result<OffloadEstimate> run_simulation(const OffloadJob& job, const StrataLayout
                                        const sched::MemoryPlan& memory, uint64_t pinned_budget) {
   const std::string& policy = memory.policy;
   const uint32_t simulated_passes = std::min(job.grad_accum, kMaxSimulatedMicroBatches);
-  Result<sched::SimulationResult> simulated =
-      simulate_step(job, layout, memory, simulated_passes);
+  Result<sched::SimulationResult> simulated = simulate_step(job, layout, memory, simulated_passes);
   if (!simulated) {
     return std::move(simulated).take_status().with_context("simulating " + policy +
                                                            " NVMe offload");
@@ -265,9 +264,8 @@ sched::DeviceModel offload_device_model(const OffloadJob& job) {
 
 Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job) {
   // The automatic budget, as the runtime sizes it from the drive: the least that keeps it busy.
-  const sched::PinnedSizing sizing =
-      strata_pinned_sizing(job.nvme_read_gbps, job.nvme_write_gbps, job.optimizer_threads,
-                           job.drive_queue_depth);
+  const sched::PinnedSizing sizing = strata_pinned_sizing(
+      job.nvme_read_gbps, job.nvme_write_gbps, job.optimizer_threads, job.drive_queue_depth);
   uint64_t pinned = sizing.budget_bytes;
   uint64_t staging = sizing.staging_bytes;
   uint64_t sub_group = sizing.sub_group_bytes;
@@ -285,9 +283,8 @@ Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job) {
     sub_group = sched::sub_group_bytes_for_pool(pinned - staging);
   }
   StrataLayout layout;
-  layout.inventory = job.optimizer_on_host
-                         ? sched::split_optimizer_states(job.inventory, sub_group)
-                         : job.inventory;
+  layout.inventory = job.optimizer_on_host ? sched::split_optimizer_states(job.inventory, sub_group)
+                                           : job.inventory;
   layout.optimizer_device_bytes = job.device_budget_bytes * job.gpus;
   layout.stream_chunk_bytes = chunk;
   STRATA_ASSIGN_OR_RETURN(
@@ -295,11 +292,11 @@ Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job) {
       run_simulation(job, layout,
                      sched::strata_memory_plan(pinned, job.device_budget_bytes * job.gpus, staging),
                      pinned));
-  e.pinned_derivation = given ? std::vector<std::string>{"pinned budget = " + format_bytes(pinned) +
-                                                         " as given; staging " +
-                                                         format_bytes(staging) + ", sub-groups of " +
-                                                         format_bytes(sub_group) + " per state"}
-                              : sizing.derivation;
+  e.pinned_derivation =
+      given ? std::vector<std::string>{"pinned budget = " + format_bytes(pinned) +
+                                       " as given; staging " + format_bytes(staging) +
+                                       ", sub-groups of " + format_bytes(sub_group) + " per state"}
+            : sizing.derivation;
   return e;
 }
 

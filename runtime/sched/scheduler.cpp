@@ -1744,8 +1744,7 @@ void Scheduler::clean_ahead() {
       for (EvictionCandidate& candidate : scratch_) {
         candidate.next_use = next_use(registry_.at(candidate.tensor), tier);
         // Data the current phase still reads stays put; it is likely about to be modified.
-        if (schedule_ && candidate.next_use == 0 &&
-            !registry_.at(candidate.tensor).done_for_now) {
+        if (schedule_ && candidate.next_use == 0 && !registry_.at(candidate.tensor).done_for_now) {
           continue;
         }
         if (!have || better_victim(candidate, best)) {

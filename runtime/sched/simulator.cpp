@@ -117,8 +117,7 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
     RegisterOptions options;
     // The sub-grouped optimizer's pieces live in pinned memory for the whole run.
     const bool piece = spec.kind == TensorKind::kOther && spec.name.rfind("optimizer#", 0) == 0;
-    const bool pinned_home =
-        piece || (config.memory.pinned_home_kinds & kind_bit(spec.kind)) != 0;
+    const bool pinned_home = piece || (config.memory.pinned_home_kinds & kind_bit(spec.kind)) != 0;
     options.home = pinned_home ? Tier::kPinned : Tier::kNvme;
     options.contents_on_nvme = spec.kind != TensorKind::kGradient &&
                                spec.kind != TensorKind::kActivationCheckpoint && !pinned_home;
@@ -206,16 +205,16 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
           const Access& to = phase.accesses.at(c.to).access;
           uint64_t ticket = 0;
           for (;;) {
-            Result<uint64_t> started =
-                scheduler.start_copy_range(from.tensor, from.tier, c.from_offset, to.tensor,
-                                           to.tier, c.to_offset, c.bytes, std::chrono::nanoseconds(0));
+            Result<uint64_t> started = scheduler.start_copy_range(
+                from.tensor, from.tier, c.from_offset, to.tensor, to.tier, c.to_offset, c.bytes,
+                std::chrono::nanoseconds(0));
             if (started) {
               ticket = *started;
               break;
             }
             if (started.status().code() != STRATA_E_TIMEOUT || !backend.deliver_next()) {
-              return std::move(started).take_status().with_context(
-                  "simulate, phase " + phase_label(phase.key));
+              return std::move(started).take_status().with_context("simulate, phase " +
+                                                                   phase_label(phase.key));
             }
           }
           for (;;) {

@@ -117,8 +117,8 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
       if (inventory[i].name == kOptimizerPieceNames[k]) pieces[k] = static_cast<int>(i);
     }
   }
-  const bool have_pieces = std::all_of(std::begin(pieces), std::end(pieces),
-                                       [](int piece) { return piece >= 0; });
+  const bool have_pieces =
+      std::all_of(std::begin(pieces), std::end(pieces), [](int piece) { return piece >= 0; });
 
   TrainingStep step;
   step.layers = static_cast<uint32_t>(layers);
@@ -179,9 +179,8 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
         // a pinned copy held whole; on the device the rest of it stays); without one the
         // parameter is the master and is updated in place.
         const bool fresh = !group.master.empty() && k == 0 && !on_device;
-        phase.accesses.push_back(access(group.param, held,
-                                        fresh ? AccessMode::kOverwrite : AccessMode::kRead, true,
-                                        false));
+        phase.accesses.push_back(access(
+            group.param, held, fresh ? AccessMode::kOverwrite : AccessMode::kRead, true, false));
         if (on_device) {
           const size_t grad_at = 0, param_at = phase.accesses.size() - 1;
           const int slot = static_cast<int>(k % 2);
@@ -249,15 +248,15 @@ std::vector<TensorSpec> split_optimizer_states(std::span<const TensorSpec> inven
   const uint64_t per_group = sub_group_bytes / sizeof(float);
   uint64_t widest_piece = 0;
   std::unordered_map<std::string_view, uint32_t> widths;  // a parameter's or gradient's bytes
-  for (const TensorSpec& spec : inventory) {                // per element, the wider of the two
+  for (const TensorSpec& spec : inventory) {              // per element, the wider of the two
     if (spec.kind == TensorKind::kParameter || spec.kind == TensorKind::kGradient) {
       uint32_t& w = widths[base_name(spec.name)];
       w = std::max(w, dtype_size(spec.dtype));
     }
   }
   for (const TensorSpec& spec : inventory) {
-    const bool state = spec.kind == TensorKind::kMasterWeight ||
-                       spec.kind == TensorKind::kAdamM || spec.kind == TensorKind::kAdamV;
+    const bool state = spec.kind == TensorKind::kMasterWeight || spec.kind == TensorKind::kAdamM ||
+                       spec.kind == TensorKind::kAdamV;
     if (!state || per_group == 0 || spec.elements() <= per_group) {
       if (state) {
         widest_piece = std::max(widest_piece, spec.elements() * widths[base_name(spec.name)]);

@@ -272,13 +272,14 @@ TEST(SimulatorValidation, StepTimeAndPeakPinnedMatchARealRunWithin15Percent) {
   // transfers are issued ahead of the acquire that needs them, and most acquires find their
   // tensor ready, so the I/O ran while the loop computed. The time hidden is printed: on an idle
   // 2-core VM, nvme busy 0.24-0.26 s against a stall of 0.14-0.17 s.
-  std::printf("overlap: %llu transfers ahead of demand, %llu on demand; %llu of %llu acquires "
-              "ready; %.3f s of I/O hidden behind compute\n",
-              static_cast<unsigned long long>(real->prefetch_transfers),
-              static_cast<unsigned long long>(real->demand_transfers),
-              static_cast<unsigned long long>(real->acquire_hits),
-              static_cast<unsigned long long>(real->acquires),
-              real->nvme_busy_seconds - real->stall_seconds);
+  std::printf(
+      "overlap: %llu transfers ahead of demand, %llu on demand; %llu of %llu acquires "
+      "ready; %.3f s of I/O hidden behind compute\n",
+      static_cast<unsigned long long>(real->prefetch_transfers),
+      static_cast<unsigned long long>(real->demand_transfers),
+      static_cast<unsigned long long>(real->acquire_hits),
+      static_cast<unsigned long long>(real->acquires),
+      real->nvme_busy_seconds - real->stall_seconds);
   EXPECT_GT(real->prefetch_transfers, 2 * real->demand_transfers)
       << "transfers were issued on demand rather than ahead of it";
   EXPECT_GT(2 * real->acquire_hits, real->acquires) << "most acquires waited for their tensor";

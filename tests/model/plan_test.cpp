@@ -351,9 +351,8 @@ TEST(NvmeOffload, DeviceModelSpreadsTheFormulasComputeOverTheSimulatedLayers) {
 // pinned memory, issue 16's full-scale target being at most 8 GB of host RAM.
 TEST(NvmeOffload, WithoutHostRamTheBudgetIsTheAutomaticOneSizedFromTheDrive) {
   const GpuPlan g = nvme_plan(request("llama-2-70b", FinetuneMethod::kFull), "h100-sxm");
-  const sched::PinnedSizing sizing =
-      strata_pinned_sizing(g.job.nvme_read_gbps, g.job.nvme_write_gbps, kPlanOptimizerThreads,
-                           kPlanDriveQueueDepth);
+  const sched::PinnedSizing sizing = strata_pinned_sizing(
+      g.job.nvme_read_gbps, g.job.nvme_write_gbps, kPlanOptimizerThreads, kPlanDriveQueueDepth);
   EXPECT_EQ(g.stages.pinned_budget_bytes, sizing.budget_bytes);
   EXPECT_EQ(g.stages.pinned_derivation, sizing.derivation);
   EXPECT_LE(g.stages.peak_pinned_bytes, g.stages.pinned_budget_bytes);

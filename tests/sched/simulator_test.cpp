@@ -7,8 +7,8 @@
 #include <chrono>
 #include <cstdio>
 
-#include "model/inventory.h"
 #include "common/units.h"
+#include "model/inventory.h"
 #include "model/model_config.h"
 #include "sanitizers.h"
 #include "sched/sched_test_util.h"
