@@ -4,9 +4,11 @@
 // simulate in seconds because nothing is allocated, copied or slept.
 //
 // What it models: per-link FIFO transfers with rates and latencies (device_model.h), prefetch,
-// eviction and write-back exactly as the scheduler decides them, GPU compute per layer, the CPU
-// optimizer per parameter, a host-side overflow check when the memory plan has one, pools with
-// their size classes and up-front reservations. What it leaves out: activations and framework
+// eviction and write-back exactly as the scheduler decides them, streamed device transfers when
+// the memory plan has staging, GPU compute per layer, the CPU optimizer per parameter or, for an
+// inventory laid out by split_optimizer_states, per sub-group with the pieces' range copies
+// (training_step.h), a host-side overflow check when the memory plan has one, pools with their
+// size classes and up-front reservations. What it leaves out: activations and framework
 // memory on the device, CPU memory bandwidth contention, NUMA, the optimizer overlapping the
 // backward pass (phases run one after another, as in ZeRO-Infinity).
 #pragma once
