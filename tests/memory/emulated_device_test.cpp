@@ -10,6 +10,7 @@
 
 #include "memory/device.h"
 #include "memory/host_memory.h"
+#include "sanitizers.h"
 
 namespace strata::memory {
 namespace {
@@ -219,6 +220,10 @@ TEST(EmulatedDevice, ItsMemoryIsExcludedFromHostAccountingExactly) {
   GTEST_SKIP() << "ThreadSanitizer shadows the device's pages with anonymous memory";
 #endif
   constexpr uint64_t kBytes = 128 << 20;
+  // What the process itself may grow by meanwhile (the stream's worker, the copies' chunk):
+  // AddressSanitizer's allocator and interceptors add about 18 MiB of their own here. Either
+  // way far below the 128 MiB the device holds, which the accounting must leave out.
+  const uint64_t slack = strata::testing::kSanitized ? (32 << 20) : (8 << 20);
   auto device = open_emulated(256 << 20);
   Result<ProcMemory> before = read_proc_memory();
   ASSERT_TRUE(before.is_ok());
@@ -241,18 +246,18 @@ TEST(EmulatedDevice, ItsMemoryIsExcludedFromHostAccountingExactly) {
   EXPECT_GE(after->rss_shmem + (4 << 20), before->rss_shmem + kBytes);  // the OS sees it...
   EXPECT_GE(after->vm_rss + (4 << 20), before->vm_rss + kBytes);
   const uint64_t host_after = host_bytes_excluding(*after, device.get());
-  EXPECT_LT(host_after, host_before + (8 << 20));  // ...and host accounting leaves it out
+  EXPECT_LT(host_after, host_before + slack);  // ...and host accounting leaves it out
 
   HostMemorySampler sampler({std::chrono::milliseconds(1), device.get()});
   sampler.sample_now();
-  EXPECT_LT(sampler.peak_host_bytes_excluding_device(), after->vm_rss - kBytes + (8 << 20));
+  EXPECT_LT(sampler.peak_host_bytes_excluding_device(), after->vm_rss - kBytes + slack);
 
   // What strata_get_stats reports from the same two readings (api/stats.cpp).
   Result<ProcMemory> now = read_proc_memory();
   ASSERT_TRUE(now.is_ok());
   EXPECT_EQ(device->host_resident_bytes(), kBytes);
   EXPECT_GE(now->vm_hwm, kBytes);
-  EXPECT_LT(host_bytes_excluding(*now, device.get()), now->vm_rss - kBytes + (8 << 20));
+  EXPECT_LT(host_bytes_excluding(*now, device.get()), now->vm_rss - kBytes + slack);
 
   // Freed device memory stays resident, as a GPU's slab does (reuse faults no page in again),
   // and host accounting still leaves it out.
@@ -260,7 +265,7 @@ TEST(EmulatedDevice, ItsMemoryIsExcludedFromHostAccountingExactly) {
   EXPECT_EQ(device->host_resident_bytes(), kBytes);
   Result<ProcMemory> freed = read_proc_memory();
   ASSERT_TRUE(freed.is_ok());
-  EXPECT_LT(host_bytes_excluding(*freed, device.get()), host_before + (8 << 20));
+  EXPECT_LT(host_bytes_excluding(*freed, device.get()), host_before + slack);
 }
 
 TEST(DeviceOpen, AutoFallsBackToTheEmulatedDeviceWithoutAUsableGpu) {
