@@ -111,27 +111,18 @@ Result<json> project_full_scale(const FinetunePlan& plan) {
       sched::size_pinned_budget(drive, static_cast<uint32_t>(optim::affinity_cpu_count()));
   // A budget given exactly is split as the runtime splits it: its automatic staging, and
   // sub-groups of a sixteenth of the pool left.
-  uint64_t pinned_budget = sizing.budget_bytes;
-  uint64_t staging_bytes = sizing.staging_bytes;
-  uint64_t sub_group_bytes = sizing.sub_group_bytes;
-  d.stream_chunk_bytes = static_cast<double>(sizing.chunk_bytes);
-  if (plan.strata_pinned_budget != 0) {
-    const sched::StreamShape shape = sched::stream_shape_for_budget(plan.strata_pinned_budget);
-    pinned_budget = plan.strata_pinned_budget;
-    staging_bytes = shape.staging_bytes();
-    sub_group_bytes = sched::sub_group_bytes_for_pool(pinned_budget - staging_bytes);
-    if (shape.chunk_bytes != 0) d.stream_chunk_bytes = static_cast<double>(shape.chunk_bytes);
-  }
+  const sched::PinnedSplit split = sched::split_pinned_budget(sizing, plan.strata_pinned_budget);
+  if (split.chunk_bytes != 0) d.stream_chunk_bytes = static_cast<double>(split.chunk_bytes);
 
   // Strata through the simulator, with the measured run's order of updates and its optimizer's
   // layout: states in sub-groups of the sizing's size, each parameter and gradient held on the
   // device for its update and reached through the pinned pieces.
   sched::SimulationConfig c = config;
-  c.memory = sched::strata_memory_plan(pinned_budget, device_budget, staging_bytes);
+  c.memory = sched::strata_memory_plan(split.budget_bytes, device_budget, split.staging_bytes);
   c.step.optimizer_overlap = plan.options.optimizer_overlap == "on";
   c.step.optimizer_device_bytes = device_budget;
   const std::vector<TensorSpec> sub_grouped =
-      sched::split_optimizer_states(inventory, sub_group_bytes);
+      sched::split_optimizer_states(inventory, split.sub_group_bytes);
   STRATA_ASSIGN_OR_RETURN(sched::SimulationResult r, sched::simulate(sub_grouped, c),
                           "simulating strata");
   json strata = {{"name", c.step.optimizer_overlap ? kStrataOverlapName : kStrataName},
@@ -172,26 +163,21 @@ Result<json> project_full_scale(const FinetunePlan& plan) {
                                                 static_cast<double>(peaks.run)
                                     : 0.0;
   }
-  return json{
-      {"gpu", gpu.name},
-      {"model", full.name},
-      {"parameters", parameter_count(full)},
-      {"nvme", nvme.name},
-      {"tokens_per_step", plan.tokens},
-      {"device_budget_bytes", device_budget},
-      {"strata_pinned_budget_bytes", pinned_budget},
-      {"strata_pinned_budget_derivation",
-       plan.strata_pinned_budget != 0
-           ? json::array({"as given (--pinned-budget); staging " + format_bytes(staging_bytes) +
-                          ", sub-groups of " + format_bytes(sub_group_bytes) + " per state"})
-           : json(sizing.derivation)},
-      {"strata_sub_group_bytes", sub_group_bytes},
-      {"strategies", json::array({std::move(strata)})},
-      {"baselines", std::move(baselines)},
-      {"host_reduction", std::move(reduction)},
-      {"note",
-       "DeepSpeed's full-size host bytes come from its buffer rules (the ones the measured "
-       "workers allocate); its full-size step time is not simulated"}};
+  return json{{"gpu", gpu.name},
+              {"model", full.name},
+              {"parameters", parameter_count(full)},
+              {"nvme", nvme.name},
+              {"tokens_per_step", plan.tokens},
+              {"device_budget_bytes", device_budget},
+              {"strata_pinned_budget_bytes", split.budget_bytes},
+              {"strata_pinned_budget_derivation", split.derivation},
+              {"strata_sub_group_bytes", split.sub_group_bytes},
+              {"strategies", json::array({std::move(strata)})},
+              {"baselines", std::move(baselines)},
+              {"host_reduction", std::move(reduction)},
+              {"note",
+               "DeepSpeed's full-size host bytes come from its buffer rules (the ones the measured "
+               "workers allocate); its full-size step time is not simulated"}};
 }
 
 json results_json(const FinetunePlan& plan, const std::vector<StrategyResult>& results,

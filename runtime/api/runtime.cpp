@@ -161,14 +161,15 @@ Result<strata_config> normalize_config(const strata_config* in) {
   }
   const uint64_t chunk = c.stream_chunk_bytes;
   if (chunk != 0 && chunk != STRATA_STREAMING_OFF &&
-      (chunk < kMinStreamChunk || chunk > kMaxStreamChunk || (chunk & (chunk - 1)) != 0)) {
+      (chunk < sched::kMinStreamChunkBytes || chunk > sched::kMaxStreamChunkBytes ||
+       (chunk & (chunk - 1)) != 0)) {
     return invalid_argument("config.stream_chunk_bytes " + std::to_string(chunk) +
                             " must be a power of two from 64 KiB to 64 MiB (or 0, or "
                             "STRATA_STREAMING_OFF)");
   }
-  if (c.stream_buffers > kMaxStreamBuffers) {
+  if (c.stream_buffers > sched::kMaxStreamBuffers) {
     return invalid_argument("config.stream_buffers is limited to " +
-                            std::to_string(kMaxStreamBuffers) + " per direction");
+                            std::to_string(sched::kMaxStreamBuffers) + " per direction");
   }
   if ((c.drive_read_bytes_per_s == 0) != (c.drive_write_bytes_per_s == 0)) {
     return invalid_argument(
@@ -201,18 +202,16 @@ StreamingShape streaming_shape(const strata_config& c) {
     return {};
   }
   StreamingShape shape;
-  shape.buffers = c.stream_buffers != 0 ? c.stream_buffers : kDefaultStreamBuffers;
+  shape.buffers = c.stream_buffers != 0 ? c.stream_buffers : sched::kDefaultBudgetStreamBuffers;
   if (c.stream_chunk_bytes != 0) {
     shape.chunk_bytes = c.stream_chunk_bytes;
     return shape;
   }
   // Automatic: the default chunk, halved until the staging buffers take at most a quarter of
   // the pinned budget; without room for the smallest chunk, no streaming.
-  const sched::StreamShape automatic =
+  const StreamingShape automatic =
       sched::stream_shape_for_budget(c.pinned_budget_bytes, shape.buffers);
-  if (automatic.chunk_bytes == 0) return {};
-  shape.chunk_bytes = automatic.chunk_bytes;
-  return shape;
+  return automatic.on() ? automatic : StreamingShape{};
 }
 
 Result<std::unique_ptr<Runtime>> Runtime::create(const strata_config& in, uint16_t handle_owner) {

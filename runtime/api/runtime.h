@@ -108,17 +108,8 @@ Result<strata_config> normalize_config(const strata_config* in);
 // with the automatic values filled in. Off (chunk 0) for policy ZERO_INFINITY, the
 // file-per-tensor layout, STRATA_STREAMING_OFF, and automatically where the pinned budget has
 // no room for the smallest chunk.
-inline constexpr uint64_t kMinStreamChunk = uint64_t{64} << 10;
-inline constexpr uint64_t kMaxStreamChunk = uint64_t{64} << 20;
-inline constexpr uint64_t kDefaultStreamChunk = uint64_t{4} << 20;
-inline constexpr uint32_t kDefaultStreamBuffers = 4;
-inline constexpr uint32_t kMaxStreamBuffers = 64;
-struct StreamingShape {
-  uint64_t chunk_bytes = 0;
-  uint32_t buffers = 0;  // per direction
-  bool on() const { return chunk_bytes != 0; }
-  uint64_t staging_bytes() const { return 2 * uint64_t{buffers} * chunk_bytes; }
-};
+// Chunk and buffer limits and defaults: sched/pinned_sizing.h's.
+using StreamingShape = sched::StreamShape;
 StreamingShape streaming_shape(const strata_config& c);
 
 }  // namespace strata::api

@@ -101,9 +101,7 @@ class EmulatedDevice final : public Device, public EmulatedDeviceControl {
     // in the slab cudaMalloc'd once: giving them back made every later allocation fault its pages
     // in again (a zeroed page per 4 KiB on first touch, even to read), a cost no GPU has and one
     // that was 40% of the main job's step (docs/reliability.md, finding 23).
-    STRATA_ASSIGN_OR_RETURN(DeviceSlab::Freed freed, slab_.free(ptr));
-    (void)freed;
-    return Status::ok();
+    return slab_.free(ptr).status();
   }
 
   bool owns(const void* ptr) const override { return slab_.owns(ptr); }

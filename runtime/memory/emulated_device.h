@@ -3,7 +3,8 @@
 //
 // Its memory is a memfd (shared memory) mapping, not anonymous memory, so the kernel reports it
 // apart (RssShmem, and the memfd's own block count) and host accounting can leave it out exactly.
-// Freed ranges are punched out of the memfd, so its host footprint follows what it holds.
+// Freed ranges keep their pages, as a GPU's slab keeps its memory: the memfd holds the most the
+// device has touched (at most its budget), and reusing a range faults nothing in again.
 //
 // Each copy stream has one worker thread and a fixed-size queue (no allocation per copy): copies
 // run in queue order, asynchronously to the caller, and events complete only when the work before

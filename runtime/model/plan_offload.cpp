@@ -266,37 +266,27 @@ Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job) {
   // The automatic budget, as the runtime sizes it from the drive: the least that keeps it busy.
   const sched::PinnedSizing sizing = strata_pinned_sizing(
       job.nvme_read_gbps, job.nvme_write_gbps, job.optimizer_threads, job.drive_queue_depth);
-  uint64_t pinned = sizing.budget_bytes;
-  uint64_t staging = sizing.staging_bytes;
-  uint64_t sub_group = sizing.sub_group_bytes;
-  uint64_t chunk = sizing.chunk_bytes;
-  std::optional<uint64_t> given = job.strata_pinned_bytes;
-  if (!given && job.host_budget_bytes && *job.host_budget_bytes > pinned) {
-    given = *job.host_budget_bytes;  // RAM given to the pool: more states cached across steps
+  // The RAM given to the pool, when more than that: more states cached across steps. Either
+  // budget set exactly is spent by the runtime's rules for one (sched/pinned_sizing.h).
+  uint64_t exact = job.strata_pinned_bytes.value_or(0);
+  if (exact == 0 && job.host_budget_bytes && *job.host_budget_bytes > sizing.budget_bytes) {
+    exact = *job.host_budget_bytes;
   }
-  if (given) {
-    // A budget set exactly is split by the runtime's rules for one (sched/pinned_sizing.h).
-    pinned = std::max(align_down(*given, kPageSize), kPageSize);
-    const sched::StreamShape shape = sched::stream_shape_for_budget(pinned);
-    staging = shape.staging_bytes();
-    chunk = shape.chunk_bytes;
-    sub_group = sched::sub_group_bytes_for_pool(pinned - staging);
-  }
+  if (exact != 0) exact = std::max(align_down(exact, kPageSize), kPageSize);
+  const sched::PinnedSplit split = sched::split_pinned_budget(sizing, exact);
   StrataLayout layout;
-  layout.inventory = job.optimizer_on_host ? sched::split_optimizer_states(job.inventory, sub_group)
-                                           : job.inventory;
+  layout.inventory = job.optimizer_on_host
+                         ? sched::split_optimizer_states(job.inventory, split.sub_group_bytes)
+                         : job.inventory;
   layout.optimizer_device_bytes = job.device_budget_bytes * job.gpus;
-  layout.stream_chunk_bytes = chunk;
-  STRATA_ASSIGN_OR_RETURN(
-      OffloadEstimate e,
-      run_simulation(job, layout,
-                     sched::strata_memory_plan(pinned, job.device_budget_bytes * job.gpus, staging),
-                     pinned));
-  e.pinned_derivation =
-      given ? std::vector<std::string>{"pinned budget = " + format_bytes(pinned) +
-                                       " as given; staging " + format_bytes(staging) +
-                                       ", sub-groups of " + format_bytes(sub_group) + " per state"}
-            : sizing.derivation;
+  layout.stream_chunk_bytes = split.chunk_bytes;
+  STRATA_ASSIGN_OR_RETURN(OffloadEstimate e,
+                          run_simulation(job, layout,
+                                         sched::strata_memory_plan(
+                                             split.budget_bytes, job.device_budget_bytes * job.gpus,
+                                             split.staging_bytes),
+                                         split.budget_bytes));
+  e.pinned_derivation = split.derivation;
   return e;
 }
 

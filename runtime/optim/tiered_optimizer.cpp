@@ -211,8 +211,8 @@ size_t TieredOptimizer::param_count() {
 
 uint32_t TieredOptimizer::lookahead() const {
   // Sub-groups that fit beside what a held parameter and gradient keep in pinned memory (their
-  // pieces, or the two whole where that is less), less the one being updated and the one being
-  // written back.
+  // pieces, or the two whole where that is less), less the one being updated, the one being
+  // written back and one of room, so that the next read runs while that write does.
   uint64_t largest = 0, unit = 0;
   const uint64_t pieces = uint64_t{2} * Pieces::kSlots * max_piece_bytes();
   for (const Param& p : params_) {

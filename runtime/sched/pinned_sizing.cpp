@@ -9,7 +9,6 @@
 namespace strata::sched {
 namespace {
 
-constexpr uint64_t kMinChunkBytes = uint64_t{64} << 10;
 constexpr uint64_t kStates = 3;  // master, m, v
 
 uint64_t ceil_div(uint64_t a, uint64_t b) {
@@ -31,11 +30,11 @@ PinnedSizing size_pinned_budget(const DriveFigures& drive, uint32_t optimizer_th
   const double little =
       std::max(drive.read_bytes_per_s, drive.write_bytes_per_s) * std::max(drive.latency_s, 0.0);
   out.in_flight_bytes = std::max<uint64_t>(queue, static_cast<uint64_t>(std::ceil(little)));
-  out.in_flight_bytes = std::max(out.in_flight_bytes, kMinChunkBytes * kMinStreamBuffers);
+  out.in_flight_bytes = std::max(out.in_flight_bytes, kMinStreamChunkBytes * kMinStreamBuffers);
 
   out.chunk_bytes = chunk_bytes != 0 ? chunk_bytes : kDefaultStreamChunkBytes;
   if (chunk_bytes == 0) {
-    while (out.chunk_bytes > kMinChunkBytes &&
+    while (out.chunk_bytes > kMinStreamChunkBytes &&
            out.chunk_bytes * kMinStreamBuffers > out.in_flight_bytes) {
       out.chunk_bytes /= 2;
     }
@@ -85,7 +84,7 @@ StreamShape stream_shape_for_budget(uint64_t pinned_budget, uint32_t buffers) {
   shape.buffers = buffers != 0 ? buffers : kDefaultBudgetStreamBuffers;
   const uint64_t share = pinned_budget / 4 / (2 * uint64_t{shape.buffers});
   uint64_t chunk = kDefaultStreamChunkBytes;
-  while (chunk > share && chunk > kMinChunkBytes) chunk /= 2;
+  while (chunk > share && chunk > kMinStreamChunkBytes) chunk /= 2;
   shape.chunk_bytes = chunk <= share ? chunk : 0;
   return shape;
 }
@@ -98,6 +97,23 @@ uint64_t sub_group_bytes_for_pool(uint64_t pinned_pool_bytes) {
   constexpr uint64_t kShare = 16, kPage = 4096;
   constexpr uint64_t kMin = uint64_t{64} << 10, kMax = uint64_t{64} << 20;
   return std::clamp(pinned_pool_bytes / kShare / kPage * kPage, kMin, kMax);
+}
+
+PinnedSplit split_pinned_budget(const PinnedSizing& automatic, uint64_t exact) {
+  if (exact == 0) {
+    return {automatic.budget_bytes, automatic.staging_bytes, automatic.chunk_bytes,
+            automatic.sub_group_bytes, automatic.derivation};
+  }
+  const StreamShape shape = stream_shape_for_budget(exact);
+  PinnedSplit split{exact,
+                    shape.staging_bytes(),
+                    shape.chunk_bytes,
+                    sub_group_bytes_for_pool(exact - shape.staging_bytes()),
+                    {}};
+  split.derivation = {"pinned budget = " + format_bytes(exact) + " as given; staging " +
+                      format_bytes(split.staging_bytes) + ", sub-groups of " +
+                      format_bytes(split.sub_group_bytes) + " per state"};
+  return split;
 }
 
 }  // namespace strata::sched

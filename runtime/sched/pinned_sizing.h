@@ -51,6 +51,9 @@ struct PinnedSizing {
   std::vector<std::string> derivation;
 };
 
+// Stream chunks are powers of two in [kMinStreamChunkBytes, kMaxStreamChunkBytes].
+inline constexpr uint64_t kMinStreamChunkBytes = uint64_t{64} << 10;
+inline constexpr uint64_t kMaxStreamChunkBytes = uint64_t{64} << 20;
 inline constexpr uint64_t kDefaultStreamChunkBytes = uint64_t{4} << 20;
 inline constexpr uint32_t kMinStreamBuffers = 2;
 inline constexpr uint32_t kMaxStreamBuffers = 64;
@@ -64,11 +67,24 @@ inline constexpr uint64_t kSubGroupBytesPerThread = uint64_t{4} << 20;
 struct StreamShape {
   uint64_t chunk_bytes = 0;  // 0: no streaming
   uint32_t buffers = 0;      // per direction
+  bool on() const { return chunk_bytes != 0; }
   uint64_t staging_bytes() const { return 2 * uint64_t{buffers} * chunk_bytes; }
 };
 inline constexpr uint32_t kDefaultBudgetStreamBuffers = 4;
 StreamShape stream_shape_for_budget(uint64_t pinned_budget, uint32_t buffers = 0);
 uint64_t sub_group_bytes_for_pool(uint64_t pinned_pool_bytes);
+
+// How a pinned budget is spent, as the runtime spends it: the automatic one as `automatic` sized
+// it, or one set exactly (`exact`) by the two rules above. The simulated runs (strata plan, the
+// benchmark's full-scale projection) take their memory plan and sub-groups from it.
+struct PinnedSplit {
+  uint64_t budget_bytes = 0;
+  uint64_t staging_bytes = 0;
+  uint64_t chunk_bytes = 0;  // 0: no streaming
+  uint64_t sub_group_bytes = 0;
+  std::vector<std::string> derivation;  // the automatic sizing's lines, or one for a budget set
+};
+PinnedSplit split_pinned_budget(const PinnedSizing& automatic, uint64_t exact = 0);
 
 // optimizer_threads: the CPU optimizer's threads (>= 1). chunk_bytes: the stream chunk (0:
 // kDefaultStreamChunkBytes, halved while F holds fewer than two). stream_buffers: per direction

@@ -698,39 +698,39 @@ Result<uint64_t> Scheduler::start_copy_range(TensorHandle from, Tier from_tier,
   }
 }
 
+Result<Scheduler::RangeCopy*> Scheduler::range_copy_locked(uint64_t ticket) {
+  for (RangeCopy& c : range_copies_) {
+    if (ticket != 0 && c.ticket == ticket && !c.abandoned) return &c;
+  }
+  return Status::error(STRATA_E_STATE, "range copy " + std::to_string(ticket) +
+                                           " is unknown or was waited for already");
+}
+
+Status Scheduler::redeem_locked(RangeCopy& copy) {
+  STRATA_ASSERT(copy.done);
+  Status status = std::move(copy.status);
+  copy = RangeCopy{};
+  return status;
+}
+
 Status Scheduler::wait_copy_range(uint64_t ticket, std::chrono::nanoseconds timeout) {
   const Clock::time_point deadline = deadline_after(timeout);
   std::unique_lock lock(mu_);
-  RangeCopy* copy = nullptr;
-  for (RangeCopy& c : range_copies_) {
-    if (ticket != 0 && c.ticket == ticket && !c.abandoned) copy = &c;
-  }
-  if (copy == nullptr) {
-    return Status::error(STRATA_E_STATE, "range copy " + std::to_string(ticket) +
-                                             " is unknown or was waited for already");
-  }
+  STRATA_ASSIGN_OR_RETURN(RangeCopy * copy, range_copy_locked(ticket));
   if (!cv_.wait_until(lock, deadline, [&] { return copy->done; })) {
     copy->abandoned = true;
     return Status::error(STRATA_E_TIMEOUT, "range copy " + std::to_string(ticket) +
                                                " did not end in " + millis(timeout));
   }
-  Status status = std::move(copy->status);
-  *copy = RangeCopy{};
-  return status;
+  return redeem_locked(*copy);
 }
 
 Result<bool> Scheduler::poll_copy_range(uint64_t ticket) {
   std::lock_guard lock(mu_);
-  for (RangeCopy& c : range_copies_) {
-    if (ticket == 0 || c.ticket != ticket || c.abandoned) continue;
-    if (!c.done) return false;
-    Status status = std::move(c.status);
-    c = RangeCopy{};
-    STRATA_TRY(std::move(status));
-    return true;
-  }
-  return Status::error(STRATA_E_STATE, "range copy " + std::to_string(ticket) +
-                                           " is unknown or was waited for already");
+  STRATA_ASSIGN_OR_RETURN(RangeCopy * copy, range_copy_locked(ticket));
+  if (!copy->done) return false;
+  STRATA_TRY(redeem_locked(*copy));
+  return true;
 }
 
 Status Scheduler::reserve(TensorHandle tensor, Tier tier, std::chrono::nanoseconds timeout) {

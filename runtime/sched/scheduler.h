@@ -309,6 +309,10 @@ class Scheduler final : public CompletionSink {
     uint64_t bytes = 0;
     Status status;
   };
+  // The slot of a ticket not yet redeemed (STRATA_E_STATE otherwise), and its redemption: the
+  // copy's outcome, the slot freed. Under mu_.
+  Result<RangeCopy*> range_copy_locked(uint64_t ticket);
+  Status redeem_locked(RangeCopy& copy);
   struct PoolState {
     PoolSpec spec;
     uint64_t used = 0;

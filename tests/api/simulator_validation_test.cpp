@@ -130,17 +130,14 @@ Result<RealRun> play_real(api::Runtime& runtime, const std::vector<TensorSpec>& 
   double forward_seconds = 0, backward_seconds = 0, forward_units = 0, backward_units = 0;
   double optimizer_seconds = 0, optimizer_params = 0;
   Clock::time_point measure_start;
+  sched::SchedulerStats stats_before;  // at the start of the measured steps
   for (uint32_t s = 0; s < kWarmupSteps + kMeasuredSteps; ++s) {
     const bool measuring = s >= kWarmupSteps;
     if (s == kWarmupSteps) {
       for (int i = 0; i < sched::kLinkCount; ++i)
         before[i] = backend.link_counters(static_cast<sched::Link>(i));
       scheduler.reset_peaks();
-      const sched::SchedulerStats stats = scheduler.stats();
-      run.prefetch_transfers = stats.prefetch_transfers;
-      run.demand_transfers = stats.demand_transfers;
-      run.acquires = stats.acquires;
-      run.acquire_hits = stats.acquire_hits;
+      stats_before = scheduler.stats();
       measure_start = Clock::now();
     }
     STRATA_TRY(scheduler.begin_step());
@@ -189,10 +186,10 @@ Result<RealRun> play_real(api::Runtime& runtime, const std::vector<TensorSpec>& 
   const double measured_seconds = seconds_since(measure_start);
 
   const sched::SchedulerStats stats = scheduler.stats();
-  run.prefetch_transfers = stats.prefetch_transfers - run.prefetch_transfers;
-  run.demand_transfers = stats.demand_transfers - run.demand_transfers;
-  run.acquires = stats.acquires - run.acquires;
-  run.acquire_hits = stats.acquire_hits - run.acquire_hits;
+  run.prefetch_transfers = stats.prefetch_transfers - stats_before.prefetch_transfers;
+  run.demand_transfers = stats.demand_transfers - stats_before.demand_transfers;
+  run.acquires = stats.acquires - stats_before.acquires;
+  run.acquire_hits = stats.acquire_hits - stats_before.acquire_hits;
   run.step_seconds = measured_seconds / kMeasuredSteps;
   run.stall_seconds /= kMeasuredSteps;
   run.compute_seconds /= kMeasuredSteps;
