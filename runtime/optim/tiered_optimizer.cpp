@@ -432,8 +432,13 @@ Status TieredOptimizer::check_gradient(const Param& p) {
 Result<GradStats> TieredOptimizer::measure_gradient(const Param& p) {
   STRATA_ASSIGN_OR_RETURN(auto info, scheduler_.describe(p.grad));
   // On the device, or on NVMe alone where it can stream to the device: through pieces (below).
+  // Only a gradient backward made on the device goes back there: one made in pinned memory (the
+  // training computes on the CPU) and spilled since returns to pinned memory, because there the
+  // device is host memory outside the pinned budget, and the step would hold the gradient and
+  // its parameter in it (hold() follows the gradient's tier).
   const bool on_device = (info.valid & sched::kDeviceBit) != 0;
   const bool streams_in = (info.valid & sched::kNvmeBit) != 0 && config_.device_streams &&
+                          info.use_tier == Tier::kDevice &&
                           info.bytes <= config_.device_budget_bytes;
   if ((info.valid & sched::kPinnedBit) != 0 || !(on_device || streams_in)) {
     // In pinned memory already, or to be read from NVMe without streaming: whole, where it is or

@@ -83,9 +83,9 @@ struct TensorInfo {
   Residency residency = Residency::kUnwritten;
   TierMask valid = 0;
   uint32_t uses = 0;
-  Tier use_tier = Tier::kDevice;
-  bool has_error = false;   // an asynchronous failure waits to be reported
-  bool allocation = false;  // made by strata_malloc
+  Tier use_tier = Tier::kDevice;  // the latest acquire's tier, also after its release
+  bool has_error = false;         // an asynchronous failure waits to be reported
+  bool allocation = false;        // made by strata_malloc
 };
 
 struct TierUsage {

@@ -89,7 +89,9 @@ struct TensorRecord {
   // keeps it equal to Scheduler::droppable after every change of the fields that decides).
   bool counted_droppable[kMemoryTierCount] = {false, false};
 
-  // Uses by the framework: acquired and not yet released, all on one tier at a time.
+  // Uses by the framework: acquired and not yet released, all on one tier at a time. use_tier
+  // stays after the last release: the tier of the latest acquire (the optimizer reads it as
+  // where backward made a gradient); kDevice until the first.
   uint32_t uses = 0;
   Tier use_tier = Tier::kDevice;
   // Acquires waiting for this tensor per tier: blocking waiters, and one flag for pollers

@@ -108,6 +108,8 @@ struct ModelSetup {
   uint64_t pinned_budget = 640 * 1024;  // too small for streaming: tensors held in pinned memory
   // Gradients written on the (emulated) device, as backward on a GPU makes them.
   bool gradients_on_device = false;
+  // Gradients written in pinned memory, as backward computing on the CPU makes them.
+  bool gradients_in_pinned = false;
 };
 
 class Optimizer : public ::testing::Test {
@@ -197,11 +199,12 @@ class Optimizer : public ::testing::Test {
       RefParam& p = params_[i];
       auto g = random_values(p.n, seed * 31 + i, 0.05f * loss_scale);
       p.grad_bytes = encode(g, setup_.grad_dtype);
-      if (setup_.gradients_on_device) {
+      if (setup_.gradients_on_device || setup_.gradients_in_pinned) {
         strata_acquired a{};
         a.struct_size = sizeof a;
-        ASSERT_EQ(strata_acquire(rt_, p.grad, STRATA_TIER_DEVICE, STRATA_ACQUIRE_DISCARD, &a),
-                  STRATA_OK)
+        const strata_tier tier =
+            setup_.gradients_on_device ? STRATA_TIER_DEVICE : STRATA_TIER_PINNED;
+        ASSERT_EQ(strata_acquire(rt_, p.grad, tier, STRATA_ACQUIRE_DISCARD, &a), STRATA_OK)
             << strata_last_error(rt_);
         std::memcpy(a.data, p.grad_bytes.data(), p.grad_bytes.size());
         ASSERT_EQ(strata_release(rt_, p.grad, STRATA_RELEASE_DIRTY, nullptr), STRATA_OK);
@@ -396,6 +399,46 @@ TEST_F(Optimizer, ANonFiniteDeviceGradientIsFoundThroughItsPieces) {
   ASSERT_EQ(strata_optimizer_step(rt_, 1.0, &result), STRATA_OK) << strata_last_error(rt_);
   EXPECT_EQ(result.found_nonfinite, 1);
   expect_snapshot(before, "after a skipped step");
+}
+
+// Backward computing on the CPU makes its gradients in pinned memory. When pinned pressure spills
+// them to NVMe before the step, the optimizer reads them back into pinned memory, not onto the
+// device through pieces: on a CPU run the device is host memory outside the pinned budget (the
+// quick start's host peak grew by a gradient and a parameter of the largest layer when it did).
+TEST_F(Optimizer, GradientsMadeInPinnedMemoryNeverGoToTheDeviceEvenAfterASpill) {
+  ModelSetup setup;
+  setup.pinned_budget = 4ull << 20;  // streaming on, as in the device-gradient tests
+  setup.gradients_in_pinned = true;
+  create(setup);
+  if (HasFatalFailure()) return;
+  for (int step = 1; step <= 2; ++step) {
+    write_gradients(step, 1.0f);
+    if (HasFatalFailure()) return;
+    // Written back, then pushed out of pinned memory by an allocation of all of it but the
+    // staging buffers (kind OTHER), which never leave.
+    ASSERT_EQ(strata_sync(rt_), STRATA_OK) << strata_last_error(rt_);
+    strata_stats st{};
+    st.struct_size = sizeof st;
+    ASSERT_EQ(strata_get_stats(rt_, &st), STRATA_OK);
+    const uint64_t staging = st.pinned.kinds[STRATA_KIND_OTHER].in_use_bytes;
+    strata_tensor filler = STRATA_TENSOR_NONE;
+    ASSERT_EQ(strata_malloc(rt_, setup.pinned_budget - staging, STRATA_TIER_PINNED, 0, &filler),
+              STRATA_OK)
+        << strata_last_error(rt_);
+    ASSERT_EQ(strata_get_stats(rt_, &st), STRATA_OK);
+    ASSERT_EQ(st.pinned.kinds[STRATA_KIND_GRADIENT].in_use_bytes, 0u) << "not spilled";
+    ASSERT_EQ(strata_free(rt_, filler), STRATA_OK) << strata_last_error(rt_);
+    strata_optimizer_result result{};
+    result.struct_size = sizeof result;
+    ASSERT_EQ(strata_optimizer_step(rt_, 1.0, &result), STRATA_OK) << strata_last_error(rt_);
+    EXPECT_DOUBLE_EQ(result.grad_norm, reference_step(step, 1.0, 0));
+    expect_matches_reference("step " + std::to_string(step));
+    if (HasFatalFailure()) return;
+  }
+  strata_stats st{};
+  st.struct_size = sizeof st;
+  ASSERT_EQ(strata_get_stats(rt_, &st), STRATA_OK);
+  EXPECT_EQ(st.device.peak_in_use_bytes, 0u);
 }
 
 TEST_F(Optimizer, StatesReallyStreamFromNvme) {
