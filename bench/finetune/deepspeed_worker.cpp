@@ -306,6 +306,7 @@ class DeepSpeedWorker {
   double compute_seconds_ = 0, optimizer_seconds_ = 0, overflow_seconds_ = 0;
   std::vector<StepRecord> steps_;
   double startup_seconds_ = 0;
+  uint64_t process_base_bytes_ = 0;  // host memory before the engine exists
   double load_start_ = -1;
   double done_units_ = 0;
 };
@@ -934,6 +935,7 @@ void DeepSpeedWorker::send_result() {
        {"peak_host_moment", peaks.host_moment},
        {"peak_host_bytes_steps", during.host},
        {"peak_host_bytes_during_steps", during.host},
+       {"process_base_bytes", process_base_bytes_},
        {"peak_host_moment_during_steps", during.host_moment},
        {"peak_pinned_bytes", peaks.pinned},
        {"peak_pinned_bytes_during_steps", during.pinned},
@@ -965,6 +967,10 @@ void DeepSpeedWorker::send_result() {
 Status DeepSpeedWorker::run() {
   sampler_ = start_sampler(channel_, c_.name, stall_total_us_);
   STRATA_ASSIGN_OR_RETURN(compute_, make_layer_compute(plan_));
+  // The process before DeepSpeed's engine (its CPU Adam, handles, buffers) exists, read where
+  // the Strata worker reads it, before its runtime.
+  sampler_->sample_now();
+  process_base_bytes_ = sampler_->last().host;
   STRATA_ASSIGN_OR_RETURN(adam_, optim::CpuAdam::create());
   load_start_ = load_average();
   const auto startup = Clock::now();

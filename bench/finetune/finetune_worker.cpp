@@ -114,6 +114,7 @@ class Worker {
   double compute_seconds_ = 0;
   std::vector<StepRecord> steps_;
   double startup_seconds_ = 0;
+  uint64_t process_base_bytes_ = 0;  // host memory before the runtime exists
   double final_sync_seconds_ = 0;
   uint64_t startup_written_ = 0;
   double load_start_ = -1;
@@ -467,6 +468,7 @@ void Worker::send_result() {
       {"nvme_write_gbps", seconds > 0 ? static_cast<double>(written) / seconds / 1e9 : 0.0},
       {"stall_fraction", seconds > 0 ? stall / seconds : 0.0},
       {"peak_host_bytes_during_steps", during_steps.host},
+      {"process_base_bytes", process_base_bytes_},
       {"peak_pinned_bytes_during_steps", during_steps.pinned},
       {"os_vmhwm_bytes", proc ? proc->vm_hwm : 0},
       {"strata_accounting", accounting},
@@ -509,6 +511,11 @@ Status Worker::run() {
     descs_.push_back(d);
   }
   STRATA_ASSIGN_OR_RETURN(compute_, make_layer_compute(plan_));
+  // The process before the runtime exists (code, libraries, the benchmark's own compute
+  // buffers): what a plan leaves to --host-reserve, and what the DeepSpeed worker also reads
+  // before its engine exists.
+  sampler_->sample_now();
+  process_base_bytes_ = sampler_->last().host;
 
   load_start_ = load_average();
   const auto startup = Clock::now();

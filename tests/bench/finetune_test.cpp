@@ -80,6 +80,12 @@ TEST(FinetuneBench, JsonHasEveryKeyFromOneProcessPerContender) {
     EXPECT_GE(s["stall_fraction"].get<double>(), 0);
     EXPECT_LE(s["stall_fraction"].get<double>(), 1);
     EXPECT_GT(s["os_vmhwm_bytes"].get<double>(), 0);
+    // The process before the engine exists: something (code, libraries), less than its peak.
+    ASSERT_TRUE(s.contains("process_base_bytes")) << s["name"];
+    EXPECT_GT(s["process_base_bytes"].get<double>(), 0) << s["name"];
+    EXPECT_LT(s["process_base_bytes"].get<double>(),
+              s["peak_host_bytes_during_steps"].get<double>())
+        << s["name"];
     EXPECT_FALSE(s["peak_host_moment"].get<std::string>().empty()) << s["name"];
     pids.insert(s["pid"].get<int64_t>());
   }
