@@ -767,15 +767,14 @@ Status Scheduler::reserve(TensorHandle tensor, Tier tier, std::chrono::nanosecon
       }
     }
   }
-  STRATA_ASSIGN_OR_RETURN(Acquired acquired,
-                          acquire(tensor, tier, AccessMode::kOverwrite, timeout));
+  STRATA_TRY(acquire(tensor, tier, AccessMode::kOverwrite, timeout).status());
   return release(tensor, /*dirty=*/false);
 }
 
 Status Scheduler::prefetch(TensorHandle tensor, Tier tier) {
   if (tier == Tier::kNvme) return invalid_argument("prefetch: the tier must be device or pinned");
   std::lock_guard lock(mu_);
-  STRATA_ASSIGN_OR_RETURN(uint32_t index, registry_.resolve(tensor));
+  STRATA_TRY(registry_.resolve(tensor).status());
   const size_t capacity = hints_.size();
   const Demand hint{tensor, tier, AccessMode::kRead};
   if (hint_count_ == capacity) {
@@ -1362,6 +1361,9 @@ Scheduler::StepResult Scheduler::advance(TensorRecord& r, Tier target, uint64_t 
 Status Scheduler::issue(TensorRecord& r, OpKind kind, bool cleaning, bool prefetch) {
   const Link link = link_of(kind);
   STRATA_ASSERT(link_free(link) && !free_ops_.empty());
+  // Range copies move bytes between two tensors in use and change no residency:
+  // start_copy_range issues them, never this.
+  STRATA_ASSERT(kind != OpKind::kRangeToDevice && kind != OpKind::kRangeToHost);
   Status began;
   switch (kind) {
     case OpKind::kRead:
@@ -1382,6 +1384,9 @@ Status Scheduler::issue(TensorRecord& r, OpKind kind, bool cleaning, bool prefet
     case OpKind::kStreamToNvme:
       began = r.residency.begin_stream_to_nvme(r.spec.name);
       break;
+    case OpKind::kRangeToDevice:
+    case OpKind::kRangeToHost:
+      break;  // refused above
   }
   if (!began) {
     free_stale_buffers(r);
@@ -1425,6 +1430,9 @@ Status Scheduler::issue(TensorRecord& r, OpKind kind, bool cleaning, bool prefet
     case OpKind::kStreamToNvme:
       submitted = backend_.stream_to_nvme(device, r.extent, r.bytes, done);
       break;
+    case OpKind::kRangeToDevice:
+    case OpKind::kRangeToHost:
+      break;  // refused above
   }
   if (!submitted) {
     // Refused at once: no completion will come. Unwind exactly as a failed transfer would; the
