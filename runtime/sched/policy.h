@@ -53,6 +53,22 @@ size_t choose_victim(std::span<const EvictionCandidate> candidates, uint64_t min
 // The order choose_victim uses: true when a is the better victim.
 bool better_victim(const EvictionCandidate& a, const EvictionCandidate& b);
 
+// A candidate as a pool's victim set keeps it (Scheduler): rank orders as the next use does.
+struct VictimKey {
+  uint64_t rank = 0;
+  uint64_t charged_bytes = 0;
+  uint32_t tensor = 0;
+  bool operator==(const VictimKey&) const = default;
+};
+// better_victim's order within one class (clean or dirty): rank, then bytes, then slot.
+struct VictimOrder {
+  bool operator()(const VictimKey& a, const VictimKey& b) const {
+    if (a.rank != b.rank) return a.rank > b.rank;
+    if (a.charged_bytes != b.charged_bytes) return a.charged_bytes > b.charged_bytes;
+    return a.tensor < b.tensor;
+  }
+};
+
 // How far ahead of the current phase prefetch walks the schedule.
 struct PrefetchWindow {
   uint32_t max_phases = 64;      // phases ahead, the current one included

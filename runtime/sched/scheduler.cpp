@@ -143,7 +143,7 @@ Scheduler::Scheduler(const SchedulerConfig& config, TierBackend& backend,
       executor_(std::move(executor)),
       registry_(config.max_tensors, config.handle_owner) {
   for (const PoolSpec& spec : config_.memory.pools) {
-    PoolState pool;
+    PoolState pool(&victim_nodes_);
     pool.spec = spec;
     pools_.push_back(std::move(pool));
   }
@@ -1086,6 +1086,7 @@ void Scheduler::note_state(TensorRecord& r) {
     }
     r.counted_droppable[mi] = now;
   }
+  for (Tier tier : kMemoryTiers) list_victim(r, tier);
   if (!schedule_) return;
   for (uint32_t position : lanes_.reads_of(r.handle.index)) {
     const Access& a = schedule_->access(position);
@@ -1131,10 +1132,65 @@ void Scheduler::forget_state(TensorRecord& r) {
     pools_[r.pool[mi]].droppable -= r.charged[mi];
     r.counted_droppable[mi] = false;
   }
+  for (Tier tier : kMemoryTiers) unlist_victim(r, memory_index(tier));
   if (!schedule_) return;
   for (uint32_t position : lanes_.reads_of(r.handle.index)) {
     lanes_.set(position, AccessLanes::kNoLane);
   }
+}
+
+void Scheduler::move_cursor(uint32_t phase) {
+  // Forward, cyclically: every next use whose read the cursor does not pass shrinks by the same
+  // distance, so the victim sets' order holds for them and only the tensors whose read was
+  // passed (rank below the new clock: the sets' tails) take a new key.
+  if (schedule_ && schedule_->phase_count() > 0) {
+    const uint64_t phases = schedule_->phase_count();
+    cursor_clock_ += (phase % phases + phases - cursor_ % phases) % phases;
+  }
+  cursor_ = phase;
+  ++cursor_epoch_;
+  for (PoolState& pool : pools_) {
+    const int mi = memory_index(pool.spec.tier);
+    for (auto& set : pool.victims) {
+      while (!set.empty() && std::prev(set.end())->rank < cursor_clock_) {
+        TensorRecord& r = registry_.at(std::prev(set.end())->tensor);
+        unlist_victim(r, mi);
+        list_victim(r, pool.spec.tier);
+      }
+    }
+  }
+}
+
+uint64_t Scheduler::victim_rank(const TensorRecord& r, Tier tier) const {
+  if (!schedule_) return kNeverUsed - 1 - r.last_use_tick;  // older first, as next_use() orders
+  const uint64_t next = schedule_next_use(r, tier);
+  return next == kNeverUsed ? kNeverUsed : cursor_clock_ + next;
+}
+
+void Scheduler::unlist_victim(TensorRecord& r, int memory_index) {
+  const int mi = memory_index;
+  if (!r.victim_listed[mi]) return;
+  const size_t erased =
+      pools_[r.pool[mi]].victims[r.victim_dirty[mi] ? 1 : 0].erase(r.victim_key[mi]);
+  STRATA_ASSERT(erased == 1);
+  r.victim_listed[mi] = false;
+}
+
+void Scheduler::list_victim(TensorRecord& r, Tier tier) {
+  const int mi = memory_index(tier);
+  if (r.pool[mi] == kNoPool || !evictable_unless_advancing(r, tier)) {
+    unlist_victim(r, mi);
+    return;
+  }
+  const VictimKey key{victim_rank(r, tier), r.charged[mi], r.handle.index};
+  const bool dirty = needs_cleaning(r, tier);
+  if (r.victim_listed[mi] && r.victim_dirty[mi] == dirty && r.victim_key[mi] == key) return;
+  unlist_victim(r, mi);
+  const bool inserted = pools_[r.pool[mi]].victims[dirty ? 1 : 0].insert(key).second;
+  STRATA_ASSERT(inserted);
+  r.victim_listed[mi] = true;
+  r.victim_dirty[mi] = dirty;
+  r.victim_key[mi] = key;
 }
 
 Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t min_next_use,
@@ -1150,40 +1206,36 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
     return Space::kImpossible;
   }
   const Link cleaning_link = cleaning_link_of(tier);
-  // Dropping a clean victim changes nothing about the other candidates (their records, the
-  // links, what could ever be freed): the next round reuses the scan without the victim instead
-  // of scanning the pool again. choose_victim's order is total, so the list's order is no matter.
-  // Anything else (a cleaning, which may recurse into the pinned pool and reuse scratch_) scans
-  // afresh.
-  bool scanned = false;
-  uint64_t potential = 0;
-  const TensorRecord* failed_holder = nullptr;
+  // The best clean and the best dirty candidate are the first entries of the pool's victim sets
+  // (past the tensor being advanced, which evictable() refuses); choose_victim's order picks
+  // between them. Each drop or cleaning takes its victim out of the sets through note_state.
+  const auto first_of = [&](int dirty) -> std::optional<EvictionCandidate> {
+    for (const VictimKey& key : pool.victims[dirty]) {
+      if (key.tensor == advancing_) continue;
+      const TensorRecord& c = registry_.at(key.tensor);
+      return EvictionCandidate{key.tensor, next_use(c, tier), key.charged_bytes, dirty == 1};
+    }
+    return std::nullopt;
+  };
   for (;;) {
     STRATA_ASSERT(pool.used <= budget);
     if (pool.used + need <= budget) return Space::kReady;
     const uint64_t free = budget - pool.used;
     if (free + pool.cleaning >= need) return Space::kWaiting;
-    if (!scanned) {
-      scratch_.clear();
+    scratch_.clear();
+    if (auto clean = first_of(0)) scratch_.push_back(*clean);
+    if (auto dirty = first_of(1)) scratch_.push_back(*dirty);
+    const size_t v = choose_victim(scratch_, min_next_use, link_free(cleaning_link));
+    if (v == kNoVictim) {
       // What could ever be freed, to tell "wait" from "never": everything but home tensors and
       // dirty ones whose write-back failed (they stay until the failure has been reported).
-      potential = free;
-      failed_holder = nullptr;
-      for (size_t k = 0; k < pool.resident.size(); ++k) {
-        const uint32_t index = pool.resident[k];
-        if (k + kPrefetchDistance < pool.resident.size()) {
-          registry_.prefetch(pool.resident[k + kPrefetchDistance]);
-        }
+      uint64_t potential = free;
+      const TensorRecord* failed_holder = nullptr;
+      for (const uint32_t index : pool.resident) {
         const TensorRecord& c = registry_.at(index);
         if (c.failed() && needs_cleaning(c, tier)) failed_holder = &c;
         if (!held_until_a_call(c, tier)) potential += c.charged[mi];
-        if (!evictable(c, tier)) continue;
-        scratch_.push_back({index, next_use(c, tier), c.charged[mi], needs_cleaning(c, tier)});
       }
-      scanned = true;
-    }
-    const size_t v = choose_victim(scratch_, min_next_use, link_free(cleaning_link));
-    if (v == kNoVictim) {
       if (potential < need && failed_holder != nullptr) {
         *why = Status::error(
             failed_holder->failure->status.code(),
@@ -1203,19 +1255,17 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
       return Space::kWaiting;
     }
     TensorRecord& victim = registry_.at(scratch_[v].tensor);
+    STRATA_ASSERT(evictable(victim, tier));
     if (!scratch_[v].needs_cleaning) {
-      // The bytes leave `free` what they added to `potential`: potential stays as it was.
       STRATA_ASSERT(!held_until_a_call(victim, tier));
       drop_copy(victim, tier);
       ++stats_.evictions;
-      scratch_[v] = scratch_.back();
-      scratch_.pop_back();
       continue;
     }
-    scanned = false;
     if (!start_cleaning(victim, tier, min_next_use)) {
       // A cleaning that failed outright (no NVMe space for the write-back) marked the victim
-      // failed: look again without it, so that a hard error is never turned into a wait.
+      // failed, which took it out of the sets: look again without it, so that a hard error is
+      // never turned into a wait.
       if (victim.durability_failed()) continue;
       return Space::kWaiting;
     }
@@ -1834,6 +1884,7 @@ Status Scheduler::check_invariants_locked() const {
   std::vector<uint64_t> pool_used(pools_.size(), 0);
   std::vector<size_t> pool_resident(pools_.size(), 0);
   std::vector<uint64_t> pool_droppable(pools_.size(), 0);
+  std::vector<size_t> pool_victims(pools_.size(), 0);
   std::array<std::array<uint64_t, kTensorKindCount>, kMemoryTierCount> kind_bytes{};
   std::array<uint64_t, kTensorKindCount> nvme_kind_bytes{};
   for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
@@ -1874,6 +1925,22 @@ Status Scheduler::check_invariants_locked() const {
                       (r.counted_droppable[mi] ? " is counted as droppable from "
                                                : " is droppable but not counted on ") +
                       to_string(tier));
+      }
+      const bool candidate = r.pool[mi] != kNoPool && evictable_unless_advancing(r, tier);
+      if (r.victim_listed[mi] != candidate) {
+        return broken(label(r) +
+                      (candidate ? " is an eviction candidate not listed on "
+                                 : " is listed as an eviction candidate on ") +
+                      to_string(tier));
+      }
+      if (candidate) {
+        const VictimKey key{victim_rank(r, tier), r.charged[mi], i};
+        if (!(r.victim_key[mi] == key) || r.victim_dirty[mi] != needs_cleaning(r, tier)) {
+          return broken(label(r) + " is listed on " + to_string(tier) + " with rank " +
+                        std::to_string(r.victim_key[mi].rank) + "; its rank is " +
+                        std::to_string(key.rank));
+        }
+        ++pool_victims[r.pool[mi]];
       }
       if (r.counted_droppable[mi] && !has_buffer) {
         return broken(label(r) + " is counted as droppable without a " + to_string(tier) +
@@ -1936,6 +2003,11 @@ Status Scheduler::check_invariants_locked() const {
                     " bytes in " + std::to_string(pool.resident.size()) +
                     " buffers; its tensors hold " + std::to_string(pool_used[p]) + " in " +
                     std::to_string(pool_resident[p]));
+    }
+    if (pool.victims[0].size() + pool.victims[1].size() != pool_victims[p]) {
+      return broken("pool '" + pool.spec.name + "' lists " +
+                    std::to_string(pool.victims[0].size() + pool.victims[1].size()) +
+                    " eviction candidates; its tensors make " + std::to_string(pool_victims[p]));
     }
     if (pool.droppable != pool_droppable[p]) {
       return broken("pool '" + pool.spec.name + "' counts " + std::to_string(pool.droppable) +

@@ -19,8 +19,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <memory_resource>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -313,7 +315,12 @@ class Scheduler final : public CompletionSink {
   // copy's outcome, the slot freed. Under mu_.
   Result<RangeCopy*> range_copy_locked(uint64_t ticket);
   Status redeem_locked(RangeCopy& copy);
+  using VictimSet = std::pmr::set<VictimKey, VictimOrder>;
   struct PoolState {
+    // The victim sets' nodes come from `nodes` (the scheduler's pool resource), which keeps
+    // freed nodes for reuse: once the sets have held their most, listing allocates nothing.
+    explicit PoolState(std::pmr::memory_resource* nodes)
+        : victims{VictimSet(nodes), VictimSet(nodes)} {}
     PoolSpec spec;
     uint64_t used = 0;
     uint64_t peak = 0;
@@ -322,6 +329,10 @@ class Scheduler final : public CompletionSink {
     // by note_state, so write-behind sees whether the pool has its headroom without a scan.
     uint64_t droppable = 0;
     std::vector<uint32_t> resident;  // tensors holding a buffer here
+    // The eviction candidates (evictable_unless_advancing), clean [0] and dirty [1] apart, each in
+    // choose_victim's order, best first: kept by note_state and move_cursor, so that choosing a
+    // victim reads the first entries instead of scanning every resident.
+    VictimSet victims[2];
   };
   enum class Space : uint8_t { kReady, kWaiting, kImpossible };
   // kBlocked: no room in the pool yet; kLinkBusy: the link is at its in-flight limit.
@@ -373,11 +384,15 @@ class Scheduler final : public CompletionSink {
   uint64_t schedule_next_use(const TensorRecord& r, Tier tier) const {
     return schedule_->next_read(r.handle, use_filter(r, tier), cursor_);
   }
-  // Every cursor change goes through here: it ends the remembered next uses.
-  void move_cursor(uint32_t phase) {
-    cursor_ = phase;
-    ++cursor_epoch_;
-  }
+  // Every cursor change goes through here: it ends the remembered next uses and re-keys the
+  // eviction candidates whose next read the cursor passed.
+  void move_cursor(uint32_t phase);
+  // A candidate's key in its pool's victim set: the next use plus cursor_clock_ (so that moving
+  // the cursor changes no key whose read it did not pass), kNeverUsed for never, and without a
+  // schedule an LRU rank (older first).
+  uint64_t victim_rank(const TensorRecord& r, Tier tier) const;
+  void list_victim(TensorRecord& r, Tier tier);
+  void unlist_victim(TensorRecord& r, int memory_index);
   // r's buffer on tier leaves only after a call of the framework: it is at home there, or dirty
   // with a failed write-back that waits for its report. Room it holds is never made by waiting.
   bool held_until_a_call(const TensorRecord& r, Tier tier) const;
@@ -454,6 +469,8 @@ class Scheduler final : public CompletionSink {
   bool in_phase_ = false;
   bool phase_matched_ = false;
   PhaseKey phase_key_;
+  // Declared before pools_, whose victim sets it serves, so that it outlives them.
+  std::pmr::unsynchronized_pool_resource victim_nodes_;
   std::vector<PoolState> pools_;
   std::vector<Op> ops_;
   std::vector<uint32_t> free_ops_;
@@ -468,6 +485,7 @@ class Scheduler final : public CompletionSink {
   std::array<RangeCopy, kMaxRangeCopies> range_copies_;
   uint64_t next_range_ticket_ = 1;
   uint64_t tick_ = 0;
+  uint64_t cursor_clock_ = 0;         // phases the cursor has moved forward, in all
   uint64_t failure_sequence_ = 0;     // orders AsyncFailure records
   uint32_t durability_failures_ = 0;  // live tensors whose durability_failed()
   bool in_step_ = false;

@@ -16,6 +16,7 @@
 
 #include "common/assert.h"
 #include "common/status.h"
+#include "sched/policy.h"
 #include "sched/residency.h"
 #include "sched/tensor_handle.h"
 #include "sched/tier_backend.h"
@@ -88,6 +89,10 @@ struct TensorRecord {
   // Whether the scheduler counts this buffer in its pool's droppable bytes (Scheduler::note_state
   // keeps it equal to Scheduler::droppable after every change of the fields that decides).
   bool counted_droppable[kMemoryTierCount] = {false, false};
+  // Where Scheduler::list_victim put this tensor in its pool's victim sets, per tier.
+  bool victim_listed[kMemoryTierCount] = {false, false};
+  bool victim_dirty[kMemoryTierCount] = {false, false};
+  VictimKey victim_key[kMemoryTierCount] = {};
 
   // Uses by the framework: acquired and not yet released, all on one tier at a time. use_tier
   // stays after the last release: the tier of the latest acquire (the optimizer reads it as
