@@ -36,9 +36,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr Tier kMemoryTiers[] = {Tier::kDevice, Tier::kPinned};
 
-// How many records ahead the scans over resident tensors and scheduled accesses prefetch: enough
-// to cover a miss to memory at a few nanoseconds of work per record.
-constexpr size_t kPrefetchDistance = 8;
 
 int budget_code(Tier tier) {
   return tier == Tier::kDevice ? STRATA_E_DEVICE_BUDGET : STRATA_E_PINNED_BUDGET;
@@ -1766,7 +1763,6 @@ void Scheduler::clean_ahead() {
   STRATA_ASSERT(advancing_ == UINT32_MAX);
   for (PoolState& pool : pools_) {
     const Tier tier = pool.spec.tier;
-    const int mi = memory_index(tier);
     const Link link = cleaning_link_of(tier);
     // Bounded by the link's in-flight limit: each round starts one cleaning or stops.
     while (link_free(link)) {
@@ -1777,42 +1773,21 @@ void Scheduler::clean_ahead() {
                           config_.clean_headroom)) {
         break;
       }
-      // Which dirty tensors could be cleaned; their next uses (a search each) after. The victim
-      // is the same whatever the order: better_victim is a total order.
-      uint64_t droppable = 0;
-      scratch_.clear();
-      for (size_t k = 0; k < pool.resident.size(); ++k) {
-        const uint32_t index = pool.resident[k];
-        if (k + kPrefetchDistance < pool.resident.size()) {
-          registry_.prefetch(pool.resident[k + kPrefetchDistance]);
-        }
-        const TensorRecord& c = registry_.at(index);
-        if (!evictable(c, tier)) continue;
-        if (!needs_cleaning(c, tier)) {
-          droppable += c.charged[mi];
-          continue;
-        }
-        scratch_.push_back({index, 0, c.charged[mi], true});
+      // The dirty candidates are the pool's dirty victim set, best first (no tensor is being
+      // advanced during a pump, so every entry is evictable): the first that the current phase
+      // does not still read, unless it was told it is done with it, is the one to clean. Data
+      // the current phase still reads stays put; it is likely about to be modified.
+      const TensorRecord* best = nullptr;
+      for (const VictimKey& key : pool.victims[1]) {
+        const TensorRecord& c = registry_.at(key.tensor);
+        if (schedule_ && next_use(c, tier) == 0 && !c.done_for_now) continue;
+        best = &c;
+        break;
       }
-      // The scan recounts what the running count says (it is here anyway, and rarely).
-      STRATA_ASSERT(droppable == pool.droppable);
-      if (scratch_.empty()) break;
-      EvictionCandidate best;
-      bool have = false;
-      for (EvictionCandidate& candidate : scratch_) {
-        candidate.next_use = next_use(registry_.at(candidate.tensor), tier);
-        // Data the current phase still reads stays put; it is likely about to be modified.
-        if (schedule_ && candidate.next_use == 0 && !registry_.at(candidate.tensor).done_for_now) {
-          continue;
-        }
-        if (!have || better_victim(candidate, best)) {
-          best = candidate;
-          have = true;
-        }
-      }
-      if (!have) break;
+      if (best == nullptr) break;
+      TensorRecord& victim = registry_.at(best->handle.index);
       // Cleaning device data needs pinned room: only free room or never-used buffers.
-      if (!start_cleaning(registry_.at(best.tensor), tier, kNeverUsed)) break;
+      if (!start_cleaning(victim, tier, kNeverUsed)) break;
     }
   }
 }

@@ -151,14 +151,6 @@ class TensorRegistry {
   }
 
   uint32_t slot_count() const { return static_cast<uint32_t>(slots_.size()); }
-  // A hint, no access: asks the cache for the first two lines of the record at `index` (where
-  // the scans' fields are), so that a loop over many records overlaps their misses. Any index.
-  void prefetch(uint32_t index) const {
-    if (index >= slots_.size()) return;
-    const auto* line = reinterpret_cast<const char*>(&slots_[index].record);
-    __builtin_prefetch(line);
-    __builtin_prefetch(line + 64);
-  }
   uint32_t live_count() const { return live_; }
   uint32_t max_tensors() const { return max_tensors_; }
 
