@@ -36,7 +36,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr Tier kMemoryTiers[] = {Tier::kDevice, Tier::kPinned};
 
-
 int budget_code(Tier tier) {
   return tier == Tier::kDevice ? STRATA_E_DEVICE_BUDGET : STRATA_E_PINNED_BUDGET;
 }
