@@ -100,8 +100,7 @@ class CudaDevice final : public Device {
 
   Status free(void* ptr, NativeStream native_stream) override {
     if (native_stream == nullptr) {
-      Result<DeviceSlab::Freed> freed = slab_.free(ptr);
-      return freed.is_ok() ? Status::ok() : std::move(freed).take_status();
+      return slab_.free(ptr);
     }
     if (slab_.allocation_size(ptr) == 0) {
       return invalid_argument(name_ + ": free of a pointer that is not a live allocation");
@@ -134,8 +133,7 @@ class CudaDevice final : public Device {
       spare_pending_events_.push_back(event);
       lock.unlock();
       // The stream is unusable, so nothing more will run on it: safe to release now.
-      Result<DeviceSlab::Freed> freed = slab_.free(ptr);
-      (void)freed;
+      (void)slab_.free(ptr);
       return cuda_status(error, "cudaEventRecord for a deferred free");
     }
     pending_[(pending_head_ + pending_count_) % kPendingFrees] = {ptr, event};
@@ -256,7 +254,7 @@ class CudaDevice final : public Device {
   }
 
   void release_pending(const PendingFree& p) {
-    Result<DeviceSlab::Freed> freed = slab_.free(p.ptr);
+    const Status freed = slab_.free(p.ptr);
     STRATA_ASSERT(freed.is_ok());  // checked live when the free was deferred
     std::lock_guard lock(pending_mutex_);
     spare_pending_events_.push_back(p.event);

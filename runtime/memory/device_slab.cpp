@@ -45,7 +45,7 @@ Result<void*> DeviceSlab::allocate(uint64_t bytes) {
   return static_cast<void*>(base_ + *offset);
 }
 
-Result<DeviceSlab::Freed> DeviceSlab::free(void* ptr) {
+Status DeviceSlab::free(void* ptr) {
   if (!owns(ptr)) return invalid_argument(device_name_ + ": free of a pointer outside the device");
   const uint64_t offset = static_cast<uint64_t>(static_cast<std::byte*>(ptr) - base_);
   std::optional<RangeAllocator::Freed> freed;
@@ -57,9 +57,8 @@ Result<DeviceSlab::Freed> DeviceSlab::free(void* ptr) {
     return invalid_argument(device_name_ + ": free of " + std::to_string(offset) +
                             " bytes into the slab, which is not the start of a live allocation");
   }
-  const uint64_t bytes = freed->tag;
-  in_use_.fetch_sub(bytes, std::memory_order_relaxed);
-  return Freed{bytes, base_ + freed->free_offset, freed->free_bytes};
+  in_use_.fetch_sub(freed->tag, std::memory_order_relaxed);  // the tag is the size asked for
+  return Status::ok();
 }
 
 bool DeviceSlab::contains(const void* ptr, uint64_t bytes) const {

@@ -25,14 +25,8 @@ class DeviceSlab {
   // STRATA_E_DEVICE_BUDGET with the numbers when no free range is large enough.
   Result<void*> allocate(uint64_t bytes);
 
-  struct Freed {
-    uint64_t requested_bytes = 0;
-    // The free range the allocation merged into: pages wholly inside it hold no live data.
-    std::byte* free_begin = nullptr;
-    uint64_t free_bytes = 0;
-  };
   // STRATA_E_INVALID for a pointer that is not a live allocation's start.
-  Result<Freed> free(void* ptr);
+  Status free(void* ptr);
 
   bool owns(const void* ptr) const {
     const auto* p = static_cast<const std::byte*>(ptr);

@@ -101,7 +101,7 @@ class EmulatedDevice final : public Device, public EmulatedDeviceControl {
     // in the slab cudaMalloc'd once: giving them back made every later allocation fault its pages
     // in again (a zeroed page per 4 KiB on first touch, even to read), a cost no GPU has and one
     // that was 40% of the main job's step (docs/reliability.md, finding 23).
-    return slab_.free(ptr).status();
+    return slab_.free(ptr);
   }
 
   bool owns(const void* ptr) const override { return slab_.owns(ptr); }

@@ -1146,12 +1146,10 @@ void Scheduler::move_cursor(uint32_t phase) {
   cursor_ = phase;
   ++cursor_epoch_;
   for (PoolState& pool : pools_) {
-    const int mi = memory_index(pool.spec.tier);
     for (auto& set : pool.victims) {
       while (!set.empty() && std::prev(set.end())->rank < cursor_clock_) {
-        TensorRecord& r = registry_.at(std::prev(set.end())->tensor);
-        unlist_victim(r, mi);
-        list_victim(r, pool.spec.tier);
+        // Its stored rank is below the clock and the new one is not: list_victim moves it.
+        list_victim(registry_.at(std::prev(set.end())->tensor), pool.spec.tier);
       }
     }
   }
@@ -1218,10 +1216,12 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
     if (pool.used + need <= budget) return Space::kReady;
     const uint64_t free = budget - pool.used;
     if (free + pool.cleaning >= need) return Space::kWaiting;
-    scratch_.clear();
-    if (auto clean = first_of(0)) scratch_.push_back(*clean);
-    if (auto dirty = first_of(1)) scratch_.push_back(*dirty);
-    const size_t v = choose_victim(scratch_, min_next_use, link_free(cleaning_link));
+    std::array<EvictionCandidate, 2> best;
+    size_t candidates = 0;
+    if (auto clean = first_of(0)) best[candidates++] = *clean;
+    if (auto dirty = first_of(1)) best[candidates++] = *dirty;
+    const size_t v =
+        choose_victim(std::span(best.data(), candidates), min_next_use, link_free(cleaning_link));
     if (v == kNoVictim) {
       // What could ever be freed, to tell "wait" from "never": everything but home tensors and
       // dirty ones whose write-back failed (they stay until the failure has been reported).
@@ -1250,9 +1250,9 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
       }
       return Space::kWaiting;
     }
-    TensorRecord& victim = registry_.at(scratch_[v].tensor);
+    TensorRecord& victim = registry_.at(best[v].tensor);
     STRATA_ASSERT(evictable(victim, tier));
-    if (!scratch_[v].needs_cleaning) {
+    if (!best[v].needs_cleaning) {
       STRATA_ASSERT(!held_until_a_call(victim, tier));
       drop_copy(victim, tier);
       ++stats_.evictions;

@@ -481,7 +481,6 @@ class Scheduler final : public CompletionSink {
   std::vector<Demand> hints_;  // ring of max_prefetch_hints
   size_t hint_head_ = 0;
   size_t hint_count_ = 0;
-  std::vector<EvictionCandidate> scratch_;  // reused by ensure_space / clean_ahead
   std::array<RangeCopy, kMaxRangeCopies> range_copies_;
   uint64_t next_range_ticket_ = 1;
   uint64_t tick_ = 0;

@@ -342,12 +342,6 @@ TEST(Scheduler, NothingLeaksWhenTheSchedulerGoes) {
   }
 }
 
-}  // namespace
-}  // namespace strata::sched
-
-namespace strata::sched {
-namespace {
-
 // Write-behind keeps dirty data the current phase lists (likely to be modified again), so a
 // caller that has finished with a tensor says so: the optimizer's updated sub-groups are then
 // written back while it reads the next ones, instead of each read waiting for a write.
