@@ -122,6 +122,18 @@ constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 56;
 constexpr size_t kMaxNameBytes = 4096;
 constexpr size_t kMaxScheduleEntries = size_t{1} << 24;
 
+// The calls that would write a read-only tensor (STRATA_TENSOR_READ_ONLY) fail before they
+// change anything: a frozen base written through would be modified in memory and then silently
+// lost at its next eviction, since it is never written back.
+// refused: what the call would have done, for the message.
+Status refuse_read_only(Runtime& rt, sched::TensorHandle handle, const char* refused) {
+  STRATA_ASSIGN_OR_RETURN(bool read_only, rt.scheduler().read_only(handle));
+  if (!read_only) return Status::ok();
+  STRATA_ASSIGN_OR_RETURN(auto info, rt.scheduler().describe(handle));
+  return invalid_argument("tensor '" + info.name + "' is read-only (STRATA_TENSOR_READ_ONLY): " +
+                          refused + "; give it new contents with strata_tensor_write");
+}
+
 // strata_tensor_write (write) and strata_tensor_read: through a pinned acquire, wherever the
 // tensor lives.
 Status copy_tensor(Runtime& rt, sched::TensorHandle handle, void* caller, uint64_t offset,
@@ -304,6 +316,9 @@ int strata_tensor_register(strata_runtime* rt, const strata_tensor_desc* desc, s
       return invalid_argument("kind " + std::to_string(desc->kind) + " is unknown");
     }
     if (desc->layer < -1) return invalid_argument("layer must be >= -1");
+    if ((desc->flags & ~STRATA_TENSOR_READ_ONLY) != 0) {
+      return invalid_argument("unknown tensor flags " + std::to_string(desc->flags));
+    }
     auto home = strata::api::home_tier(desc->home_tier);
     if (!home) return std::move(home).take_status();
     strata::TensorSpec spec;
@@ -315,6 +330,7 @@ int strata_tensor_register(strata_runtime* rt, const strata_tensor_desc* desc, s
     sched::RegisterOptions options;
     options.home = home.value();
     options.bytes = desc->bytes;
+    options.read_only = (desc->flags & STRATA_TENSOR_READ_ONLY) != 0;
     STRATA_ASSIGN_OR_RETURN(auto handle, r.scheduler().register_tensor(spec, options));
     *out = handle.to_u64();
     return Status::ok();
@@ -476,6 +492,9 @@ int strata_acquire(strata_runtime* rt, strata_tensor tensor, strata_tier tier, u
     // undefined ones, taken at the call.)
     const auto mode = (flags & STRATA_ACQUIRE_DISCARD) != 0 ? sched::AccessMode::kOverwrite
                                                             : sched::AccessMode::kRead;
+    if (mode == sched::AccessMode::kOverwrite) {
+      STRATA_TRY(strata::api::refuse_read_only(r, handle, "it cannot be acquired with DISCARD"));
+    }
     STRATA_ASSIGN_OR_RETURN(
         auto acquired, r.scheduler().acquire(handle, where, mode, strata::api::kAcquireTimeout));
     strata_acquired result{};
@@ -493,8 +512,13 @@ int strata_release(strata_runtime* rt, strata_tensor tensor, uint32_t flags, voi
     if ((flags & ~STRATA_RELEASE_DIRTY) != 0) {
       return invalid_argument("unknown flags " + std::to_string(flags));
     }
-    return r.scheduler().release(sched::TensorHandle::from_u64(tensor),
-                                 (flags & STRATA_RELEASE_DIRTY) != 0, device_stream);
+    const auto handle = sched::TensorHandle::from_u64(tensor);
+    const bool dirty = (flags & STRATA_RELEASE_DIRTY) != 0;
+    if (dirty) {
+      STRATA_TRY(strata::api::refuse_read_only(
+          r, handle, "it cannot be released DIRTY (the acquire stays: release it without DIRTY)"));
+    }
+    return r.scheduler().release(handle, dirty, device_stream);
   });
 }
 
@@ -595,8 +619,14 @@ int strata_optimizer_add_param(strata_runtime* rt, uint32_t group, strata_tensor
                                strata_tensor grad) {
   return guarded(rt, "strata_optimizer_add_param", [&](Runtime& r) -> Status {
     STRATA_OPTIMIZER(r, optimizer);
-    return optimizer.add_param(group, sched::TensorHandle::from_u64(param),
-                               sched::TensorHandle::from_u64(grad));
+    const auto param_handle = sched::TensorHandle::from_u64(param);
+    const auto grad_handle = sched::TensorHandle::from_u64(grad);
+    STRATA_TRY(strata::api::refuse_read_only(
+        r, param_handle,
+        "the optimizer would write its new weights (a frozen parameter "
+        "has no place in an optimizer)"));
+    STRATA_TRY(strata::api::refuse_read_only(r, grad_handle, "the backward writes a gradient"));
+    return optimizer.add_param(group, param_handle, grad_handle);
   });
 }
 

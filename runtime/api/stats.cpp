@@ -53,6 +53,11 @@ strata_stats collect_stats(Runtime& runtime) {
       sampler.peak_host_bytes_excluding_device(), s.os_host_bytes_excluding_emulated_device);
   s.emulated_device_resident_bytes = device.host_resident_bytes();
   s.pinned_budget_bytes = runtime.config().pinned_budget_bytes;
+  const sched::SchedulerStats scheduled = runtime.scheduler().stats();
+  for (int k = 0; k < kTensorKindCount; ++k) {
+    s.nvme_bytes_read_by_kind[k] = scheduled.nvme_read_by_kind[k];
+    s.nvme_bytes_written_by_kind[k] = scheduled.nvme_written_by_kind[k];
+  }
   return s;
 }
 

@@ -38,13 +38,25 @@ concept VersionedStruct = requires(T t) {
 
 // The size each struct had in the first header that shipped it. Only strata_config has grown
 // since (trace_events, planned_tensors, the ZeRO-Infinity sizes and nvme_layout came after
-// numa_node); every other struct is still its first version.
+// numa_node), and strata_tensor_desc (flags) and strata_stats (the by-kind NVMe counters);
+// every other struct is still its first version.
 template <VersionedStruct T>
 inline constexpr size_t kFirstVersionSize = sizeof(T);
 template <>
 inline constexpr size_t kFirstVersionSize<strata_config> =
     (offsetof(strata_config, numa_node) + sizeof(int) + kStructSizeAlignment - 1) /
     kStructSizeAlignment* kStructSizeAlignment;
+
+// strata_tensor_desc gained flags (STRATA_TENSOR_READ_ONLY) after home_tier.
+template <>
+inline constexpr size_t kFirstVersionSize<strata_tensor_desc> =
+    (offsetof(strata_tensor_desc, home_tier) + sizeof(strata_tier) + kStructSizeAlignment - 1) /
+    kStructSizeAlignment* kStructSizeAlignment;
+
+// strata_stats gained the by-kind NVMe counters after pinned_budget_bytes.
+template <>
+inline constexpr size_t kFirstVersionSize<strata_stats> = offsetof(strata_stats,
+                                                                   nvme_bytes_read_by_kind);
 
 template <VersionedStruct T>
 Status check_struct_size(size_t struct_size, const char* what) {

@@ -281,6 +281,12 @@ Status Scheduler::unregister_tensor(TensorHandle tensor, std::chrono::nanosecond
   return Status::ok();
 }
 
+Result<bool> Scheduler::read_only(TensorHandle tensor) const {
+  std::lock_guard lock(mu_);
+  STRATA_ASSIGN_OR_RETURN(uint32_t index, registry_.resolve(tensor));
+  return registry_.at(index).read_only;
+}
+
 Result<TensorInfo> Scheduler::describe(TensorHandle tensor) const {
   std::lock_guard lock(mu_);
   STRATA_ASSIGN_OR_RETURN(uint32_t index, registry_.resolve(tensor));
@@ -298,6 +304,7 @@ Result<TensorInfo> Scheduler::describe(TensorHandle tensor) const {
   info.use_tier = r.use_tier;
   info.has_error = r.failed();
   info.allocation = r.allocation;
+  info.read_only = r.read_only;
   return info;
 }
 
@@ -940,6 +947,9 @@ void Scheduler::complete_locked(uint32_t id, Status status) {
   if (ok) {
     stats_.link_bytes[link] += r.bytes;
     ++stats_.link_transfers[link];
+    const auto kind = static_cast<size_t>(r.spec.kind);
+    if (op.link == Link::kNvmeRead) stats_.nvme_read_by_kind[kind] += r.bytes;
+    if (op.link == Link::kNvmeWrite) stats_.nvme_written_by_kind[kind] += r.bytes;
   } else {
     ++stats_.transfer_failures;
     free_stale_buffers(r);  // the buffer the transfer was filling holds nothing trustworthy

@@ -88,6 +88,7 @@ struct TensorInfo {
   Tier use_tier = Tier::kDevice;  // the latest acquire's tier, also after its release
   bool has_error = false;         // an asynchronous failure waits to be reported
   bool allocation = false;        // made by strata_malloc
+  bool read_only = false;         // registered with STRATA_TENSOR_READ_ONLY
 };
 
 struct TierUsage {
@@ -126,6 +127,9 @@ struct SchedulerStats {
   uint64_t transfer_failures = 0;
   uint64_t unscheduled_phases = 0;  // begin_phase keys the schedule does not have
   uint64_t dirty_bytes = 0;         // tensors whose newest copy is not on NVMe
+  // Completed NVMe transfers by the tensor's kind (a tensor's bytes each), for strata_stats.
+  std::array<uint64_t, kTensorKindCount> nvme_read_by_kind{};
+  std::array<uint64_t, kTensorKindCount> nvme_written_by_kind{};
   uint32_t live_tensors = 0;
   uint32_t schedule_phases = 0;  // 0: no schedule yet
   bool recording = false;
@@ -154,6 +158,9 @@ class Scheduler final : public CompletionSink {
   Status unregister_tensor(TensorHandle tensor,
                            std::chrono::nanoseconds timeout = std::chrono::seconds(60));
   Result<TensorInfo> describe(TensorHandle tensor) const;
+  // RegisterOptions::read_only of a live tensor (describe() without copying its name: the C API
+  // asks on every dirty release).
+  Result<bool> read_only(TensorHandle tensor) const;
 
   // ---- Schedule and position (training thread) ----
   // Replaces any recorded or declared schedule; prefetch follows it from its first phase.

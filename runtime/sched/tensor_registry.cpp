@@ -34,6 +34,7 @@ Result<TensorHandle> TensorRegistry::add(const TensorSpec& spec, const RegisterO
   r.bytes = bytes;
   r.home = options.home;
   r.allocation = options.allocation;
+  r.read_only = options.read_only;
   r.handle = {index, slot.generation, owner_};
   if (options.contents_on_nvme) r.residency = ResidencyState::on_nvme();
   return r.handle;

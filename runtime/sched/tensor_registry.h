@@ -37,6 +37,10 @@ struct RegisterOptions {
   // A strata_malloc allocation rather than a registered tensor: strata_free takes it,
   // strata_tensor_unregister refuses it (and the other way round).
   bool allocation = false;
+  // STRATA_TENSOR_READ_ONLY: a frozen weight. The scheduler treats it as any tensor (it is never
+  // released dirty, so its memory copies stay clean); the C API refuses the calls that would
+  // write it (c_api.cpp), so the flag is kept here for them and for describe().
+  bool read_only = false;
 };
 
 inline constexpr uint32_t kNoOp = std::numeric_limits<uint32_t>::max();
@@ -69,6 +73,7 @@ struct TensorRecord {
   Tier home = Tier::kNvme;
   TensorHandle handle;
   bool allocation = false;  // RegisterOptions::allocation
+  bool read_only = false;   // RegisterOptions::read_only
 
   // Placement, per memory tier: the pool the tensor is charged to (kNoPool: none serves its
   // kind there) and what one buffer costs in it.

@@ -58,6 +58,7 @@ STREAMING_OFF = (1 << 64) - 1  # config.stream_chunk_bytes: no streamed transfer
 
 MALLOC_OFFLOADABLE = 1
 ACQUIRE_DISCARD = 1
+TENSOR_READ_ONLY = 1
 RELEASE_DIRTY = 1
 
 OPTIMIZER_MASTER, OPTIMIZER_EXP_AVG, OPTIMIZER_EXP_AVG_SQ = 0, 1, 2
@@ -80,6 +81,7 @@ class TensorDesc(Structure):
         ("kind", c_int),
         ("layer", c_int32),
         ("home_tier", c_int),
+        ("flags", c_uint32),
     ]
 
 
@@ -158,6 +160,8 @@ class StatsStruct(Structure):
         ("os_peak_host_bytes_excluding_emulated_device", c_uint64),
         ("emulated_device_resident_bytes", c_uint64),
         ("pinned_budget_bytes", c_uint64),
+        ("nvme_bytes_read_by_kind", c_uint64 * STATS_KIND_SLOTS),
+        ("nvme_bytes_written_by_kind", c_uint64 * STATS_KIND_SLOTS),
     ]
 
 

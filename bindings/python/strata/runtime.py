@@ -86,8 +86,9 @@ class Acquisition:
     def release(self, dirty=None, stream=None):
         if self.released:
             raise StrataError(_lib.E_STATE, f"tensor {self.tensor.name!r} released twice")
-        self.released = True
+        # A refused release (a read-only tensor released dirty) leaves the acquire in place.
         self.tensor.release(dirty=self.dirty if dirty is None else dirty, stream=stream)
+        self.released = True
 
     def __enter__(self):
         return self
@@ -109,6 +110,7 @@ class Tensor:
         self.kind = kind
         self.layer = layer
         self.home = home
+        self.read_only = False
 
     @property
     def numel(self):
@@ -280,7 +282,11 @@ class Runtime:
         return text.decode("utf-8", "replace") if text else ""
 
     # -- tensors --------------------------------------------------------------------------------
-    def register(self, name, nbytes, dtype="f32", kind="parameter", layer=-1, home="nvme"):
+    def register(self, name, nbytes, dtype="f32", kind="parameter", layer=-1, home="nvme",
+                 read_only=False):
+        """read_only: STRATA_TENSOR_READ_ONLY, a frozen weight: loaded with write(), never
+        acquired with discard, released dirty or given to the optimizer (StrataError
+        E_INVALID), so never written back."""
         desc = _lib.TensorDesc()
         desc.struct_size = ctypes.sizeof(_lib.TensorDesc)
         encoded = name.encode()
@@ -290,10 +296,13 @@ class Runtime:
         desc.kind = _enum(KINDS, kind, "kind")
         desc.layer = int(layer)
         desc.home_tier = _enum(TIERS, home, "home tier")
+        desc.flags = _lib.TENSOR_READ_ONLY if read_only else 0
         out = _lib.strata_tensor()
         self._call("strata_tensor_register", ctypes.byref(desc), ctypes.byref(out))
-        return Tensor(self, out.value, name, int(nbytes), desc.dtype, desc.kind, desc.layer,
-                      desc.home_tier)
+        tensor = Tensor(self, out.value, name, int(nbytes), desc.dtype, desc.kind, desc.layer,
+                        desc.home_tier)
+        tensor.read_only = bool(read_only)
+        return tensor
 
     def malloc(self, nbytes, tier="device", offloadable=False):
         out = _lib.strata_tensor()
@@ -353,6 +362,8 @@ class Runtime:
                     "kinds": {k: value.kinds[i].in_use_bytes for k, i in KINDS.items()},
                     "peak_kinds": {k: value.kinds[i].peak_in_use_bytes for k, i in KINDS.items()},
                 }
+            elif name.endswith("_by_kind"):
+                value = {k: value[i] for k, i in KINDS.items()}
             out[name] = value
         return out
 

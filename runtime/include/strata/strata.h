@@ -253,7 +253,17 @@ typedef struct strata_tensor_desc {
   strata_tensor_kind kind;
   int32_t layer;         /* transformer layer, or -1 for none (embedding, head, ...) */
   strata_tier home_tier; /* where the tensor lives when not in use (usually NVME) */
+  uint32_t flags;        /* STRATA_TENSOR_* below; 0 (the default of an older, smaller struct) */
 } strata_tensor_desc;
+
+/* A read-only tensor: a frozen weight (a LoRA / QLoRA base). It takes its contents from
+ * strata_tensor_write (which may reload it at any time it is not acquired) and is otherwise never
+ * written: strata_acquire with STRATA_ACQUIRE_DISCARD, strata_release with STRATA_RELEASE_DIRTY
+ * and strata_optimizer_add_param fail on it with STRATA_E_INVALID (a refused release leaves the
+ * acquire in place: release it again without DIRTY). Its memory copies are therefore always
+ * clean: eviction drops them and NVMe is only read, which strata_stats'
+ * nvme_bytes_written_by_kind shows. */
+#define STRATA_TENSOR_READ_ONLY 1u
 
 /* Registers a tensor. It has no contents until written (strata_tensor_write, or an acquire with
  * STRATA_ACQUIRE_DISCARD and a release): reading it before is STRATA_E_STATE. A tensor whose home
@@ -417,6 +427,11 @@ typedef struct strata_stats {
   uint64_t emulated_device_resident_bytes; /* host memory backing the emulated device; 0 on CUDA */
   /* The pinned budget in force: as configured, or what the automatic sizing chose. */
   uint64_t pinned_budget_bytes;
+  /* The tensors' completed NVMe reads and writes, their bytes counted by tensor (the totals
+   * above count the store's requests), indexed by strata_tensor_kind (spare slots read 0): a
+   * frozen base's PARAMETER writes stay at what loading it wrote. */
+  uint64_t nvme_bytes_read_by_kind[STRATA_STATS_KIND_SLOTS];
+  uint64_t nvme_bytes_written_by_kind[STRATA_STATS_KIND_SLOTS];
 } strata_stats;
 
 /* Fills *out (set out->struct_size first). Any thread. */

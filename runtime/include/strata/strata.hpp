@@ -99,7 +99,8 @@ uint64_t size_in_bytes(const R& range) {
 // need only live until then.
 inline strata_tensor_desc tensor_desc(const char* name, uint64_t bytes, strata_dtype dtype,
                                       strata_tensor_kind kind, int32_t layer = -1,
-                                      strata_tier home_tier = STRATA_TIER_NVME) noexcept {
+                                      strata_tier home_tier = STRATA_TIER_NVME,
+                                      uint32_t flags = 0) noexcept {
   strata_tensor_desc desc{};
   desc.struct_size = sizeof desc;
   desc.name = name;
@@ -108,6 +109,7 @@ inline strata_tensor_desc tensor_desc(const char* name, uint64_t bytes, strata_d
   desc.kind = kind;
   desc.layer = layer;
   desc.home_tier = home_tier;
+  desc.flags = flags;
   return desc;
 }
 

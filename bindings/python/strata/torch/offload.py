@@ -136,6 +136,24 @@ class _PreBackward(torch.autograd.Function):
         return (None, None) + grads
 
 
+class _PostBackward(torch.autograd.Function):
+    """Identity on a unit's inputs; its backward runs once the unit's backward has computed the
+    gradients of those inputs, i.e. when the unit no longer needs its parameters. A frozen
+    parameter has no gradient whose accumulation would say so: without this it would stay held
+    until the whole backward ended, and a frozen base (LoRA) could not stream in backward."""
+
+    @staticmethod
+    def forward(ctx, owner, unit, *tensors):
+        ctx.owner = owner
+        ctx.unit = unit
+        return tuple(t.detach() for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.owner._post_backward(ctx.unit)
+        return (None, None) + grads
+
+
 def _flatten(value, out):
     if isinstance(value, torch.Tensor):
         out.append(value)
@@ -415,7 +433,10 @@ class OffloadedModel:
         nbytes = p.numel() * p.element_size()
         if nbytes == 0:
             raise StrataError(_lib.E_INVALID, f"parameter {rec.name!r} is empty")
-        rec.tensor = rt.register(rec.name, nbytes, dtype, "parameter", layer, self.param_home)
+        # A frozen parameter (a LoRA base) is read-only in Strata: streamed from its home as
+        # often as the budgets force it out, never written back, no gradient or optimizer state.
+        rec.tensor = rt.register(rec.name, nbytes, dtype, "parameter", layer, self.param_home,
+                                 read_only=not p.requires_grad)
         rec.tensor.write(_views.host_numpy(p))
         rec.owner = weakref.ref(self)
         if p.requires_grad:
@@ -433,6 +454,8 @@ class OffloadedModel:
             return
         nbytes = rec.numel * p.element_size()
         layer = rec.units[0].index if layer is None else layer
+        if rec.tensor.read_only:
+            self._make_writable(rec, layer)
         rec.grad = self.runtime.register(rec.name + ".grad", nbytes,
                                          _views.TORCH_TO_STRATA[p.dtype], "gradient", layer,
                                          self.grad_home)
@@ -446,6 +469,21 @@ class OffloadedModel:
             functools.partial(_grad_accumulated_hook, owner, weakref.ref(rec))))
         rec.hooks.append(p.register_hook(
             functools.partial(_grad_computed_hook, owner, weakref.ref(rec))))
+
+    def _make_writable(self, rec, layer):
+        """Re-registers an unfrozen parameter's read-only tensor as a writable one with the same
+        contents (Strata refuses to let backward or the optimizer write a read-only tensor)."""
+        if rec.pins:
+            raise StrataError(_lib.E_STATE, f"parameter {rec.name!r} was unfrozen while in use "
+                                            "(between its module's forward and backward): "
+                                            "unfreeze it between steps")
+        value = torch.empty(rec.shape, dtype=rec.dtype)
+        rec.tensor.read(_np_view(value))
+        old = rec.tensor
+        rec.tensor = self.runtime.register(rec.name, old.nbytes, old.dtype, "parameter", layer,
+                                           self.param_home)
+        rec.tensor.write(_views.host_numpy(value))
+        old.unregister()
 
     # -- residency ------------------------------------------------------------------------------
     def _pin(self, rec):
@@ -602,6 +640,28 @@ class OffloadedModel:
             self._enter_phase(_BACKWARD, unit.index)
             for rec in unit.params:
                 self._hold_for_backward(rec)
+
+    def _wrap_inputs(self, unit, inputs):
+        """A unit with frozen parameters gets its inputs that require grad wrapped in
+        _PostBackward, so that its backward releases them (None: inputs unchanged)."""
+        if not torch.is_grad_enabled() or not any(rec.grad is None for rec in unit.params):
+            return None
+        tensors = []
+        _flatten(inputs, tensors)
+        tensors = [t for t in tensors if t.requires_grad]
+        if not tensors:
+            return None  # nothing flows back through it: released at the end of backward
+        wrapped = _PostBackward.apply(self, unit, *tensors)
+        return _rebuild(inputs, {id(t): w for t, w in zip(tensors, wrapped)})
+
+    def _post_backward(self, unit):
+        """The unit's backward is done: its frozen parameters go (a later use acquires them
+        again: a module called twice, a saved tensor unpacked after)."""
+        with self._lock:
+            for rec in unit.params:
+                if rec.grad is None and rec.bwd_held:
+                    rec.bwd_held = False
+                    self._unpin(rec)
 
     def _hold_for_backward(self, rec):
         with self._lock:
@@ -912,6 +972,8 @@ def _pre_forward_hook(owner_ref, unit, module, inputs):
     owner = owner_ref()
     if owner is not None and not owner._closed:
         owner._pre_forward(unit)
+        return owner._wrap_inputs(unit, inputs)
+    return None
 
 
 def _post_forward_hook(owner_ref, unit, module, inputs, output):
