@@ -43,6 +43,7 @@ from ..deepspeed import from_deepspeed
 from ..errors import StrataError
 from ..runtime import Runtime
 from . import _views
+from . import activations as _activations
 
 _FORWARD, _BACKWARD, _OPTIMIZER = "forward", "backward", "optimizer"
 
@@ -272,6 +273,7 @@ class OffloadedModel:
         self._closed = False
         self._original_forward = None
         self._param_init_fn = param_init_fn
+        self.activations = None  # an ActivationOffload once offload_activations() ran
         try:
             self._register(module)
         except BaseException:
@@ -715,19 +717,22 @@ class OffloadedModel:
 
     # saved tensors that alias a parameter's memory
     def _pack(self, t):
-        if not self._fetched or not isinstance(t, torch.Tensor) or t.device != self.device:
-            return t
-        try:
-            address = _views.storage_address(t)
-        except (RuntimeError, NotImplementedError):
-            return t
-        rec = self._fetched.get(address)
-        if rec is None:
-            return t
-        return _SavedParameterView(rec, t.storage_offset(), tuple(t.size()), tuple(t.stride()),
-                                   t.dtype)
+        if self._fetched and isinstance(t, torch.Tensor) and t.device == self.device:
+            try:
+                rec = self._fetched.get(_views.storage_address(t))
+            except (RuntimeError, NotImplementedError):
+                rec = None
+            if rec is not None:
+                return _SavedParameterView(rec, t.storage_offset(), tuple(t.size()),
+                                           tuple(t.stride()), t.dtype)
+        if self.activations is not None and self.activations.enabled and \
+                self.activations.wanted(t):
+            return self.activations.pack(t)
+        return t
 
     def _unpack(self, saved):
+        if isinstance(saved, _activations.SavedActivation):
+            return self.activations.unpack(saved)
         if not isinstance(saved, _SavedParameterView):
             return saved
         rec = saved.record
@@ -739,6 +744,26 @@ class OffloadedModel:
         return base.as_strided(saved.size, saved.stride, saved.offset)
 
     # -- public ---------------------------------------------------------------------------------
+    def offload_activations(self, home="nvme", min_bytes=_activations.DEFAULT_MIN_BYTES):
+        """Moves the tensors autograd saves in the model's forward into Strata (home "nvme":
+        pinned memory, spilled to NVMe under pressure; "pinned": pinned only) and brings them
+        back in backward, prefetching in reverse order; home None turns it off (tensors packed
+        already still come back). Gradients are exactly those without it. Returns the
+        ActivationOffload (its packed_bytes / held_bytes / peak_held_bytes count what it
+        moved)."""
+        with self._lock:
+            if home is None:
+                if self.activations is not None:
+                    self.activations.enabled = False
+                return self.activations
+            offload = _activations.ActivationOffload(self.runtime, self.device, home, min_bytes)
+            if self.activations is not None:  # keep the one whose tensors are still packed
+                self.activations.home, self.activations.min_bytes = offload.home, offload.min_bytes
+                self.activations.enabled = True
+            else:
+                self.activations = offload
+            return self.activations
+
     def named_parameters(self):
         return [(rec.name, rec.param) for rec in self.params]
 
@@ -1069,7 +1094,7 @@ def sized_budgets(model, device, compute_tier):
 
 def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config=None,
             param_home=None, grad_home="nvme", average_gradients=None, process_group=None,
-            compute_tier=None, param_init_fn=None, **config_fields):
+            compute_tier=None, param_init_fn=None, activations=None, **config_fields):
     """Puts model's parameters under a new Strata runtime and hooks its forward and backward.
 
     nvme_path: the directory for the swap file ("{rank}" is replaced by the torch.distributed
@@ -1087,8 +1112,13 @@ def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config
     param_init_fn: for parameters on the meta device, f(module) initialising a module's own
     parameters, called one module at a time as they go into Strata (default: the module's
     reset_parameters()), so that a model larger than host RAM never exists whole there.
+    activations: "nvme" or "pinned" moves the tensors autograd saves for backward into Strata
+    (OffloadedModel.offload_activations); None (default) leaves them with torch.
     Returns an OffloadedModel; the model itself is used as before.
     """
+    if activations not in (None, "nvme", "pinned"):
+        raise StrataError(_lib.E_INVALID, f"activations={activations!r}: 'nvme', 'pinned' or "
+                                          "None")
     cfg, mapped, device = build_config(nvme_path, device, config, deepspeed_config,
                                        **config_fields)
     budgets = None
@@ -1112,8 +1142,12 @@ def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config
         chosen = runtime.stats()["pinned_budget_bytes"]
         budgets["pinned_budget_bytes"] = (chosen, budgets["pinned_budget_bytes"][1])
     try:
-        return OffloadedModel(model, runtime, device, param_home, grad_home, average_gradients,
-                              process_group, mapped, compute_tier, param_init_fn, budgets)
+        handle = OffloadedModel(model, runtime, device, param_home, grad_home,
+                                average_gradients, process_group, mapped, compute_tier,
+                                param_init_fn, budgets)
+        if activations is not None:
+            handle.offload_activations(activations)
+        return handle
     except BaseException:
         runtime.close()
         raise

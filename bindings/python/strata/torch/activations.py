@@ -1,0 +1,114 @@
+"""Activation offload (issue 22, point 3): the tensors autograd saves for backward go into
+Strata - pinned memory, spilled to NVMe under pressure - and come back, in reverse order, when
+backward unpacks them. The bytes come back exactly, so gradients are those without offload.
+
+    handle = strata.torch.offload(model, nvme_path, activations="nvme")
+
+OffloadedModel's saved-tensors hooks (torch.autograd.graph.saved_tensors_hooks, which the
+forward of the offloaded model enters) call pack / unpack here for every saved tensor that is
+not a parameter's memory. A saved tensor smaller than min_bytes, not contiguous, or a
+parameter stays with torch: moving it would cost more than it saves, or change its layout.
+"""
+
+import weakref
+
+import torch
+
+from .. import _lib
+from ..errors import StrataError
+from . import _views
+
+# Below this, a saved tensor stays with torch (biases, norms' statistics, indices): a Strata
+# tensor costs a registration, a 4 KiB-rounded pinned buffer and an NVMe extent.
+DEFAULT_MIN_BYTES = 64 << 10
+
+
+class SavedActivation:
+    """A saved tensor held by Strata; its Strata tensor goes when autograd drops this."""
+
+    __slots__ = ("tensor", "shape", "dtype", "device", "index", "__weakref__")
+
+    def __init__(self, tensor, shape, dtype, device, index):
+        self.tensor, self.shape, self.dtype, self.device = tensor, shape, dtype, device
+        self.index = index
+
+
+def _forget(tensor):
+    if not tensor.runtime.closed:
+        tensor.unregister()
+
+
+class ActivationOffload:
+    """The saved activations of one OffloadedModel."""
+
+    def __init__(self, runtime, device, home="nvme", min_bytes=DEFAULT_MIN_BYTES):
+        if home not in ("nvme", "pinned"):
+            raise StrataError(_lib.E_INVALID, f"activations home {home!r}: 'nvme' or 'pinned'")
+        if int(min_bytes) < 1:
+            raise StrataError(_lib.E_INVALID, f"activations min_bytes {min_bytes}: must be >= 1")
+        self.runtime = runtime
+        self.device = device
+        self.enabled = True
+        self.home = home
+        self.min_bytes = int(min_bytes)
+        self._count = 0
+        self._live = {}  # index -> weakref to SavedActivation, in packing order
+        self.packed_bytes = 0  # since creation
+        self.held_bytes = 0  # now: packed and not yet collected by autograd
+        self.peak_held_bytes = 0
+
+    def wanted(self, t):
+        return (isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter)
+                and t.device == self.device and t.is_contiguous() and not t.is_sparse
+                and t.numel() * t.element_size() >= self.min_bytes)
+
+    def pack(self, t):
+        nbytes = t.numel() * t.element_size()
+        index = self._count
+        self._count += 1
+        tensor = self.runtime.register(f"activation.{index}", nbytes, "u8",
+                                       "activation_checkpoint", -1, self.home)
+        try:
+            acq = tensor.acquire("pinned", discard=True)
+            try:
+                view = _views.as_tensor(acq, torch.uint8, (nbytes,), torch.device("cpu"))
+                view.copy_(t.detach().reshape(-1).view(torch.uint8))
+            finally:
+                acq.release(dirty=True, stream=_views.stream_pointer(self.device))
+        except BaseException:
+            tensor.unregister()
+            raise
+        saved = SavedActivation(tensor, tuple(t.shape), t.dtype, t.device, index)
+        weakref.finalize(saved, _forget, tensor)
+        weakref.finalize(saved, self._dropped, index, nbytes)
+        self._live[index] = weakref.ref(saved)
+        self.packed_bytes += nbytes
+        self.held_bytes += nbytes
+        self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)
+        return saved
+
+    def _dropped(self, index, nbytes):
+        self._live.pop(index, None)
+        self.held_bytes -= nbytes
+
+    def unpack(self, saved):
+        self._prefetch_before(saved.index)
+        out = torch.empty(saved.shape, dtype=saved.dtype, device=saved.device)
+        acq = saved.tensor.acquire("pinned")
+        try:
+            view = _views.as_tensor(acq, torch.uint8, (saved.tensor.nbytes,),
+                                    torch.device("cpu"))
+            out.reshape(-1).view(torch.uint8).copy_(view)
+        finally:
+            acq.release()
+        return out
+
+    def _prefetch_before(self, index):
+        """Backward unpacks in about the reverse of packing order: bring the activation packed
+        just before this one toward pinned memory while this one is used."""
+        for earlier in range(index - 1, max(-1, index - 8), -1):
+            ref = self._live.get(earlier)
+            saved = ref() if ref is not None else None
+            if saved is not None:
+                saved.tensor.prefetch("pinned")
+                return
