@@ -558,6 +558,64 @@ STRATA_API int strata_optimizer_export(strata_runtime* rt, const char* path);
 STRATA_API int strata_optimizer_import(strata_runtime* rt, const char* path);
 
 /* ---------------------------------------------------------------------------------------------
+ * NF4 quantization (QLoRA's 4-bit NormalFloat, for a frozen base model's weights)
+ *
+ * Pure functions of their arguments: no runtime handle, so they return the code only (there is
+ * no last-error text to read). Any thread, any number at once, as long as no call writes a
+ * buffer another reads. Details and the derivation: docs/quantization.md.
+ *
+ * Packed format (little-endian) of count elements: blocks of STRATA_NF4_BLOCK_ELEMENTS
+ * consecutive elements (the last may be short); first one float32 absmax per block (the largest
+ * |x| of the block), then ceil(count / 2) bytes of 4-bit codes, element 2i in the low nibble and
+ * element 2i + 1 in the high nibble of byte i (an odd count's last high nibble is 0). Code k of a
+ * block decodes to NF4[k] * absmax as an fp32 product rounded to nearest even, then rounded to
+ * nearest even into bf16 or fp16 for those outputs. NF4 is the 16-value table of the QLoRA paper
+ * (appendix E): -1, -0.6961928, ..., 0 (code 7), ..., 0.7229568, 1. The buffer does not record
+ * count: keep it beside the buffer.
+ *
+ * Error bound, for every element x of a block with scale absmax, decoded to y:
+ *   |x - y| <= absmax * 0.15190359950065613 + u * |y| + eta
+ * (0.1519... is half the largest gap between neighbouring NF4 values; each element gets the
+ * exactly nearest value, ties to the lower code), with (u, eta) = (2^-24, 2^-150) for fp32
+ * output, (2^-8 + 2^-23, 2^-133) for bf16, (2^-11 + 2^-23, 2^-24) for fp16.
+ * ------------------------------------------------------------------------------------------- */
+#define STRATA_NF4_BLOCK_ELEMENTS 64
+
+/* Bytes of the packed form of count elements: 4 * ceil(count / 64) + ceil(count / 2); 0 when
+ * count is 0 or above 2^56 (which no NF4 function accepts). */
+STRATA_API uint64_t strata_nf4_packed_bytes(uint64_t count);
+
+/* Quantizes count elements of src (STRATA_DTYPE_F32, _BF16 or _F16; any alignment) into dst,
+ * which must hold strata_nf4_packed_bytes(count) bytes (dst_bytes may be larger; only that many
+ * are written). Exact and deterministic: the same input gives the same bytes on every machine.
+ * STRATA_E_INVALID, with dst untouched, for NULL pointers, count 0 or above 2^56, dst_bytes too
+ * small, another dtype, or a NaN or infinity in src. src and dst must not overlap. */
+STRATA_API int strata_nf4_quantize(const void* src, strata_dtype src_dtype, uint64_t count,
+                                   void* dst, uint64_t dst_bytes);
+
+/* Dequantizes a packed buffer in host memory into dst (count elements of dst_dtype: F32, BF16 or
+ * F16; any alignment), with the fastest SIMD path of this CPU (scalar, AVX2, AVX-512: all write
+ * the same bits, and the same bits as strata_nf4_dequantize_cuda). src_bytes must equal
+ * strata_nf4_packed_bytes(count). STRATA_E_INVALID, with dst untouched, for NULL pointers, bad
+ * sizes, another dtype, a buffer that is not NF4 data (an absmax that is not a finite number
+ * >= 0, a non-zero padding nibble), or a block whose absmax would round to infinity in dst_dtype
+ * (fp16: 65520 and above). */
+STRATA_API int strata_nf4_dequantize(const void* src, uint64_t src_bytes, uint64_t count,
+                                     void* dst, strata_dtype dst_dtype);
+
+/* The same on the GPU: src_device and dst_device are memory of the current CUDA device (or
+ * managed, or mapped pinned host memory), dst_device aligned to its dtype's size, cuda_stream a
+ * cudaStream_t (NULL: the legacy default stream). Only enqueues the work: dst_device is ready when
+ * the stream has run it. The buffer is not read on the host, so it is not checked for being NF4
+ * data and a block that overflows fp16 or bf16 decodes to infinities: check a buffer once with
+ * strata_nf4_dequantize (or keep what strata_nf4_quantize wrote) before uploading it.
+ * STRATA_E_INVALID for bad arguments or pointers the GPU cannot address, STRATA_E_DEVICE when CUDA
+ * reports an error, STRATA_E_UNSUPPORTED in a build without CUDA. */
+STRATA_API int strata_nf4_dequantize_cuda(const void* src_device, uint64_t src_bytes,
+                                          uint64_t count, void* dst_device, strata_dtype dst_dtype,
+                                          void* cuda_stream);
+
+/* ---------------------------------------------------------------------------------------------
  * PyTorch pluggable allocator
  *
  * Entry points for torch.cuda.memory.CUDAPluggableAllocator, so that PyTorch's own GPU tensors
