@@ -248,6 +248,11 @@ _PROTOTYPES = {
     "strata_optimizer_import": (c_int, [_R, c_char_p]),
     "strata_torch_alloc": (c_void_p, [c_ssize_t, c_int, c_void_p]),
     "strata_torch_free": (None, [c_void_p, c_ssize_t, c_int, c_void_p]),
+    "strata_nf4_packed_bytes": (c_uint64, [c_uint64]),
+    "strata_nf4_quantize": (c_int, [c_void_p, c_int, c_uint64, c_void_p, c_uint64]),
+    "strata_nf4_dequantize": (c_int, [c_void_p, c_uint64, c_uint64, c_void_p, c_int]),
+    "strata_nf4_dequantize_cuda": (c_int, [c_void_p, c_uint64, c_uint64, c_void_p, c_int,
+                                           c_void_p]),
 }
 
 # The functions whose absence is tolerated at load time (added after 0.1.0's first cut).

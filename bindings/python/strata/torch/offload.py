@@ -44,6 +44,7 @@ from ..errors import StrataError
 from ..runtime import Runtime
 from . import _views
 from . import activations as _activations
+from . import nf4 as _nf4
 
 _FORWARD, _BACKWARD, _OPTIMIZER = "forward", "backward", "optimizer"
 
@@ -53,7 +54,7 @@ class _Param:
 
     __slots__ = ("name", "param", "shape", "dtype", "tensor", "grad", "units", "pins",
                  "acquisition", "bwd_held", "grad_written", "grad_zero", "grad_consumed",
-                 "grad_stale", "placeholder", "sentinel",
+                 "grad_stale", "placeholder", "sentinel", "codec", "decoded",
                  "hooks", "owner", "names", "__weakref__")
 
     def __init__(self, name, param):
@@ -80,6 +81,10 @@ class _Param:
         self.owner = None
         self.placeholder = None  # p.data between uses: the full shape over one element
         self.sentinel = None  # that one element (NaN for floating point)
+        # "nf4": the tensor holds the packed NF4 form of a frozen weight (nf4.py); decoded is
+        # the dequantized torch tensor while the parameter is in use.
+        self.codec = None
+        self.decoded = None
 
     @property
     def numel(self):
@@ -236,7 +241,7 @@ class OffloadedModel:
 
     def __init__(self, module, runtime, device, param_home="nvme", grad_home="nvme",
                  average_gradients=None, process_group=None, mapped=None, compute_tier=None,
-                 param_init_fn=None, budgets=None):
+                 param_init_fn=None, budgets=None, quantize_frozen=None):
         self.module = module
         self.budgets = budgets  # {field: (bytes, why)} for budgets offload() sized itself
         self.runtime = runtime
@@ -273,6 +278,10 @@ class OffloadedModel:
         self._closed = False
         self._original_forward = None
         self._param_init_fn = param_init_fn
+        if quantize_frozen not in (None, "nf4"):
+            raise StrataError(_lib.E_INVALID, f"quantize_frozen={quantize_frozen!r}: 'nf4' or "
+                                              "None")
+        self.quantize_frozen = quantize_frozen
         self.activations = None  # an ActivationOffload once offload_activations() ran
         try:
             self._register(module)
@@ -380,7 +389,8 @@ class OffloadedModel:
                 if rec is None:
                     rec = _Param(names.get(id(p), f"{module_name}.?"), p)
                     by_id[id(p)] = rec
-                    self._register_param(rec, unit.index)
+                    linear_weight = isinstance(sub, torch.nn.Linear) and key == "weight"
+                    self._register_param(rec, unit.index, linear_weight)
                     self.params.append(rec)
                 elif full_name not in rec.names:
                     rec.names.append(full_name)
@@ -428,7 +438,7 @@ class OffloadedModel:
         module.forward = forward
         module._strata_offload = self
 
-    def _register_param(self, rec, layer):
+    def _register_param(self, rec, layer, linear_weight=False):
         rt = self.runtime
         p = rec.param
         dtype = _views.TORCH_TO_STRATA[p.dtype]
@@ -437,9 +447,18 @@ class OffloadedModel:
             raise StrataError(_lib.E_INVALID, f"parameter {rec.name!r} is empty")
         # A frozen parameter (a LoRA base) is read-only in Strata: streamed from its home as
         # often as the budgets force it out, never written back, no gradient or optimizer state.
-        rec.tensor = rt.register(rec.name, nbytes, dtype, "parameter", layer, self.param_home,
-                                 read_only=not p.requires_grad)
-        rec.tensor.write(_views.host_numpy(p))
+        # QLoRA: a frozen linear weight is kept in NF4 (quantize_frozen="nf4").
+        if self.quantize_frozen == "nf4" and linear_weight and not p.requires_grad and \
+                p.dtype in (torch.float32, torch.bfloat16, torch.float16):
+            packed = _nf4.quantize(p, repr(rec.name))
+            rec.tensor = rt.register(rec.name, packed.numel(), "u8", "parameter", layer,
+                                     self.param_home, read_only=True)
+            rec.tensor.write(packed.numpy())
+            rec.codec = "nf4"
+        else:
+            rec.tensor = rt.register(rec.name, nbytes, dtype, "parameter", layer,
+                                     self.param_home, read_only=not p.requires_grad)
+            rec.tensor.write(_views.host_numpy(p))
         rec.owner = weakref.ref(self)
         if p.requires_grad:
             self._ensure_grad(rec, layer)
@@ -479,13 +498,32 @@ class OffloadedModel:
             raise StrataError(_lib.E_STATE, f"parameter {rec.name!r} was unfrozen while in use "
                                             "(between its module's forward and backward): "
                                             "unfreeze it between steps")
-        value = torch.empty(rec.shape, dtype=rec.dtype)
-        rec.tensor.read(_np_view(value))
+        value = self._read_value(rec)
         old = rec.tensor
-        rec.tensor = self.runtime.register(rec.name, old.nbytes, old.dtype, "parameter", layer,
+        rec.tensor = self.runtime.register(rec.name, rec.numel * value.element_size(),
+                                           _views.TORCH_TO_STRATA[rec.dtype], "parameter", layer,
                                            self.param_home)
         rec.tensor.write(_views.host_numpy(value))
+        rec.codec = None
         old.unregister()
+
+    def _read_value(self, rec):
+        """The parameter's value from Strata as a new CPU tensor (an NF4 weight dequantized)."""
+        if rec.codec == "nf4":
+            packed = torch.empty(rec.tensor.nbytes, dtype=torch.uint8)
+            rec.tensor.read(packed.numpy())
+            return _nf4.dequantize(packed, rec.shape, rec.dtype, repr(rec.name))
+        value = torch.empty(rec.shape, dtype=rec.dtype)
+        rec.tensor.read(_np_view(value))
+        return value
+
+    def _write_value(self, rec, value):
+        """Gives the parameter a new value (an NF4 weight is quantized again)."""
+        value = value.detach().to(rec.dtype)
+        if rec.codec == "nf4":
+            rec.tensor.write(_nf4.quantize(value, repr(rec.name)).numpy())
+        else:
+            rec.tensor.write(_views.host_numpy(value))
 
     # -- residency ------------------------------------------------------------------------------
     def _pin(self, rec):
@@ -497,7 +535,11 @@ class OffloadedModel:
                 self._check_placeholder(rec)
                 self._check_room(rec.tensor.nbytes, rec.name)
                 acq = rec.tensor.acquire(self.compute_tier)
-                data = _views.as_tensor(acq, rec.dtype, rec.shape, self.device)
+                try:
+                    data = self._decode(rec, acq)
+                except BaseException:
+                    acq.release(dirty=False, stream=_views.stream_pointer(self.device))
+                    raise
             except BaseException:
                 rec.pins -= 1
                 raise
@@ -517,7 +559,16 @@ class OffloadedModel:
             self._held_bytes -= rec.tensor.nbytes
             self._fetched.pop(_views.storage_address(rec.param.data), None)
             rec.param.data = rec.placeholder
+            rec.decoded = None  # the dequantized copy of an NF4 weight goes back to torch
             acq.release(dirty=False, stream=_views.stream_pointer(self.device))
+
+    def _decode(self, rec, acq):
+        """The torch tensor p.data is while the parameter is in use: Strata's memory itself,
+        or for an NF4 weight its dequantization into torch memory on the compute device."""
+        if rec.codec != "nf4":
+            return _views.as_tensor(acq, rec.dtype, rec.shape, self.device)
+        rec.decoded = torch.empty(rec.shape, dtype=rec.dtype, device=self.device)
+        return _nf4.dequantize_into(acq.data, acq.nbytes, rec.decoded, repr(rec.name))
 
     def _check_room(self, nbytes, what):
         """Refuses at once an acquire on the compute tier that cannot succeed: the parameters
@@ -769,10 +820,7 @@ class OffloadedModel:
 
     def parameter(self, param_or_name):
         """Reads a parameter's current value from Strata into a new CPU tensor."""
-        rec = self._record(param_or_name)
-        out = torch.empty(rec.shape, dtype=rec.dtype)
-        rec.tensor.read(_np_view(out))
-        return out
+        return self._read_value(self._record(param_or_name))
 
     def gradient(self, param_or_name):
         """This step's gradient of a parameter, as a new CPU tensor (None where torch's p.grad
@@ -896,11 +944,10 @@ class OffloadedModel:
                 if restore and rec.tensor is not None and not self.runtime.closed:
                     while rec.pins:
                         self._unpin(rec)
-                    value = torch.empty(rec.shape, dtype=rec.dtype)
                     try:
-                        rec.tensor.read(_np_view(value))
+                        value = self._read_value(rec)
                     except StrataError:
-                        pass
+                        value = torch.empty(rec.shape, dtype=rec.dtype)
                     rec.param.data = value.to(self.device)
                 rec.param._strata = None
         finally:
@@ -982,7 +1029,7 @@ def _load_from_state_dict(owner_ref, unit, state_dict, prefix, local_metadata, s
                                   f"{tuple(value.shape)} from checkpoint, the shape in current "
                                   f"model is {rec.shape}.")
                 continue
-            rec.tensor.write(_views.host_numpy(value.detach().to(rec.dtype)))
+            owner._write_value(rec, value)
     try:
         type(module)._load_from_state_dict(module, state_dict, prefix, local_metadata, strict,
                                            missing_keys, unexpected_keys, error_msgs)
@@ -1094,7 +1141,8 @@ def sized_budgets(model, device, compute_tier):
 
 def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config=None,
             param_home=None, grad_home="nvme", average_gradients=None, process_group=None,
-            compute_tier=None, param_init_fn=None, activations=None, **config_fields):
+            compute_tier=None, param_init_fn=None, activations=None, quantize_frozen=None,
+            **config_fields):
     """Puts model's parameters under a new Strata runtime and hooks its forward and backward.
 
     nvme_path: the directory for the swap file ("{rank}" is replaced by the torch.distributed
@@ -1114,6 +1162,8 @@ def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config
     reset_parameters()), so that a model larger than host RAM never exists whole there.
     activations: "nvme" or "pinned" moves the tensors autograd saves for backward into Strata
     (OffloadedModel.offload_activations); None (default) leaves them with torch.
+    quantize_frozen: "nf4" stores every frozen (requires_grad=False) nn.Linear weight in NF4
+    (QLoRA; strata.torch.nf4), dequantized where torch computes; None (default) keeps dtypes.
     Returns an OffloadedModel; the model itself is used as before.
     """
     if activations not in (None, "nvme", "pinned"):
@@ -1144,7 +1194,7 @@ def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config
     try:
         handle = OffloadedModel(model, runtime, device, param_home, grad_home,
                                 average_gradients, process_group, mapped, compute_tier,
-                                param_init_fn, budgets)
+                                param_init_fn, budgets, quantize_frozen)
         if activations is not None:
             handle.offload_activations(activations)
         return handle
