@@ -81,3 +81,16 @@ def test_a_bad_activations_home_is_refused(nvme_dir):
     with pytest.raises(strata.StrataError, match="activations"):
         st.offload(llama(hidden=64, layers=1), nvme_path=nvme_dir, device="cpu",
                    activations="disk")
+
+
+def test_a_permuted_tensor_comes_back_in_its_own_strides_and_a_sliced_one_stays(nvme_dir):
+    handle = st.offload(llama(hidden=64, layers=1), nvme_path=nvme_dir, device="cpu",
+                        activations="pinned", nvme_capacity_bytes=64 << 20,
+                        pinned_budget_bytes=16 << 20)
+    acts = handle.activations
+    permuted = torch.randn(4, 64, 128).transpose(1, 2)  # q or k in attention
+    assert not permuted.is_contiguous() and acts.wanted(permuted)
+    back = acts.unpack(acts.pack(permuted))
+    assert back.stride() == permuted.stride() and torch.equal(back, permuted)
+    assert not acts.wanted(torch.randn(64, 256)[:, :128])  # gaps: its bytes are not its values
+    assert not acts.wanted(torch.randn(1, 256).expand(512, 256))  # overlapping

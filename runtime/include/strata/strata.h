@@ -600,8 +600,8 @@ STRATA_API int strata_nf4_quantize(const void* src, strata_dtype src_dtype, uint
  * sizes, another dtype, a buffer that is not NF4 data (an absmax that is not a finite number
  * >= 0, a non-zero padding nibble), or a block whose absmax would round to infinity in dst_dtype
  * (fp16: 65520 and above). */
-STRATA_API int strata_nf4_dequantize(const void* src, uint64_t src_bytes, uint64_t count,
-                                     void* dst, strata_dtype dst_dtype);
+STRATA_API int strata_nf4_dequantize(const void* src, uint64_t src_bytes, uint64_t count, void* dst,
+                                     strata_dtype dst_dtype);
 
 /* The same on the GPU: src_device and dst_device are memory of the current CUDA device (or
  * managed, or mapped pinned host memory), dst_device aligned to its dtype's size, cuda_stream a

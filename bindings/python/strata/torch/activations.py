@@ -6,8 +6,10 @@ backward unpacks them. The bytes come back exactly, so gradients are those witho
 
 OffloadedModel's saved-tensors hooks (torch.autograd.graph.saved_tensors_hooks, which the
 forward of the offloaded model enters) call pack / unpack here for every saved tensor that is
-not a parameter's memory. A saved tensor smaller than min_bytes, not contiguous, or a
-parameter stays with torch: moving it would cost more than it saves, or change its layout.
+not a parameter's memory. A saved tensor smaller than min_bytes, one whose elements overlap
+or leave gaps (an expanded or sliced view: its bytes are not its values), or a parameter stays
+with torch. A dense tensor in another layout (a transposed q or k) comes back in its own
+strides.
 """
 
 import weakref
@@ -26,11 +28,25 @@ DEFAULT_MIN_BYTES = 64 << 10
 class SavedActivation:
     """A saved tensor held by Strata; its Strata tensor goes when autograd drops this."""
 
-    __slots__ = ("tensor", "shape", "dtype", "device", "index", "__weakref__")
+    __slots__ = ("tensor", "shape", "stride", "dtype", "device", "index", "__weakref__")
 
-    def __init__(self, tensor, shape, dtype, device, index):
-        self.tensor, self.shape, self.dtype, self.device = tensor, shape, dtype, device
-        self.index = index
+    def __init__(self, tensor, shape, stride, dtype, device, index):
+        self.tensor, self.shape, self.stride = tensor, shape, stride
+        self.dtype, self.device, self.index = dtype, device, index
+
+
+def _dense(t):
+    """Whether t's elements fill a span of its storage exactly once, in some order of its
+    dimensions (a permutation of a contiguous tensor): then its values are numel elements."""
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for size, stride in sorted(((s, st) for s, st in zip(t.shape, t.stride()) if s != 1),
+                               key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _forget(tensor):
@@ -59,8 +75,8 @@ class ActivationOffload:
 
     def wanted(self, t):
         return (isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter)
-                and t.device == self.device and t.is_contiguous() and not t.is_sparse
-                and t.numel() * t.element_size() >= self.min_bytes)
+                and t.device == self.device and t.layout == torch.strided
+                and t.numel() * t.element_size() >= self.min_bytes and _dense(t))
 
     def pack(self, t):
         nbytes = t.numel() * t.element_size()
@@ -72,13 +88,15 @@ class ActivationOffload:
             acq = tensor.acquire("pinned", discard=True)
             try:
                 view = _views.as_tensor(acq, torch.uint8, (nbytes,), torch.device("cpu"))
-                view.copy_(t.detach().reshape(-1).view(torch.uint8))
+                # A permuted layout is copied in logical order; unpack restores its strides.
+                view.copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
             finally:
                 acq.release(dirty=True, stream=_views.stream_pointer(self.device))
         except BaseException:
             tensor.unregister()
             raise
-        saved = SavedActivation(tensor, tuple(t.shape), t.dtype, t.device, index)
+        saved = SavedActivation(tensor, tuple(t.shape), tuple(t.stride()), t.dtype, t.device,
+                                index)
         weakref.finalize(saved, _forget, tensor)
         weakref.finalize(saved, self._dropped, index, nbytes)
         self._live[index] = weakref.ref(saved)
@@ -93,15 +111,19 @@ class ActivationOffload:
 
     def unpack(self, saved):
         self._prefetch_before(saved.index)
-        out = torch.empty(saved.shape, dtype=saved.dtype, device=saved.device)
+        logical = torch.empty(saved.shape, dtype=saved.dtype, device=saved.device)
         acq = saved.tensor.acquire("pinned")
         try:
             view = _views.as_tensor(acq, torch.uint8, (saved.tensor.nbytes,),
                                     torch.device("cpu"))
-            out.reshape(-1).view(torch.uint8).copy_(view)
+            logical.reshape(-1).view(torch.uint8).copy_(view)
         finally:
             acq.release()
-        return out
+        if saved.stride == logical.stride():
+            return logical
+        out = torch.empty_strided(saved.shape, saved.stride, dtype=saved.dtype,
+                                  device=saved.device)
+        return out.copy_(logical)
 
     def _prefetch_before(self, index):
         """Backward unpacks in about the reverse of packing order: bring the activation packed

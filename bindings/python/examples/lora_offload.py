@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""LoRA / QLoRA with the frozen base streamed from NVMe, and activation offload, on the CPU
+(issue 22; docs/results.md, "LoRA and QLoRA").
+
+    # LoRA on a scaled llama-2-7b (its shapes at hidden 1024, 8 layers), the base streamed:
+    # NVMe bytes per step against the adapters' state, step time against max(reading the base
+    # twice at the rate measured in the same run, the same step with the base in memory)
+    /usr/bin/python3 bindings/python/examples/lora_offload.py lora --nvme /var/tmp
+    /usr/bin/python3 bindings/python/examples/lora_offload.py lora --quantize nf4 --nvme /var/tmp
+
+    # The longest sequence whose training step stays within a host-memory budget (peak resident
+    # set above the interpreter's), with and without activation offload; one process per try
+    /usr/bin/python3 bindings/python/examples/lora_offload.py longest-seq --budget-mib 1024 \
+        --nvme /var/tmp
+
+Each line printed is one JSON object.
+"""
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def build(args):
+    import torch
+
+    from strata.torch import lora
+    from tiny_llama import PRESETS, Llama
+
+    torch.manual_seed(0)
+    config = PRESETS["llama-2-7b"].scaled(args.hidden, args.layers, vocab_size=256,
+                                          max_positions=max(args.seq, 64))
+    return lora.apply(Llama(config), rank=args.rank, alpha=2 * args.rank, targets=TARGETS)
+
+
+def nbytes(params):
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+def lora_step_figures(args):
+    """One JSON line: the streamed run's per-step NVMe bytes and time, and its yardsticks."""
+    import torch
+
+    import strata.torch as st
+    from strata.torch import lora
+    from tiny_llama import batches, corpus_bytes, loss_fn
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    data = batches(corpus_bytes(), args.steps, batch=args.batch, seq=args.seq, seed=1)
+
+    # The yardstick "compute": the same LoRA step with the base in memory (plain torch).
+    model = build(args)
+    opt = torch.optim.AdamW(lora.trainable(model), lr=1e-3)
+    in_memory = []
+    for x, y in data:
+        start = time.perf_counter()
+        loss_fn(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        in_memory.append(time.perf_counter() - start)
+    del model, opt
+
+    model = build(args)
+    base_params = [p for p in model.parameters() if not p.requires_grad]
+    adapters = lora.trainable(model)
+    with tempfile.TemporaryDirectory(dir=args.nvme) as d:
+        handle = st.offload(model, nvme_path=d, device="cpu", quantize_frozen=args.quantize,
+                            nvme_capacity_bytes=args.nvme_capacity_mib << 20,
+                            pinned_budget_bytes=args.pinned_mib << 20)
+        stored_base = sum(p._strata.tensor.nbytes for p in base_params)
+        # The drive's read rate through Strata in this run: every base tensor read once, cold
+        # (the pinned budget holds a fraction of it; reads are O_DIRECT).
+        start = time.perf_counter()
+        before = handle.runtime.stats()["nvme_bytes_read"]
+        for p in base_params:
+            handle.parameter(p)
+        read_seconds = time.perf_counter() - start
+        read_rate = (handle.runtime.stats()["nvme_bytes_read"] - before) / read_seconds
+        opt = st.AdamW(adapters, lr=1e-3)
+        steps = []
+        for x, y in data:
+            s0 = handle.runtime.stats()
+            start = time.perf_counter()
+            loss_fn(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            handle.runtime.sync()
+            seconds = time.perf_counter() - start
+            s1 = handle.runtime.stats()
+            steps.append({
+                "seconds": seconds,
+                "nvme_written": s1["nvme_bytes_written"] - s0["nvme_bytes_written"],
+                "base_read": (s1["nvme_bytes_read_by_kind"]["parameter"] -
+                              s0["nvme_bytes_read_by_kind"]["parameter"]),
+                "base_written": (s1["nvme_bytes_written_by_kind"]["parameter"] -
+                                 s0["nvme_bytes_written_by_kind"]["parameter"]),
+            })
+        handle.close()
+    later = steps[1:]  # the first step records the schedule
+    adapter_state = 5 * nbytes(adapters)  # fp32: weight, gradient, master, m, v
+    step = sorted(s["seconds"] for s in later)[len(later) // 2]
+    compute = sorted(in_memory[1:])[len(in_memory[1:]) // 2]
+    read_twice = 2 * stored_base / read_rate
+    print(json.dumps({
+        "mode": "lora", "quantize": args.quantize, "hidden": args.hidden, "layers": args.layers,
+        "seq": args.seq, "batch": args.batch, "pinned_mib": args.pinned_mib,
+        "base_bytes_stored": stored_base, "base_bytes_fp32": nbytes(base_params),
+        "adapter_state_bytes": adapter_state,
+        "nvme_written_per_step_max": max(s["nvme_written"] for s in later),
+        "written_over_adapter_state": max(s["nvme_written"] for s in later) / adapter_state,
+        "base_written_per_step_max": max(s["base_written"] for s in later),
+        "base_read_per_step_min": min(s["base_read"] for s in later),
+        "read_rate_bytes_per_s": read_rate,
+        "step_seconds_median": step, "compute_seconds_median": compute,
+        "read_base_twice_seconds": read_twice,
+        "step_over_bound": step / max(read_twice, compute),
+    }))
+
+
+def peak_run(args):
+    """One training step at args.seq in this process; prints its peak resident set above the
+    interpreter's (after imports and building the model) as one JSON line."""
+    import torch
+
+    import strata.torch as st
+    from strata.torch import lora
+    from tiny_llama import batches, corpus_bytes, loss_fn
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = build(args)
+    x, y = batches(corpus_bytes(), 1, batch=args.batch, seq=args.seq, seed=1)[0]
+    with tempfile.TemporaryDirectory(dir=args.nvme) as d:
+        handle = st.offload(model, nvme_path=d, device="cpu",
+                            activations="nvme" if args.offload_activations else None,
+                            nvme_capacity_bytes=args.nvme_capacity_mib << 20,
+                            pinned_budget_bytes=args.pinned_mib << 20)
+        opt = st.AdamW(lora.trainable(model), lr=1e-3)
+        with open("/proc/self/status") as f:
+            base = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS"))
+        # VmHWM is a high-water mark since exec: reset it (Linux >= 4.0, 5 in clear_refs).
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        loss_fn(model(x), y).backward()
+        opt.step()
+        with open("/proc/self/status") as f:
+            peak = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
+        handle.close()
+    print(json.dumps({"seq": args.seq, "offload": bool(args.offload_activations),
+                      "peak_above_base": peak - base}))
+
+
+def longest_seq(args):
+    """Doubles the sequence from --seq until a step's peak passes the budget, without and with
+    activation offload, each try in a fresh interpreter."""
+    result = {"mode": "longest-seq", "budget_mib": args.budget_mib, "hidden": args.hidden,
+              "layers": args.layers, "batch": args.batch, "pinned_mib": args.pinned_mib}
+    for offload in (False, True):
+        seq, longest, tries = args.seq, 0, []
+        while seq <= args.max_seq:
+            cmd = [sys.executable, os.path.abspath(__file__), "peak-run", "--seq", str(seq),
+                   "--hidden", str(args.hidden), "--layers", str(args.layers),
+                   "--batch", str(args.batch), "--pinned-mib", str(args.pinned_mib),
+                   "--nvme", args.nvme, "--nvme-capacity-mib", str(args.nvme_capacity_mib),
+                   "--threads", str(args.threads)]
+            if offload:
+                cmd.append("--offload-activations")
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            if out.returncode != 0:
+                tries.append({"seq": seq, "error": out.stderr.strip().splitlines()[-1:]})
+                break
+            peak = json.loads(out.stdout.strip().splitlines()[-1])["peak_above_base"]
+            tries.append({"seq": seq, "peak_mib": round(peak / 2**20, 1)})
+            if peak > args.budget_mib << 20:
+                break
+            longest = seq
+            seq *= 2
+        key = "with_offload" if offload else "without_offload"
+        result[key] = {"longest_seq": longest, "tries": tries}
+    without = result["without_offload"]["longest_seq"]
+    result["ratio"] = result["with_offload"]["longest_seq"] / without if without else None
+    print(json.dumps(result))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("lora", "longest-seq", "peak-run"))
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--quantize", choices=("nf4",), default=None)
+    parser.add_argument("--pinned-mib", type=int, default=64)
+    parser.add_argument("--nvme", default=tempfile.gettempdir())
+    parser.add_argument("--nvme-capacity-mib", type=int, default=4096)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--budget-mib", type=int, default=1024)
+    parser.add_argument("--max-seq", type=int, default=65536)
+    parser.add_argument("--offload-activations", action="store_true")
+    args = parser.parse_args()
+    {"lora": lora_step_figures, "longest-seq": longest_seq, "peak-run": peak_run}[args.mode](args)
+
+
+if __name__ == "__main__":
+    main()
