@@ -94,3 +94,17 @@ def test_a_permuted_tensor_comes_back_in_its_own_strides_and_a_sliced_one_stays(
     assert back.stride() == permuted.stride() and torch.equal(back, permuted)
     assert not acts.wanted(torch.randn(64, 256)[:, :128])  # gaps: its bytes are not its values
     assert not acts.wanted(torch.randn(1, 256).expand(512, 256))  # overlapping
+
+
+def test_a_saved_tensor_larger_than_the_pinned_budget_moves_in_chunks(nvme_dir):
+    handle = st.offload(llama(hidden=64, layers=1), nvme_path=nvme_dir, device="cpu",
+                        activations="nvme", nvme_capacity_bytes=128 << 20,
+                        pinned_budget_bytes=16 << 20)
+    acts = handle.activations
+    scores = torch.randn(4, 1024, 1536)  # 24 MiB, an attention score matrix
+    saved = acts.pack(scores)
+    assert len(saved.chunks) == -(-scores.numel() * 4 // acts.chunk_bytes) > 1
+    assert max(c.nbytes for c in saved.chunks) <= 2 << 20  # an eighth of the budget
+    assert torch.equal(acts.unpack(saved), scores)
+    del saved
+    assert handle.runtime.stats()["nvme"]["kinds"]["activation_checkpoint"] == 0

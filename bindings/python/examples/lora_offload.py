@@ -9,7 +9,8 @@
     /usr/bin/python3 bindings/python/examples/lora_offload.py lora --quantize nf4 --nvme /var/tmp
 
     # The longest sequence whose training step stays within a host-memory budget (peak resident
-    # set above the interpreter's), with and without activation offload; one process per try
+    # set above the interpreter's and the model's), with and without activation offload; one
+    # process per try, under a fixed glibc mmap threshold (MALLOC_MMAP_THRESHOLD_)
     /usr/bin/python3 bindings/python/examples/lora_offload.py longest-seq --budget-mib 1024 \
         --nvme /var/tmp
 
@@ -48,7 +49,10 @@ def nbytes(params):
 
 
 def lora_step_figures(args):
-    """One JSON line: the streamed run's per-step NVMe bytes and time, and its yardsticks."""
+    """One JSON line: the streamed run's per-step NVMe bytes and time against its yardsticks,
+    measured in the same process, step by step alternately (the machine is shared and noisy):
+    the same LoRA step with the base in memory (plain torch: "compute"), and reading the base
+    twice at the read rate Strata measured on this drive in this run."""
     import torch
 
     import strata.torch as st
@@ -58,19 +62,8 @@ def lora_step_figures(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     data = batches(corpus_bytes(), args.steps, batch=args.batch, seq=args.seq, seed=1)
-
-    # The yardstick "compute": the same LoRA step with the base in memory (plain torch).
-    model = build(args)
-    opt = torch.optim.AdamW(lora.trainable(model), lr=1e-3)
-    in_memory = []
-    for x, y in data:
-        start = time.perf_counter()
-        loss_fn(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
-        in_memory.append(time.perf_counter() - start)
-    del model, opt
-
+    plain = build(args)
+    plain_opt = torch.optim.AdamW(lora.trainable(plain), lr=1e-3)
     model = build(args)
     base_params = [p for p in model.parameters() if not p.requires_grad]
     adapters = lora.trainable(model)
@@ -79,17 +72,24 @@ def lora_step_figures(args):
                             nvme_capacity_bytes=args.nvme_capacity_mib << 20,
                             pinned_budget_bytes=args.pinned_mib << 20)
         stored_base = sum(p._strata.tensor.nbytes for p in base_params)
-        # The drive's read rate through Strata in this run: every base tensor read once, cold
-        # (the pinned budget holds a fraction of it; reads are O_DIRECT).
+        # The drive's read rate through Strata in this run: the base read once as stored, cold
+        # (the pinned budget holds a fraction of it; the swap file is read with O_DIRECT).
+        import numpy as np
+        scratch = np.empty(max(p._strata.tensor.nbytes for p in base_params), dtype=np.uint8)
         start = time.perf_counter()
         before = handle.runtime.stats()["nvme_bytes_read"]
         for p in base_params:
-            handle.parameter(p)
-        read_seconds = time.perf_counter() - start
-        read_rate = (handle.runtime.stats()["nvme_bytes_read"] - before) / read_seconds
+            p._strata.tensor.read(scratch[:p._strata.tensor.nbytes])
+        read_bytes = handle.runtime.stats()["nvme_bytes_read"] - before
+        read_rate = read_bytes / (time.perf_counter() - start) if read_bytes else None
         opt = st.AdamW(adapters, lr=1e-3)
         steps = []
         for x, y in data:
+            start = time.perf_counter()
+            loss_fn(plain(x), y).backward()
+            plain_opt.step()
+            plain_opt.zero_grad()
+            compute = time.perf_counter() - start
             s0 = handle.runtime.stats()
             start = time.perf_counter()
             loss_fn(model(x), y).backward()
@@ -99,32 +99,39 @@ def lora_step_figures(args):
             seconds = time.perf_counter() - start
             s1 = handle.runtime.stats()
             steps.append({
-                "seconds": seconds,
+                "seconds": seconds, "compute": compute,
                 "nvme_written": s1["nvme_bytes_written"] - s0["nvme_bytes_written"],
+                "parameters_written": (s1["nvme_bytes_written_by_kind"]["parameter"] -
+                                       s0["nvme_bytes_written_by_kind"]["parameter"]),
                 "base_read": (s1["nvme_bytes_read_by_kind"]["parameter"] -
                               s0["nvme_bytes_read_by_kind"]["parameter"]),
-                "base_written": (s1["nvme_bytes_written_by_kind"]["parameter"] -
-                                 s0["nvme_bytes_written_by_kind"]["parameter"]),
             })
         handle.close()
     later = steps[1:]  # the first step records the schedule
+
+    def median(values):
+        values = sorted(values)
+        return values[len(values) // 2]
+
     adapter_state = 5 * nbytes(adapters)  # fp32: weight, gradient, master, m, v
-    step = sorted(s["seconds"] for s in later)[len(later) // 2]
-    compute = sorted(in_memory[1:])[len(in_memory[1:]) // 2]
-    read_twice = 2 * stored_base / read_rate
+    read_twice = 2 * stored_base / read_rate if read_rate else 0.0
+    ratios = [s["seconds"] / max(read_twice, s["compute"]) for s in later]
     print(json.dumps({
         "mode": "lora", "quantize": args.quantize, "hidden": args.hidden, "layers": args.layers,
         "seq": args.seq, "batch": args.batch, "pinned_mib": args.pinned_mib,
         "base_bytes_stored": stored_base, "base_bytes_fp32": nbytes(base_params),
-        "adapter_state_bytes": adapter_state,
+        "adapter_param_bytes": nbytes(adapters), "adapter_state_bytes": adapter_state,
         "nvme_written_per_step_max": max(s["nvme_written"] for s in later),
         "written_over_adapter_state": max(s["nvme_written"] for s in later) / adapter_state,
-        "base_written_per_step_max": max(s["base_written"] for s in later),
+        # every PARAMETER write is an adapter's: equal to the adapters' bytes, the base wrote 0
+        "parameters_written_per_step_max": max(s["parameters_written"] for s in later),
         "base_read_per_step_min": min(s["base_read"] for s in later),
         "read_rate_bytes_per_s": read_rate,
-        "step_seconds_median": step, "compute_seconds_median": compute,
+        "step_seconds_median": median([s["seconds"] for s in later]),
+        "compute_seconds_median": median([s["compute"] for s in later]),
         "read_base_twice_seconds": read_twice,
-        "step_over_bound": step / max(read_twice, compute),
+        "step_over_bound_median": median(ratios),
+        "step_over_bound_range": [min(ratios), max(ratios)],
     }))
 
 
@@ -135,12 +142,15 @@ def peak_run(args):
 
     import strata.torch as st
     from strata.torch import lora
-    from tiny_llama import batches, corpus_bytes, loss_fn
+    from tiny_llama import loss_fn
 
     if args.threads:
         torch.set_num_threads(args.threads)
     model = build(args)
-    x, y = batches(corpus_bytes(), 1, batch=args.batch, seq=args.seq, seed=1)[0]
+    # Random tokens: the example corpus is shorter than the longest sequences tried.
+    torch.manual_seed(1)
+    tokens = torch.randint(0, 256, (args.batch, args.seq + 1))
+    x, y = tokens[:, :-1], tokens[:, 1:]
     with tempfile.TemporaryDirectory(dir=args.nvme) as d:
         handle = st.offload(model, nvme_path=d, device="cpu",
                             activations="nvme" if args.offload_activations else None,
@@ -176,7 +186,11 @@ def longest_seq(args):
                    "--threads", str(args.threads)]
             if offload:
                 cmd.append("--offload-activations")
-            out = subprocess.run(cmd, capture_output=True, text=True)
+            # A fixed mmap threshold: glibc then returns a freed tensor's pages at once, so
+            # the resident set follows the tensors alive (its default raises the threshold
+            # after the first large free and keeps freed heap memory resident).
+            env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if out.returncode != 0:
                 tries.append({"seq": seq, "error": out.stderr.strip().splitlines()[-1:]})
                 break

@@ -26,12 +26,14 @@ DEFAULT_MIN_BYTES = 64 << 10
 
 
 class SavedActivation:
-    """A saved tensor held by Strata; its Strata tensor goes when autograd drops this."""
+    """A saved tensor held by Strata in chunks (Strata tensors of at most chunk_bytes each),
+    which go when autograd drops this."""
 
-    __slots__ = ("tensor", "shape", "stride", "dtype", "device", "index", "__weakref__")
+    __slots__ = ("chunks", "nbytes", "shape", "stride", "dtype", "device", "index",
+                 "__weakref__")
 
-    def __init__(self, tensor, shape, stride, dtype, device, index):
-        self.tensor, self.shape, self.stride = tensor, shape, stride
+    def __init__(self, chunks, nbytes, shape, stride, dtype, device, index):
+        self.chunks, self.nbytes, self.shape, self.stride = chunks, nbytes, shape, stride
         self.dtype, self.device, self.index = dtype, device, index
 
 
@@ -49,9 +51,10 @@ def _dense(t):
     return True
 
 
-def _forget(tensor):
-    if not tensor.runtime.closed:
-        tensor.unregister()
+def _forget(chunks):
+    for tensor in chunks:
+        if not tensor.runtime.closed:
+            tensor.unregister()
 
 
 class ActivationOffload:
@@ -65,6 +68,11 @@ class ActivationOffload:
         self.runtime = runtime
         self.device = device
         self.enabled = True
+        # A saved tensor moves in chunks of an eighth of the pinned budget (4 KiB multiples,
+        # 64 KiB to 16 MiB): an attention score matrix can exceed the whole budget, and each
+        # chunk needs a pinned buffer of its own size on its way to NVMe and back.
+        budget = runtime.stats()["pinned_budget_bytes"]
+        self.chunk_bytes = max(64 << 10, min(16 << 20, budget // 8 // 4096 * 4096))
         self.home = home
         self.min_bytes = int(min_bytes)
         self._count = 0
@@ -82,22 +90,27 @@ class ActivationOffload:
         nbytes = t.numel() * t.element_size()
         index = self._count
         self._count += 1
-        tensor = self.runtime.register(f"activation.{index}", nbytes, "u8",
-                                       "activation_checkpoint", -1, self.home)
+        # A permuted layout is copied in logical order; unpack restores its strides.
+        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        chunks = []
         try:
-            acq = tensor.acquire("pinned", discard=True)
-            try:
-                view = _views.as_tensor(acq, torch.uint8, (nbytes,), torch.device("cpu"))
-                # A permuted layout is copied in logical order; unpack restores its strides.
-                view.copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
-            finally:
-                acq.release(dirty=True, stream=_views.stream_pointer(self.device))
+            for offset in range(0, nbytes, self.chunk_bytes):
+                size = min(self.chunk_bytes, nbytes - offset)
+                tensor = self.runtime.register(f"activation.{index}.{len(chunks)}", size, "u8",
+                                               "activation_checkpoint", -1, self.home)
+                chunks.append(tensor)
+                acq = tensor.acquire("pinned", discard=True)
+                try:
+                    view = _views.as_tensor(acq, torch.uint8, (size,), torch.device("cpu"))
+                    view.copy_(flat[offset:offset + size])
+                finally:
+                    acq.release(dirty=True, stream=_views.stream_pointer(self.device))
         except BaseException:
-            tensor.unregister()
+            _forget(chunks)
             raise
-        saved = SavedActivation(tensor, tuple(t.shape), tuple(t.stride()), t.dtype, t.device,
-                                index)
-        weakref.finalize(saved, _forget, tensor)
+        saved = SavedActivation(chunks, nbytes, tuple(t.shape), tuple(t.stride()), t.dtype,
+                                t.device, index)
+        weakref.finalize(saved, _forget, chunks)
         weakref.finalize(saved, self._dropped, index, nbytes)
         self._live[index] = weakref.ref(saved)
         self.packed_bytes += nbytes
@@ -112,13 +125,16 @@ class ActivationOffload:
     def unpack(self, saved):
         self._prefetch_before(saved.index)
         logical = torch.empty(saved.shape, dtype=saved.dtype, device=saved.device)
-        acq = saved.tensor.acquire("pinned")
-        try:
-            view = _views.as_tensor(acq, torch.uint8, (saved.tensor.nbytes,),
-                                    torch.device("cpu"))
-            logical.reshape(-1).view(torch.uint8).copy_(view)
-        finally:
-            acq.release()
+        flat = logical.reshape(-1).view(torch.uint8)
+        offset = 0
+        for tensor in saved.chunks:
+            acq = tensor.acquire("pinned")
+            try:
+                view = _views.as_tensor(acq, torch.uint8, (tensor.nbytes,), torch.device("cpu"))
+                flat[offset:offset + tensor.nbytes].copy_(view)
+            finally:
+                acq.release()
+            offset += tensor.nbytes
         if saved.stride == logical.stride():
             return logical
         out = torch.empty_strided(saved.shape, saved.stride, dtype=saved.dtype,
@@ -132,5 +148,6 @@ class ActivationOffload:
             ref = self._live.get(earlier)
             saved = ref() if ref is not None else None
             if saved is not None:
-                saved.tensor.prefetch("pinned")
+                for tensor in saved.chunks:
+                    tensor.prefetch("pinned")
                 return
