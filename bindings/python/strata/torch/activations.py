@@ -61,25 +61,27 @@ class ActivationOffload:
     """The saved activations of one OffloadedModel."""
 
     def __init__(self, runtime, device, home="nvme", min_bytes=DEFAULT_MIN_BYTES):
-        if home not in ("nvme", "pinned"):
-            raise StrataError(_lib.E_INVALID, f"activations home {home!r}: 'nvme' or 'pinned'")
-        if int(min_bytes) < 1:
-            raise StrataError(_lib.E_INVALID, f"activations min_bytes {min_bytes}: must be >= 1")
+        self.configure(home, min_bytes)
         self.runtime = runtime
         self.device = device
-        self.enabled = True
         # A saved tensor moves in chunks of an eighth of the pinned budget (4 KiB multiples,
         # 64 KiB to 16 MiB): an attention score matrix can exceed the whole budget, and each
         # chunk needs a pinned buffer of its own size on its way to NVMe and back.
         budget = runtime.stats()["pinned_budget_bytes"]
         self.chunk_bytes = max(64 << 10, min(16 << 20, budget // 8 // 4096 * 4096))
-        self.home = home
-        self.min_bytes = int(min_bytes)
         self._count = 0
         self._live = {}  # index -> weakref to SavedActivation, in packing order
         self.packed_bytes = 0  # since creation
         self.held_bytes = 0  # now: packed and not yet collected by autograd
         self.peak_held_bytes = 0
+
+    def configure(self, home, min_bytes):
+        """Where the next saved tensors go, and the smallest that goes; turns it on."""
+        if home not in ("nvme", "pinned"):
+            raise StrataError(_lib.E_INVALID, f"activations home {home!r}: 'nvme' or 'pinned'")
+        if int(min_bytes) < 1:
+            raise StrataError(_lib.E_INVALID, f"activations min_bytes {min_bytes}: must be >= 1")
+        self.home, self.min_bytes, self.enabled = home, int(min_bytes), True
 
     def wanted(self, t):
         return (isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter)
@@ -110,15 +112,15 @@ class ActivationOffload:
             raise
         saved = SavedActivation(chunks, nbytes, tuple(t.shape), tuple(t.stride()), t.dtype,
                                 t.device, index)
-        weakref.finalize(saved, _forget, chunks)
-        weakref.finalize(saved, self._dropped, index, nbytes)
+        weakref.finalize(saved, self._dropped, index, nbytes, chunks)
         self._live[index] = weakref.ref(saved)
         self.packed_bytes += nbytes
         self.held_bytes += nbytes
         self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)
         return saved
 
-    def _dropped(self, index, nbytes):
+    def _dropped(self, index, nbytes, chunks):
+        _forget(chunks)
         self._live.pop(index, None)
         self.held_bytes -= nbytes
 

@@ -127,37 +127,36 @@ class _SavedParameterView:
         self.dtype = dtype
 
 
-class _PreBackward(torch.autograd.Function):
-    """Identity on a unit's outputs; its backward is the first thing the unit's backward runs."""
+class _UnitBoundary(torch.autograd.Function):
+    """Identity on tensors crossing a unit's boundary; its backward calls on_backward(unit).
+
+    On a unit's outputs it is the first thing the unit's backward runs (_pre_backward). On its
+    inputs it runs once the unit's backward has computed their gradients, i.e. when the unit no
+    longer needs its parameters (_post_backward): a frozen parameter has no gradient whose
+    accumulation would say so, and without it a frozen base (LoRA) would stay held until the
+    whole backward ended and could not stream in backward."""
 
     @staticmethod
-    def forward(ctx, owner, unit, *tensors):
-        ctx.owner = owner
+    def forward(ctx, on_backward, unit, *tensors):
+        ctx.on_backward = on_backward
         ctx.unit = unit
         return tuple(t.detach() for t in tensors)
 
     @staticmethod
     def backward(ctx, *grads):
-        ctx.owner._pre_backward(ctx.unit)
+        ctx.on_backward(ctx.unit)
         return (None, None) + grads
 
 
-class _PostBackward(torch.autograd.Function):
-    """Identity on a unit's inputs; its backward runs once the unit's backward has computed the
-    gradients of those inputs, i.e. when the unit no longer needs its parameters. A frozen
-    parameter has no gradient whose accumulation would say so: without this it would stay held
-    until the whole backward ended, and a frozen base (LoRA) could not stream in backward."""
-
-    @staticmethod
-    def forward(ctx, owner, unit, *tensors):
-        ctx.owner = owner
-        ctx.unit = unit
-        return tuple(t.detach() for t in tensors)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        ctx.owner._post_backward(ctx.unit)
-        return (None, None) + grads
+def _through_boundary(value, on_backward, unit):
+    """value with its tensors that require grad passed through _UnitBoundary (None: none do)."""
+    tensors = []
+    _flatten(value, tensors)
+    tensors = [t for t in tensors if t.requires_grad]
+    if not tensors:
+        return None
+    wrapped = _UnitBoundary.apply(on_backward, unit, *tensors)
+    return _rebuild(value, {id(t): w for t, w in zip(tensors, wrapped)})
 
 
 def _flatten(value, out):
@@ -677,13 +676,8 @@ class OffloadedModel:
                 self._close_phase()
         if not torch.is_grad_enabled():
             return output
-        tensors = []
-        _flatten(output, tensors)
-        tensors = [t for t in tensors if t.requires_grad]
-        if not tensors:
-            return output
-        wrapped = _PreBackward.apply(self, unit, *tensors)
-        return _rebuild(output, {id(t): w for t, w in zip(tensors, wrapped)})
+        wrapped = _through_boundary(output, self._pre_backward, unit)
+        return output if wrapped is None else wrapped
 
     def _pre_backward(self, unit):
         with self._lock:
@@ -695,17 +689,12 @@ class OffloadedModel:
                 self._hold_for_backward(rec)
 
     def _wrap_inputs(self, unit, inputs):
-        """A unit with frozen parameters gets its inputs that require grad wrapped in
-        _PostBackward, so that its backward releases them (None: inputs unchanged)."""
+        """A unit with frozen parameters gets its inputs that require grad passed through a
+        boundary whose backward releases them (None: inputs unchanged; with no input that
+        requires grad, they go at the end of backward)."""
         if not torch.is_grad_enabled() or not any(rec.grad is None for rec in unit.params):
             return None
-        tensors = []
-        _flatten(inputs, tensors)
-        tensors = [t for t in tensors if t.requires_grad]
-        if not tensors:
-            return None  # nothing flows back through it: released at the end of backward
-        wrapped = _PostBackward.apply(self, unit, *tensors)
-        return _rebuild(inputs, {id(t): w for t, w in zip(tensors, wrapped)})
+        return _through_boundary(inputs, self._post_backward, unit)
 
     def _post_backward(self, unit):
         """The unit's backward is done: its frozen parameters go (a later use acquires them
@@ -807,12 +796,11 @@ class OffloadedModel:
                 if self.activations is not None:
                     self.activations.enabled = False
                 return self.activations
-            offload = _activations.ActivationOffload(self.runtime, self.device, home, min_bytes)
-            if self.activations is not None:  # keep the one whose tensors are still packed
-                self.activations.home, self.activations.min_bytes = offload.home, offload.min_bytes
-                self.activations.enabled = True
-            else:
-                self.activations = offload
+            if self.activations is None:
+                self.activations = _activations.ActivationOffload(self.runtime, self.device, home,
+                                                                  min_bytes)
+            else:  # the same one: tensors it packed may still be waiting for backward
+                self.activations.configure(home, min_bytes)
             return self.activations
 
     def named_parameters(self):
