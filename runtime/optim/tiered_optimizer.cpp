@@ -312,14 +312,23 @@ Status TieredOptimizer::add_param(uint32_t group, sched::TensorHandle param,
   const bool on_device = config_.device_streams && both <= config_.device_budget_bytes;
   const uint64_t held =
       on_device ? std::min(both, uint64_t{2} * Pieces::kSlots * sub * widest) : both;
-  const uint64_t need = held + uint64_t{2} * kStateKinds * sizeof(float) * sub;
+  // A parameter that rests in memory (home PINNED or DEVICE: a LoRA adapter beside a streamed
+  // base) keeps its states at home in pinned memory, whole: neither it nor they ever touch NVMe.
+  // Only a parameter whose home is NVMe streams its states from there in sub-groups.
+  const Tier state_home = pinfo.home == Tier::kNvme ? Tier::kNvme : Tier::kPinned;
+  const uint64_t states_held =
+      kStateKinds * sizeof(float) * (state_home == Tier::kPinned ? elements : uint64_t{2} * sub);
+  const uint64_t need = held + states_held;
   if (need > config_.pinned_budget_bytes) {
-    return Status::error(STRATA_E_PINNED_BUDGET,
-                         "parameter '" + name + "' needs " + std::to_string(need) +
-                             " pinned bytes to be updated (pieces of itself and its gradient, "
-                             "and two sub-groups of states); the pinned pool has " +
-                             std::to_string(config_.pinned_budget_bytes) +
-                             " (pinned_budget_bytes less the streaming staging buffers)");
+    return Status::error(
+        STRATA_E_PINNED_BUDGET,
+        "parameter '" + name + "' needs " + std::to_string(need) + " pinned bytes to be updated (" +
+            (state_home == Tier::kPinned
+                 ? "itself and its gradient, and its states at home in pinned memory since the "
+                   "parameter's home is not NVMe"
+                 : "pieces of itself and its gradient, and two sub-groups of states") +
+            "); the pinned pool has " + std::to_string(config_.pinned_budget_bytes) +
+            " (pinned_budget_bytes less the streaming staging buffers)");
   }
 
   Param p;
@@ -348,7 +357,7 @@ Status TieredOptimizer::add_param(uint32_t group, sched::TensorHandle param,
       spec.layer = pinfo.layer;
       spec.shape = {s.elements};
       sched::RegisterOptions options;
-      options.home = Tier::kNvme;
+      options.home = state_home;
       options.bytes = s.elements * sizeof(float);
       auto handle = scheduler_.register_tensor(spec, options);
       if (!handle) return undo(std::move(handle).take_status());

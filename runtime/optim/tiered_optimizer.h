@@ -1,7 +1,9 @@
-// TieredOptimizer: Adam / AdamW over optimizer states that live on NVMe, the engine behind the
+// TieredOptimizer: Adam / AdamW over optimizer states kept off the GPU, the engine behind the
 // strata_optimizer_* calls. It owns, per parameter, the fp32 master weights and the two moments
-// as scheduler tensors (kinds MASTER_WEIGHT, ADAM_M, ADAM_V, home NVMe), split into sub-groups of
-// at most sub_group_elements() elements so that a few sub-groups fit the pinned budget at once.
+// as scheduler tensors (kinds MASTER_WEIGHT, ADAM_M, ADAM_V), split into sub-groups of at most
+// sub_group_elements() elements so that a few sub-groups fit the pinned budget at once. Their home
+// is NVMe when the parameter's is, and pinned memory when the parameter rests in memory (home
+// PINNED or DEVICE: small trainable tensors such as LoRA adapters), where they stay whole.
 //
 // A step streams the sub-groups through pinned memory: prefetch hints keep the reads of the next
 // sub-groups in flight while CpuAdam updates the current one, and the updated states are released

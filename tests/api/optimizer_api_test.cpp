@@ -110,6 +110,8 @@ struct ModelSetup {
   bool gradients_on_device = false;
   // Gradients written in pinned memory, as backward computing on the CPU makes them.
   bool gradients_in_pinned = false;
+  // Where parameters and gradients rest (LoRA adapters: PINNED, their states then too).
+  strata_tier home = STRATA_TIER_NVME;
 };
 
 class Optimizer : public ::testing::Test {
@@ -161,7 +163,7 @@ class Optimizer : public ::testing::Test {
   }
 
   strata_tensor register_tensor(const std::string& name, uint64_t bytes, strata_dtype dtype,
-                                strata_tensor_kind kind) {
+                                strata_tensor_kind kind, strata_tier home = STRATA_TIER_NVME) {
     strata_tensor_desc d{};
     d.struct_size = sizeof d;
     d.name = name.c_str();
@@ -169,7 +171,7 @@ class Optimizer : public ::testing::Test {
     d.dtype = dtype;
     d.kind = kind;
     d.layer = 0;
-    d.home_tier = STRATA_TIER_NVME;
+    d.home_tier = home;
     strata_tensor t = STRATA_TENSOR_NONE;
     EXPECT_EQ(strata_tensor_register(rt_, &d, &t), STRATA_OK) << strata_last_error(rt_);
     return t;
@@ -180,9 +182,9 @@ class Optimizer : public ::testing::Test {
     p.name = "layers." + std::to_string(params_.size()) + ".weight";
     p.n = n;
     p.param = register_tensor(p.name, n * dsize(setup_.param_dtype), setup_.param_dtype,
-                              STRATA_KIND_PARAMETER);
+                              STRATA_KIND_PARAMETER, setup_.home);
     p.grad = register_tensor(p.name + ".grad", n * dsize(setup_.grad_dtype), setup_.grad_dtype,
-                             STRATA_KIND_GRADIENT);
+                             STRATA_KIND_GRADIENT, setup_.home);
     const auto bytes = encode(random_values(n, seed, 1.0f), setup_.param_dtype);
     ASSERT_EQ(strata_tensor_write(rt_, p.param, bytes.data(), 0, bytes.size()), STRATA_OK);
     ASSERT_EQ(strata_optimizer_add_param(rt_, 0, p.param, p.grad), STRATA_OK)
@@ -454,6 +456,59 @@ TEST_F(Optimizer, StatesReallyStreamFromNvme) {
   // 1.1 MB of states cannot stay in a 640 KiB budget: most of them come back from NVMe.
   EXPECT_GT(after.nvme_bytes_read - before.nvme_bytes_read, 600u * 1024);
   EXPECT_LE(after.pinned.peak_in_use_bytes, 640u * 1024);
+}
+
+// A parameter resting in memory (home PINNED or DEVICE, as LoRA adapters beside a streamed
+// base) keeps its states at home in pinned memory: steps equal the reference bit for bit and not
+// one byte goes to or comes from NVMe, states included.
+TEST_F(Optimizer, StatesOfParametersRestingInMemoryStayInPinnedMemoryOffNvme) {
+  for (strata_tier home : {STRATA_TIER_PINNED, STRATA_TIER_DEVICE}) {
+    ModelSetup setup;
+    setup.home = home;
+    setup.pinned_budget = 8ull << 20;  // the 1.1 MB of states and the 0.4 MB of tensors, whole
+    setup.gradients_in_pinned = home == STRATA_TIER_PINNED;
+    setup.gradients_on_device = home == STRATA_TIER_DEVICE;
+    create(setup);
+    if (HasFatalFailure()) return;
+    strata_stats before{};
+    before.struct_size = sizeof before;
+    ASSERT_EQ(strata_get_stats(rt_, &before), STRATA_OK);
+    for (int step = 1; step <= 3; ++step) {
+      write_gradients(step, 1.0f);
+      ASSERT_EQ(strata_optimizer_step(rt_, 1.0, nullptr), STRATA_OK) << strata_last_error(rt_);
+      reference_step(step, 1.0, 0);
+      ASSERT_EQ(strata_sync(rt_), STRATA_OK) << strata_last_error(rt_);
+    }
+    strata_stats after{};
+    after.struct_size = sizeof after;
+    ASSERT_EQ(strata_get_stats(rt_, &after), STRATA_OK);
+    EXPECT_EQ(after.nvme_bytes_written, before.nvme_bytes_written) << "home " << home;
+    EXPECT_EQ(after.nvme_bytes_read, before.nvme_bytes_read) << "home " << home;
+    EXPECT_EQ(after.nvme_bytes_written, 0u) << "home " << home << ": nothing, ever";
+    expect_matches_reference("home " + std::to_string(home));
+    if (HasFatalFailure()) return;
+    destroy();
+  }
+}
+
+// Such states count whole against the pinned pool: a budget that cannot hold them is refused when
+// the parameter is added, with the reason, instead of failing in a later step.
+TEST_F(Optimizer, StatesAtHomeInPinnedMemoryThatCannotFitAreRefusedWhenAdded) {
+  ModelSetup setup;
+  setup.home = STRATA_TIER_PINNED;
+  setup.sizes = {};
+  create(setup);
+  if (HasFatalFailure()) return;
+  const size_t n = 100000;  // 1.2 MB of states: more than the 640 KiB budget
+  strata_tensor p =
+      register_tensor("big", n * 2, STRATA_DTYPE_BF16, STRATA_KIND_PARAMETER, STRATA_TIER_PINNED);
+  strata_tensor g = register_tensor("big.grad", n * 2, STRATA_DTYPE_BF16, STRATA_KIND_GRADIENT,
+                                    STRATA_TIER_PINNED);
+  const auto bytes = encode(random_values(n, 7, 1.0f), STRATA_DTYPE_BF16);
+  ASSERT_EQ(strata_tensor_write(rt_, p, bytes.data(), 0, bytes.size()), STRATA_OK);
+  EXPECT_EQ(strata_optimizer_add_param(rt_, 0, p, g), STRATA_E_PINNED_BUDGET);
+  EXPECT_NE(std::string(strata_last_error(rt_)).find("home is not NVMe"), std::string::npos)
+      << strata_last_error(rt_);
 }
 
 TEST_F(Optimizer, ClippingEqualsTheReference) {

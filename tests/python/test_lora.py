@@ -26,7 +26,11 @@ def nbytes(params):
     return sum(p.numel() * p.element_size() for p in params)
 
 
-def test_lora_on_a_streamed_frozen_base_matches_torch_and_never_writes_the_base(nvme_dir):
+# The adapters on NVMe (streamed as the base is), or at home in pinned memory with their
+# gradients and optimizer states: then a step writes nothing at all to NVMe.
+@pytest.mark.parametrize("trainable_home,pinned", [("nvme", 4 << 20), ("pinned", 5 << 20)])
+def test_lora_on_a_streamed_frozen_base_matches_torch_and_never_writes_the_base(
+        nvme_dir, trainable_home, pinned):
     reference = lora_llama(seed=4)
     ours = copy.deepcopy(reference)
     base = [p for p in reference.parameters() if not p.requires_grad]
@@ -35,10 +39,10 @@ def test_lora_on_a_streamed_frozen_base_matches_torch_and_never_writes_the_base(
     assert base_bytes > 20 * adapter_bytes  # a LoRA shape: the base dominates
 
     # The pinned budget holds under half of the base: it streams from NVMe every pass.
-    pinned = 4 << 20
     assert pinned < base_bytes / 2
     handle = st.offload(ours, nvme_path=nvme_dir, device="cpu", nvme_capacity_bytes=256 << 20,
-                        pinned_budget_bytes=pinned)
+                        pinned_budget_bytes=pinned, trainable_home=trainable_home)
+    assert handle.trainable_home == trainable_home
     ref_opt = torch.optim.AdamW(lora.trainable(reference), lr=3e-3)
     opt = st.AdamW(lora.trainable(ours), lr=3e-3)
 
@@ -65,12 +69,38 @@ def test_lora_on_a_streamed_frozen_base_matches_torch_and_never_writes_the_base(
         written = after["nvme_bytes_written"] - before["nvme_bytes_written"]
         read = (after["nvme_bytes_read_by_kind"]["parameter"] -
                 before["nvme_bytes_read_by_kind"]["parameter"])
-        assert written <= 1.1 * adapter_state, (written, adapter_state)
+        assert written <= (1.1 * adapter_state if trainable_home == "nvme" else 0), \
+            (written, adapter_state)
         # forward and backward each read what the budget could not keep
         assert read >= base_bytes, (read, base_bytes)
     by_kind = stats[-1]["nvme_bytes_written_by_kind"]
     # Parameters written: the base once (at offload), the adapters at most once per step.
     assert by_kind["parameter"] <= base_bytes + adapter_bytes * (1 + len(data)) + 4096 * len(base)
+
+
+def test_adapters_rest_in_pinned_memory_when_they_fit_a_quarter_of_the_budget(nvme_dir):
+    def home(model, pinned, **kw):
+        handle = st.offload(model, nvme_path=nvme_dir, device="cpu",
+                            nvme_capacity_bytes=256 << 20, pinned_budget_bytes=pinned, **kw)
+        try:
+            return handle.trainable_home, handle.trainable_why, \
+                {p._strata.tensor.home for p in lora.trainable(model)}
+        finally:
+            handle.close()
+
+    # 0.58 MB of adapters: with gradients and 12 bytes per element of states, 2.9 MB.
+    tiers = strata.runtime.TIERS
+    assert home(lora_llama(), 16 << 20)[0::2] == ("pinned", {tiers["pinned"]})
+    chosen, why, homes = home(lora_llama(), 8 << 20)
+    assert (chosen, homes) == ("nvme", {tiers["nvme"]}) and "more than a quarter" in why
+    chosen, why, _ = home(lora_llama(), 16 << 20, trainable_home="nvme")
+    assert (chosen, why) == ("nvme", "asked")
+    # Nothing frozen (full fine-tuning): param_home, whatever the sizes.
+    torch.manual_seed(0)
+    full = Llama(PRESETS["tinyllama-1.1b"].scaled(64, 1, vocab_size=256, max_positions=64))
+    assert home(full, 64 << 20, param_home="nvme")[0] == "nvme"
+    with pytest.raises(strata.StrataError, match="trainable_home='gpu'"):
+        home(lora_llama(), 16 << 20, trainable_home="gpu")
 
 
 def test_the_frozen_base_refuses_writes_and_unfreezing_makes_it_trainable(nvme_dir):

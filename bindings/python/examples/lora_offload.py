@@ -7,6 +7,10 @@
     # twice at the rate measured in the same run, the same step with the base in memory)
     /usr/bin/python3 bindings/python/examples/lora_offload.py lora --nvme /var/tmp
     /usr/bin/python3 bindings/python/examples/lora_offload.py lora --quantize nf4 --nvme /var/tmp
+    # the adapters, their gradients and optimizer states at home in pinned memory (auto: when
+    # they fit a quarter of the pinned budget)
+    /usr/bin/python3 bindings/python/examples/lora_offload.py lora --trainable-home pinned \
+        --pinned-mib 128 --nvme /var/tmp
 
     # The longest sequence whose training step stays within a host-memory budget (peak resident
     # set above the interpreter's and the model's), with and without activation offload; one
@@ -70,7 +74,10 @@ def lora_step_figures(args):
     with tempfile.TemporaryDirectory(dir=args.nvme) as d:
         handle = st.offload(model, nvme_path=d, device="cpu", quantize_frozen=args.quantize,
                             nvme_capacity_bytes=args.nvme_capacity_mib << 20,
-                            pinned_budget_bytes=args.pinned_mib << 20)
+                            pinned_budget_bytes=args.pinned_mib << 20,
+                            trainable_home=None if args.trainable_home == "auto" else
+                            args.trainable_home)
+        trainable_home = (handle.trainable_home, handle.trainable_why)
         stored_base = sum(p._strata.tensor.nbytes for p in base_params)
         # The drive's read rate through Strata in this run: the base read once as stored, cold
         # (the pinned budget holds a fraction of it; the swap file is read with O_DIRECT).
@@ -119,6 +126,7 @@ def lora_step_figures(args):
     print(json.dumps({
         "mode": "lora", "quantize": args.quantize, "hidden": args.hidden, "layers": args.layers,
         "seq": args.seq, "batch": args.batch, "pinned_mib": args.pinned_mib,
+        "trainable_home": trainable_home[0], "trainable_home_why": trainable_home[1],
         "base_bytes_stored": stored_base, "base_bytes_fp32": nbytes(base_params),
         "adapter_param_bytes": nbytes(adapters), "adapter_state_bytes": adapter_state,
         "nvme_written_per_step_max": max(s["nvme_written"] for s in later),
@@ -218,6 +226,7 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--quantize", choices=("nf4",), default=None)
     parser.add_argument("--pinned-mib", type=int, default=64)
+    parser.add_argument("--trainable-home", choices=("auto", "nvme", "pinned"), default="auto")
     parser.add_argument("--nvme", default=tempfile.gettempdir())
     parser.add_argument("--nvme-capacity-mib", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=0)

@@ -240,7 +240,7 @@ class OffloadedModel:
 
     def __init__(self, module, runtime, device, param_home="nvme", grad_home="nvme",
                  average_gradients=None, process_group=None, mapped=None, compute_tier=None,
-                 param_init_fn=None, budgets=None, quantize_frozen=None):
+                 param_init_fn=None, budgets=None, quantize_frozen=None, trainable_home=None):
         self.module = module
         self.budgets = budgets  # {field: (bytes, why)} for budgets offload() sized itself
         self.runtime = runtime
@@ -281,6 +281,12 @@ class OffloadedModel:
             raise StrataError(_lib.E_INVALID, f"quantize_frozen={quantize_frozen!r}: 'nf4' or "
                                               "None")
         self.quantize_frozen = quantize_frozen
+        self.trainable_home, self.trainable_why = self._choose_trainable_home(module,
+                                                                              trainable_home)
+        # Gradients of the parameters trainable at offload rest with them when they rest apart
+        # from the others (adapters beside a streamed base), else at grad_home.
+        self.trainable_grad_home = grad_home if self.trainable_home == param_home else \
+            self.trainable_home
         self.activations = None  # an ActivationOffload once offload_activations() ran
         try:
             self._register(module)
@@ -437,6 +443,39 @@ class OffloadedModel:
         module.forward = forward
         module._strata_offload = self
 
+    def _choose_trainable_home(self, module, asked):
+        """Where the parameters trainable at offload rest, and why. asked "nvme", "pinned" or
+        "device" is kept; None (automatic) gives the compute tier when the model has frozen
+        parameters (LoRA: a streamed base, small adapters) and the trainable ones fit a quarter
+        of the budgets there (weights and gradients, and their optimizer's fp32 master and two
+        moments, 12 bytes per element, in pinned memory: strata_optimizer_add_param keeps the
+        states of a parameter resting in memory there), so that a step writes nothing to NVMe;
+        else param_home, as for full fine-tuning."""
+        if asked is not None:
+            if asked not in ("nvme", "pinned", "device"):
+                raise StrataError(_lib.E_INVALID, f"trainable_home={asked!r}: 'nvme', 'pinned', "
+                                                  "'device' or None (automatic)")
+            return asked, "asked"
+        params = {id(p): p for p in module.parameters()}.values()
+        trainable = [p for p in params if p.requires_grad]
+        if not trainable or len(trainable) == len(params):
+            return self.param_home, "no frozen parameters: param_home"
+        nbytes = sum(p.numel() * p.element_size() for p in trainable)
+        states = 12 * sum(p.numel() for p in trainable)
+        pinned = self.runtime.stats()["pinned_budget_bytes"]
+        if self.compute_tier == "pinned":
+            fits = 4 * (2 * nbytes + states) <= pinned
+            tier = "pinned"
+        else:
+            fits = 4 * states <= pinned and \
+                4 * 2 * nbytes <= self.runtime.config.device_budget_bytes
+            tier = "device"
+        why = (f"{len(trainable)} trainable of {len(params)} parameters, {nbytes} bytes, "
+               f"{states} bytes of optimizer states: ")
+        if fits:
+            return tier, why + f"within a quarter of the budgets, at home on the {tier} tier"
+        return self.param_home, why + "more than a quarter of the budgets, param_home"
+
     def _register_param(self, rec, layer, linear_weight=False):
         rt = self.runtime
         p = rec.param
@@ -455,8 +494,9 @@ class OffloadedModel:
             rec.tensor.write(packed.numpy())
             rec.codec = "nf4"
         else:
-            rec.tensor = rt.register(rec.name, nbytes, dtype, "parameter", layer,
-                                     self.param_home, read_only=not p.requires_grad)
+            home = self.trainable_home if p.requires_grad else self.param_home
+            rec.tensor = rt.register(rec.name, nbytes, dtype, "parameter", layer, home,
+                                     read_only=not p.requires_grad)
             rec.tensor.write(_views.host_numpy(p))
         rec.owner = weakref.ref(self)
         if p.requires_grad:
@@ -474,11 +514,13 @@ class OffloadedModel:
             return
         nbytes = rec.numel * p.element_size()
         layer = rec.units[0].index if layer is None else layer
+        grad_home = self.trainable_grad_home
         if rec.tensor.read_only:
             self._make_writable(rec, layer)
+            grad_home = self.grad_home  # unfrozen later: rests as the base does
         rec.grad = self.runtime.register(rec.name + ".grad", nbytes,
                                          _views.TORCH_TO_STRATA[p.dtype], "gradient", layer,
-                                         self.grad_home)
+                                         grad_home)
         # The AccumulateGrad node of p; a strong reference keeps the same node (and hook)
         # for every backward. Held here, not by the record: the node holds p, p holds its
         # record, and a cycle through torch's C++ objects is one the garbage collector cannot
@@ -1130,7 +1172,7 @@ def sized_budgets(model, device, compute_tier):
 def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config=None,
             param_home=None, grad_home="nvme", average_gradients=None, process_group=None,
             compute_tier=None, param_init_fn=None, activations=None, quantize_frozen=None,
-            **config_fields):
+            trainable_home=None, **config_fields):
     """Puts model's parameters under a new Strata runtime and hooks its forward and backward.
 
     nvme_path: the directory for the swap file ("{rank}" is replaced by the torch.distributed
@@ -1152,6 +1194,10 @@ def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config
     (OffloadedModel.offload_activations); None (default) leaves them with torch.
     quantize_frozen: "nf4" stores every frozen (requires_grad=False) nn.Linear weight in NF4
     (QLoRA; strata.torch.nf4), dequantized where torch computes; None (default) keeps dtypes.
+    trainable_home: where the parameters that require grad at offload rest, with their gradients
+    (and, when not on NVMe, their optimizer states): "nvme", "pinned", "device", or None
+    (default, automatic): for a model with frozen parameters (LoRA) the compute tier when they
+    fit a quarter of the budgets, else param_home (the handle's .trainable_why says which).
     Returns an OffloadedModel; the model itself is used as before.
     """
     if activations not in (None, "nvme", "pinned"):
@@ -1182,7 +1228,7 @@ def offload(model, nvme_path=None, *, device=None, config=None, deepspeed_config
     try:
         handle = OffloadedModel(model, runtime, device, param_home, grad_home,
                                 average_gradients, process_group, mapped, compute_tier,
-                                param_init_fn, budgets, quantize_frozen)
+                                param_init_fn, budgets, quantize_frozen, trainable_home)
         if activations is not None:
             handle.offload_activations(activations)
         return handle
