@@ -572,7 +572,16 @@ void add_finetune_command(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--seq", o->seq, "Sequence length (tokens)")->capture_default_str();
   cmd->add_option("--batch", o->batch, "Sequences per step")->capture_default_str();
-  cmd->add_option("--strategy", o->strategy, "strata | deepspeed | both")->capture_default_str();
+  cmd->add_option("--method", o->method,
+                  "full | lora | qlora (the base frozen, read-only and streamed from NVMe, in "
+                  "NF4 for qlora; rank-r adapters trained; Strata alone)")
+      ->capture_default_str();
+  cmd->add_option("--lora-rank", o->lora_rank, "LoRA rank r (lora, qlora)")->capture_default_str();
+  cmd->add_option("--lora-targets", o->lora_targets,
+                  "Adapted linear layers: all-linear or a list of q,k,v,o,gate,up,down")
+      ->capture_default_str();
+  cmd->add_option("--strategy", o->strategy,
+                  "strata | deepspeed | both (default: both; strata for lora and qlora)");
   cmd->add_option("--baseline", o->baselines,
                   "The DeepSpeed configurations to run, comma-separated: deepspeed-defaults, "
                   "deepspeed-pinned, deepspeed-tuned")

@@ -1,5 +1,6 @@
 #include "finetune/finetune_options.h"
 
+#include <strata/strata.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,7 +39,50 @@ Result<uint64_t> budget_option(const std::string& text, const char* flag) {
   return align_up(*bytes, kPageSize);
 }
 
+// LoRA's inventory: every parameter of the model, frozen (NF4 for QLoRA's layer linear
+// weights), and after each adapted weight its two adapters and their gradients, trained. The
+// adapters are in the weights' dtype, as peft makes them for a bf16 model.
+Status build_lora_inventory(FinetunePlan& plan, const LoraTargets& targets) {
+  InventoryOptions options;  // the scaling is already applied to plan.model
+  options.include_gradients = false;
+  options.include_optimizer = false;
+  const uint64_t rank = plan.options.lora_rank;
+  auto add = [&plan](TensorSpec spec, TensorRole role) {
+    plan.inventory.push_back(std::move(spec));
+    plan.roles.push_back(role);
+  };
+  for (const TensorSpec& weight : build_inventory(plan.model, options)) {
+    const bool nf4 = plan.method == FinetuneMethod::kQLora && qlora_quantizes(weight);
+    add(weight, nf4 ? TensorRole::kFrozenNf4 : TensorRole::kFrozen);
+    plan.frozen_stored_bytes += stored_bytes(plan, plan.inventory.size() - 1);
+    if (!lora_adapts(weight, targets)) continue;
+    const std::string stem = weight.name.substr(0, weight.name.rfind('.'));
+    const uint64_t out = weight.shape[0], in = weight.shape[1];
+    for (const auto& [name, shape] : {std::pair{".lora_A", std::vector<uint64_t>{rank, in}},
+                                      std::pair{".lora_B", std::vector<uint64_t>{out, rank}}}) {
+      TensorSpec adapter{stem + name, shape, weight.dtype, TensorKind::kParameter, weight.layer};
+      TensorSpec grad = adapter;
+      grad.name += "#grad";
+      grad.kind = TensorKind::kGradient;
+      plan.adapter_parameters += adapter.elements();
+      add(std::move(adapter), TensorRole::kTrained);
+      add(std::move(grad), TensorRole::kTrained);
+    }
+  }
+  if (plan.adapter_parameters == 0) {
+    return invalid_argument("--lora-targets '" + plan.options.lora_targets +
+                            "' adapts no weight of " + plan.model.name);
+  }
+  return Status::ok();
+}
+
 }  // namespace
+
+uint64_t stored_bytes(const FinetunePlan& plan, size_t tensor) {
+  const TensorSpec& spec = plan.inventory[tensor];
+  return plan.roles[tensor] == TensorRole::kFrozenNf4 ? strata_nf4_packed_bytes(spec.elements())
+                                                      : spec.bytes();
+}
 
 const char* to_string(ComputeMode mode) {
   switch (mode) {
@@ -62,15 +106,32 @@ Result<ComputeMode> parse_compute_mode(const std::string& name) {
 Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
   FinetunePlan plan;
   plan.options = options;
+  Result<FinetuneMethod> method = parse_method(options.method);
+  if (!method) return std::move(method).take_status().with_context("--method");
+  plan.method = *method;
+  const bool lora = plan.method != FinetuneMethod::kFull;
   // "zero-infinity" is the name these baselines had before they were DeepSpeed's own
   // configurations; it still selects them.
-  const bool run_strata = options.strategy == "both" || options.strategy == "strata";
-  const bool run_deepspeed = options.strategy == "both" || options.strategy == "deepspeed" ||
-                             options.strategy == "zero-infinity";
+  const std::string strategy =
+      !options.strategy.empty() ? options.strategy : (lora ? "strata" : "both");
+  plan.options.strategy = strategy;
+  const bool run_strata = strategy == "both" || strategy == "strata";
+  const bool run_deepspeed =
+      strategy == "both" || strategy == "deepspeed" || strategy == "zero-infinity";
   if (!run_strata && !run_deepspeed) {
-    return invalid_argument("--strategy '" + options.strategy +
-                            "' is not strata, deepspeed or both");
+    return invalid_argument("--strategy '" + strategy + "' is not strata, deepspeed or both");
   }
+  if (lora && run_deepspeed) {
+    return unsupported("--method " + options.method + " runs Strata alone (--strategy strata): " +
+                       "the DeepSpeed baselines model ZeRO-3 full fine-tuning, and a frozen "
+                       "base under ZeRO-Infinity is not modelled");
+  }
+  if (options.lora_rank < 1 || options.lora_rank > kMaxLoraRank) {
+    return invalid_argument("--lora-rank " + std::to_string(options.lora_rank) + " is outside 1.." +
+                            std::to_string(kMaxLoraRank));
+  }
+  Result<LoraTargets> targets = parse_lora_targets(options.lora_targets);
+  if (!targets) return std::move(targets).take_status().with_context("--lora-targets");
   if (options.optimizer_overlap != "on" && options.optimizer_overlap != "off" &&
       options.optimizer_overlap != "both") {
     return invalid_argument("--optimizer-overlap '" + options.optimizer_overlap +
@@ -127,8 +188,18 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
                             " has " + std::to_string(model->num_hidden_layers) + " layers");
   }
   plan.model = scale_model(*model, options.scale, options.layers);
-  InventoryOptions inventory_options;  // the scaling is already applied to plan.model
-  plan.inventory = build_inventory(plan.model, inventory_options);
+  if (lora) {
+    if (!options.project_gpu.empty()) {
+      return unsupported("--project-full-scale simulates full fine-tuning; for --method " +
+                         options.method + " at full scale run `strata plan --method " +
+                         options.method + " --offload nvme`");
+    }
+    STRATA_TRY(build_lora_inventory(plan, *targets));
+  } else {
+    InventoryOptions inventory_options;  // the scaling is already applied to plan.model
+    plan.inventory = build_inventory(plan.model, inventory_options);
+    plan.roles.assign(plan.inventory.size(), TensorRole::kTrained);
+  }
   plan.totals = summarize(plan.inventory);
   plan.parameters = parameter_count(plan.model);
   plan.parameter_factor =
@@ -179,7 +250,28 @@ Result<FinetunePlan> make_plan(const FinetuneOptions& options) {
   // is more of the model than an H100 holds of the full-size job (about 23 of llama-2-70b's 80
   // layers), for both strategies alike; budgets of one or two layers run into the device arena's
   // fragmentation (a large gradient finds no contiguous range although the pool has room).
-  if (options.device_budget.empty()) {
+  //
+  // LoRA: the base as stored (no gradients) of four layers, or twice the largest base tensor (the
+  // embedding or LM head) where that is more, so that the base streams through a device smaller
+  // than it, as it does through a 24 GB GPU at full size; and the adapters with their gradients,
+  // resting there, four times over (they may take a quarter of it: Worker::register_tensors).
+  if (options.device_budget.empty() && lora) {
+    std::vector<uint64_t> layer_stored(plan.model.num_hidden_layers + 1, 0);
+    uint64_t largest_stored = 0, resting = 0;
+    for (size_t i = 0; i < plan.inventory.size(); ++i) {
+      const TensorSpec& t = plan.inventory[i];
+      if (plan.roles[i] == TensorRole::kTrained) {
+        resting += t.bytes();
+        continue;
+      }
+      largest_stored = std::max(largest_stored, stored_bytes(plan, i));
+      if (t.layer >= 0) layer_stored[static_cast<size_t>(t.layer)] += stored_bytes(plan, i);
+    }
+    const uint64_t largest_layer = *std::max_element(layer_stored.begin(), layer_stored.end());
+    plan.device_budget =
+        align_up(std::max(uint64_t{4} * largest_layer, uint64_t{2} * largest_stored) + 4 * resting,
+                 kBudgetGranule);
+  } else if (options.device_budget.empty()) {
     plan.device_budget =
         align_up(std::max(uint64_t{16} * largest_layer_params, uint64_t{16} * largest_param),
                  kBudgetGranule);
@@ -244,20 +336,23 @@ const Contender* find_contender(const FinetunePlan& plan, const std::string& nam
 std::vector<std::string> worker_arguments(const FinetuneOptions& o, const Contender& contender,
                                           int fd, const std::string& trace_path) {
   std::vector<std::string> args = {
-      "bench",       "finetune",
-      "--model",     o.model,
-      "--scale",     exact(o.scale),
-      "--layers",    std::to_string(o.layers),
-      "--seq",       std::to_string(o.seq),
-      "--batch",     std::to_string(o.batch),
-      "--steps",     std::to_string(o.steps),
-      "--nvme",      o.nvme_dir,
-      "--compute",   o.compute,
-      "--gpu",       o.gpu,
-      "--mfu",       exact(o.mfu),
-      "--strategy",  contender.kind == ContenderKind::kStrata ? "strata" : "deepspeed",
-      "--worker",    contender.name,
-      "--worker-fd", std::to_string(fd)};
+      "bench",          "finetune",
+      "--model",        o.model,
+      "--method",       o.method,
+      "--lora-rank",    std::to_string(o.lora_rank),
+      "--lora-targets", o.lora_targets,
+      "--scale",        exact(o.scale),
+      "--layers",       std::to_string(o.layers),
+      "--seq",          std::to_string(o.seq),
+      "--batch",        std::to_string(o.batch),
+      "--steps",        std::to_string(o.steps),
+      "--nvme",         o.nvme_dir,
+      "--compute",      o.compute,
+      "--gpu",          o.gpu,
+      "--mfu",          exact(o.mfu),
+      "--strategy",     contender.kind == ContenderKind::kStrata ? "strata" : "deepspeed",
+      "--worker",       contender.name,
+      "--worker-fd",    std::to_string(fd)};
   if (!o.pinned_budget.empty()) args.insert(args.end(), {"--pinned-budget", o.pinned_budget});
   if (!o.device_budget.empty()) args.insert(args.end(), {"--device-budget", o.device_budget});
   args.insert(args.end(), {"--optimizer-overlap", contender.optimizer_overlap ? "on" : "off",
@@ -269,9 +364,7 @@ std::vector<std::string> worker_arguments(const FinetuneOptions& o, const Conten
   return args;
 }
 
-double modeled_seconds(const FinetunePlan& plan, uint64_t parameters, bool backward) {
-  const double flops =
-      (backward ? 4.0 : 2.0) * static_cast<double>(parameters) * static_cast<double>(plan.tokens);
+double modeled_seconds(const FinetunePlan& plan, double flops) {
   return flops / (plan.gpu.bf16_dense_tflops * 1e12 * plan.options.mfu);
 }
 

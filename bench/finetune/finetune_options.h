@@ -14,6 +14,7 @@
 #include "model/gpu_presets.h"
 #include "model/inventory.h"
 #include "model/model_config.h"
+#include "model/plan.h"
 
 namespace strata::bench::finetune {
 
@@ -77,13 +78,23 @@ inline constexpr uint32_t kDefaultBatch = 8;
 inline constexpr double kDefaultMfu = 0.4;
 inline constexpr const char* kDefaultGpu = "h100-sxm";
 
+// LoRA's defaults: rank 16 on every linear layer of the transformer (QLoRA's "all-linear").
+inline constexpr uint32_t kDefaultLoraRank = 16;
+inline constexpr uint32_t kMaxLoraRank = 1024;
+
 struct FinetuneOptions {
   std::string model;
+  // full: every weight trained (the main job); lora / qlora: the base frozen and streamed
+  // read-only from NVMe (qlora: stored in NF4), rank-r adapters trained. Strata alone: no
+  // DeepSpeed baseline is modelled for a frozen base.
+  std::string method = "full";
+  uint32_t lora_rank = kDefaultLoraRank;
+  std::string lora_targets = "all-linear";
   double scale = kDefaultScale;
   int layers = kDefaultLayers;
   uint32_t seq = kDefaultSeq;
   uint32_t batch = kDefaultBatch;
-  std::string strategy = "both";          // strata | deepspeed | both
+  std::string strategy;                   // strata | deepspeed | both; "": both (full), strata
   std::string baselines = kAllBaselines;  // the DeepSpeed configurations run
   std::string precision = "bf16";         // bf16 | fp16
   double max_grad_norm = 1.0;             // global gradient clipping, both sides; 0: off
@@ -112,16 +123,30 @@ struct FinetuneOptions {
   std::string worker_trace;
 };
 
+// What the training loop does with a tensor of the inventory (--method lora|qlora).
+enum class TensorRole : uint8_t {
+  kTrained = 0,    // a parameter with a gradient under the optimizer, or one of its states
+  kFrozen = 1,     // a base weight: read-only, no gradient, no optimizer state
+  kFrozenNf4 = 2,  // the same, stored in NF4 (strata_nf4_packed_bytes), dequantized to compute
+};
+
 // Everything derived from the options, computed identically in the parent and the workers.
 struct FinetunePlan {
   FinetuneOptions options;
+  FinetuneMethod method = FinetuneMethod::kFull;
   std::vector<Contender> contenders;
   Precision precision = Precision::kBf16;
   ComputeMode compute = ComputeMode::kModeled;
   GpuPreset gpu;
   ModelConfig full_model;
   ModelConfig model;  // scaled
+  // Full fine-tuning: build_inventory's. LoRA: the base parameters, each targeted linear weight
+  // followed by its adapters "NAME.lora_A" [r, in] and "NAME.lora_B" [out, r] with their
+  // gradients, as trained parameters.
   std::vector<TensorSpec> inventory;
+  std::vector<TensorRole> roles;     // per inventory tensor
+  uint64_t frozen_stored_bytes = 0;  // LoRA: the base as stored on NVMe (NF4 for qlora)
+  uint64_t adapter_parameters = 0;   // LoRA: elements of every adapter
   InventoryTotals totals;
   uint64_t parameters = 0;
   uint64_t tokens = 0;  // seq * batch per step
@@ -135,6 +160,9 @@ struct FinetunePlan {
   uint64_t nvme_capacity = 0;  // per worker's swap file
 };
 
+// The bytes a tensor of the inventory takes in Strata: its own, or its NF4 packing.
+uint64_t stored_bytes(const FinetunePlan& plan, size_t tensor);
+
 // Checks every option (a clear message for each bad one) and derives the plan.
 Result<FinetunePlan> make_plan(const FinetuneOptions& options);
 
@@ -144,8 +172,7 @@ std::vector<std::string> worker_arguments(const FinetuneOptions& options,
                                           const std::string& trace_path);
 const Contender* find_contender(const FinetunePlan& plan, const std::string& name);
 
-// Seconds of modelled compute for `parameters` over `tokens` at the preset's bf16 rate x MFU:
-// 2 FLOPs per parameter and token forward, 4 backward.
-double modeled_seconds(const FinetunePlan& plan, uint64_t parameters, bool backward);
+// Seconds of modelled compute for `flops` at the preset's bf16 rate x MFU.
+double modeled_seconds(const FinetunePlan& plan, double flops);
 
 }  // namespace strata::bench::finetune

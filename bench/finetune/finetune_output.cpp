@@ -239,9 +239,61 @@ json results_json(const FinetunePlan& plan, const std::vector<StrategyResult>& r
               {"host_reduction", host_reduction.empty() ? json(nullptr) : host_reduction},
               {"step_time_ratio", step_ratio.empty() ? json(nullptr) : step_ratio},
               {"optimizer_overlap", overlap}};
+  if (plan.method != FinetuneMethod::kFull) {
+    out["method"] = plan.options.method;
+    out["lora"] = {{"rank", o.lora_rank},
+                   {"targets", o.lora_targets},
+                   {"adapter_parameters", plan.adapter_parameters},
+                   {"base_bytes_stored", plan.frozen_stored_bytes}};
+  }
   if (projection != nullptr) out["projection"] = *projection;
   return out;
 }
+
+namespace {
+
+// --method lora|qlora: each Strata worker's figures against issue 22's targets.
+void lora_lines(std::ostringstream& s, const FinetunePlan& plan,
+                const std::vector<StrategyResult>& results) {
+  s << "\n"
+    << plan.options.method << ": rank " << plan.options.lora_rank << " on "
+    << plan.options.lora_targets << ", "
+    << fixed(static_cast<double>(plan.adapter_parameters) / 1e6, 2)
+    << "M adapter parameters; the base frozen, read-only on NVMe, "
+    << format_bytes(plan.frozen_stored_bytes) << " as stored"
+    << (plan.method == FinetuneMethod::kQLora ? " (layer linear weights in NF4)" : "") << "\n";
+  for (const StrategyResult& r : results) {
+    if (!r.result.contains("lora")) continue;
+    const json& l = r.result["lora"];
+    s << "  " << r.name << ": adapters at home on " << l["adapter_home"].get<std::string>() << " ("
+      << l["adapter_home_why"].get<std::string>() << ")\n"
+      << "    NVMe written per step (max) "
+      << format_bytes(l["nvme_written_per_step_max"].get<uint64_t>()) << " = "
+      << fixed(l["written_over_adapter_state"].get<double>(), 3)
+      << "x the adapters' state (parameters written: "
+      << format_bytes(l["parameters_written_per_step_max"].get<uint64_t>()) << ")\n"
+      << "    base read per step (min) "
+      << format_bytes(l["parameters_read_per_step_min"].get<uint64_t>()) << " = "
+      << fixed(static_cast<double>(l["parameters_read_per_step_min"].get<uint64_t>()) /
+                   static_cast<double>(std::max<uint64_t>(1, plan.frozen_stored_bytes)),
+               2)
+      << "x the base\n"
+      << "    step / max(read the base twice at "
+      << (l["base_read_rate_bytes_per_s"].get<double>() > 0
+              ? fixed(l["base_read_rate_bytes_per_s"].get<double>() / 1e9, 2) +
+                    " GB/s = " + fixed(l["read_base_twice_seconds"].get<double>(), 2) + " s"
+              : std::string("(not measured: the base never left memory)"))
+      << ", compute " << fixed(l["compute_seconds_median"].get<double>(), 2) << " s): median "
+      << fixed(l["step_over_bound_median"].get<double>(), 3);
+    if (l["step_over_bound_range"].is_array()) {
+      s << " (" << fixed(l["step_over_bound_range"][0].get<double>(), 3) << " to "
+        << fixed(l["step_over_bound_range"][1].get<double>(), 3) << ")";
+    }
+    s << "\n";
+  }
+}
+
+}  // namespace
 
 std::string results_table(const FinetunePlan& plan, const std::vector<StrategyResult>& results,
                           const json* projection) {
@@ -250,7 +302,9 @@ std::string results_table(const FinetunePlan& plan, const std::vector<StrategyRe
   s << "strata bench finetune: " << plan.full_model.name << " x" << fixed(o.scale, 3) << " width, "
     << plan.model.num_hidden_layers << " of " << plan.full_model.num_hidden_layers
     << " layers: " << fixed(static_cast<double>(plan.parameters) / 1e6, 1) << "M parameters, "
-    << format_bytes(plan.totals.bytes) << " of model states on NVMe (" << o.nvme_dir << ")\n";
+    << format_bytes(plan.totals.bytes) << " of "
+    << (plan.method == FinetuneMethod::kFull ? "model states" : "weights and adapters")
+    << " on NVMe (" << o.nvme_dir << ")\n";
   s << o.steps << " steps (step time: median after the first), seq " << o.seq << " x batch "
     << o.batch << ", " << to_string(plan.precision) << ", clipping " << fixed(o.max_grad_norm, 1)
     << ", compute " << o.compute << " (" << plan.gpu.name << ", MFU " << fixed(o.mfu, 2)
@@ -274,7 +328,10 @@ std::string results_table(const FinetunePlan& plan, const std::vector<StrategyRe
   }
   s << table.render();
   const json* strata = headline_strata(results);
-  if (strata != nullptr) {
+  const bool any_deepspeed =
+      std::any_of(results.begin(), results.end(),
+                  [](const StrategyResult& r) { return r.kind == ContenderKind::kDeepSpeed; });
+  if (strata != nullptr && any_deepspeed) {
     s << "\nstrata against each DeepSpeed configuration (same semantics: optimizer after "
          "backward, global clipping):\n";
   }
@@ -306,6 +363,7 @@ std::string results_table(const FinetunePlan& plan, const std::vector<StrategyRe
     }
     s << b.render();
   }
+  if (plan.method != FinetuneMethod::kFull) lora_lines(s, plan, results);
   s << "peak host = RSS less the emulated device; steps only = the peak over the training steps, "
        "start-up left out\n";
   if (projection != nullptr) {

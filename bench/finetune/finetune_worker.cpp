@@ -78,6 +78,10 @@ class Worker {
   Status create_runtime();
   Status register_tensors();
   Status initialize_tensors();
+  Status write_frozen(size_t tensor);
+  Status measure_frozen_read_rate();
+  json lora_result() const;
+  bool frozen(size_t tensor) const { return plan_.roles[tensor] != TensorRole::kTrained; }
   Status step(uint32_t index);
   Status forward(const Unit& unit);
   Status backward(const Unit& unit);
@@ -121,6 +125,16 @@ class Worker {
   double last_grad_norm_ = 0;
   float last_clip_scale_ = 1.0f;
   double done_units_ = 0;
+
+  // LoRA: where the adapters and their gradients rest (their optimizer states follow: pinned
+  // memory when not NVMe), why, and the runtime's NVMe bytes by kind in each step.
+  strata_tier adapter_home_ = STRATA_TIER_NVME;
+  std::string adapter_home_why_;
+  double frozen_read_rate_ = 0;  // bytes/s: the base read once through Strata, cold
+  struct KindBytes {
+    uint64_t read[STRATA_STATS_KIND_SLOTS] = {}, written[STRATA_STATS_KIND_SLOTS] = {};
+  };
+  std::vector<KindBytes> step_kinds_;
 };
 
 Status Worker::create_runtime() {
@@ -159,7 +173,28 @@ Status Worker::create_runtime() {
 // The framework's tensors: parameters and gradients. The fp32 master weights and Adam moments
 // of the inventory are Strata's optimizer's own (strata_optimizer_add_param registers them, in
 // sub-groups), as they are for strata.torch's AdamW.
+//
+// LoRA: the base is registered read-only (never written back: its NVMe writes stay at what
+// loading wrote). The adapters and their gradients rest on the compute tier when they take at
+// most a quarter of the device budget and their optimizer states (12 bytes per element, kept in
+// pinned memory for a parameter resting in memory) at most a quarter of the pinned budget, as
+// strata.torch's trainable_home does; otherwise on NVMe, as the base.
 Status Worker::register_tensors() {
+  if (plan_.method != FinetuneMethod::kFull) {
+    const uint64_t element = dtype_size(plan_.inventory.front().dtype);
+    const uint64_t resting = 2 * element * plan_.adapter_parameters;
+    const uint64_t states = 12 * plan_.adapter_parameters;
+    const uint64_t pinned = runtime_stats().pinned_budget_bytes;
+    const bool fits = 4 * resting <= plan_.device_budget && 4 * states <= pinned;
+    adapter_home_ = fits ? STRATA_TIER_DEVICE : STRATA_TIER_NVME;
+    adapter_home_why_ = std::to_string(resting) + " bytes of adapters and gradients, " +
+                        std::to_string(states) + " of optimizer states: " +
+                        (fits ? "within a quarter of the device and pinned budgets"
+                              : "more than a quarter of the device or pinned budget");
+    for (size_t i = 0; i < plan_.inventory.size(); ++i) {
+      if (!frozen(i)) descs_[i].home_tier = adapter_home_;
+    }
+  }
   handles_.assign(plan_.inventory.size(), STRATA_TENSOR_NONE);
   for (size_t i = 0; i < plan_.inventory.size(); ++i) {
     const TensorKind kind = plan_.inventory[i].kind;
@@ -220,6 +255,12 @@ Status Worker::initialize_tensors() {
   STRATA_TRY(configure_optimizer());
   for (const Unit& unit : units_) {
     for (const ParamEntry& e : unit.params) {
+      if (frozen(e.param)) {
+        STRATA_TRY(write_frozen(e.param));
+        done_units_ += 1.0 / static_cast<double>(unit.params.size());
+        progress("startup", 0, unit.layer);
+        continue;
+      }
       const uint64_t n = plan_.inventory[e.param].elements();
       STRATA_ASSIGN_OR_RETURN(strata_acquired p,
                               acquire(e.param, STRATA_TIER_PINNED, STRATA_ACQUIRE_DISCARD));
@@ -239,13 +280,70 @@ Status Worker::initialize_tensors() {
   return check(strata_sync(rt_), "strata_sync");
 }
 
+// A frozen weight's initial values, through strata_tensor_write (a read-only tensor takes its
+// contents from nowhere else): bf16 in pieces of a bounded host buffer, or (QLoRA) the whole
+// weight quantized to NF4 first, as loading a 4-bit checkpoint would store it.
+Status Worker::write_frozen(size_t tensor) {
+  const TensorSpec& spec = plan_.inventory[tensor];
+  const uint64_t n = spec.elements();
+  if (plan_.roles[tensor] == TensorRole::kFrozenNf4) {
+    std::vector<float> values(n);
+    for (uint64_t i = 0; i < n; ++i) values[i] = initial_weight(tensor, i);
+    std::vector<unsigned char> packed(stored_bytes(plan_, tensor));
+    STRATA_TRY(
+        check(strata_nf4_quantize(values.data(), STRATA_DTYPE_F32, n, packed.data(), packed.size()),
+              "strata_nf4_quantize"));
+    return check(strata_tensor_write(rt_, handles_[tensor], packed.data(), 0, packed.size()),
+                 "strata_tensor_write");
+  }
+  constexpr uint64_t kPieceElements = uint64_t{1} << 21;  // 4 MiB of bf16
+  std::vector<uint16_t> piece(std::min(n, kPieceElements));
+  for (uint64_t first = 0; first < n; first += piece.size()) {
+    const uint64_t count = std::min<uint64_t>(piece.size(), n - first);
+    for (uint64_t i = 0; i < count; ++i) {
+      piece[i] = optim::float_to_bf16(initial_weight(tensor, first + i));
+    }
+    STRATA_TRY(check(strata_tensor_write(rt_, handles_[tensor], piece.data(),
+                                         first * sizeof(uint16_t), count * sizeof(uint16_t)),
+                     "strata_tensor_write"));
+  }
+  return Status::ok();
+}
+
+// The rate at which this drive gives the base through Strata (LoRA's step-time yardstick is
+// reading it twice at this rate): each frozen weight read into pinned memory once, one at a time
+// (as strata_tensor_read would, without its copy out); timed only over the acquires that read
+// NVMe (a weight the pinned pool still held reads nothing).
+Status Worker::measure_frozen_read_rate() {
+  double seconds = 0;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < plan_.inventory.size(); ++i) {
+    if (plan_.inventory[i].kind != TensorKind::kParameter || !frozen(i)) continue;
+    const uint64_t before = runtime_stats().nvme_bytes_read;
+    const auto start = Clock::now();
+    STRATA_ASSIGN_OR_RETURN(strata_acquired a, acquire(i, STRATA_TIER_PINNED, 0));
+    const double took = std::chrono::duration<double>(Clock::now() - start).count();
+    (void)a;
+    STRATA_TRY(release(i, false));
+    const uint64_t read = runtime_stats().nvme_bytes_read - before;
+    if (read == 0) continue;
+    bytes += read;
+    seconds += took;
+  }
+  frozen_read_rate_ = seconds > 0 ? static_cast<double>(bytes) / seconds : 0;
+  stall_seconds_ = 0;  // the acquires above are not a step's
+  stall_us_total_ = 0;
+  return Status::ok();
+}
+
 Status Worker::forward(const Unit& unit) {
   STRATA_TRY(
       check(strata_layer_begin(rt_, STRATA_PHASE_FORWARD, unit.layer), "strata_layer_begin"));
   std::vector<ComputeTensor> tensors;
   for (const ParamEntry& e : unit.params) {
     STRATA_ASSIGN_OR_RETURN(strata_acquired a, acquire(e.param, STRATA_TIER_DEVICE, 0));
-    tensors.push_back({&plan_.inventory[e.param], a.data, nullptr, a.ready_event});
+    tensors.push_back({&plan_.inventory[e.param], a.data, nullptr, a.ready_event,
+                       plan_.roles[e.param] == TensorRole::kFrozenNf4});
   }
   const uint64_t begin = now_us();
   Status computed = compute_->forward(tensors);
@@ -266,10 +364,15 @@ Status Worker::backward(const Unit& unit) {
   std::vector<ComputeTensor> tensors;
   for (const ParamEntry& e : unit.params) {
     STRATA_ASSIGN_OR_RETURN(strata_acquired a, acquire(e.param, STRATA_TIER_DEVICE, 0));
+    const bool nf4 = plan_.roles[e.param] == TensorRole::kFrozenNf4;
+    if (frozen(e.param)) {  // LoRA's base: read again, no gradient
+      tensors.push_back({&plan_.inventory[e.param], a.data, nullptr, a.ready_event, nf4});
+      continue;
+    }
     // Gradients are produced, not read: DISCARD skips loading stale contents.
     STRATA_ASSIGN_OR_RETURN(strata_acquired g,
                             acquire(e.grad, STRATA_TIER_DEVICE, STRATA_ACQUIRE_DISCARD));
-    tensors.push_back({&plan_.inventory[e.param], a.data, g.data, a.ready_event});
+    tensors.push_back({&plan_.inventory[e.param], a.data, g.data, a.ready_event, nf4});
   }
   const uint64_t begin = now_us();
   Status computed = compute_->backward(tensors);
@@ -279,6 +382,7 @@ Status Worker::backward(const Unit& unit) {
   for (const ParamEntry& e : unit.params) {
     Status released = release(e.param, false, compute_->stream());
     if (computed) computed = std::move(released);
+    if (frozen(e.param)) continue;
     released = release(e.grad, true, compute_->stream());
     if (computed) computed = std::move(released);
   }
@@ -288,6 +392,7 @@ Status Worker::backward(const Unit& unit) {
   // from a GPU) or, overlapped, updates the unit.
   const uint64_t ready_begin = now_us();
   for (const ParamEntry& e : unit.params) {
+    if (frozen(e.param)) continue;
     STRATA_TRY(
         check(strata_optimizer_grad_ready(rt_, handles_[e.param]), "strata_optimizer_grad_ready"));
   }
@@ -381,6 +486,14 @@ Status Worker::step(uint32_t index) {
   r.written = io_after.written - io_before.written;
   r.skipped = skipped_;
   steps_.push_back(r);
+  KindBytes kinds;
+  for (int k = 0; k < STRATA_STATS_KIND_SLOTS; ++k) {
+    kinds.read[k] =
+        stats_after.nvme_bytes_read_by_kind[k] - stats_before.nvme_bytes_read_by_kind[k];
+    kinds.written[k] =
+        stats_after.nvme_bytes_written_by_kind[k] - stats_before.nvme_bytes_written_by_kind[k];
+  }
+  step_kinds_.push_back(kinds);
   return Status::ok();
 }
 
@@ -425,6 +538,67 @@ Status Worker::write_trace(const std::string& runtime_trace) {
                              {"runtime_epoch_us", runtime_epoch_hi_us_},
                              {"runtime_epoch_lo_us", runtime_epoch_lo_us_}},
                             log_.spans());
+}
+
+// LoRA's figures (issue 22's targets): NVMe bytes written per step against the adapters' state,
+// the base read per step, and the step against max(reading the base twice at the rate this run
+// measured, the step's compute), over the measured steps (every one but the first).
+json Worker::lora_result() const {
+  const double element = static_cast<double>(dtype_size(plan_.inventory.front().dtype));
+  // Weight, gradient (the parameter's dtype), fp32 master, m and v.
+  const double adapter_state = static_cast<double>(plan_.adapter_parameters) * (2 * element + 12);
+  uint64_t frozen_logical = 0;
+  for (size_t i = 0; i < plan_.inventory.size(); ++i) {
+    if (frozen(i)) frozen_logical += plan_.inventory[i].bytes();
+  }
+  const double read_twice =
+      frozen_read_rate_ > 0
+          ? 2.0 * static_cast<double>(plan_.frozen_stored_bytes) / frozen_read_rate_
+          : 0.0;
+  const size_t first = steps_.size() > 1 ? 1 : 0;
+  uint64_t written_max = 0, parameter_written_max = 0, parameter_read_min = UINT64_MAX;
+  std::vector<double> ratios, computes;
+  json per_step = json::array();
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const KindBytes& k = step_kinds_[i];
+    json written = json::object(), read = json::object();
+    uint64_t total = 0;
+    for (int kind = 0; kind < kTensorKindCount; ++kind) {
+      const char* name = to_string(static_cast<TensorKind>(kind));
+      if (k.written[kind] != 0) written[name] = k.written[kind];
+      if (k.read[kind] != 0) read[name] = k.read[kind];
+      total += k.written[kind];
+    }
+    per_step.push_back({{"nvme_written_by_kind", written}, {"nvme_read_by_kind", read}});
+    if (i < first) continue;
+    const uint64_t parameter = static_cast<uint64_t>(TensorKind::kParameter);
+    written_max = std::max(written_max, total);
+    parameter_written_max = std::max(parameter_written_max, k.written[parameter]);
+    parameter_read_min = std::min(parameter_read_min, k.read[parameter]);
+    ratios.push_back(steps_[i].seconds / std::max(read_twice, steps_[i].compute));
+    computes.push_back(steps_[i].compute);
+  }
+  const auto [low, high] = std::minmax_element(ratios.begin(), ratios.end());
+  return {
+      {"method", plan_.options.method},
+      {"rank", plan_.options.lora_rank},
+      {"targets", plan_.options.lora_targets},
+      {"adapter_parameters", plan_.adapter_parameters},
+      {"adapter_state_bytes", adapter_state},
+      {"adapter_home", adapter_home_ == STRATA_TIER_DEVICE ? "device" : "nvme"},
+      {"adapter_home_why", adapter_home_why_},
+      {"base_bytes_stored", plan_.frozen_stored_bytes},
+      {"base_bytes_unquantized", frozen_logical},
+      {"base_read_rate_bytes_per_s", frozen_read_rate_},
+      {"nvme_written_per_step_max", written_max},
+      {"written_over_adapter_state", static_cast<double>(written_max) / adapter_state},
+      {"parameters_written_per_step_max", parameter_written_max},
+      {"parameters_read_per_step_min", parameter_read_min == UINT64_MAX ? 0 : parameter_read_min},
+      {"read_base_twice_seconds", read_twice},
+      {"compute_seconds_median", median(computes)},
+      {"step_over_bound_median", median(ratios)},
+      {"step_over_bound_range", ratios.empty() ? json(nullptr) : json::array({*low, *high})},
+      {"steps", std::move(per_step)}};
 }
 
 void Worker::send_result() {
@@ -493,6 +667,7 @@ void Worker::send_result() {
            ? json(static_cast<double>(peaks.host) / static_cast<double>(in_flight_.bytes))
            : json(nullptr)},
       {"memory_series", memory_series_json(*sampler_)}};
+  if (plan_.method != FinetuneMethod::kFull) result["lora"] = lora_result();
   channel_.send(result);
 }
 
@@ -508,6 +683,11 @@ Status Worker::run() {
     d.kind = static_cast<strata_tensor_kind>(t.kind);
     d.layer = t.layer;
     d.home_tier = STRATA_TIER_NVME;
+    if (plan_.roles[descs_.size()] != TensorRole::kTrained) {
+      d.flags = STRATA_TENSOR_READ_ONLY;  // LoRA's base
+      d.bytes = stored_bytes(plan_, descs_.size());
+      if (plan_.roles[descs_.size()] == TensorRole::kFrozenNf4) d.dtype = STRATA_DTYPE_U8;
+    }
     descs_.push_back(d);
   }
   STRATA_ASSIGN_OR_RETURN(compute_, make_layer_compute(plan_));
@@ -525,6 +705,7 @@ Status Worker::run() {
   STRATA_TRY(register_tensors());
   const uint64_t init_begin = now_us();
   STRATA_TRY(initialize_tensors());
+  if (plan_.method != FinetuneMethod::kFull) STRATA_TRY(measure_frozen_read_rate());
   span("startup", "initial weights and states", init_begin, now_us());
   startup_seconds_ = std::chrono::duration<double>(Clock::now() - startup).count();
   startup_written_ = read_proc_io().written - io_start.written;

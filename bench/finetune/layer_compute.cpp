@@ -1,5 +1,7 @@
 #include "finetune/layer_compute.h"
 
+#include <strata/strata.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -7,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/assert.h"
 #include "optim/half_convert.h"
 
 namespace strata::bench::finetune {
@@ -16,12 +19,13 @@ bool is_embedding(const TensorSpec& spec) {
   return std::string_view(spec.name).starts_with("embed_tokens");
 }
 
-// A timed wait for the layer's FLOPs at the modelled GPU's rate.
+// A timed wait for the layer's FLOPs at the modelled GPU's rate, and for dequantizing its NF4
+// weights (before forward, and again before backward, as QLoRA does) at its memory bandwidth.
 class ModeledCompute final : public LayerCompute {
  public:
   explicit ModeledCompute(const FinetunePlan& plan) : plan_(plan) {}
   Status forward(std::span<const ComputeTensor> tensors) override {
-    wait(modeled_seconds(plan_, compute_parameters(tensors), false));
+    wait(seconds(tensors, false));
     return Status::ok();
   }
   Status backward(std::span<const ComputeTensor> tensors) override {
@@ -29,11 +33,15 @@ class ModeledCompute final : public LayerCompute {
     // into the emulated device would add time a GPU run does not spend, so the buffers keep what
     // they hold (finite bf16 values of earlier tensors, or zeros). Modeled mode measures data
     // movement; --compute cpu produces real gradients.
-    wait(modeled_seconds(plan_, compute_parameters(tensors), true));
+    wait(seconds(tensors, true));
     return Status::ok();
   }
 
  private:
+  double seconds(std::span<const ComputeTensor> tensors, bool backward) const {
+    return modeled_seconds(plan_, compute_flops(tensors, plan_.tokens, backward)) +
+           static_cast<double>(dequantize_bytes(tensors)) / (plan_.gpu.mem_bw_gbps * 1e9);
+  }
   static void wait(double seconds) {
     if (seconds <= 0) return;
     // sleep_until on the steady clock: the wait is what the GPU would take, not more, even when
@@ -45,17 +53,24 @@ class ModeledCompute final : public LayerCompute {
 };
 
 // Real fp32 GEMMs over the layer's weights: Y = X W^T forward; dX = dY W and dW = dY^T X backward
-// (dW rounded into the bf16 gradient). Weight rows are converted from bf16 a block at a time.
+// (dW rounded into the bf16 gradient; none for a frozen weight). Weight rows are converted from
+// bf16 a block at a time; an NF4 weight is first dequantized to bf16 with the CPU's SIMD path
+// (strata_nf4_dequantize), into a buffer of the benchmark's own.
 class CpuCompute final : public LayerCompute {
  public:
   explicit CpuCompute(const FinetunePlan& plan) : tokens_(plan.tokens) {
-    for (const TensorSpec& t : plan.inventory) {
+    for (size_t i = 0; i < plan.inventory.size(); ++i) {
+      const TensorSpec& t = plan.inventory[i];
       if (t.kind != TensorKind::kParameter) continue;
       const uint64_t in = t.shape.empty() ? 1 : t.shape.back();
       const uint64_t out = t.shape.size() >= 2 ? t.shape.front() : 1;
       max_in_ = std::max(max_in_, in);
       max_out_ = std::max(max_out_, out);
+      if (plan.roles[i] == TensorRole::kFrozenNf4) {
+        max_nf4_ = std::max<uint64_t>(max_nf4_, t.elements());
+      }
     }
+    dequantized_.resize(max_nf4_);
     x_.resize(tokens_ * max_in_);
     y_.resize(tokens_ * max_out_);
     dx_.resize(tokens_ * max_in_);
@@ -70,7 +85,7 @@ class CpuCompute final : public LayerCompute {
     for (const ComputeTensor& t : tensors) {
       if (t.spec->shape.size() != 2) continue;  // norms and biases: no GEMM
       const uint64_t out = t.spec->shape[0], in = t.spec->shape[1];
-      const auto* w = static_cast<const uint16_t*>(t.weight);
+      STRATA_ASSIGN_OR_RETURN(const uint16_t* w, weights(t));
       if (is_embedding(*t.spec)) {
         // A row gather: each token reads its embedding row.
         float sum = 0;
@@ -98,7 +113,10 @@ class CpuCompute final : public LayerCompute {
   Status backward(std::span<const ComputeTensor> tensors) override {
     for (const ComputeTensor& t : tensors) {
       auto* g = static_cast<uint16_t*>(t.grad);
-      const auto* w = static_cast<const uint16_t*>(t.weight);
+      // Frozen and not a GEMM (a norm, a bias, the embedding): nothing flows through it that
+      // this benchmark models.
+      if (g == nullptr && (t.spec->shape.size() != 2 || is_embedding(*t.spec))) continue;
+      STRATA_ASSIGN_OR_RETURN(const uint16_t* w, weights(t));
       if (t.spec->shape.size() != 2) {
         // A norm weight or bias: its gradient is a sum over tokens.
         const uint64_t n = t.spec->elements();
@@ -134,6 +152,7 @@ class CpuCompute final : public LayerCompute {
           }
         }
       }
+      if (g == nullptr) continue;  // frozen: the input gradient only
       // dW = dY^T X, one output row at a time, rounded into the bf16 gradient.
       for (uint64_t o = 0; o < out; ++o) {
         std::fill(row_.begin(), row_.begin() + static_cast<ptrdiff_t>(in), 0.0f);
@@ -148,6 +167,19 @@ class CpuCompute final : public LayerCompute {
 
  private:
   static constexpr uint64_t kBlockRows = 32;
+
+  // The bf16 weights of t: its own, or its NF4 packing dequantized into dequantized_.
+  Result<const uint16_t*> weights(const ComputeTensor& t) {
+    if (!t.nf4) return static_cast<const uint16_t*>(t.weight);
+    const uint64_t n = t.spec->elements();
+    STRATA_ASSERT(n <= dequantized_.size());
+    const int rc = strata_nf4_dequantize(t.weight, strata_nf4_packed_bytes(n), n,
+                                         dequantized_.data(), STRATA_DTYPE_BF16);
+    if (rc != STRATA_OK) {
+      return Status::error(rc, "dequantizing '" + t.spec->name + "' (NF4)");
+    }
+    return static_cast<const uint16_t*>(dequantized_.data());
+  }
 
   void convert_rows(const uint16_t* w, uint64_t rows, uint64_t in) {
     for (uint64_t i = 0; i < rows * in; ++i) block_[i] = optim::bf16_to_float(w[i]);
@@ -168,19 +200,32 @@ class CpuCompute final : public LayerCompute {
   }
 
   uint64_t tokens_;
-  uint64_t max_in_ = 1, max_out_ = 1;
+  uint64_t max_in_ = 1, max_out_ = 1, max_nf4_ = 0;
   std::vector<float> x_, y_, dx_, block_, row_;
-  volatile float sink_ = 0;  // keeps the embedding gather from being optimized away
+  std::vector<uint16_t> dequantized_;  // the largest NF4 weight, in bf16
+  volatile float sink_ = 0;            // keeps the embedding gather from being optimized away
 };
 
 }  // namespace
 
-uint64_t compute_parameters(std::span<const ComputeTensor> tensors) {
-  uint64_t n = 0;
+double compute_flops(std::span<const ComputeTensor> tensors, uint64_t tokens, bool backward) {
+  double flops = 0;
   for (const ComputeTensor& t : tensors) {
-    if (!is_embedding(*t.spec)) n += t.spec->elements();
+    if (is_embedding(*t.spec)) continue;
+    const double per_token = !backward ? 2.0 : (t.grad != nullptr ? 4.0 : 2.0);
+    flops += per_token * static_cast<double>(t.spec->elements()) * static_cast<double>(tokens);
   }
-  return n;
+  return flops;
+}
+
+uint64_t dequantize_bytes(std::span<const ComputeTensor> tensors) {
+  uint64_t bytes = 0;
+  for (const ComputeTensor& t : tensors) {
+    if (!t.nf4) continue;
+    const uint64_t n = t.spec->elements();
+    bytes += strata_nf4_packed_bytes(n) + n * sizeof(uint16_t);
+  }
+  return bytes;
 }
 
 Result<std::unique_ptr<LayerCompute>> make_layer_compute(const FinetunePlan& plan) {

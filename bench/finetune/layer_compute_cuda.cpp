@@ -2,9 +2,12 @@
 // with CUDA (bench/CMakeLists.txt). Y = X W^T forward; dX = dY W and dW = dY^T X backward, with
 // dW written straight into the bf16 gradient Strata acquired with DISCARD. Work is queued on one
 // stream, which is passed to strata_release so that Strata copies a gradient out only after the
-// GEMM that writes it.
+// GEMM that writes it. A frozen weight (LoRA's base) gets no dW; an NF4 weight (QLoRA) is
+// dequantized to bf16 on the same stream first (strata_nf4_dequantize_cuda), into a buffer of the
+// benchmark's own.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <strata/strata.h>
 
 #include <algorithm>
 #include <string>
@@ -32,7 +35,7 @@ class GpuCompute final : public LayerCompute {
  public:
   ~GpuCompute() override {
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-    for (void* p : {x_, y_, dx_}) {
+    for (void* p : {x_, y_, dx_, dequantized_}) {
       if (p != nullptr) cudaFree(p);
     }
     if (handle_ != nullptr) cublasDestroy(handle_);
@@ -46,11 +49,13 @@ class GpuCompute final : public LayerCompute {
     }
     auto g = std::unique_ptr<GpuCompute>(new GpuCompute());
     g->tokens_ = plan.tokens;
-    uint64_t max_in = 1, max_out = 1;
-    for (const TensorSpec& t : plan.inventory) {
+    uint64_t max_in = 1, max_out = 1, max_nf4 = 0;
+    for (size_t i = 0; i < plan.inventory.size(); ++i) {
+      const TensorSpec& t = plan.inventory[i];
       if (t.kind != TensorKind::kParameter || t.shape.size() != 2) continue;
       max_out = std::max(max_out, t.shape[0]);
       max_in = std::max(max_in, t.shape[1]);
+      if (plan.roles[i] == TensorRole::kFrozenNf4) max_nf4 = std::max(max_nf4, t.elements());
     }
     STRATA_TRY(cuda_status(cudaStreamCreateWithFlags(&g->stream_, cudaStreamNonBlocking),
                            "cudaStreamCreate"));
@@ -60,6 +65,9 @@ class GpuCompute final : public LayerCompute {
     STRATA_TRY(cuda_status(cudaMalloc(&g->x_, in_bytes), "cudaMalloc (activations)"));
     STRATA_TRY(cuda_status(cudaMalloc(&g->y_, out_bytes), "cudaMalloc (activations)"));
     STRATA_TRY(cuda_status(cudaMalloc(&g->dx_, in_bytes), "cudaMalloc (activations)"));
+    if (max_nf4 > 0) {
+      STRATA_TRY(cuda_status(cudaMalloc(&g->dequantized_, max_nf4 * 2), "cudaMalloc (NF4)"));
+    }
     // Small, varied activations (the forward output then stands in for dL/dY).
     std::vector<uint16_t> host(g->tokens_ * max_in);
     for (size_t i = 0; i < host.size(); ++i) {
@@ -77,11 +85,12 @@ class GpuCompute final : public LayerCompute {
       if (t.spec->shape.size() != 2 || is_embedding(*t.spec)) continue;
       const int out = static_cast<int>(t.spec->shape[0]), in = static_cast<int>(t.spec->shape[1]);
       const int n = static_cast<int>(tokens_);
+      STRATA_ASSIGN_OR_RETURN(const void* w, weights(t));
       // Row-major Y[T x out] = X[T x in] W[out x in]^T, as column-major Y^T = W X^T.
       STRATA_TRY(
-          cublas_status(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha,
-                                     t.weight, CUDA_R_16BF, in, x_, CUDA_R_16BF, in, &beta, y_,
-                                     CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          cublas_status(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w,
+                                     CUDA_R_16BF, in, x_, CUDA_R_16BF, in, &beta, y_, CUDA_R_16BF,
+                                     out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                         "forward GEMM"));
     }
     return Status::ok();
@@ -92,18 +101,21 @@ class GpuCompute final : public LayerCompute {
     for (const ComputeTensor& t : tensors) {
       STRATA_TRY(wait(t));
       if (t.spec->shape.size() != 2 || is_embedding(*t.spec)) {
+        if (t.grad == nullptr) continue;  // frozen
         STRATA_TRY(cuda_status(cudaMemsetAsync(t.grad, 0, t.spec->bytes(), stream_),
                                "cudaMemsetAsync (gradient)"));
         continue;
       }
       const int out = static_cast<int>(t.spec->shape[0]), in = static_cast<int>(t.spec->shape[1]);
       const int n = static_cast<int>(tokens_);
+      STRATA_ASSIGN_OR_RETURN(const void* w, weights(t));
       // dX[T x in] = dY[T x out] W[out x in]: column-major dX^T = W^T(col) dY^T.
       STRATA_TRY(
-          cublas_status(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &alpha,
-                                     t.weight, CUDA_R_16BF, in, y_, CUDA_R_16BF, out, &beta, dx_,
-                                     CUDA_R_16BF, in, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          cublas_status(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &alpha, w,
+                                     CUDA_R_16BF, in, y_, CUDA_R_16BF, out, &beta, dx_, CUDA_R_16BF,
+                                     in, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                         "backward dX GEMM"));
+      if (t.grad == nullptr) continue;  // frozen: the input gradient only
       // dW[out x in] = dY^T X: column-major dW^T = X^T(col) dY.
       STRATA_TRY(
           cublas_status(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &alpha, x_,
@@ -121,6 +133,17 @@ class GpuCompute final : public LayerCompute {
   static bool is_embedding(const TensorSpec& spec) {
     return std::string_view(spec.name).starts_with("embed_tokens");
   }
+  // The bf16 weights of t on the device: its own, or its NF4 packing dequantized on the stream.
+  Result<const void*> weights(const ComputeTensor& t) {
+    if (!t.nf4) return t.weight;
+    const uint64_t n = t.spec->elements();
+    const int rc = strata_nf4_dequantize_cuda(t.weight, strata_nf4_packed_bytes(n), n, dequantized_,
+                                              STRATA_DTYPE_BF16, stream_);
+    if (rc != STRATA_OK) {
+      return Status::error(rc, "dequantizing '" + t.spec->name + "' (NF4) on the GPU");
+    }
+    return static_cast<const void*>(dequantized_);
+  }
   Status wait(const ComputeTensor& t) {
     if (t.ready_event == nullptr) return Status::ok();
     return cuda_status(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(t.ready_event), 0),
@@ -131,6 +154,7 @@ class GpuCompute final : public LayerCompute {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t handle_ = nullptr;
   void *x_ = nullptr, *y_ = nullptr, *dx_ = nullptr;
+  void* dequantized_ = nullptr;  // the largest NF4 weight, in bf16
 };
 
 }  // namespace

@@ -356,11 +356,19 @@ Status validate(const PlanRequest& r) {
 
 // ---- Formulas ------------------------------------------------------------------------------
 
+bool lora_adapts(const TensorSpec& parameter, const LoraTargets& targets) {
+  return is_layer_linear_weight(parameter) && is_lora_target(module_of(parameter.name), targets);
+}
+
+bool qlora_quantizes(const TensorSpec& parameter) {
+  return is_layer_linear_weight(parameter);
+}
+
 uint64_t lora_trainable_parameters(const ModelConfig& model, uint32_t rank,
                                    const LoraTargets& targets) {
   uint64_t total = 0;
   for (const TensorSpec& spec : parameters_of(model)) {
-    if (is_layer_linear_weight(spec) && is_lora_target(module_of(spec.name), targets)) {
+    if (lora_adapts(spec, targets)) {
       total += uint64_t{rank} * (spec.shape[0] + spec.shape[1]);
     }
   }

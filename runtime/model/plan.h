@@ -119,6 +119,12 @@ Status validate(const PlanRequest& request);
 
 // ---- Formulas (public so that tests check them one by one) ----------------------------------
 
+// Whether LoRA adapts this parameter (a transformer layer's linear weight of a targeted module),
+// and whether QLoRA stores it in 4 bits (every transformer layer's linear weight): the rules the
+// formulas below and `strata bench finetune --method lora|qlora` share.
+bool lora_adapts(const TensorSpec& parameter, const LoraTargets& targets);
+bool qlora_quantizes(const TensorSpec& parameter);
+
 // LoRA adapters: r * (in + out) per adapted matrix (A: r x in, B: out x r).
 uint64_t lora_trainable_parameters(const ModelConfig& model, uint32_t rank,
                                    const LoraTargets& targets);

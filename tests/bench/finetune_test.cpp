@@ -312,6 +312,12 @@ TEST(FinetuneBench, BadArgumentsGiveClearErrors) {
       {{"--metrics-port", "70000"}, "--metrics-port"},
       {{"--nvme", "/nonexistent/strata"}, "--nvme"},
       {{"--optimizer-overlap", "maybe"}, "--optimizer-overlap"},
+      {{"--method", "dora"}, "--method"},
+      {{"--method", "lora", "--strategy", "both"}, "Strata alone"},
+      {{"--method", "qlora", "--strategy", "deepspeed"}, "Strata alone"},
+      {{"--method", "lora", "--lora-rank", "0"}, "--lora-rank"},
+      {{"--method", "lora", "--lora-targets", "q,x"}, "--lora-targets"},
+      {{"--method", "lora", "--project-full-scale", "h100-sxm"}, "strata plan --method lora"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = tiny(dir);
@@ -332,6 +338,57 @@ TEST(FinetuneBench, BadArgumentsGiveClearErrors) {
   const CliRun missing = run_cli({"bench", "finetune"});
   EXPECT_NE(missing.code, 0);
   EXPECT_NE(missing.err.find("--model"), std::string::npos) << missing.err;
+}
+
+// --method lora: the base frozen, read-only and streamed through budgets smaller than it; Strata
+// alone. Each step reads the base from NVMe and writes none of it: the parameters it writes are
+// the adapters at most, and all it writes stays within the adapters' state (issue 22's <= 1.1x).
+TEST(FinetuneBench, LoraStreamsAReadOnlyBaseAndWritesOnlyTheAdaptersState) {
+  const auto dir = testing::scratch_dir("finetune-lora");
+  const CliRun r =
+      run_cli(tiny(dir, {"--method", "lora", "--steps", "3", "--optimizer-overlap", "off",
+                         "--pinned-budget", "3M", "--device-budget", "2M", "--json"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["method"], "lora");
+  EXPECT_TRUE(j["baselines"].empty());
+  ASSERT_EQ(j["strategies"].size(), 1u);
+  const json& lora = j["strategies"][0]["lora"];
+  const uint64_t adapters = j["lora"]["adapter_parameters"].get<uint64_t>();
+  const uint64_t base = lora["base_bytes_stored"].get<uint64_t>();
+  EXPECT_EQ(adapters, lora["adapter_parameters"].get<uint64_t>());
+  EXPECT_GT(base, 10 * 2 * adapters);  // a LoRA shape: the base dominates
+  EXPECT_EQ(lora["adapter_home"], "nvme") << lora["adapter_home_why"];
+  EXPECT_GE(lora["parameters_read_per_step_min"].get<uint64_t>(), base);
+  EXPECT_LE(lora["parameters_written_per_step_max"].get<uint64_t>(), 2 * adapters);
+  EXPECT_LE(lora["written_over_adapter_state"].get<double>(), 1.1);
+  EXPECT_GT(lora["base_read_rate_bytes_per_s"].get<double>(), 0.0);
+  EXPECT_GT(lora["read_base_twice_seconds"].get<double>(), 0.0);
+  EXPECT_EQ(lora["steps"].size(), 3u);
+  // Every step's writes by kind: never a gradient of the base, and parameters only the adapters.
+  for (const json& step : lora["steps"]) {
+    const json& written = step["nvme_written_by_kind"];
+    if (written.contains("parameter"))
+      EXPECT_LE(written["parameter"].get<uint64_t>(), 2 * adapters);
+  }
+}
+
+// --method qlora with real CPU compute: the layer linear weights stored in NF4 (a little over a
+// quarter of bf16 with the per-block absmax) and dequantized by the SIMD path before each GEMM;
+// the adapters, their gradients and optimizer states rest off NVMe, so a step writes nothing.
+TEST(FinetuneBench, QloraStoresTheBaseInNf4AndAStepWritesNothingToNvme) {
+  const auto dir = testing::scratch_dir("finetune-qlora");
+  const CliRun r = run_cli(tiny(dir, {"--method", "qlora", "--strategy", "strata", "--compute",
+                                      "cpu", "--optimizer-overlap", "off", "--json"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(r.out);
+  const json& lora = j["strategies"][0]["lora"];
+  const double stored = lora["base_bytes_stored"].get<double>();
+  const double bf16 = lora["base_bytes_unquantized"].get<double>();
+  EXPECT_LT(stored, 0.6 * bf16);  // embedding, LM head and norms stay bf16
+  EXPECT_EQ(lora["adapter_home"], "device") << lora["adapter_home_why"];
+  EXPECT_EQ(lora["nvme_written_per_step_max"].get<uint64_t>(), 0u);
+  EXPECT_GT(lora["compute_seconds_median"].get<double>(), 0.0);
 }
 
 TEST(FinetuneBench, CpuComputeAndPlotRunOneStrategy) {
