@@ -360,16 +360,20 @@ TEST(FinetuneBench, LoraStreamsAReadOnlyBaseAndWritesOnlyTheAdaptersState) {
   EXPECT_GT(base, 10 * 2 * adapters);  // a LoRA shape: the base dominates
   EXPECT_EQ(lora["adapter_home"], "nvme") << lora["adapter_home_why"];
   EXPECT_GE(lora["parameters_read_per_step_min"].get<uint64_t>(), base);
-  EXPECT_LE(lora["parameters_written_per_step_max"].get<uint64_t>(), 2 * adapters);
+  // The adapters' bf16 bytes, each of the 28 adapter tensors (2 layers x 7 projections x A, B)
+  // rounded up to the 4 KiB of an O_DIRECT write: nothing of the base.
+  const uint64_t adapter_writes = 2 * adapters + 28 * 4096;
+  EXPECT_LE(lora["parameters_written_per_step_max"].get<uint64_t>(), adapter_writes);
   EXPECT_LE(lora["written_over_adapter_state"].get<double>(), 1.1);
   EXPECT_GT(lora["base_read_rate_bytes_per_s"].get<double>(), 0.0);
   EXPECT_GT(lora["read_base_twice_seconds"].get<double>(), 0.0);
   EXPECT_EQ(lora["steps"].size(), 3u);
-  // Every step's writes by kind: never a gradient of the base, and parameters only the adapters.
+  // Every step's PARAMETER writes: the adapters' at most.
   for (const json& step : lora["steps"]) {
     const json& written = step["nvme_written_by_kind"];
-    if (written.contains("parameter"))
-      EXPECT_LE(written["parameter"].get<uint64_t>(), 2 * adapters);
+    if (written.contains("parameter")) {
+      EXPECT_LE(written["parameter"].get<uint64_t>(), adapter_writes);
+    }
   }
 }
 
