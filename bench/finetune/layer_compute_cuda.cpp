@@ -7,6 +7,7 @@
 // benchmark's own.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <strata/strata.h>
 
 #include <algorithm>
@@ -25,6 +26,57 @@ Status cuda_status(cudaError_t e, const char* what) {
   return Status::error(STRATA_E_DEVICE, std::string(what) + ": " + cudaGetErrorString(e));
 }
 
+// cuBLAS, loaded when a GPU run asks for it rather than linked: linked, it was loaded and
+// initialised by every start of `strata` (libcublasLt's initialisation: about 0.5 s and 200 MB of
+// resident pages on the development machine), including `strata plan` and every worker process
+// of `strata bench finetune`, whose host memory is what the benchmark measures. The library the
+// build found is tried first, then the soname on the loader's search path.
+class Cublas {
+ public:
+  Cublas() = default;
+  Cublas(const Cublas&) = delete;
+  Cublas& operator=(const Cublas&) = delete;
+  ~Cublas() {
+    if (library_ != nullptr) dlclose(library_);
+  }
+
+  Status load() {
+    const std::string soname = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
+    std::string tried;
+    for (const char* path : {STRATA_CUBLAS_LIBRARY, soname.c_str()}) {
+      library_ = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+      if (library_ != nullptr) break;
+      const char* why = dlerror();
+      tried += std::string(tried.empty() ? "" : "; ") + (why != nullptr ? why : path);
+    }
+    if (library_ == nullptr) return unsupported("--compute gpu needs cuBLAS: " + tried);
+    STRATA_TRY(symbol(create, "cublasCreate_v2"));
+    STRATA_TRY(symbol(destroy, "cublasDestroy_v2"));
+    STRATA_TRY(symbol(set_stream, "cublasSetStream_v2"));
+    return symbol(gemm_ex, "cublasGemmEx");
+  }
+
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  // The C entry point's type, spelled out: cublas_api.h also declares an inline C++ overload
+  // of the same name, so the name alone has no single address.
+  using GemmEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                    int, const void*, const void*, cudaDataType, int, const void*,
+                                    cudaDataType, int, const void*, void*, cudaDataType, int,
+                                    cublasComputeType_t, cublasGemmAlgo_t);
+  GemmEx gemm_ex = nullptr;
+
+ private:
+  template <typename F>
+  Status symbol(F& out, const char* name) {
+    out = reinterpret_cast<F>(dlsym(library_, name));
+    if (out == nullptr) return unsupported(std::string("cuBLAS has no ") + name);
+    return Status::ok();
+  }
+  void* library_ = nullptr;
+};
+
 Status cublas_status(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return Status::ok();
   return Status::error(STRATA_E_DEVICE, std::string(what) + ": cuBLAS status " +
@@ -38,7 +90,7 @@ class GpuCompute final : public LayerCompute {
     for (void* p : {x_, y_, dx_, dequantized_}) {
       if (p != nullptr) cudaFree(p);
     }
-    if (handle_ != nullptr) cublasDestroy(handle_);
+    if (handle_ != nullptr) cublas_.destroy(handle_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -59,8 +111,9 @@ class GpuCompute final : public LayerCompute {
     }
     STRATA_TRY(cuda_status(cudaStreamCreateWithFlags(&g->stream_, cudaStreamNonBlocking),
                            "cudaStreamCreate"));
-    STRATA_TRY(cublas_status(cublasCreate(&g->handle_), "cublasCreate"));
-    STRATA_TRY(cublas_status(cublasSetStream(g->handle_, g->stream_), "cublasSetStream"));
+    STRATA_TRY(g->cublas_.load());
+    STRATA_TRY(cublas_status(g->cublas_.create(&g->handle_), "cublasCreate"));
+    STRATA_TRY(cublas_status(g->cublas_.set_stream(g->handle_, g->stream_), "cublasSetStream"));
     const uint64_t in_bytes = g->tokens_ * max_in * 2, out_bytes = g->tokens_ * max_out * 2;
     STRATA_TRY(cuda_status(cudaMalloc(&g->x_, in_bytes), "cudaMalloc (activations)"));
     STRATA_TRY(cuda_status(cudaMalloc(&g->y_, out_bytes), "cudaMalloc (activations)"));
@@ -88,9 +141,9 @@ class GpuCompute final : public LayerCompute {
       STRATA_ASSIGN_OR_RETURN(const void* w, weights(t));
       // Row-major Y[T x out] = X[T x in] W[out x in]^T, as column-major Y^T = W X^T.
       STRATA_TRY(
-          cublas_status(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w,
-                                     CUDA_R_16BF, in, x_, CUDA_R_16BF, in, &beta, y_, CUDA_R_16BF,
-                                     out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          cublas_status(cublas_.gemm_ex(handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w,
+                                        CUDA_R_16BF, in, x_, CUDA_R_16BF, in, &beta, y_,
+                                        CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                         "forward GEMM"));
     }
     return Status::ok();
@@ -111,16 +164,16 @@ class GpuCompute final : public LayerCompute {
       STRATA_ASSIGN_OR_RETURN(const void* w, weights(t));
       // dX[T x in] = dY[T x out] W[out x in]: column-major dX^T = W^T(col) dY^T.
       STRATA_TRY(
-          cublas_status(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &alpha, w,
-                                     CUDA_R_16BF, in, y_, CUDA_R_16BF, out, &beta, dx_, CUDA_R_16BF,
-                                     in, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          cublas_status(cublas_.gemm_ex(handle_, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &alpha, w,
+                                        CUDA_R_16BF, in, y_, CUDA_R_16BF, out, &beta, dx_,
+                                        CUDA_R_16BF, in, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                         "backward dX GEMM"));
       if (t.grad == nullptr) continue;  // frozen: the input gradient only
       // dW[out x in] = dY^T X: column-major dW^T = X^T(col) dY.
       STRATA_TRY(
-          cublas_status(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &alpha, x_,
-                                     CUDA_R_16BF, in, y_, CUDA_R_16BF, out, &beta, t.grad,
-                                     CUDA_R_16BF, in, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          cublas_status(cublas_.gemm_ex(handle_, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &alpha, x_,
+                                        CUDA_R_16BF, in, y_, CUDA_R_16BF, out, &beta, t.grad,
+                                        CUDA_R_16BF, in, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                         "backward dW GEMM"));
     }
     return Status::ok();
@@ -152,6 +205,7 @@ class GpuCompute final : public LayerCompute {
 
   uint64_t tokens_ = 0;
   cudaStream_t stream_ = nullptr;
+  Cublas cublas_;  // declared before the handle: destroyed after it
   cublasHandle_t handle_ = nullptr;
   void *x_ = nullptr, *y_ = nullptr, *dx_ = nullptr;
   void* dequantized_ = nullptr;  // the largest NF4 weight, in bf16
