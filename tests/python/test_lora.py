@@ -103,6 +103,37 @@ def test_adapters_rest_in_pinned_memory_when_they_fit_a_quarter_of_the_budget(nv
         home(lora_llama(), 16 << 20, trainable_home="gpu")
 
 
+def test_adapters_resting_on_the_device_tier_train_as_torch_and_write_nothing(nvme_dir):
+    """compute_tier="device" on the CPU runs the host-emulated device, the GPU code path: the
+    automatic trainable_home puts the adapters and their gradients there, their optimizer states
+    in pinned memory, and the streamed base stays read-only."""
+    reference = lora_llama(seed=6, hidden=64, layers=2)
+    ours = copy.deepcopy(reference)
+    handle = st.offload(ours, nvme_path=nvme_dir, device="cpu", compute_tier="device",
+                        nvme_capacity_bytes=256 << 20, pinned_budget_bytes=32 << 20,
+                        device_budget_bytes=32 << 20)
+    assert handle.trainable_home == "device", handle.trainable_why
+    tiers = strata.runtime.TIERS
+    assert {p._strata.tensor.home for p in lora.trainable(ours)} == {tiers["device"]}
+    assert {p._strata.grad.home for p in lora.trainable(ours)} == {tiers["device"]}
+    ref_opt = torch.optim.AdamW(lora.trainable(reference), lr=3e-3)
+    opt = st.AdamW(lora.trainable(ours), lr=3e-3)
+    written = []
+    for x, y in batches(corpus_bytes(), 4, batch=2, seq=16, seed=7):
+        before = handle.runtime.stats()["nvme_bytes_written"]
+        losses = []
+        for m, o in ((reference, ref_opt), (ours, opt)):
+            loss = loss_fn(m(x), y)
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            losses.append(loss.item())
+        handle.runtime.sync()
+        written.append(handle.runtime.stats()["nvme_bytes_written"] - before)
+        assert abs(losses[0] - losses[1]) <= REL * abs(losses[0]), losses
+    assert written[1:] == [0] * (len(written) - 1), written
+
+
 def test_the_frozen_base_refuses_writes_and_unfreezing_makes_it_trainable(nvme_dir):
     model = lora_llama(seed=1, hidden=64, layers=1)
     handle = st.offload(model, nvme_path=nvme_dir, device="cpu", nvme_capacity_bytes=64 << 20,
