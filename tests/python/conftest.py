@@ -27,3 +27,18 @@ def nvme_dir(tmp_path):
 # Small tiers: enough for the test models, far below a real machine's.
 SMALL = dict(nvme_capacity_bytes=256 << 20, pinned_budget_bytes=64 << 20,
              device_budget_bytes=64 << 20)
+
+
+def paired_step(pairs, x, y):
+    """One training step of each (model, optimizer) pair on the same batch, in order (the
+    reference first); returns their losses. Tests compare Strata with plain torch this way."""
+    from tiny_llama import loss_fn
+
+    losses = []
+    for model, optimizer in pairs:
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses

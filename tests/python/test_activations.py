@@ -8,6 +8,7 @@ import torch
 
 import strata
 import strata.torch as st
+from conftest import paired_step
 from tiny_llama import PRESETS, Llama, batches, corpus_bytes, loss_fn
 
 
@@ -61,13 +62,7 @@ def test_activations_spill_to_nvme_under_a_small_pinned_budget_and_stay_exact(nv
                         nvme_capacity_bytes=512 << 20, pinned_budget_bytes=12 << 20)
     opt = st.AdamW(ours.parameters(), lr=1e-3)
     for x, y in data:
-        losses = []
-        for m, o in ((reference, ref_opt), (ours, opt)):
-            loss = loss_fn(m(x), y)
-            loss.backward()
-            o.step()
-            o.zero_grad()
-            losses.append(loss.item())
+        losses = paired_step(((reference, ref_opt), (ours, opt)), x, y)
         assert abs(losses[1] - losses[0]) <= 1e-5 * abs(losses[0])
     acts = handle.activations
     assert acts.peak_held_bytes > 12 << 20  # more saved than the pinned budget could hold

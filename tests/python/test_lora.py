@@ -8,6 +8,7 @@ import torch
 
 import strata
 import strata.torch as st
+from conftest import paired_step
 from strata.torch import lora
 from tiny_llama import PRESETS, Llama, batches, corpus_bytes, loss_fn
 
@@ -50,12 +51,8 @@ def test_lora_on_a_streamed_frozen_base_matches_torch_and_never_writes_the_base(
     losses = ([], [])
     stats = []
     for x, y in data:
-        for i, (m, o) in enumerate(((reference, ref_opt), (ours, opt))):
-            loss = loss_fn(m(x), y)
-            loss.backward()
-            o.step()
-            o.zero_grad()
-            losses[i].append(loss.item())
+        for i, loss in enumerate(paired_step(((reference, ref_opt), (ours, opt)), x, y)):
+            losses[i].append(loss)
         handle.runtime.sync()
         stats.append(handle.runtime.stats())
     for step, (a, b) in enumerate(zip(*losses)):
@@ -121,13 +118,7 @@ def test_adapters_resting_on_the_device_tier_train_as_torch_and_write_nothing(nv
     written = []
     for x, y in batches(corpus_bytes(), 4, batch=2, seq=16, seed=7):
         before = handle.runtime.stats()["nvme_bytes_written"]
-        losses = []
-        for m, o in ((reference, ref_opt), (ours, opt)):
-            loss = loss_fn(m(x), y)
-            loss.backward()
-            o.step()
-            o.zero_grad()
-            losses.append(loss.item())
+        losses = paired_step(((reference, ref_opt), (ours, opt)), x, y)
         handle.runtime.sync()
         written.append(handle.runtime.stats()["nvme_bytes_written"] - before)
         assert abs(losses[0] - losses[1]) <= REL * abs(losses[0]), losses

@@ -8,6 +8,7 @@ import torch
 
 import strata
 import strata.torch as st
+from conftest import paired_step
 from strata.torch import lora, nf4
 from tiny_llama import PRESETS, Llama, batches, corpus_bytes, loss_fn
 
@@ -65,13 +66,7 @@ def test_qlora_trains_as_torch_does_on_the_dequantized_base(nvme_dir):
     ref_opt = torch.optim.AdamW(lora.trainable(reference), lr=3e-3)
     opt = st.AdamW(lora.trainable(ours), lr=3e-3)
     for x, y in batches(corpus_bytes(), 6, batch=2, seq=32, seed=6):
-        losses = []
-        for m, o in ((reference, ref_opt), (ours, opt)):
-            loss = loss_fn(m(x), y)
-            loss.backward()
-            o.step()
-            o.zero_grad()
-            losses.append(loss.item())
+        losses = paired_step(((reference, ref_opt), (ours, opt)), x, y)
         assert abs(losses[1] - losses[0]) <= 1e-5 * abs(losses[0]), losses
 
 
@@ -121,12 +116,8 @@ def test_lora_on_an_nf4_base_converges_as_on_the_full_precision_base(nvme_dir):
              (model, st.AdamW(lora.trainable(model), lr=1e-2)))
     losses = ([], [])
     for x, y in data[20:]:
-        for i, (m, o) in enumerate(pairs):
-            loss = loss_fn(m(x), y)
-            loss.backward()
-            o.step()
-            o.zero_grad()
-            losses[i].append(loss.item())
+        for i, loss in enumerate(paired_step(pairs, x, y)):
+            losses[i].append(loss)
     full_first, full_last = (sum(losses[0][:5]) / 5, sum(losses[0][-5:]) / 5)
     first, last = sum(losses[1][:5]) / 5, sum(losses[1][-5:]) / 5
     print(f"nf4: {first:.4f} -> {last:.4f}; fp32 base: {full_first:.4f} -> {full_last:.4f}")

@@ -7,7 +7,7 @@ import torch
 
 import strata
 import strata.torch as st
-from conftest import SMALL
+from conftest import SMALL, paired_step
 from tiny_llama import PRESETS, Llama, batches, corpus_bytes, loss_fn
 
 DEVICE = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -186,13 +186,7 @@ def test_torch_adamw_state_loads_into_strata(data, nvme_dir):
     opt = st.AdamW(model.parameters(), lr=3e-3)
     opt.load_state_dict(ref_opt.state_dict())
     for x, y in data[3:6]:
-        losses = []
-        for m, o in ((reference, ref_opt), (model, opt)):
-            loss = loss_fn(m(x), y)
-            loss.backward()
-            o.step()
-            o.zero_grad()
-            losses.append(loss.item())
+        losses = paired_step(((reference, ref_opt), (model, opt)), x, y)
         assert_close([losses[1]], [losses[0]])
 
 

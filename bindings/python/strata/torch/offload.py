@@ -283,10 +283,6 @@ class OffloadedModel:
         self.quantize_frozen = quantize_frozen
         self.trainable_home, self.trainable_why = self._choose_trainable_home(module,
                                                                               trainable_home)
-        # Gradients of the parameters trainable at offload rest with them when they rest apart
-        # from the others (adapters beside a streamed base), else at grad_home.
-        self.trainable_grad_home = grad_home if self.trainable_home == param_home else \
-            self.trainable_home
         self.activations = None  # an ActivationOffload once offload_activations() ran
         try:
             self._register(module)
@@ -514,10 +510,13 @@ class OffloadedModel:
             return
         nbytes = rec.numel * p.element_size()
         layer = rec.units[0].index if layer is None else layer
-        grad_home = self.trainable_grad_home
+        # A gradient rests with its parameter at trainable_home when the trainable parameters
+        # rest apart from the others (adapters beside a streamed base); otherwise, and for a
+        # parameter unfrozen later (it rests as the base does), at grad_home.
+        apart = self.trainable_home != self.param_home and not rec.tensor.read_only
+        grad_home = self.trainable_home if apart else self.grad_home
         if rec.tensor.read_only:
             self._make_writable(rec, layer)
-            grad_home = self.grad_home  # unfrozen later: rests as the base does
         rec.grad = self.runtime.register(rec.name + ".grad", nbytes,
                                          _views.TORCH_TO_STRATA[p.dtype], "gradient", layer,
                                          grad_home)
