@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_commands.h"
@@ -55,6 +56,7 @@ struct IoBenchArgs {
   std::string engine = "auto";
   uint32_t rounds = 5;
   bool compare_fio = false;
+  bool mixed = false;
   bool no_thp = false;
   bool json = false;
 };
@@ -67,6 +69,9 @@ struct Config {
   io::IoEngineKind kind = io::IoEngineKind::kAuto;
   uint32_t rounds = 0;
   bool compare_fio = false;
+  // Also read one file while writing another, both at once (the traffic of an optimizer step,
+  // which reads states while writing back earlier ones): each direction's rate under the other.
+  bool mixed = false;
   bool huge_pages = true;
   // The DeepSpeed baseline's aio handle (bench/finetune/deepspeed_aio.h) instead of a Strata
   // engine: one whole-file request at a time, as DeepSpeed's handle moves a tensor, so that
@@ -218,7 +223,11 @@ class StrataSide {
   // Moves the whole file in one direction; returns the seconds from first submit to last
   // completion. Each completion submits the slot's next request from inside on_complete (as
   // fio's loop does), so the depth never waits for a hop through this thread.
-  Result<double> run(IoOp op) {
+  Result<double> run(IoOp op) { return run_until(op, nullptr); }
+
+  // As run(), but while `until` is given and false the offsets wrap to the start of the file, so
+  // that this side keeps the drive busy for as long as another side runs; then it drains.
+  Result<double> run_until(IoOp op, const std::atomic<bool>* until) {
     {
       std::lock_guard lock(mutex_);
       op_ = op;
@@ -226,6 +235,8 @@ class StrataSide {
       outstanding_ = 0;
       error_ = 0;
       submit_error_ = Status::ok();
+      until_ = until;
+      completed_bytes_ = 0;
     }
     const auto start = std::chrono::steady_clock::now();
     for (Slot& slot : slots_) {
@@ -245,6 +256,12 @@ class StrataSide {
       return request_status(failed_);
     }
     return seconds;
+  }
+
+  // Bytes of requests completed since run_until() began.
+  uint64_t completed_bytes() {
+    std::lock_guard lock(mutex_);
+    return completed_bytes_;
   }
 
  private:
@@ -290,8 +307,14 @@ class StrataSide {
   // Starts the slot's next request, if any is left and nothing failed. Called with mutex_ held;
   // submits with it released (submit may wait for queue space).
   bool submit_next(Slot& slot, std::unique_lock<std::mutex>& lock) {
-    if (next_ >= config_.size || error_ != 0 || !submit_error_.is_ok()) {
+    if (error_ != 0 || !submit_error_.is_ok()) {
       return false;
+    }
+    if (next_ >= config_.size) {
+      if (until_ == nullptr || until_->load(std::memory_order_acquire)) {
+        return false;
+      }
+      next_ = 0;
     }
     IoRequest& r = slot.request;
     r = IoRequest{};
@@ -326,6 +349,9 @@ class StrataSide {
       side->error_ = request->error;
       side->failed_ = *request;
     }
+    if (request->error == 0) {
+      side->completed_bytes_ += request->length;
+    }
     // The engine is done with the request once on_complete runs: the slot is reused at once.
     --side->outstanding_;
     side->submit_next(*slot, lock);
@@ -341,8 +367,10 @@ class StrataSide {
   std::mutex mutex_;
   std::condition_variable done_;
   IoOp op_ = IoOp::kWrite;
-  uint64_t next_ = 0;         // file offset of the next request to start
-  uint32_t outstanding_ = 0;  // requests submitted and not yet completed
+  uint64_t next_ = 0;                         // file offset of the next request to start
+  uint32_t outstanding_ = 0;                  // requests submitted and not yet completed
+  const std::atomic<bool>* until_ = nullptr;  // run_until's: wrap until it is set
+  uint64_t completed_bytes_ = 0;
   int error_ = 0;
   IoRequest failed_;
   Status submit_error_;
@@ -560,7 +588,13 @@ Config parse_config(const IoBenchArgs& args) {
   config.kind = *kind;
   config.rounds = args.rounds;
   config.compare_fio = args.compare_fio;
+  config.mixed = args.mixed;
   config.huge_pages = !args.no_thp;
+  if (config.mixed && config.deepspeed_aio) {
+    fail(
+        invalid_argument("--mixed measures Strata's engine; it does not apply to --engine "
+                         "deepspeed-aio"));
+  }
   return config;
 }
 
@@ -596,6 +630,18 @@ void run_io_bench(const IoBenchArgs& args) {
     if (!side) fail(side.status());
     strata_side = std::move(*side);
   }
+  // --mixed: a second file and engine that write while the first side reads.
+  std::optional<BenchFile> mixed_file;
+  std::unique_ptr<StrataSide> writer_side;
+  if (config.mixed) {
+    auto second = BenchFile::create(config.dir, config.size);
+    if (!second) fail(second.status());
+    mixed_file.emplace(std::move(*second));
+    auto side = StrataSide::create(config, mixed_file->fd());
+    if (!side) fail(side.status());
+    writer_side = std::move(*side);
+    if (auto warm_up = writer_side->run(IoOp::kWrite); !warm_up) fail(warm_up.status());
+  }
   auto run_side = [&](IoOp op) {
     return baseline_side ? baseline_side->run(op) : strata_side->run(op);
   };
@@ -609,7 +655,8 @@ void run_io_bench(const IoBenchArgs& args) {
   }
 
   std::vector<double> write_gbps, read_gbps, fio_write_gbps, fio_read_gbps;
-  const uint32_t passes = config.rounds * 2 * (fio.has_value() ? 2 : 1);
+  std::vector<double> mixed_read_gbps, mixed_write_gbps;
+  const uint32_t passes = config.rounds * (2 * (fio.has_value() ? 2 : 1) + (config.mixed ? 2 : 0));
   ProgressDisplay progress("bench io", static_cast<double>(config.size) * passes,
                            ProgressDisplay::Unit::kBytes, "", is_interactive_terminal(args.json));
   double moved = 0;
@@ -632,6 +679,23 @@ void run_io_bench(const IoBenchArgs& args) {
     into.push_back(*rate);
     progress.update(moved += static_cast<double>(config.size));
   };
+  // Reads the first file while the second side writes its own over and over; the write rate
+  // counts what completed while the read ran, so both rates cover the same interval.
+  auto mixed_pass = [&] {
+    progress.set_label("bench io: strata read and write at once");
+    std::atomic<bool> read_done{false};
+    Result<double> wrote = 0.0;
+    std::thread writer([&] { wrote = writer_side->run_until(IoOp::kWrite, &read_done); });
+    Result<double> read = strata_side->run(IoOp::kRead);
+    const uint64_t written = writer_side->completed_bytes();
+    read_done.store(true, std::memory_order_release);
+    writer.join();
+    if (!read) fail(read.status());
+    if (!wrote) fail(wrote.status());
+    mixed_read_gbps.push_back(gbps(config.size, *read));
+    mixed_write_gbps.push_back(gbps(written, *read));
+    progress.update(moved += 2.0 * static_cast<double>(config.size));
+  };
   for (uint32_t round = 0; round < config.rounds; ++round) {
     // Writes before reads, so reads never meet unwritten (all-zero, device-free) extents; who
     // goes first alternates between rounds so neither side always gets the warmer disk.
@@ -647,6 +711,7 @@ void run_io_bench(const IoBenchArgs& args) {
         fio_pass(op, theirs);
       }
     }
+    if (config.mixed) mixed_pass();
   }
 
   progress.finish();
@@ -684,6 +749,12 @@ void run_io_bench(const IoBenchArgs& args) {
         {"write_gbps_rounds", write_gbps},
         {"read_gbps_rounds", read_gbps},
     };
+    if (config.mixed) {
+      out["mixed_read_gbps"] = median(mixed_read_gbps);
+      out["mixed_write_gbps"] = median(mixed_write_gbps);
+      out["mixed_read_gbps_rounds"] = mixed_read_gbps;
+      out["mixed_write_gbps_rounds"] = mixed_write_gbps;
+    }
     if (fio) {
       out["fio_version"] = fio->version;
       out["fio_write_gbps"] = fio_write;
@@ -710,6 +781,10 @@ void run_io_bench(const IoBenchArgs& args) {
   std::printf("\n");
   Table table({"", "write GB/s", "read GB/s"});
   table.add_row({"strata", fixed(write), fixed(read)});
+  if (config.mixed) {
+    table.add_row({"strata, both at once (--mixed)", fixed(median(mixed_write_gbps)),
+                   fixed(median(mixed_read_gbps))});
+  }
   if (fio) {
     table.add_row({"fio", fixed(fio_write), fixed(fio_read)});
     table.add_row({"strata / fio (per-round median)", fixed(write_ratio), fixed(read_ratio)});
@@ -743,6 +818,9 @@ void add_io_command(CLI::App& bench) {
       ->check(CLI::Range(1u, 100u));
   io->add_flag("--compare-fio", args->compare_fio,
                "Also run fio (io_uring, direct=1, same size, block and depth) and report ratios");
+  io->add_flag("--mixed", args->mixed,
+               "Also read the file while a second one is written, both at once, each round: "
+               "each direction's rate while the other runs (an optimizer step's traffic)");
   io->add_flag("--no-thp", args->no_thp,
                "Back I/O buffers (Strata's and fio's) with 4 KiB pages instead of transparent "
                "huge pages");

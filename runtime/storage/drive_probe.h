@@ -5,8 +5,10 @@
 // least queue depth that reaches 90% of the best read rate. Pinned memory beyond that buys
 // nothing; below it the drive idles.
 //
-// Cold path: a few hundred milliseconds at creation. One request's buffer (reused by every
-// request: the bytes are not looked at), no pinned memory.
+// Cold path: a few hundred milliseconds at creation. One buffer per request slot, of huge pages
+// and registered with the engine as the runtime's pinned memory is, so that the figures are the
+// ones that memory gets (a virtualised disk serves 4 KiB-page buffers several times slower); at
+// most kMaxProbeQueueDepth requests of it, unmapped when the probe ends.
 #pragma once
 
 #include <cstdint>
@@ -18,11 +20,15 @@
 
 namespace strata::storage {
 
+// The runtime keeps at most 64 NVMe transfers in flight per direction (api/runtime.cpp).
+inline constexpr uint32_t kMaxProbeQueueDepth = 64;
+
 struct DriveProbeOptions {
   uint64_t region_bytes = uint64_t{64} << 20;  // written once, read at each depth (capped at half
                                                // the capacity)
   uint64_t request_bytes = 0;                  // 0: the engine's block size
-  uint32_t max_queue_depth = 0;                // 0: the engine's queue depth
+  uint32_t max_queue_depth = 0;                // 0: the engine's queue depth; at most
+                                               // kMaxProbeQueueDepth
 };
 
 struct DriveProbe {

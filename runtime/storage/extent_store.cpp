@@ -46,8 +46,13 @@ Result<std::unique_ptr<ExtentStore>> ExtentStore::open(BackingDevice device, io:
     return std::move(file).take_status().with_context("registering " + device.path() +
                                                       " with the " + engine.name() + " engine");
   }
-  return std::unique_ptr<ExtentStore>(
+  std::unique_ptr<ExtentStore> store(
       new ExtentStore(std::move(device), engine, *file, std::move(allocator), options));
+  if (options.verify_checksums) {
+    STRATA_ASSIGN_OR_RETURN(store->content_thread_,
+                            ContentThread::start(&ExtentStore::on_content_thread, store.get()));
+  }
+  return store;
 }
 
 ExtentStore::ExtentStore(BackingDevice device, io::IoEngine& engine, uint32_t file,
@@ -176,21 +181,45 @@ Status ExtentStore::submit_write(const Extent& extent, uint64_t offset, const vo
     pending = content.pending_hashes(*io);
     ++in_flight_;
   }
-  // Hashed once admitted (the pending slots of its blocks are this write's alone now), before
-  // the write is issued and outside the lock: the caller may not touch the buffer until
-  // completion anyway, and this keeps engine threads free for completions.
-  const auto* bytes_in = static_cast<const unsigned char*>(buffer);
-  for (uint64_t i = 0; i < pending.size(); ++i) {
-    pending[i] = checksum(bytes_in + i * options_.block_bytes,
-                          block_in_range(bytes, i, options_.block_bytes));
-  }
   io->request = io::IoRequest{};
   io->request.op = io::IoOp::kWrite;
   io->request.on_complete = &ExtentStore::on_write_done;
-  return issue(extent, io, const_cast<void*>(buffer), buffer_index);  // the engine only reads it
+  prepare(extent, io, const_cast<void*>(buffer), buffer_index);  // the engine only reads it
+  // Hashed once admitted (the pending slots of its blocks are this write's alone now), before
+  // the write is issued and outside the lock: the caller may not touch the buffer until
+  // completion anyway. With checksums, on the content thread (content_thread.h): the caller is
+  // often the scheduler, holding its lock while it issues transfers.
+  if (content_thread_ != nullptr) {
+    content_thread_->post(io);
+    return Status::ok();
+  }
+  hash_write(io, pending);
+  return submit_prepared(io);
 }
 
-Status ExtentStore::issue(const Extent& extent, ExtentIo* io, void* buffer, int32_t buffer_index) {
+void ExtentStore::hash_write(ExtentIo* io, std::span<uint64_t> pending) const {
+  const auto* bytes_in = static_cast<const unsigned char*>(io->request.buffer);
+  for (uint64_t i = 0; i < pending.size(); ++i) {
+    pending[i] = checksum(bytes_in + i * options_.block_bytes,
+                          block_in_range(io->bytes, i, options_.block_bytes));
+  }
+}
+
+void ExtentStore::on_content_thread(ExtentIo* io, void* context) {
+  ExtentStore& store = *static_cast<ExtentStore*>(context);
+  if (!io->write) {
+    finish_read(io, &store);
+    return;
+  }
+  store.hash_write(io, io->content->pending_hashes(*io));
+  Status submitted = store.submit_prepared(io);
+  if (submitted) return;
+  // Refused after write_async had returned OK: the caller hears it as the write's outcome.
+  io->status = std::move(submitted);
+  io->on_complete(io, io->context);
+}
+
+void ExtentStore::prepare(const Extent& extent, ExtentIo* io, void* buffer, int32_t buffer_index) {
   io->status = Status::ok();
   io->store = this;
   io->request.file = file_;
@@ -201,16 +230,18 @@ Status ExtentStore::issue(const Extent& extent, ExtentIo* io, void* buffer, int3
   io->request.offset = extent.offset + io->offset;
   io->request.buffer_index = buffer_index;
   io->request.context = io;
+}
 
+Status ExtentStore::submit_prepared(ExtentIo* io) {
   Status submitted = engine_.submit(&io->request);
   if (!submitted) {
     std::lock_guard lock(mutex_);
-    auto found = find_locked(extent);
-    STRATA_ASSERT(found.is_ok());  // a record with I/O in flight cannot be freed
-    (*found)->content.withdraw(io);
+    const auto it = records_.find(io->extent_id);
+    STRATA_ASSERT(it != records_.end());  // a record with I/O in flight cannot be freed
+    it->second.content.withdraw(io);
     ++(io->write ? stats_.write_errors : stats_.read_errors);
     finish_locked();
-    return std::move(submitted).with_context(ExtentContent::describe(*io, extent.offset));
+    return std::move(submitted).with_context(ExtentContent::describe(*io, it->second.offset));
   }
   return Status::ok();
 }
@@ -273,16 +304,29 @@ Status ExtentStore::submit_read(const Extent& extent, uint64_t offset, void* buf
   io->request = io::IoRequest{};
   io->request.op = io::IoOp::kRead;
   io->request.on_complete = &ExtentStore::on_read_done;
-  return issue(extent, io, buffer, buffer_index);
+  prepare(extent, io, buffer, buffer_index);
+  return submit_prepared(io);
 }
 
 void ExtentStore::on_read_done(io::IoRequest* request, void* context) {
   auto* io = static_cast<ExtentIo*>(context);
   ExtentStore& store = *static_cast<ExtentStore*>(io->store);
-  Status status = io::request_status(*request);
-  // Verified here, on the engine thread and outside the lock, so that a caller never sees
-  // unverified bytes reported as a successful read. The recorded hashes of this read's blocks
-  // cannot change while it is in flight: no write over them is admitted.
+  io->status = io::request_status(*request);
+  // Hashing here would keep the engine's one thread from reaping and submitting meanwhile
+  // (content_thread.h); a failed read has nothing to verify.
+  if (store.content_thread_ != nullptr && io->status.is_ok()) {
+    store.content_thread_->post(io);
+    return;
+  }
+  finish_read(io, &store);
+}
+
+void ExtentStore::finish_read(ExtentIo* io, void* context) {
+  ExtentStore& store = *static_cast<ExtentStore*>(context);
+  Status status = std::move(io->status);
+  // Verified before on_complete and outside the lock, so that a caller never sees unverified
+  // bytes reported as a successful read. The recorded hashes of this read's blocks cannot change
+  // while it is in flight (until finish_locked below): no write over them is admitted.
   uint64_t mismatches = 0;
   uint64_t first_bad = 0;
   uint64_t expected = 0;
@@ -290,7 +334,7 @@ void ExtentStore::on_read_done(io::IoRequest* request, void* context) {
   const uint64_t block_bytes = store.options_.block_bytes;
   if (status.is_ok()) {
     const std::span<const uint64_t> hashes = io->content->hashes(*io);
-    const auto* bytes_in = static_cast<const unsigned char*>(request->buffer);
+    const auto* bytes_in = static_cast<const unsigned char*>(io->request.buffer);
     for (uint64_t i = 0; i < hashes.size(); ++i) {
       const uint64_t hash =
           checksum(bytes_in + i * block_bytes, block_in_range(io->bytes, i, block_bytes));

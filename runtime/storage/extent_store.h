@@ -63,11 +63,13 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <unordered_map>
 
 #include "common/status.h"
 #include "io/io_engine.h"
 #include "storage/backing_device.h"
+#include "storage/content_thread.h"
 #include "storage/extent_allocator.h"
 #include "storage/extent_content.h"
 #include "storage/swap_store.h"
@@ -165,11 +167,20 @@ class ExtentStore final : public SwapStore {
                       uint64_t content_bytes, ExtentIo* io, int32_t buffer_index, bool whole);
   Status submit_read(const Extent& extent, uint64_t offset, void* buffer, uint64_t bytes,
                      uint64_t buffer_bytes, ExtentIo* io, int32_t buffer_index, bool whole);
-  // Hands an admitted request to the engine; takes it back out of flight if the engine refuses.
-  Status issue(const Extent& extent, ExtentIo* io, void* buffer, int32_t buffer_index);
+  // Fills an admitted request's engine request; submit_prepared() hands it to the engine and
+  // takes it back out of flight if the engine refuses.
+  void prepare(const Extent& extent, ExtentIo* io, void* buffer, int32_t buffer_index);
+  Status submit_prepared(ExtentIo* io);
+  // A write's block hashes into its pending slots (the write's own once admitted).
+  void hash_write(ExtentIo* io, std::span<uint64_t> pending) const;
+  // The content thread's work: a write is hashed and submitted, a read verified and finished.
+  static void on_content_thread(ExtentIo* io, void* store);
 
   static void on_write_done(io::IoRequest* request, void* context);
   static void on_read_done(io::IoRequest* request, void* context);
+  // Checks a finished read's blocks against their recorded hashes (with checksums), settles its
+  // record and calls on_complete: on the content thread, or the engine's without one.
+  static void finish_read(ExtentIo* io, void* store);
   void finish_locked();  // one I/O fewer in flight
 
   BackingDevice device_;
@@ -184,6 +195,9 @@ class ExtentStore final : public SwapStore {
   uint64_t next_id_ = 1;
   uint64_t in_flight_ = 0;
   ExtentStoreStats stats_;
+  // With checksums: where writes are hashed and reads verified (content_thread.h). Last, so that
+  // it is stopped first, after the destructor's close() has waited for all I/O in flight.
+  std::unique_ptr<ContentThread> content_thread_;
 };
 
 }  // namespace strata::storage

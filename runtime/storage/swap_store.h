@@ -56,7 +56,8 @@ struct ExtentStoreStats {
 // no allocation. Like io::IoRequest it must stay alive and untouched from the *_async call that
 // accepted it until on_complete has run. It may be reused after that.
 struct ExtentIo {
-  // Set by the caller. Runs exactly once, on an I/O thread, when the *_async call returned OK;
+  // Set by the caller. Runs exactly once, on one of the store's I/O threads (the engine's, or the
+  // extent store's content thread), when the *_async call returned OK;
   // must not block for long. The store does not touch `io` after calling it.
   void (*on_complete)(ExtentIo* io, void* context) = nullptr;
   void* context = nullptr;
@@ -77,6 +78,8 @@ struct ExtentIo {
   bool whole = false;  // a whole-content request (write_async / read_async), for its messages
   ExtentIo* next_in_flight = nullptr;
   ExtentIo* prev_in_flight = nullptr;
+  ExtentIo* next_in_content_queue =
+      nullptr;  // its place in the extent store's content-thread queue
 };
 
 class SwapStore {

@@ -180,6 +180,7 @@ TEST_P(ExtentStoreRanges, AWriteOverlappingARequestInFlightIsRefusedAndDisjointO
     gate_->open();
     first.done.wait();
     ASSERT_TRUE(first.io.status.is_ok()) << first.io.status.message();
+    gate_->close();
   }
 
   // A read of blocks 0-1 in flight.
@@ -244,8 +245,7 @@ TEST_P(ExtentStoreRanges, AWriteOverlappingARequestInFlightIsRefusedAndDisjointO
   Completion read_c;
   ASSERT_TRUE(
       store_->read_range_async(extent, 2 * block_, scratch.data(), block_, &read_c.io).is_ok());
-  gate_->open();
-  read_c.done.wait();
+  read_c.done.wait();  // the gate is open
   ASSERT_TRUE(read_c.io.status.is_ok()) << read_c.io.status.message();
   EXPECT_EQ(std::memcmp(scratch.data(), second.data() + 2 * block_, block_), 0);
   EXPECT_TRUE(store_->free(extent).is_ok());

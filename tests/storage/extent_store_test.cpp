@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <latch>
 #include <mutex>
 #include <random>
@@ -484,6 +485,50 @@ TEST_F(ExtentStoreTest, RawBlockDeviceRoundTrips) {
   EXPECT_EQ(::access(raw, F_OK), 0) << "a raw device is never removed";
 }
 
+// With checksums, hashing is the content thread's (content_thread.h): the engine's one thread
+// only hands a finished read over, so a read completes on another thread than a write does
+// (writes complete on the engine's). Without checksums there is nothing to hash and the read
+// completes on the engine's thread too. Either way the bytes read are the bytes written.
+TEST_F(ExtentStoreTest, WithChecksumsReadsAreVerifiedAndCompletedOffTheEngineThread) {
+  auto engine = make_engine(io::IoEngineKind::kUring);
+  if (!engine) GTEST_SKIP() << "io_uring unavailable: " << engine.status().message();
+  struct OnThread {
+    ExtentIo io;
+    std::latch done{1};
+    std::thread::id thread;
+    OnThread() {
+      io.on_complete = [](ExtentIo*, void* context) {
+        auto* self = static_cast<OnThread*>(context);
+        self->thread = std::this_thread::get_id();
+        self->done.count_down();
+      };
+      io.context = this;
+    }
+  };
+  for (const bool checksums : {true, false}) {
+    SCOPED_TRACE(checksums ? "with checksums" : "without checksums");
+    ExtentStoreOptions options;
+    options.verify_checksums = checksums;
+    auto store = open_store(**engine, swap_options(dir_), options);
+    ASSERT_NE(store, nullptr);
+    const Extent extent = *store->allocate(3 * 4096);
+    AlignedBuffer data(3 * 4096);
+    data.fill_random(7, 3 * 4096);
+    OnThread write;
+    ASSERT_TRUE(store->write_async(extent, data.data(), 3 * 4096, &write.io).is_ok());
+    write.done.wait();
+    ASSERT_TRUE(write.io.status.is_ok()) << write.io.status.message();
+    AlignedBuffer back(3 * 4096);
+    OnThread read;
+    ASSERT_TRUE(store->read_async(extent, back.data(), back.size(), &read.io).is_ok());
+    read.done.wait();
+    ASSERT_TRUE(read.io.status.is_ok()) << read.io.status.message();
+    EXPECT_EQ(std::memcmp(back.data(), data.data(), 3 * 4096), 0);
+    EXPECT_NE(write.thread, std::this_thread::get_id());
+    EXPECT_EQ(read.thread != write.thread, checksums);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Rules about I/O in flight, with the GatedEngine holding requests back (storage_test_util.h).
 
@@ -511,6 +556,7 @@ TEST_F(ExtentStoreTest, AnExtentWithAWriteInFlightRefusesOtherIo) {
   write.done.wait();
   ASSERT_TRUE(write.io.status.is_ok()) << write.io.status.message();
   EXPECT_EQ(*store->content_bytes(extent), 4096u);
+  gate.close();
 
   // Any number of reads at once, but no write or free among them.
   Completion read1;

@@ -120,8 +120,11 @@ inline void tamper(const std::string& path, uint64_t offset, uint8_t xor_mask) {
   ::close(fd);
 }
 
-// Holds requests back from the real engine until opened, so that "in flight" lasts as long as
-// a test needs.
+// Holds requests back from the real engine while closed (as it starts), so that "in flight"
+// lasts as long as a test needs; open() lets the held ones and every later one through until
+// close(). A write reaches the engine from the store's content thread some time after
+// write_async returned (content_thread.h), so a test opens the gate and waits rather than
+// counting on the request being held already.
 class GatedEngine final : public io::IoEngine {
  public:
   explicit GatedEngine(io::IoEngine& inner) : inner_(inner) {}
@@ -133,22 +136,33 @@ class GatedEngine final : public io::IoEngine {
   }
   Status unregister_buffer(int32_t index) override { return inner_.unregister_buffer(index); }
   Status submit(io::IoRequest* request) override {
-    std::lock_guard lock(mutex_);
-    held_.push_back(request);
-    return Status::ok();
+    {
+      std::lock_guard lock(mutex_);
+      if (!open_) {
+        held_.push_back(request);
+        return Status::ok();
+      }
+    }
+    return inner_.submit(request);
   }
   void open() {
     std::vector<io::IoRequest*> held;
     {
       std::lock_guard lock(mutex_);
+      open_ = true;
       held.swap(held_);
     }
     for (io::IoRequest* request : held) ASSERT_TRUE(inner_.submit(request).is_ok());
+  }
+  void close() {
+    std::lock_guard lock(mutex_);
+    open_ = false;
   }
 
  private:
   io::IoEngine& inner_;
   std::mutex mutex_;
+  bool open_ = false;
   std::vector<io::IoRequest*> held_;
 };
 
