@@ -30,15 +30,16 @@ ContentThread::~ContentThread() {
 
 void ContentThread::post(ExtentIo* io) {
   io->next_in_content_queue = nullptr;
-  {
-    std::lock_guard lock(mutex_);
-    if (tail_ == nullptr) {
-      head_ = io;
-    } else {
-      tail_->next_in_content_queue = io;
-    }
-    tail_ = io;
+  // Notified under the lock: once it is released the thread may finish this request, the
+  // store's close() see nothing in flight and its owner destroy this object, condition
+  // variable included, before a notify made after the unlock (ThreadSanitizer found it).
+  std::lock_guard lock(mutex_);
+  if (tail_ == nullptr) {
+    head_ = io;
+  } else {
+    tail_->next_in_content_queue = io;
   }
+  tail_ = io;
   posted_.notify_one();
 }
 
