@@ -26,6 +26,7 @@
 
 #include "bench_commands.h"
 #include "common/align.h"
+#include "common/huge_page_mapping.h"
 #include "common/interrupt_cleanup.h"
 #include "common/report.h"
 #include "common/status.h"
@@ -144,43 +145,6 @@ class BenchFile {
   std::string path_;
   UniqueFd fd_;
   InterruptCleanup on_signal_;
-};
-
-// Anonymous memory for the requests in flight, 2 MiB aligned and, with `huge`, backed by
-// transparent huge pages. Physically contiguous buffers matter: a device (or a hypervisor's
-// virtio back end) walks one segment per contiguous run, and on the machine this was tuned on
-// they moved reads from ~1.1 to ~1.9 GB/s. Pages are faulted in by the caller's first write.
-class Mapping {
- public:
-  static constexpr uint64_t kHugePage = 2ULL << 20;
-
-  Mapping(uint64_t bytes, bool huge) : mapped_bytes_(bytes + kHugePage) {
-    void* p =
-        ::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-      return;
-    }
-    mapped_ = static_cast<uint8_t*>(p);
-    const auto address = reinterpret_cast<uintptr_t>(p);
-    data_ = mapped_ + (align_up(address, kHugePage) - address);
-    // Advisory: where THP is off, the buffers are simply made of 4 KiB pages.
-    if (huge) {
-      (void)::madvise(data_, bytes, MADV_HUGEPAGE);
-    }
-  }
-  ~Mapping() {
-    if (mapped_ != nullptr) {
-      ::munmap(mapped_, mapped_bytes_);
-    }
-  }
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  uint8_t* data() const { return data_; }
-
- private:
-  uint64_t mapped_bytes_;
-  uint8_t* mapped_ = nullptr;
-  uint8_t* data_ = nullptr;
 };
 
 // One engine, one file, queue_depth request slots each with its own buffer.
@@ -362,7 +326,7 @@ class StrataSide {
 
   const Config config_;
   uint32_t file_ = 0;
-  Mapping memory_;
+  HugePageMapping memory_;
   std::vector<Slot> slots_;
   std::mutex mutex_;
   std::condition_variable done_;

@@ -1,7 +1,5 @@
 #include "storage/drive_probe.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -10,69 +8,41 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <utility>
 
 #include "common/align.h"
+#include "common/huge_page_mapping.h"
 
 namespace strata::storage {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr uint64_t kHugePage = uint64_t{2} << 20;
-
 // One buffer per request slot, made as the runtime's pinned memory is made
 // (memory/pinned_arena.cpp): 2 MiB aligned, advised to transparent huge pages and registered
-// with the engine as a fixed buffer. The drive is measured through the memory it will serve: a
-// request into 4 KiB pages costs a virtualised disk one segment per page, and on a Firecracker
-// guest a probe through one 4 KiB-page buffer measured 1.6-1.8 GB/s at every depth, where the
-// runtime's huge-page buffers got 7.9 GB/s at depth 2 and 11 at depth 8 (docs/tuning.md). The
-// bytes are never looked at.
+// with the engine as a fixed buffer. The drive is measured through the memory it will serve
+// (common/huge_page_mapping.h says why that matters). The bytes are never looked at.
 class SlotBuffers {
  public:
-  static Result<SlotBuffers> map(io::IoEngine& engine, uint64_t request, uint32_t slots) {
-    SlotBuffers b(engine);
-    b.bytes_ = align_up(request * slots, kHugePage);
-    b.mapped_bytes_ = b.bytes_ + kHugePage;
-    void* p = ::mmap(nullptr, b.mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                     -1, 0);
-    if (p == MAP_FAILED) {
-      return errno_status(STRATA_E_NOMEM, "drive probe: mapping its request buffers", errno);
-    }
-    b.mapped_ = static_cast<unsigned char*>(p);
-    const auto address = reinterpret_cast<uintptr_t>(p);
-    b.data_ = b.mapped_ + (align_up(address, kHugePage) - address);
-    (void)::madvise(b.data_, b.bytes_, MADV_HUGEPAGE);  // advice: small pages work, slower
-    std::memset(b.data_, 0x5A, b.bytes_);  // written bytes, not a file's unwritten extents
+  SlotBuffers(io::IoEngine& engine, uint64_t request, uint32_t slots)
+      : engine_(engine), bytes_(request * slots), memory_(bytes_, /*huge=*/true) {
+    if (memory_.data() == nullptr) return;
+    std::memset(memory_.data(), 0x5A, bytes_);  // written bytes, not a file's unwritten extents
     // Where the engine refuses (memlock accounting), requests go without a fixed buffer.
-    Result<int32_t> index = engine.register_buffer(b.data_, b.bytes_);
-    if (index) b.index_ = *index;
-    return b;
+    Result<int32_t> index = engine.register_buffer(memory_.data(), bytes_);
+    if (index) index_ = *index;
   }
-  SlotBuffers(SlotBuffers&& o) noexcept
-      : engine_(o.engine_),
-        mapped_(std::exchange(o.mapped_, nullptr)),
-        data_(o.data_),
-        mapped_bytes_(o.mapped_bytes_),
-        bytes_(o.bytes_),
-        index_(std::exchange(o.index_, -1)) {}
-  SlotBuffers& operator=(SlotBuffers&&) = delete;
   SlotBuffers(const SlotBuffers&) = delete;
   SlotBuffers& operator=(const SlotBuffers&) = delete;
   ~SlotBuffers() {
     if (index_ >= 0) (void)engine_.unregister_buffer(index_);
-    if (mapped_ != nullptr) ::munmap(mapped_, mapped_bytes_);
   }
-  unsigned char* data() const { return data_; }
+  uint8_t* data() const { return memory_.data(); }
   int32_t index() const { return index_; }
 
  private:
-  explicit SlotBuffers(io::IoEngine& engine) : engine_(engine) {}
   io::IoEngine& engine_;
-  unsigned char* mapped_ = nullptr;
-  unsigned char* data_ = nullptr;
-  uint64_t mapped_bytes_ = 0;
-  uint64_t bytes_ = 0;
+  const uint64_t bytes_;
+  HugePageMapping memory_;
   int32_t index_ = -1;
 };
 
@@ -165,7 +135,10 @@ Result<DriveProbe> probe_drive(const BackingDevice& device, io::IoEngine& engine
                             " bytes) is too small to measure");
   }
   STRATA_ASSIGN_OR_RETURN(uint32_t file, engine.register_file(device.fd()), "drive probe");
-  STRATA_ASSIGN_OR_RETURN(auto buffers, SlotBuffers::map(engine, out.request_bytes, deepest));
+  const SlotBuffers buffers(engine, out.request_bytes, deepest);
+  if (buffers.data() == nullptr) {
+    return errno_status(STRATA_E_NOMEM, "drive probe: mapping its request buffers", errno);
+  }
   Runner runner(engine, file, buffers, out.request_bytes, region);
 
   const auto requests = static_cast<uint32_t>(region / out.request_bytes);

@@ -171,14 +171,12 @@ Status ExtentStore::write_range_async(const Extent& extent, uint64_t offset, con
 Status ExtentStore::submit_write(const Extent& extent, uint64_t offset, const void* buffer,
                                  uint64_t bytes, uint64_t content_bytes, ExtentIo* io,
                                  int32_t buffer_index, bool whole) {
-  std::span<uint64_t> pending;
   {
     std::lock_guard lock(mutex_);
     STRATA_ASSIGN_OR_RETURN(auto found, find_locked(extent), "writing");
     ExtentContent& content = found->content;
     STRATA_TRY(content.check_write(extent, offset, bytes, content_bytes, whole));
     content.start(io, extent, offset, bytes, content_bytes, /*write=*/true, whole);
-    pending = content.pending_hashes(*io);
     ++in_flight_;
   }
   io->request = io::IoRequest{};
@@ -193,11 +191,13 @@ Status ExtentStore::submit_write(const Extent& extent, uint64_t offset, const vo
     content_thread_->post(io);
     return Status::ok();
   }
-  hash_write(io, pending);
+  hash_write(io);
   return submit_prepared(io);
 }
 
-void ExtentStore::hash_write(ExtentIo* io, std::span<uint64_t> pending) const {
+void ExtentStore::hash_write(ExtentIo* io) const {
+  // The slots' place is fixed once the write is admitted; no lock needed to find them.
+  const std::span<uint64_t> pending = io->content->pending_hashes(*io);
   const auto* bytes_in = static_cast<const unsigned char*>(io->request.buffer);
   for (uint64_t i = 0; i < pending.size(); ++i) {
     pending[i] = checksum(bytes_in + i * options_.block_bytes,
@@ -211,7 +211,7 @@ void ExtentStore::on_content_thread(ExtentIo* io, void* context) {
     finish_read(io, &store);
     return;
   }
-  store.hash_write(io, io->content->pending_hashes(*io));
+  store.hash_write(io);
   Status submitted = store.submit_prepared(io);
   if (submitted) return;
   // Refused after write_async had returned OK: the caller hears it as the write's outcome.

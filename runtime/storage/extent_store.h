@@ -63,7 +63,6 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <span>
 #include <unordered_map>
 
 #include "common/status.h"
@@ -172,15 +171,15 @@ class ExtentStore final : public SwapStore {
   void prepare(const Extent& extent, ExtentIo* io, void* buffer, int32_t buffer_index);
   Status submit_prepared(ExtentIo* io);
   // A write's block hashes into its pending slots (the write's own once admitted).
-  void hash_write(ExtentIo* io, std::span<uint64_t> pending) const;
+  void hash_write(ExtentIo* io) const;
   // The content thread's work: a write is hashed and submitted, a read verified and finished.
-  static void on_content_thread(ExtentIo* io, void* store);
+  static void on_content_thread(ExtentIo* io, void* context);
 
   static void on_write_done(io::IoRequest* request, void* context);
   static void on_read_done(io::IoRequest* request, void* context);
   // Checks a finished read's blocks against their recorded hashes (with checksums), settles its
   // record and calls on_complete: on the content thread, or the engine's without one.
-  static void finish_read(ExtentIo* io, void* store);
+  static void finish_read(ExtentIo* io, void* context);
   void finish_locked();  // one I/O fewer in flight
 
   BackingDevice device_;

@@ -25,6 +25,7 @@ using testing::AlignedBuffer;
 using testing::Completion;
 using testing::GatedEngine;
 using testing::make_engine;
+using testing::RefusingEngine;
 using testing::ScratchDir;
 using testing::tamper;
 
@@ -526,6 +527,39 @@ TEST_F(ExtentStoreTest, WithChecksumsReadsAreVerifiedAndCompletedOffTheEngineThr
     EXPECT_EQ(std::memcmp(back.data(), data.data(), 3 * 4096), 0);
     EXPECT_NE(write.thread, std::this_thread::get_id());
     EXPECT_EQ(read.thread != write.thread, checksums);
+  }
+}
+
+// With checksums a write reaches the engine from the content thread, after write_async returned
+// OK; an engine that refuses it then is the write's outcome, through on_complete. Without
+// checksums the refusal is write_async's own return. Either way nothing is recorded, the error
+// is counted and the extent is no longer in flight (it can be freed).
+TEST_F(ExtentStoreTest, AWriteTheEngineRefusesFailsThroughItsCompletionOrItsCall) {
+  RefusingEngine refusing(*engine_);
+  for (const bool checksums : {true, false}) {
+    SCOPED_TRACE(checksums ? "with checksums" : "without checksums");
+    ExtentStoreOptions options;
+    options.verify_checksums = checksums;
+    auto store = open_store(refusing, swap_options(dir_), options);
+    ASSERT_NE(store, nullptr);
+    const Extent extent = *store->allocate(4096);
+    AlignedBuffer data(4096);
+    data.fill_random(9, 4096);
+    Completion write;
+    const Status called = store->write_async(extent, data.data(), 4096, &write.io);
+    Status outcome = called;
+    if (checksums) {
+      ASSERT_TRUE(called.is_ok()) << called.message();
+      write.done.wait();
+      outcome = write.io.status;
+    }
+    EXPECT_EQ(outcome.code(), STRATA_E_IO) << outcome.message();
+    EXPECT_NE(outcome.message().find("the engine refuses requests"), std::string::npos)
+        << outcome.message();
+    EXPECT_EQ(store->stats().write_errors, 1u);
+    EXPECT_EQ(store->content_bytes(extent).status().code(), STRATA_E_STATE)
+        << "a refused write records nothing";
+    EXPECT_TRUE(store->free(extent).is_ok());
   }
 }
 

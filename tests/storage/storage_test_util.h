@@ -120,21 +120,31 @@ inline void tamper(const std::string& path, uint64_t offset, uint8_t xor_mask) {
   ::close(fd);
 }
 
-// Holds requests back from the real engine while closed (as it starts), so that "in flight"
-// lasts as long as a test needs; open() lets the held ones and every later one through until
-// close(). A write reaches the engine from the store's content thread some time after
-// write_async returned (content_thread.h), so a test opens the gate and waits rather than
-// counting on the request being held already.
-class GatedEngine final : public io::IoEngine {
+// An engine that passes everything to a real one; the doubles below change submit() only.
+class ForwardingEngine : public io::IoEngine {
  public:
-  explicit GatedEngine(io::IoEngine& inner) : inner_(inner) {}
-  const char* name() const override { return "gated"; }
+  explicit ForwardingEngine(io::IoEngine& inner) : inner_(inner) {}
   const io::IoEngineOptions& options() const override { return inner_.options(); }
   Result<uint32_t> register_file(int fd) override { return inner_.register_file(fd); }
   Result<int32_t> register_buffer(void* base, uint64_t bytes) override {
     return inner_.register_buffer(base, bytes);
   }
   Status unregister_buffer(int32_t index) override { return inner_.unregister_buffer(index); }
+  Status submit(io::IoRequest* request) override { return inner_.submit(request); }
+
+ protected:
+  io::IoEngine& inner_;
+};
+
+// Holds requests back from the real engine while closed (as it starts), so that "in flight"
+// lasts as long as a test needs; open() lets the held ones and every later one through until
+// close(). A write reaches the engine from the store's content thread some time after
+// write_async returned (content_thread.h), so a test opens the gate and waits rather than
+// counting on the request being held already.
+class GatedEngine final : public ForwardingEngine {
+ public:
+  using ForwardingEngine::ForwardingEngine;
+  const char* name() const override { return "gated"; }
   Status submit(io::IoRequest* request) override {
     {
       std::lock_guard lock(mutex_);
@@ -160,10 +170,20 @@ class GatedEngine final : public io::IoEngine {
   }
 
  private:
-  io::IoEngine& inner_;
   std::mutex mutex_;
   bool open_ = false;
   std::vector<io::IoRequest*> held_;
+};
+
+// Refuses every submission with STRATA_E_IO, as an engine that has stopped would: the fault a
+// submission can meet after the store has admitted a request.
+class RefusingEngine final : public ForwardingEngine {
+ public:
+  using ForwardingEngine::ForwardingEngine;
+  const char* name() const override { return "refusing"; }
+  Status submit(io::IoRequest*) override {
+    return Status::error(STRATA_E_IO, "the engine refuses requests");
+  }
 };
 
 // One asynchronous request's ExtentIo and a latch its completion counts down.
