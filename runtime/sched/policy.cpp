@@ -1,5 +1,7 @@
 #include "sched/policy.h"
 
+#include <algorithm>
+
 namespace strata::sched {
 
 const char* to_string(SizeClass size_class) {
@@ -59,9 +61,10 @@ size_t choose_victim(std::span<const EvictionCandidate> candidates, uint64_t min
 }
 
 bool wants_cleaning(uint64_t budget, uint64_t used, uint64_t droppable_bytes,
-                    uint64_t cleaning_bytes, double headroom) {
+                    uint64_t cleaning_bytes, double headroom, uint64_t waiting_bytes) {
   if (headroom <= 0 || budget == 0) return false;
-  const double want = headroom * static_cast<double>(budget);
+  const double want = std::max(headroom * static_cast<double>(budget),
+                               static_cast<double>(std::min(waiting_bytes, budget)));
   const uint64_t free = used < budget ? budget - used : 0;
   const double have = static_cast<double>(free) + static_cast<double>(droppable_bytes) +
                       static_cast<double>(cleaning_bytes);

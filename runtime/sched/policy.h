@@ -76,9 +76,13 @@ struct PrefetchWindow {
 };
 
 // Write-behind: whether a pool should start cleaning (writing out) dirty buffers so that an
-// eviction later finds clean victims instead of waiting for a write. The pool wants
-// `headroom` x budget either free, clean (droppable at once) or already being cleaned.
+// eviction later finds clean victims instead of waiting for a write. The pool wants either
+// `headroom` x budget or the bytes that requests waiting for its room need (`waiting_bytes`),
+// whichever is more, to be free, clean (droppable at once) or already being cleaned. The second
+// term is why a reader several buffers ahead of a writer keeps the drive busy in both
+// directions: room freed one write at a time let one read start per finished write, so the drive
+// saw one request each way however far ahead the reads were hinted.
 bool wants_cleaning(uint64_t budget, uint64_t used, uint64_t droppable_bytes,
-                    uint64_t cleaning_bytes, double headroom);
+                    uint64_t cleaning_bytes, double headroom, uint64_t waiting_bytes = 0);
 
 }  // namespace strata::sched

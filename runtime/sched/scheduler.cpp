@@ -560,7 +560,7 @@ Result<AcquireAttempt> Scheduler::attempt_locked(uint32_t index, Tier tier, Acce
 
   STRATA_ASSERT(r.buffer[mi].valid() && r.residency.valid_on(tier));
   ++r.uses;
-  r.done_for_now = false;
+  set_done_for_now(r, false);
   r.use_tier = tier;
   r.last_use_tick = ++tick_;
   r.polled[mi] = false;
@@ -607,9 +607,16 @@ Status Scheduler::write_behind(TensorHandle tensor) {
   if (r.uses > 0) {
     return Status::error(STRATA_E_STATE, "write_behind of " + label(r) + ": acquired");
   }
-  r.done_for_now = true;
+  set_done_for_now(r, true);
+  note_state(r);
   pump();
   return Status::ok();
+}
+
+void Scheduler::set_done_for_now(TensorRecord& r, bool done) {
+  if (r.done_for_now == done) return;
+  r.done_for_now = done;
+  for (uint64_t& epoch : r.next_use_epoch) epoch = 0;  // the remembered next uses are stale
 }
 
 Status Scheduler::discard(TensorHandle tensor) {
@@ -777,7 +784,13 @@ Status Scheduler::reserve(TensorHandle tensor, Tier tier, std::chrono::nanosecon
 Status Scheduler::prefetch(TensorHandle tensor, Tier tier) {
   if (tier == Tier::kNvme) return invalid_argument("prefetch: the tier must be device or pinned");
   std::lock_guard lock(mu_);
-  STRATA_TRY(registry_.resolve(tensor).status());
+  STRATA_ASSIGN_OR_RETURN(uint32_t index, registry_.resolve(tensor));
+  // A hint says it is needed soon: no longer done with for now, so prefetch keeps it.
+  TensorRecord& r = registry_.at(index);
+  if (r.done_for_now) {
+    set_done_for_now(r, false);
+    note_state(r);
+  }
   const size_t capacity = hints_.size();
   const Demand hint{tensor, tier, AccessMode::kRead};
   if (hint_count_ == capacity) {
@@ -1454,6 +1467,8 @@ Status Scheduler::issue(TensorRecord& r, OpKind kind, bool cleaning, bool prefet
   ++inflight_[static_cast<int>(link)];
   ++inflight_total_;
   r.op = id;
+  // Data brought into memory is brought in to be used: whatever write_behind said of it is over.
+  if (!cleaning) set_done_for_now(r, false);
   if (cleaning) {
     const Tier source = kind == OpKind::kWriteBack ? Tier::kPinned : Tier::kDevice;
     STRATA_ASSERT(kind == OpKind::kWriteBack || kind == OpKind::kCopyToHost ||
@@ -1644,6 +1659,7 @@ Status Scheduler::add_demand(const TensorRecord& r, Tier tier, AccessMode mode) 
 void Scheduler::pump() {
   if (pumping_ || stopping_) return;
   pumping_ = true;
+  for (PoolState& pool : pools_) pool.waiting = 0;
   demand_pools_ = serve_demands();
   if (flushing_) flush_step();
   if (prefetch_enabled_) {
@@ -1678,14 +1694,19 @@ uint32_t Scheduler::serve_demands() {
       // The acquirer allocates when it retries; here only make the room (start cleanings).
       if (r.buffer[mi].valid()) continue;
       Status why;
-      (void)ensure_space(r.pool[mi], r.charged[mi], 0, &why);
+      if (ensure_space(r.pool[mi], r.charged[mi], 0, &why) == Space::kWaiting) {
+        note_waiting(r, d.tier);
+      }
       // Whatever room there is now belongs to this demand: prefetch must not take it before the
       // acquirer comes back for it (it would evict, prefetch, evict... and never get there).
       blocked |= 1u << r.pool[mi];
       continue;
     }
     const StepResult step = advance(r, d.tier, 0, /*prefetch=*/false);
-    if (step.step == Step::kBlocked) blocked |= 1u << r.pool[memory_index(staged_on(r, d.tier))];
+    if (step.step == Step::kBlocked) {
+      blocked |= 1u << r.pool[memory_index(staged_on(r, d.tier))];
+      note_waiting(r, staged_on(r, d.tier));
+    }
   }
   demands_.resize(kept);
   return blocked;
@@ -1704,12 +1725,18 @@ void Scheduler::serve_hints(uint32_t blocked_pools) {
     bool keep = false;
     if (pool != kNoPool && (blocked_pools & (1u << pool)) != 0) {
       keep = true;
+      // It will want room once the demand has its own, unless it has it or needs none.
+      if (!r.residency.in_flight() && !r.residency.valid_on(staged) && r.uses == 0 &&
+          r.residency.state() != Residency::kUnwritten) {
+        note_waiting(r, staged);
+      }
     } else {
       const Step step = advance(r, hint.tier, 1, /*prefetch=*/true).step;
       // Staging reads (without streaming) leave the hint for its second leg; a full link or
       // pool, for later.
       keep = step == Step::kBlocked || step == Step::kLinkBusy ||
              (step == Step::kIssued && staged != hint.tier);
+      if (step == Step::kBlocked) note_waiting(r, staged);
     }
     if (keep) hints_[(hint_head_ + kept++) % capacity] = hint;
   }
@@ -1757,6 +1784,10 @@ void Scheduler::walk_schedule(uint32_t blocked_pools) {
       STRATA_ASSERT(registry_.live(a.tensor.index) &&
                     registry_.at(a.tensor.index).handle == a.tensor);
       TensorRecord& r = registry_.at(a.tensor.index);
+      // The walk starts at the current phase's first access, so it passes accesses the phase
+      // has made already: a tensor its user is done with for now (the optimizer's updated
+      // sub-groups) is not read back for them; its user hints or acquires it when it wants it.
+      if (r.done_for_now) continue;
       const uint32_t pool = lanes_.lane(position) / 2;
       // Anything needed no later than phase d stays: only tensors needed after it may go.
       const uint32_t d = (lanes_.phase_of(position) + phases - cursor_) % phases;
@@ -1779,17 +1810,18 @@ void Scheduler::clean_ahead() {
       // headroom on almost every pump: then there is nothing to scan for. (Checked every round:
       // a cleaning started grows pool.cleaning.)
       if (!wants_cleaning(pool.spec.budget_bytes, pool.used, pool.droppable, pool.cleaning,
-                          config_.clean_headroom)) {
+                          config_.clean_headroom, pool.waiting)) {
         break;
       }
       // The dirty candidates are the pool's dirty victim set, best first (no tensor is being
       // advanced during a pump, so every entry is evictable): the first that the current phase
-      // does not still read, unless it was told it is done with it, is the one to clean. Data
-      // the current phase still reads stays put; it is likely about to be modified.
+      // does not still read (one it was told is done with for now counts from the next phase)
+      // is the one to clean. Data the current phase still reads stays put; it is likely about
+      // to be modified.
       const TensorRecord* best = nullptr;
       for (const VictimKey& key : pool.victims[1]) {
         const TensorRecord& c = registry_.at(key.tensor);
-        if (schedule_ && next_use(c, tier) == 0 && !c.done_for_now) continue;
+        if (schedule_ && next_use(c, tier) == 0) continue;
         best = &c;
         break;
       }
@@ -1799,6 +1831,12 @@ void Scheduler::clean_ahead() {
       if (!start_cleaning(victim, tier, kNeverUsed)) break;
     }
   }
+}
+
+void Scheduler::note_waiting(const TensorRecord& r, Tier tier) {
+  const int mi = memory_index(tier);
+  if (r.pool[mi] == kNoPool) return;
+  pools_[r.pool[mi]].waiting += r.charged[mi];
 }
 
 void Scheduler::flush_step() {

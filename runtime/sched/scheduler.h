@@ -198,7 +198,8 @@ class Scheduler final : public CompletionSink {
   // A hint after release: the caller will not acquire the tensor again soon (the optimizer, a
   // sub-group it has updated), so write-behind may write its dirty copy back now, though the
   // schedule's current phase lists it (write-behind otherwise keeps such data, as likely to be
-  // modified again). Holds until the next acquire; never blocks. STRATA_E_STATE while acquired.
+  // modified again), and a prefetch may evict it. Holds until the tensor is acquired, hinted or
+  // read in again; never blocks. STRATA_E_STATE while acquired.
   Status write_behind(TensorHandle tensor);
   // The contents are dead (e.g. gradients after the optimizer step): buffers freed, nothing
   // written back, the tensor becomes Unwritten. Deferred until a transfer in flight ends.
@@ -332,6 +333,10 @@ class Scheduler final : public CompletionSink {
     uint64_t used = 0;
     uint64_t peak = 0;
     uint64_t cleaning = 0;  // bytes whose cleaning transfer is in flight
+    // Bytes that demands and prefetch hints found no room for in this pump (tallied afresh by
+    // each): write-behind cleans ahead for them too, so their reads start as writes end,
+    // several at a time, instead of one read per write.
+    uint64_t waiting = 0;
     // Bytes of residents that could go at once, without a write (droppable()): kept up to date
     // by note_state, so write-behind sees whether the pool has its headroom without a scan.
     uint64_t droppable = 0;
@@ -388,9 +393,18 @@ class Scheduler final : public CompletionSink {
   // the cursor moves; schedule_next_use is the same without the memo.
   uint64_t next_use(const TensorRecord& r, Tier tier) const;
   UseFilter use_filter(const TensorRecord& r, Tier tier) const;
+  // A tensor done with for now (write_behind) is not read again in the current phase: its next
+  // use is the next read from the phase after. Otherwise, within one long phase (the optimizer's
+  // step), the sub-groups it has updated would rank as needed now, and only a demand, never a
+  // prefetch, could take their room: the reads ahead waited, and ran one at a time.
   uint64_t schedule_next_use(const TensorRecord& r, Tier tier) const {
-    return schedule_->next_read(r.handle, use_filter(r, tier), cursor_);
+    if (!r.done_for_now) return schedule_->next_read(r.handle, use_filter(r, tier), cursor_);
+    const uint32_t after = (cursor_ + 1) % schedule_->phase_count();
+    const uint64_t next = schedule_->next_read(r.handle, use_filter(r, tier), after);
+    return next == kNeverUsed ? kNeverUsed : next + 1;
   }
+  // Sets r.done_for_now; its next use (and so its rank as a victim) changes with it.
+  void set_done_for_now(TensorRecord& r, bool done);
   // Every cursor change goes through here: it ends the remembered next uses and re-keys the
   // eviction candidates whose next read the cursor passed.
   void move_cursor(uint32_t phase);
@@ -453,6 +467,8 @@ class Scheduler final : public CompletionSink {
   void serve_hints(uint32_t blocked_pools);
   void walk_schedule(uint32_t blocked_pools);
   void clean_ahead();
+  // Adds r's room on `tier` (the pool it is read into) to that pool's waiting bytes.
+  void note_waiting(const TensorRecord& r, Tier tier);
   void flush_step();
   bool flush_done() const;
   std::string describe_wait(const TensorRecord& r, Tier tier) const;

@@ -102,6 +102,15 @@ TEST(WriteBehind, CleansOnlyBelowTheHeadroom) {
   EXPECT_FALSE(wants_cleaning(100, 100, 0, 0, 0.0));  // disabled
 }
 
+TEST(WriteBehind, CleansForWhatWaitingRequestsNeedBeyondTheHeadroom) {
+  EXPECT_TRUE(wants_cleaning(100, 80, 0, 0, 0.1, 30));     // 20 free, 30 waited for
+  EXPECT_FALSE(wants_cleaning(100, 80, 5, 5, 0.1, 30));    // 20 + 5 clean + 5 cleaning
+  EXPECT_FALSE(wants_cleaning(100, 80, 0, 0, 0.1, 15));    // the headroom (10) is less
+  EXPECT_TRUE(wants_cleaning(100, 100, 0, 90, 0.1, 500));  // at most the whole budget
+  EXPECT_FALSE(wants_cleaning(100, 0, 0, 0, 0.1, 500));
+  EXPECT_FALSE(wants_cleaning(100, 80, 0, 0, 0.0, 30));  // disabled
+}
+
 TEST(MemoryPlan, StrataPlanServesEveryKindOnBothTiers) {
   const MemoryPlan plan = strata_memory_plan(1 << 30, 1 << 30);
   ASSERT_TRUE(validate(plan).is_ok());

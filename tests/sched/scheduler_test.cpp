@@ -10,7 +10,6 @@ namespace {
 
 using testing::check_pattern;
 using testing::expect_version;
-using testing::fill_pattern;
 using testing::flat_spec;
 using testing::Harness;
 using testing::kWait;
@@ -376,6 +375,62 @@ TEST(Scheduler, WriteBehindCleansATensorTheCurrentPhaseStillListsOnlyWhenTold) {
   EXPECT_TRUE(s.describe(states[0])->valid & kPinnedBit);
   EXPECT_FALSE(s.describe(states[2])->valid & kNvmeBit);
   testing::expect_version(s, states[0], Tier::kPinned, 1, kT);
+  ASSERT_TRUE(s.end_phase({PhaseKind::kOptimizer, 0}).is_ok());
+  ASSERT_TRUE(s.end_step().is_ok());
+}
+
+// The optimizer's pipeline within its one long phase: it has updated the sub-groups that fill
+// the pool, says it is done with them for now (write_behind) and hints the next ones. A tensor
+// done with for now is next read in a later phase, so prefetch may take its room, and what the
+// waiting hints need makes write-behind clean all of them at once: the reads follow the writes
+// together, with no acquire waiting for them. (Before, the phase listed them all as needed now:
+// write-behind cleaned one for its headroom, and only an acquire could take its room.)
+TEST(Scheduler, HintsAheadOfTheOptimizerTakeTheRoomOfWhatItIsDoneWithAllAtOnce) {
+  Watchdog watchdog(30);
+  constexpr uint64_t kT = 64 << 10;
+  constexpr int kSlots = 4;
+  Harness harness(testing::small_config(kSlots * kT, kSlots * kT, /*headroom=*/0.10));
+  Scheduler& s = harness.s();
+  std::vector<TensorHandle> done, next;
+  AccessSchedule::Builder builder;
+  builder.begin_phase({PhaseKind::kOptimizer, 0});
+  for (int i = 0; i < 2 * kSlots; ++i) {
+    std::vector<TensorHandle>& group = i < kSlots ? done : next;
+    group.push_back(s.register_tensor(testing::flat_spec("s" + std::to_string(i), kT)).value());
+    ASSERT_TRUE(builder.add({group.back(), Tier::kPinned, AccessMode::kRead}).is_ok());
+  }
+  // The next sub-groups on NVMe alone; the updated ones fill the pool, dirty.
+  for (TensorHandle h : next) testing::write_version(s, h, Tier::kPinned, 1, kT);
+  ASSERT_TRUE(s.flush(testing::kWait).is_ok());
+  ASSERT_TRUE(s.declare_schedule(std::move(builder).build().value()).is_ok());
+  ASSERT_TRUE(s.begin_step().is_ok());
+  ASSERT_TRUE(s.begin_phase({PhaseKind::kOptimizer, 0}).is_ok());
+  for (TensorHandle h : done) testing::write_version(s, h, Tier::kPinned, 2, kT);
+  ASSERT_TRUE(s.sync(testing::kWait).is_ok());
+  for (TensorHandle h : next) EXPECT_FALSE(s.describe(h)->valid & kPinnedBit);
+  EXPECT_EQ(s.inflight_transfers(), 0u);
+
+  harness.backend.pause(true);
+  for (TensorHandle h : done) ASSERT_TRUE(s.write_behind(h).is_ok());
+  for (TensorHandle h : next) ASSERT_TRUE(s.prefetch(h, Tier::kPinned).is_ok());
+  EXPECT_EQ(s.inflight_transfers(), static_cast<uint32_t>(kSlots));  // every write-back
+  harness.backend.pause(false);
+
+  const auto deadline = std::chrono::steady_clock::now() + testing::kWait;
+  auto all_resident = [&] {
+    for (TensorHandle h : next) {
+      if (!(s.describe(h)->valid & kPinnedBit)) return false;
+    }
+    return true;
+  };
+  while (!all_resident() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(all_resident());
+  EXPECT_EQ(s.stats().acquires, static_cast<uint64_t>(2 * kSlots));  // the writes' alone
+  for (TensorHandle h : done) EXPECT_TRUE(s.describe(h)->valid & kNvmeBit);
+  for (TensorHandle h : next) testing::expect_version(s, h, Tier::kPinned, 1, kT);
+  for (TensorHandle h : done) testing::expect_version(s, h, Tier::kPinned, 2, kT);
   ASSERT_TRUE(s.end_phase({PhaseKind::kOptimizer, 0}).is_ok());
   ASSERT_TRUE(s.end_step().is_ok());
 }
