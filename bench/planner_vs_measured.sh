@@ -12,7 +12,8 @@
 # DeepSpeed's element-count knobs as the benchmark does), seq, batch, MFU and GPU preset of the
 # run's modelled compute, no checkpointing (the run's modelled compute is 6 FLOPs per parameter
 # and token), NVMe offload, Strata's pinned budget as its pool exactly (--pinned-budget) and as
-# its RAM with no headroom, the disk's
+# its RAM with no headroom, the run's device budget as the simulated device pool
+# (--device-budget), the disk's
 # sequential rates measured by `strata bench io` on the run's directory right after the run
 # (NVME_RATES=READ/WRITE to give them instead) and the CPU Adam rate `strata bench adam`
 # measures here (ADAM_GPARAMS to give it). Benchmarks run under flock $LOCK so that they never
@@ -46,20 +47,21 @@ if [ -z "${ADAM_GPARAMS:-}" ]; then
   ADAM_GPARAMS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["strata_mparams_per_s"] / 1e3)' "$work/adam.json")
 fi
 
-read -r scale layers seq batch mfu gpu budget < <(python3 - "$measured" <<'PY'
+read -r scale layers seq batch mfu gpu budget device_budget < <(python3 - "$measured" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 s, c = j["scaled"], j["config"]
 # The budget the run's Strata worker had: the automatic one it sized (config 0) or the one set.
 budget = c["strata_pinned_budget_bytes"] or next(
     x["pinned_budget_bytes"] for x in j["strategies"] if x["name"] == "strata")
-print(s["scale"], s["layers"], c["seq"], c["batch"], c["mfu"], c["gpu"], budget)
+print(s["scale"], s["layers"], c["seq"], c["batch"], c["mfu"], c["gpu"], budget,
+      c["device_budget_bytes"])
 PY
 )
 plan_command=("$STRATA" plan --model "$MODEL" --scale "$scale" --layers "$layers" --method full
   --seq "$seq" --batch "$batch" --checkpointing none --gpu "$gpu" --mfu "$mfu" --offload nvme
   --nvme "$NVME_RATES" --adam-rate "$ADAM_GPARAMS" --host-ram "$budget" --host-headroom 0
-  --host-reserve 0 --pinned-budget "$budget")
+  --host-reserve 0 --pinned-budget "$budget" --device-budget "$device_budget")
 # Exit 3 (the plan does not fit the RAM given) still prints the plan: the table says why.
 "${plan_command[@]}" --json >"$work/plan.json" || [ $? -eq 3 ]
 echo "disk (strata bench io --qd 8 --block 1M): $NVME_RATES GB/s read/write; Adam: $ADAM_GPARAMS Gparam/s" >&2
@@ -127,6 +129,20 @@ for name in ("strata", "deepspeed-defaults", "deepspeed-pinned", "deepspeed-tune
             verdict = f"within {target:.0%}: " + ("met" if abs(ratio - 1) <= target else "missed")
         digits = 6 if "NVMe" in label else 3
         print(f"| {name} | {label} | {p / scale:.{digits}f} {unit} | {m / scale:.{digits}f} {unit} | {ratio:.6f} | {verdict} |")
+    # Strata's NVMe bytes by tensor kind: the simulated step's and the runtime's own counts.
+    steps = runs[name].get("steps", [])
+    steps = steps[1:] if len(steps) > 1 else steps
+    if name != "strata" or not steps or "nvme_written_by_kind" not in steps[0]:
+        continue
+    groups = (("optimizer states", ("fp32_master", "adam_m", "adam_v")),
+              ("parameters", ("parameter",)), ("gradients", ("gradient",)))
+    for direction, plan_key, run_key in (("read", "nvme_read_bytes_per_step_by_kind", "nvme_read_by_kind"),
+                                         ("written", "nvme_write_bytes_per_step_by_kind", "nvme_written_by_kind")):
+        for group, kinds in groups:
+            p = float(sum(predicted[name][plan_key].get(k, 0) for k in kinds))
+            m = sum(sum(s[run_key].get(k, 0) for k in kinds) for s in steps) / len(steps)
+            ratio = p / m if m else float("nan")
+            print(f"| {name} | NVMe {direction} / step: {group} | {p / 1e9:.6f} GB | {m / 1e9:.6f} GB | {ratio:.6f} | - |")
 print()
 for name, r in runs.items():
     print(f"{name}: measured disk {r.get('nvme_read_gbps', 0):.3f} GB/s read, "

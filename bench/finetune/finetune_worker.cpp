@@ -605,6 +605,18 @@ void Worker::send_result() {
   const MemoryPeaks peaks = sampler_->peaks();
   const MemoryPeaks during_steps = sampler_->window_peaks();
   StepTotals totals = summarize_steps(steps_);
+  // What each step moved per tensor kind (the runtime's count), as `strata plan` reports its
+  // simulated step's: bench/planner_vs_measured.sh compares the two kind by kind.
+  for (size_t i = 0; i < step_kinds_.size() && i < totals.steps.size(); ++i) {
+    json written = json::object(), read = json::object();
+    for (int kind = 0; kind < kTensorKindCount; ++kind) {
+      const char* name = to_string(static_cast<TensorKind>(kind));
+      written[name] = step_kinds_[i].written[kind];
+      read[name] = step_kinds_[i].read[kind];
+    }
+    totals.steps[i]["nvme_written_by_kind"] = std::move(written);
+    totals.steps[i]["nvme_read_by_kind"] = std::move(read);
+  }
   const std::vector<double>& measured = totals.measured;
   const uint64_t read = totals.read, written = totals.written;
   const double seconds = totals.seconds, stall = totals.stall;

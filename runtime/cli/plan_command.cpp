@@ -31,6 +31,7 @@ struct PlanOptions {
   std::vector<std::string> gpus;
   std::string host_ram;
   std::string pinned_budget;
+  std::string device_budget;
   uint32_t optimizer_threads = kPlanOptimizerThreads;
   uint32_t drive_queue_depth = kPlanDriveQueueDepth;
   std::string nvme = "1:gen4";
@@ -103,14 +104,19 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
     STRATA_ASSIGN_OR_RETURN(GpuChoice gpu, parse_gpu_choice(text));
     r.gpus.push_back(gpu);
   }
-  if (!o.pinned_budget.empty()) {
-    std::optional<uint64_t> bytes = parse_bytes(o.pinned_budget);
+  // A budget replayed from a run: unset when the option is absent.
+  const auto budget = [](const std::string& text,
+                         const char* option) -> Result<std::optional<uint64_t>> {
+    if (text.empty()) return std::optional<uint64_t>();
+    std::optional<uint64_t> bytes = parse_bytes(text);
     if (!bytes) {
-      return invalid_argument("--pinned-budget \"" + o.pinned_budget +
+      return invalid_argument(std::string(option) + " \"" + text +
                               "\" is not a byte size such as 1000M");
     }
-    r.strata_pinned_budget_bytes = *bytes;
-  }
+    return bytes;
+  };
+  STRATA_ASSIGN_OR_RETURN(r.strata_pinned_budget_bytes, budget(o.pinned_budget, "--pinned-budget"));
+  STRATA_ASSIGN_OR_RETURN(r.strata_device_budget_bytes, budget(o.device_budget, "--device-budget"));
   if (!o.host_ram.empty()) {
     std::optional<uint64_t> bytes = parse_bytes(o.host_ram);
     if (!bytes || *bytes == 0) {
@@ -470,6 +476,10 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--pinned-budget", options->pinned_budget,
                   "Strata's pinned pool exactly, as strata bench finetune --pinned-budget sets it "
                   "(NVMe offload; default: what the headroom leaves of --host-ram, or the least)");
+  cmd->add_option("--device-budget", options->device_budget,
+                  "The simulated NVMe offload's device pool per GPU exactly, as strata bench "
+                  "finetune --device-budget sets it (default: the weights or two streamed units, "
+                  "and two units of gradients)");
   cmd->add_option("--host-headroom", options->host_headroom,
                   "RAM kept free beside the job, as a fraction of the job's host bytes")
       ->capture_default_str();

@@ -324,6 +324,9 @@ Status validate(const PlanRequest& r) {
   if (r.strata_pinned_budget_bytes && *r.strata_pinned_budget_bytes < kPageSize) {
     return invalid_argument("the pinned budget must be at least one page");
   }
+  if (r.strata_device_budget_bytes && *r.strata_device_budget_bytes < kPageSize) {
+    return invalid_argument("the device budget must be at least one page");
+  }
   if (!(r.deepspeed_knob_factor > 0 && r.deepspeed_knob_factor <= 1)) {
     return invalid_argument("DeepSpeed's knob factor must be in (0, 1]");
   }
@@ -645,7 +648,8 @@ OffloadJob offload_job(const PlanRequest& r, const ModelStates& s, const GpuChoi
   job.nvme_write_gbps = r.nvme.write_gbps;
   job.adam_params_per_s = r.assume.adam_params_per_s;
   job.host_scan_gbps = r.assume.host_scan_gbps;
-  job.device_budget_bytes = offload_device_budget(mem, r, s, params_resident);
+  job.device_budget_bytes =
+      r.strata_device_budget_bytes.value_or(offload_device_budget(mem, r, s, params_resident));
   // The pinned pool gets what the headroom leaves of the RAM given (plan_headroom.h).
   if (r.host_ram_bytes) {
     job.host_budget_bytes = usable_host_bytes(*r.host_ram_bytes, r.assume.host_headroom);

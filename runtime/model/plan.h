@@ -114,6 +114,11 @@ struct PlanRequest {
   // run's budget replayed. Unset: the automatic budget, or what the headroom leaves of
   // host_ram_bytes when that is more.
   std::optional<uint64_t> strata_pinned_budget_bytes;
+  // The simulated NVMe offload's device pool per GPU exactly (`--device-budget`), as `strata
+  // bench finetune --device-budget` sets the run's: a run's budget replayed. Unset: what the GPU
+  // memory formulas give the offloaded states (offload_device_budget). It changes the simulated
+  // run only, not whether the job fits the GPU.
+  std::optional<uint64_t> strata_device_budget_bytes;
 };
 Status validate(const PlanRequest& request);
 

@@ -140,6 +140,15 @@ Result<OffloadEstimate> run_simulation(const OffloadJob& job, const StrataLayout
       r.link_bytes[i] += static_cast<uint64_t>(
           more * static_cast<double>(r.link_bytes[i] - std::min(r.link_bytes[i], q.link_bytes[i])));
     }
+    const auto extend = [&](std::array<uint64_t, kTensorKindCount>& bytes,
+                            const std::array<uint64_t, kTensorKindCount>& fewer) {
+      for (int k = 0; k < kTensorKindCount; ++k) {
+        bytes[k] += static_cast<uint64_t>(
+            more * static_cast<double>(bytes[k] - std::min(bytes[k], fewer[k])));
+      }
+    };
+    extend(r.nvme_read_by_kind, q.nvme_read_by_kind);
+    extend(r.nvme_written_by_kind, q.nvme_written_by_kind);
   }
   const sched::SimulationResult& r = *simulated;
   const auto busy = [&](sched::Resource res) { return r.busy_seconds[static_cast<int>(res)]; };
@@ -161,6 +170,8 @@ Result<OffloadEstimate> run_simulation(const OffloadJob& job, const StrataLayout
   e.pcie_d2h_bytes = moved(sched::Link::kDeviceToHost) / job.gpus;
   e.nvme_read_bytes = moved(sched::Link::kNvmeRead);
   e.nvme_write_bytes = moved(sched::Link::kNvmeWrite);
+  e.nvme_read_by_kind = r.nvme_read_by_kind;
+  e.nvme_write_by_kind = r.nvme_written_by_kind;
   e.compute_seconds = busy(sched::Resource::kCompute);
   e.pcie_seconds =
       std::max(busy(sched::Resource::kHostToDevice), busy(sched::Resource::kDeviceToHost));

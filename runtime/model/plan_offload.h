@@ -9,6 +9,7 @@
 // plan_deepspeed.h's.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -81,6 +82,9 @@ struct OffloadEstimate {
   uint64_t pcie_d2h_bytes = 0;  // per GPU
   uint64_t nvme_read_bytes = 0;
   uint64_t nvme_write_bytes = 0;
+  // Simulated runs: the same by tensor kind (TensorKind's order).
+  std::array<uint64_t, kTensorKindCount> nvme_read_by_kind{};
+  std::array<uint64_t, kTensorKindCount> nvme_write_by_kind{};
   double compute_seconds = 0;        // busy time of each resource
   double pcie_seconds = 0;           // the busier direction
   double nvme_seconds = 0;           // read + write (a drive serves one direction at a time)

@@ -33,6 +33,14 @@ json offload_json(const OffloadEstimate& e) {
     out["device_budget_bytes"] = e.device_budget_bytes;
     out["peak_device_bytes"] = e.peak_device_bytes;
     out["simulated_transfers"] = e.transfers;
+    json read = json::object(), written = json::object();
+    for (int k = 0; k < kTensorKindCount; ++k) {
+      const char* name = to_string(static_cast<TensorKind>(k));
+      read[name] = e.nvme_read_by_kind[k];
+      written[name] = e.nvme_write_by_kind[k];
+    }
+    out["nvme_read_bytes_per_step_by_kind"] = std::move(read);
+    out["nvme_write_bytes_per_step_by_kind"] = std::move(written);
   }
   return out;
 }

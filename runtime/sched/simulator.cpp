@@ -135,6 +135,7 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
   const DeviceModel& model = config.device;
   std::array<double, kResourceCount> busy{};
   std::array<LinkCounters, kLinkCount> links_before{};
+  SchedulerStats stats_before;
   double stall = 0, measure_start = 0;
   uint64_t check_host_peak = 0;
   const uint32_t total_steps = config.warmup_steps + config.measured_steps;
@@ -144,6 +145,7 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
     if (s == config.warmup_steps) {
       for (int i = 0; i < kLinkCount; ++i)
         links_before[i] = backend.link_counters(static_cast<Link>(i));
+      stats_before = scheduler.stats();
       scheduler.reset_peaks();
       measure_start = backend.now();
     }
@@ -275,6 +277,15 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
   }
   for (double& b : busy) b /= steps;
   result.busy_seconds = busy;
+  const SchedulerStats stats_after = scheduler.stats();
+  for (int k = 0; k < kTensorKindCount; ++k) {
+    result.nvme_read_by_kind[k] =
+        (stats_after.nvme_read_by_kind[k] - stats_before.nvme_read_by_kind[k]) /
+        config.measured_steps;
+    result.nvme_written_by_kind[k] =
+        (stats_after.nvme_written_by_kind[k] - stats_before.nvme_written_by_kind[k]) /
+        config.measured_steps;
+  }
 
   const TierUsage pinned = scheduler.tier_usage(Tier::kPinned);
   const TierUsage device = scheduler.tier_usage(Tier::kDevice);

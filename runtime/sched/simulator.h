@@ -66,6 +66,9 @@ struct SimulationResult {
   double stall_seconds = 0;                           // per step: the framework waiting in acquire
   std::array<double, kResourceCount> busy_seconds{};  // per step
   std::array<uint64_t, kLinkCount> link_bytes{};      // per step
+  // Per step, by the tensor's kind: completed NVMe reads and writes (SchedulerStats' counts).
+  std::array<uint64_t, kTensorKindCount> nvme_read_by_kind{};
+  std::array<uint64_t, kTensorKindCount> nvme_written_by_kind{};
   // Peaks over the measured steps. Pinned and device: what the pools hold (reserved blocks
   // count whole). Host: pinned plus unpinned host memory of the plan (flat buffers,
   // overflow-check temporaries) and, for plans that copy at startup, the startup peak.

@@ -94,6 +94,18 @@ TEST(FinetuneBench, JsonHasEveryKeyFromOneProcessPerContender) {
   EXPECT_EQ(pids.count(r.pid), 0u);
   EXPECT_EQ(j["strategies"][0]["name"], "strata");
   EXPECT_EQ(j["strategies"][1]["name"], "strata-overlap");
+  // Strata's steps name what they moved by tensor kind, adding up to the runtime's own count.
+  for (const json& s : j["strategies"]) {
+    for (const json& step : s["steps"]) {
+      ASSERT_TRUE(step.contains("nvme_written_by_kind")) << s["name"];
+      uint64_t written = 0;
+      for (const auto& [kind, bytes] : step["nvme_written_by_kind"].items()) {
+        written += bytes.get<uint64_t>();
+      }
+      EXPECT_EQ(written, step["runtime_nvme_write_bytes"].get<uint64_t>()) << s["name"];
+      EXPECT_TRUE(step["nvme_read_by_kind"].contains("parameter")) << s["name"];
+    }
+  }
   const char* names[] = {"deepspeed-defaults", "deepspeed-pinned", "deepspeed-tuned"};
   for (size_t i = 0; i < 3; ++i) {
     const json& b = j["baselines"][i];

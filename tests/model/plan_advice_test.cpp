@@ -138,6 +138,30 @@ TEST(PinnedBudget, ReplaysARunsBudgetEvenBelowTheLeastTheComparisonKeepsTheLeast
   EXPECT_EQ(make_plan(r).status().code(), STRATA_E_INVALID);
 }
 
+TEST(DeviceBudget, ReplaysARunsDevicePoolInTheSimulatedRunOnly) {
+  PlanRequest r;
+  r.model = *load_model("tinyllama-1.1b");
+  r.offload = Offload::kNvme;
+  r.gpus = {*parse_gpu_choice("rtx-4090")};
+  r.nvme = *parse_nvme("1:gen4");
+  Result<Plan> plain = make_plan(r);
+  ASSERT_TRUE(plain.is_ok()) << plain.status().message();
+  const uint64_t formula = plain->gpus[0].job.device_budget_bytes;
+  EXPECT_EQ(plain->strata_nvme.device_budget_bytes, formula);
+  // A run's device budget (strata bench finetune --device-budget), below the formula's.
+  r.strata_device_budget_bytes = formula / 2;
+  Result<Plan> p = make_plan(r);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  EXPECT_EQ(p->gpus[0].job.device_budget_bytes, formula / 2);
+  EXPECT_EQ(p->strata_nvme.device_budget_bytes, formula / 2);
+  EXPECT_LE(p->strata_nvme.peak_device_bytes, formula / 2);
+  // Whether the job fits the GPU is the memory formulas', unchanged.
+  EXPECT_EQ(p->gpus[0].fits(), plain->gpus[0].fits());
+  EXPECT_EQ(p->gpus[0].memory.total(), plain->gpus[0].memory.total());
+  r.strata_device_budget_bytes = 100;
+  EXPECT_EQ(make_plan(r).status().code(), STRATA_E_INVALID);
+}
+
 TEST(AutoGpuCount, FindsTheSmallestCountThatFitsWithoutOffload) {
   PlanRequest r;
   r.model = *load_model("llama-2-7b");

@@ -89,6 +89,40 @@ TEST(Simulator, StepTimeRespectsEveryResourcesLowerBound) {
   EXPECT_GE(r->peak_host_bytes, r->peak_pinned_bytes);
 }
 
+// strata plan reports the simulated step's NVMe bytes by kind beside the run's own counts
+// (bench/planner_vs_measured.sh): the scheduler's, counted as transfers complete, as the
+// runtime counts them. The drive's link counts a transfer when it is issued, so the two differ
+// by what is in flight at either end of the measured step, no more.
+TEST(Simulator, CountsEachStepsNvmeBytesByTensorKind) {
+  Watchdog watchdog(60);
+  const auto inventory = small_model();
+  const SimulationConfig config = small_config();
+  Result<SimulationResult> r = simulate(inventory, config);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  uint64_t written = 0, states = 0, states_written = 0, largest = 0;
+  for (uint64_t bytes : r->nvme_written_by_kind) written += bytes;
+  for (const TensorSpec& s : inventory) {
+    largest = std::max(largest, s.bytes());
+    if (s.kind == TensorKind::kMasterWeight || s.kind == TensorKind::kAdamM ||
+        s.kind == TensorKind::kAdamV) {
+      states += s.bytes();
+    }
+  }
+  const uint64_t link = r->link_bytes[static_cast<int>(Link::kNvmeWrite)];
+  const uint64_t in_flight =
+      2 * uint64_t{config.max_inflight[static_cast<int>(Link::kNvmeWrite)]} * largest;
+  EXPECT_LE(written, link + in_flight);
+  EXPECT_GE(written + in_flight, link);
+  for (TensorKind k : {TensorKind::kMasterWeight, TensorKind::kAdamM, TensorKind::kAdamV}) {
+    states_written += r->nvme_written_by_kind[static_cast<int>(k)];
+    EXPECT_GT(r->nvme_read_by_kind[static_cast<int>(k)], 0u);
+  }
+  // What the 4 GiB pinned pool cannot keep crosses the drive, and no more than all of it.
+  EXPECT_GE(states_written, states - 4 * GiB);
+  EXPECT_LE(states_written, states);
+  EXPECT_EQ(r->nvme_written_by_kind[static_cast<int>(TensorKind::kActivationCheckpoint)], 0u);
+}
+
 TEST(Simulator, FasterNvmeNeverMakesTheStepSlower) {
   Watchdog watchdog(120);
   const auto inventory = small_model();
