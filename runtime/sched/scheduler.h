@@ -396,7 +396,10 @@ class Scheduler final : public CompletionSink {
   // A tensor done with for now (write_behind) is not read again in the current phase: its next
   // use is the next read from the phase after. Otherwise, within one long phase (the optimizer's
   // step), the sub-groups it has updated would rank as needed now, and only a demand, never a
-  // prefetch, could take their room: the reads ahead waited, and ran one at a time.
+  // prefetch, could take their room: the reads ahead waited, and ran one at a time. It holds
+  // until the tensor is touched again, also in the next step's optimizer phase: there the ones
+  // left from the step before are the ones its read-ahead may push out (move_cursor re-keys
+  // them when the cursor reaches that phase, where their rank jumps by the skipped read).
   uint64_t schedule_next_use(const TensorRecord& r, Tier tier) const {
     if (!r.done_for_now) return schedule_->next_read(r.handle, use_filter(r, tier), cursor_);
     const uint32_t after = (cursor_ + 1) % schedule_->phase_count();

@@ -151,6 +151,7 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
     }
     STRATA_TRY(scheduler.begin_step());
     bool checked_overflow = false;
+    PhaseKey open_phase;  // the scheduler phase the current acquire group runs in
     for (const StepPhase& phase : step.phases) {
       if (!checked_overflow && phase.compute == ComputeKind::kOptimizer &&
           plan.overflow_check_passes > 0) {
@@ -170,7 +171,12 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
       }
 
       const double phase_start = backend.now();
-      STRATA_TRY(scheduler.begin_phase(phase.key));
+      // An acquire group that continues a phase (the sub-grouped optimizer's) runs inside the
+      // one its first group began, which the last group of the run ends.
+      if (!phase.continues_phase) {
+        open_phase = phase.key;
+        STRATA_TRY(scheduler.begin_phase(open_phase));
+      }
       for (const StepAccess& a : phase.accesses) {
         for (;;) {
           Result<AcquireAttempt> attempt =
@@ -255,11 +261,15 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
       for (const StepAccess& a : phase.accesses) {
         Status released = scheduler.release(a.access.tensor, a.release_dirty);
         if (!released) return std::move(released).with_context("simulate");
+        if (a.done_after) STRATA_TRY(scheduler.write_behind(a.access.tensor));
       }
       for (const StepAccess& a : phase.accesses) {
         if (a.discard_after) STRATA_TRY(scheduler.discard(a.access.tensor));
       }
-      STRATA_TRY(scheduler.end_phase(phase.key));
+      const size_t index = static_cast<size_t>(&phase - step.phases.data());
+      const bool continued =
+          index + 1 < step.phases.size() && step.phases[index + 1].continues_phase;
+      if (!continued) STRATA_TRY(scheduler.end_phase(open_phase));
     }
     Status ended = scheduler.end_step();
     if (!ended) return std::move(ended).with_context("simulate");

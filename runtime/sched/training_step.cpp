@@ -146,7 +146,10 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
   };
 
   // One optimizer phase per parameter of a phase layer (per sub-group, when the states are
-  // sub-groups), in the order its gradients were made.
+  // sub-groups), in the order its gradients were made. A run of them is what one
+  // strata_optimizer_step (or, with overlap, one layer's updates) does; run_started: a group of
+  // the run is pushed already.
+  bool run_started = false;
   auto push_optimizer = [&](int32_t pl) {
     const std::vector<size_t>& members = by_layer[pl + 1];
     for (auto it = members.rbegin(); it != members.rend(); ++it) {
@@ -166,6 +169,9 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
         StepPhase phase;
         phase.key = {PhaseKind::kOptimizer, pl};
         phase.compute = ComputeKind::kOptimizer;
+        // The TieredOptimizer's sub-groups run inside the one phase its caller began.
+        phase.continues_phase = have_pieces && run_started;
+        run_started = true;
         const uint64_t elements =
             group.master.size() > 1 ? inventory[group.master[k]].elements() : param.elements();
         phase.compute_units = static_cast<double>(elements);
@@ -174,6 +180,7 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
           if (states->empty()) continue;
           const int state = states->size() > 1 ? (*states)[k] : states->front();
           phase.accesses.push_back(access(state, tier, AccessMode::kRead, true, false));
+          phase.accesses.back().done_after = have_pieces;
         }
         // With an fp32 master the new parameter is written fresh (its first sub-group overwrites
         // a pinned copy held whole; on the device the rest of it stays); without one the
@@ -233,8 +240,12 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
           access(groups[*it].grad, options.compute_tier, AccessMode::kOverwrite, true, false));
     }
     step.phases.push_back(std::move(phase));
-    if (options.optimizer_overlap) push_optimizer(pl);
+    if (options.optimizer_overlap) {
+      run_started = false;
+      push_optimizer(pl);
+    }
   }
+  run_started = false;
   for (int32_t pl = layers; pl >= -1 && !options.optimizer_overlap; --pl) push_optimizer(pl);
   if (step.phases.empty())
     return invalid_argument("training step: the inventory has no parameters");
@@ -283,7 +294,7 @@ std::vector<TensorSpec> split_optimizer_states(std::span<const TensorSpec> inven
 Result<AccessSchedule> schedule_of(const TrainingStep& step) {
   AccessSchedule::Builder builder;
   for (const StepPhase& phase : step.phases) {
-    builder.begin_phase(phase.key);
+    if (!phase.continues_phase) builder.begin_phase(phase.key);
     for (const StepAccess& a : phase.accesses) STRATA_TRY(builder.add(a.access));
   }
   return std::move(builder).build();

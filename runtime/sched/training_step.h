@@ -10,10 +10,13 @@
 //             gradient read on pinned (then discarded), fp32 master / Adam m / v read and written
 //             on pinned, the new low-precision parameter written on pinned (DISCARD)
 //             -- or, when the inventory's states are sub-groups (split_optimizer_states, the
-//             TieredOptimizer's layout), one phase per sub-group: its master / m / v on pinned,
-//             and the gradient and parameter either held on the device and reached through two
-//             pinned pieces of a sub-group each (a range copy of the gradient's bytes in before
-//             the update, of the new parameter's bytes out after it), or held whole on pinned
+//             TieredOptimizer's layout), one acquire group per sub-group: its master / m / v on
+//             pinned (released dirty and done with for now, Scheduler::write_behind), and the
+//             gradient and parameter either held on the device and reached through two pinned
+//             pieces of a sub-group each (a range copy of the gradient's bytes in before the
+//             update, of the new parameter's bytes out after it), or held whole on pinned. The
+//             groups of one optimizer run (the whole step, or one layer's with overlap) are one
+//             scheduler phase, as the framework's strata_layer_begin(OPTIMIZER) spans them all
 //
 // "pre" and "post" are the layer -1 tensors before and after the transformer layers in the
 // inventory's forward order; their phases use layers -1 and N.
@@ -36,6 +39,7 @@ struct StepAccess {
   Access access;
   bool release_dirty = false;  // the phase modifies it
   bool discard_after = false;  // its contents are dead after the phase (consumed gradients)
+  bool done_after = false;     // released with Scheduler::write_behind (updated optimizer states)
 };
 
 // A byte range copied between two tensors the phase holds (Scheduler::start_copy_range): a
@@ -57,6 +61,9 @@ struct StepPhase {
   // Forward / backward: transformer-layer equivalents (1 per layer; the head by its parameters
   // relative to a layer's, the embedding lookup 0). Optimizer: parameter elements updated.
   double compute_units = 0;
+  // An acquire group within the scheduler phase the group before it began (the sub-grouped
+  // optimizer's): no begin_phase / end_phase between the two, and one phase in the schedule.
+  bool continues_phase = false;
 };
 
 struct TrainingStep {
