@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "common/align.h"
 #include "common/huge_page_mapping.h"
@@ -56,13 +57,20 @@ class Runner {
 
   Result<double> run(io::IoOp op, uint32_t depth, uint32_t count) {
     std::vector<io::IoRequest> slots(depth);
+    // A slot is free again when its own request has ended: an engine with several workers (the
+    // pread/pwrite one) ends them out of order, and reusing slot issued % depth once any request
+    // had ended overwrote one still in flight (config_fuzz: a null on_complete called).
+    std::unique_lock lock(mutex_);
+    free_slots_.clear();
+    for (uint32_t slot = depth; slot-- > 0;) free_slots_.push_back(slot);
+    slots_ = slots.data();
     issued_ = done_ = 0;
     error_ = 0;
     const auto start = Clock::now();
-    std::unique_lock lock(mutex_);
     for (;;) {
-      while (issued_ < count && issued_ - done_ < depth && error_ == 0) {
-        const uint32_t slot = issued_ % depth;
+      while (issued_ < count && !free_slots_.empty() && error_ == 0) {
+        const uint32_t slot = free_slots_.back();
+        free_slots_.pop_back();
         io::IoRequest& r = slots[slot];
         r = io::IoRequest{};
         r.op = op;
@@ -79,6 +87,7 @@ class Runner {
         lock.lock();
         if (!submitted) {
           --issued_;
+          free_slots_.push_back(slot);
           error_ = EIO;
           if (issued_ == done_) return submitted;
         }
@@ -98,6 +107,7 @@ class Runner {
     std::lock_guard lock(self->mutex_);
     if (request->error != 0 && self->error_ == 0) self->error_ = request->error;
     ++self->done_;
+    self->free_slots_.push_back(static_cast<uint32_t>(request - self->slots_));
     self->ended_.notify_one();
   }
 
@@ -111,6 +121,8 @@ class Runner {
   uint32_t issued_ = 0;
   uint32_t done_ = 0;
   int error_ = 0;
+  io::IoRequest* slots_ = nullptr;
+  std::vector<uint32_t> free_slots_;  // slots whose request has ended (or never started)
 };
 
 }  // namespace
