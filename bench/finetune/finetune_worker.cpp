@@ -37,6 +37,16 @@ struct InFlightPeak {
 };
 Result<InFlightPeak> peak_nvme_bytes_in_flight(const std::string& runtime_trace);
 
+// One step's NVMe bytes (strata_stats' per-kind slots) as {kind name: bytes}; kinds that moved
+// nothing are left out unless `zeros`.
+json bytes_by_kind(const uint64_t (&bytes)[STRATA_STATS_KIND_SLOTS], bool zeros) {
+  json out = json::object();
+  for (int kind = 0; kind < kTensorKindCount; ++kind) {
+    if (zeros || bytes[kind] != 0) out[to_string(static_cast<TensorKind>(kind))] = bytes[kind];
+  }
+  return out;
+}
+
 class Worker {
  public:
   // The runtime's own accounting (strata_get_stats), zeroed when it cannot be had.
@@ -561,15 +571,10 @@ json Worker::lora_result() const {
   json per_step = json::array();
   for (size_t i = 0; i < steps_.size(); ++i) {
     const KindBytes& k = step_kinds_[i];
-    json written = json::object(), read = json::object();
     uint64_t total = 0;
-    for (int kind = 0; kind < kTensorKindCount; ++kind) {
-      const char* name = to_string(static_cast<TensorKind>(kind));
-      if (k.written[kind] != 0) written[name] = k.written[kind];
-      if (k.read[kind] != 0) read[name] = k.read[kind];
-      total += k.written[kind];
-    }
-    per_step.push_back({{"nvme_written_by_kind", written}, {"nvme_read_by_kind", read}});
+    for (int kind = 0; kind < kTensorKindCount; ++kind) total += k.written[kind];
+    per_step.push_back({{"nvme_written_by_kind", bytes_by_kind(k.written, false)},
+                        {"nvme_read_by_kind", bytes_by_kind(k.read, false)}});
     if (i < first) continue;
     const uint64_t parameter = static_cast<uint64_t>(TensorKind::kParameter);
     written_max = std::max(written_max, total);
@@ -608,14 +613,8 @@ void Worker::send_result() {
   // What each step moved per tensor kind (the runtime's count), as `strata plan` reports its
   // simulated step's: bench/planner_vs_measured.sh compares the two kind by kind.
   for (size_t i = 0; i < step_kinds_.size() && i < totals.steps.size(); ++i) {
-    json written = json::object(), read = json::object();
-    for (int kind = 0; kind < kTensorKindCount; ++kind) {
-      const char* name = to_string(static_cast<TensorKind>(kind));
-      written[name] = step_kinds_[i].written[kind];
-      read[name] = step_kinds_[i].read[kind];
-    }
-    totals.steps[i]["nvme_written_by_kind"] = std::move(written);
-    totals.steps[i]["nvme_read_by_kind"] = std::move(read);
+    totals.steps[i]["nvme_written_by_kind"] = bytes_by_kind(step_kinds_[i].written, true);
+    totals.steps[i]["nvme_read_by_kind"] = bytes_by_kind(step_kinds_[i].read, true);
   }
   const std::vector<double>& measured = totals.measured;
   const uint64_t read = totals.read, written = totals.written;

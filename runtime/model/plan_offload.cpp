@@ -136,17 +136,14 @@ Result<OffloadEstimate> run_simulation(const OffloadJob& job, const StrataLayout
     for (int i = 0; i < sched::kResourceCount; ++i) {
       r.busy_seconds[i] += more * std::max(0.0, r.busy_seconds[i] - q.busy_seconds[i]);
     }
-    for (int i = 0; i < sched::kLinkCount; ++i) {
-      r.link_bytes[i] += static_cast<uint64_t>(
-          more * static_cast<double>(r.link_bytes[i] - std::min(r.link_bytes[i], q.link_bytes[i])));
-    }
-    const auto extend = [&](std::array<uint64_t, kTensorKindCount>& bytes,
-                            const std::array<uint64_t, kTensorKindCount>& fewer) {
-      for (int k = 0; k < kTensorKindCount; ++k) {
-        bytes[k] += static_cast<uint64_t>(
-            more * static_cast<double>(bytes[k] - std::min(bytes[k], fewer[k])));
+    // Byte counts: per link, and per tensor kind.
+    const auto extend = [&](auto& bytes, const auto& fewer) {
+      for (size_t i = 0; i < bytes.size(); ++i) {
+        bytes[i] += static_cast<uint64_t>(
+            more * static_cast<double>(bytes[i] - std::min(bytes[i], fewer[i])));
       }
     };
+    extend(r.link_bytes, q.link_bytes);
     extend(r.nvme_read_by_kind, q.nvme_read_by_kind);
     extend(r.nvme_written_by_kind, q.nvme_written_by_kind);
   }

@@ -560,7 +560,7 @@ Result<AcquireAttempt> Scheduler::attempt_locked(uint32_t index, Tier tier, Acce
 
   STRATA_ASSERT(r.buffer[mi].valid() && r.residency.valid_on(tier));
   ++r.uses;
-  set_done_for_now(r, false);
+  (void)set_done_for_now(r, false);  // re-listed by note_state below
   r.use_tier = tier;
   r.last_use_tick = ++tick_;
   r.polled[mi] = false;
@@ -607,16 +607,16 @@ Status Scheduler::write_behind(TensorHandle tensor) {
   if (r.uses > 0) {
     return Status::error(STRATA_E_STATE, "write_behind of " + label(r) + ": acquired");
   }
-  set_done_for_now(r, true);
-  note_state(r);
+  if (set_done_for_now(r, true)) note_state(r);
   pump();
   return Status::ok();
 }
 
-void Scheduler::set_done_for_now(TensorRecord& r, bool done) {
-  if (r.done_for_now == done) return;
+bool Scheduler::set_done_for_now(TensorRecord& r, bool done) {
+  if (r.done_for_now == done) return false;
   r.done_for_now = done;
   for (uint64_t& epoch : r.next_use_epoch) epoch = 0;  // the remembered next uses are stale
+  return true;
 }
 
 Status Scheduler::discard(TensorHandle tensor) {
@@ -787,10 +787,7 @@ Status Scheduler::prefetch(TensorHandle tensor, Tier tier) {
   STRATA_ASSIGN_OR_RETURN(uint32_t index, registry_.resolve(tensor));
   // A hint says it is needed soon: no longer done with for now, so prefetch keeps it.
   TensorRecord& r = registry_.at(index);
-  if (r.done_for_now) {
-    set_done_for_now(r, false);
-    note_state(r);
-  }
+  if (set_done_for_now(r, false)) note_state(r);
   const size_t capacity = hints_.size();
   const Demand hint{tensor, tier, AccessMode::kRead};
   if (hint_count_ == capacity) {
@@ -1184,15 +1181,16 @@ void Scheduler::move_cursor(uint32_t phase) {
       }
       // A tensor done with for now whose next read is the phase the cursor has reached ranks
       // from the read after it: its stored rank, the clock itself, is stale. It moves up.
-      for (bool moved = true; moved;) {
-        moved = false;
-        for (auto it = set.rbegin(); it != set.rend() && it->rank == cursor_clock_; ++it) {
-          TensorRecord& c = registry_.at(it->tensor);
-          if (!c.done_for_now) continue;
-          list_victim(c, pool.spec.tier);
-          moved = true;
-          break;
+      // (Re-listing moves it out of the tail and invalidates the iterator: look again from the
+      // end.)
+      for (auto it = set.rbegin(); it != set.rend() && it->rank == cursor_clock_;) {
+        TensorRecord& c = registry_.at(it->tensor);
+        if (!c.done_for_now) {
+          ++it;
+          continue;
         }
+        list_victim(c, pool.spec.tier);
+        it = set.rbegin();
       }
     }
   }
@@ -1492,7 +1490,7 @@ Status Scheduler::issue(TensorRecord& r, OpKind kind, bool cleaning, bool prefet
   ++inflight_total_;
   r.op = id;
   // Data brought into memory is brought in to be used: whatever write_behind said of it is over.
-  if (!cleaning) set_done_for_now(r, false);
+  if (!cleaning) (void)set_done_for_now(r, false);  // re-listed by note_state below
   if (cleaning) {
     const Tier source = kind == OpKind::kWriteBack ? Tier::kPinned : Tier::kDevice;
     STRATA_ASSERT(kind == OpKind::kWriteBack || kind == OpKind::kCopyToHost ||

@@ -406,8 +406,9 @@ class Scheduler final : public CompletionSink {
     const uint64_t next = schedule_->next_read(r.handle, use_filter(r, tier), after);
     return next == kNeverUsed ? kNeverUsed : next + 1;
   }
-  // Sets r.done_for_now; its next use (and so its rank as a victim) changes with it.
-  void set_done_for_now(TensorRecord& r, bool done);
+  // Sets r.done_for_now; its next use (and so its rank as a victim) changes with it: the caller
+  // re-lists r (note_state) when this returns true (it changed).
+  bool set_done_for_now(TensorRecord& r, bool done);
   // Every cursor change goes through here: it ends the remembered next uses and re-keys the
   // eviction candidates whose next read the cursor passed.
   void move_cursor(uint32_t phase);
