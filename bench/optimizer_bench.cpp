@@ -43,7 +43,8 @@ struct OptimizerBenchArgs {
   std::string params = "200M";
   std::string param_elements = "16M";
   std::string pinned_budget = "256MiB";
-  std::string model_drive;  // "" : the real device's pace; else io/paced_engine.h's spec
+  std::string sub_group_bytes = "0";  // per state tensor; 0: sized from the pinned budget
+  std::string model_drive;            // "" : the real device's pace; else io/paced_engine.h's spec
   std::string nvme = "/tmp";
   int threads = 0;
   int repeats = 3;
@@ -95,14 +96,33 @@ Status fill_bf16(sched::Scheduler& s, sched::TensorHandle h, uint64_t elements, 
   return s.release(h, /*dirty=*/true);
 }
 
+struct Stage {
+  const char* name;
+  double seconds;
+};
+
+Stage slowest_stage(double read_s, double update_s, double write_s) {
+  Stage slowest{"read", read_s};
+  if (update_s > slowest.seconds) slowest = {"update", update_s};
+  if (write_s > slowest.seconds) slowest = {"write", write_s};
+  return slowest;
+}
+
+// A pass's time over `bytes` at the rate it moved `pass_bytes`.
+double at_bytes(double seconds, uint64_t pass_bytes, uint64_t bytes) {
+  return pass_bytes > 0 ? seconds * static_cast<double>(bytes) / static_cast<double>(pass_bytes)
+                        : seconds;
+}
+
 int run_optimizer_bench(const OptimizerBenchArgs& args) {
   const auto n = parse_count(args.params);
   const auto per_tensor = parse_count(args.param_elements);
   const auto budget = parse_bytes(args.pinned_budget);
-  if (!n || !per_tensor || !budget) {
+  const auto sub_group_bytes = parse_bytes(args.sub_group_bytes);
+  if (!n || !per_tensor || !budget || !sub_group_bytes) {
     std::fprintf(stderr,
-                 "strata bench optimizer: bad --params, --param-elements or "
-                 "--pinned-budget\n");
+                 "strata bench optimizer: bad --params, --param-elements, --pinned-budget or "
+                 "--sub-group-bytes\n");
     return 2;
   }
   strata_config config;
@@ -132,6 +152,7 @@ int run_optimizer_bench(const OptimizerBenchArgs& args) {
   // Like for like with the baseline pass: no overflow-check pass over the gradients.
   optim::TieredOptimizerOptions options;
   options.check_overflow = false;
+  options.sub_group_bytes = *sub_group_bytes;
   if (Status st = opt.configure(options); !st.is_ok()) return fail("configure", st);
   if (auto g = opt.add_group(optim::GroupSettings{}); !g) return fail("group", g.status());
 
@@ -186,19 +207,21 @@ int run_optimizer_bench(const OptimizerBenchArgs& args) {
   // The pipelined step's own split (StepReport): update, read waits, the final write-back wait.
   std::vector<double> in_step_update_s, in_step_read_wait_s, in_step_write_wait_s;
   uint64_t pipelined_read_bytes = 0, pipelined_written_bytes = 0, read_pass_bytes = 0;
-  uint64_t io_pass_bytes = 0;
+  uint64_t io_pass_bytes = 0, write_pass_bytes = 0;
   // Five measured passes per repetition; the rate is the state bytes they move.
   ProgressDisplay progress("bench optimizer", args.repeats, ProgressDisplay::Unit::kCount,
                            "repetitions", is_interactive_terminal(args.json));
   progress.update(0);
   for (int r = 0; r < args.repeats; ++r) {
     // Write alone: every state acquired to be overwritten (zeros), written back, all on NVMe.
+    const uint64_t written_before = rt.store().stats().bytes_written;
     auto t = Clock::now();
     auto pass =
         opt.run_pass({/*read=*/false, /*update=*/false, /*write=*/true, /*overlap=*/true}, 1.0f);
     if (!pass) return fail("write pass", pass.status());
     if (Status st = s.flush(timeout); !st.is_ok()) return fail("flush", st);
     write_s.push_back(seconds_since(t));
+    write_pass_bytes = rt.store().stats().bytes_written - written_before;
     // Read alone.
     const uint64_t read_before = rt.store().stats().bytes_read;
     t = Clock::now();
@@ -245,10 +268,15 @@ int run_optimizer_bench(const OptimizerBenchArgs& args) {
   const double pipelined = median(pipelined_s), serial = median(serial_s);
   const double io = median(io_s);
   const double io_bound_s = std::max(io, update);
-  const char* slowest = "read";
-  double slowest_s = read;
-  if (update > slowest_s) slowest = "update", slowest_s = update;
-  if (write > slowest_s) slowest = "write", slowest_s = write;
+  const auto [slowest, slowest_s] = slowest_stage(read, update, write);
+  // Like for like with the step, which also reads the gradients and writes the weights: each
+  // pass's time at the bytes the step moved in its directions, at the rate the pass measured.
+  const double read_at_step_s = at_bytes(read, read_pass_bytes, pipelined_read_bytes);
+  const double write_at_step_s = at_bytes(write, write_pass_bytes, pipelined_written_bytes);
+  const double io_at_step_bytes_s =
+      at_bytes(io, io_pass_bytes, pipelined_read_bytes + pipelined_written_bytes);
+  const auto [slowest_at_step, slowest_at_step_s] =
+      slowest_stage(read_at_step_s, update, write_at_step_s);
   const uint64_t state_bytes = *n * 12;
 
   nlohmann::json j;
@@ -272,13 +300,14 @@ int run_optimizer_bench(const OptimizerBenchArgs& args) {
   j["pipelined_step_s"] = pipelined;
   j["pipelined_vs_overlapped_io"] = pipelined / io_bound_s;
   j["read_write_overlapped_nvme_bytes"] = io_pass_bytes;
-  // The step also reads the gradients and writes the weights: its I/O moves more bytes than the
-  // states' read + write pass. At that pass's rate, those bytes take this long.
-  const double step_io_bytes = static_cast<double>(pipelined_read_bytes + pipelined_written_bytes);
-  const double io_at_step_bytes_s =
-      io_pass_bytes > 0 ? io * step_io_bytes / static_cast<double>(io_pass_bytes) : io;
   j["read_write_overlapped_s_at_step_bytes"] = io_at_step_bytes_s;
   j["pipelined_vs_overlapped_io_at_step_bytes"] = pipelined / std::max(update, io_at_step_bytes_s);
+  j["write_pass_nvme_bytes"] = write_pass_bytes;
+  j["read_s_at_step_bytes"] = read_at_step_s;
+  j["write_s_at_step_bytes"] = write_at_step_s;
+  j["slowest_stage_at_step_bytes"] = slowest_at_step;
+  j["slowest_stage_s_at_step_bytes"] = slowest_at_step_s;
+  j["pipelined_vs_slowest_at_step_bytes"] = pipelined / slowest_at_step_s;
   j["pipelined_nvme_bytes_read"] = pipelined_read_bytes;
   j["pipelined_nvme_bytes_written"] = pipelined_written_bytes;
   j["pipelined_update_s"] = median(in_step_update_s);
@@ -319,6 +348,10 @@ int run_optimizer_bench(const OptimizerBenchArgs& args) {
   std::printf("%s", table.render().c_str());
   std::printf("slowest stage: %s; pipelined / slowest stage: %.2f; speed-up over serial: %.2fx\n",
               slowest, pipelined / slowest_s, serial / pipelined);
+  std::printf(
+      "at the step's bytes (the stages' rates): read alone %.3f s, write alone %.3f s; "
+      "pipelined / slowest stage (%s): %.2f\n",
+      read_at_step_s, write_at_step_s, slowest_at_step, pipelined / slowest_at_step_s);
   std::printf("pipelined / max(update, read + write overlapped): %.2f\n", pipelined / io_bound_s);
   std::printf(
       "NVMe bytes: pipelined step %s read + %s written, read + write pass %s; that pass's rate "
@@ -340,6 +373,10 @@ void add_optimizer_command(CLI::App& bench) {
                   "Elements per parameter tensor (K/M/G: decimal)")
       ->capture_default_str();
   cmd->add_option("--pinned-budget", args->pinned_budget, "Pinned budget (e.g. 256MiB)")
+      ->capture_default_str();
+  cmd->add_option("--sub-group-bytes", args->sub_group_bytes,
+                  "Sub-group size per state tensor (0: sized from the pinned budget; else as "
+                  "strata_optimizer_options.sub_group_bytes)")
       ->capture_default_str();
   cmd->add_option("--nvme", args->nvme, "Directory for the swap file")->capture_default_str();
   cmd->add_option("--threads", args->threads, "Optimizer threads (0: one per available CPU)")

@@ -209,20 +209,35 @@ size_t TieredOptimizer::param_count() {
   return params_.size();
 }
 
+uint64_t TieredOptimizer::largest_sub_group_bytes() const {
+  uint64_t unit = 0;
+  for (const Param& p : params_) {
+    for (const SubGroup& s : p.sub_groups) unit = std::max(unit, s.elements * 4 * kStateKinds);
+  }
+  return unit;
+}
+
+uint32_t TieredOptimizer::lookahead(uint64_t held_pinned) const {
+  // Sub-groups that fit beside what the held parameter and gradient keep in pinned memory, less
+  // the one being updated, the one being written back and one of room, so that the next read
+  // runs while that write does.
+  const uint64_t unit = largest_sub_group_bytes();
+  if (unit == 0 || held_pinned >= config_.pinned_budget_bytes) return 1;
+  const uint64_t fit = (config_.pinned_budget_bytes - held_pinned) / unit;
+  return static_cast<uint32_t>(std::clamp<uint64_t>(fit > 3 ? fit - 3 : 1, 1, kMaxLookahead));
+}
+
 uint32_t TieredOptimizer::lookahead() const {
-  // Sub-groups that fit beside what a held parameter and gradient keep in pinned memory (their
-  // pieces, or the two whole where that is less), less the one being updated, the one being
-  // written back and one of room, so that the next read runs while that write does.
-  uint64_t largest = 0, unit = 0;
+  // A parameter held on the device keeps its pieces in pinned memory (or the two whole where
+  // that is less); one whose newest copy is pinned, or that the device cannot hold, the two
+  // whole.
+  uint64_t largest = 0;
   const uint64_t pieces = uint64_t{2} * Pieces::kSlots * max_piece_bytes();
   for (const Param& p : params_) {
     const uint64_t whole = p.elements * (dtype_size(p.param_dtype) + dtype_size(p.grad_dtype));
     largest = std::max(largest, holds_on_device(p) ? std::min(whole, pieces) : whole);
-    for (const SubGroup& s : p.sub_groups) unit = std::max(unit, s.elements * 4 * kStateKinds);
   }
-  if (unit == 0 || largest >= config_.pinned_budget_bytes) return 1;
-  const uint64_t fit = (config_.pinned_budget_bytes - largest) / unit;
-  return static_cast<uint32_t>(std::clamp<uint64_t>(fit > 3 ? fit - 3 : 1, 1, kMaxLookahead));
+  return lookahead(largest);
 }
 
 AdamWParams TieredOptimizer::adam_params(uint32_t group, int64_t step, float grad_scale) const {
@@ -388,7 +403,7 @@ Status TieredOptimizer::add_param(uint32_t group, sched::TensorHandle param,
       std::memset(data[1], 0, s.elements * sizeof(float));
       std::memset(data[2], 0, s.elements * sizeof(float));
     }
-    Status released = release_states(s, acquired, /*dirty=*/true);
+    Status released = release_states(s, acquired, /*dirty=*/true, /*done=*/true);
     if (status.is_ok()) status = std::move(released);
     if (!status.is_ok()) break;
   }
@@ -399,14 +414,16 @@ Status TieredOptimizer::add_param(uint32_t group, sched::TensorHandle param,
   return Status::ok();
 }
 
-Status TieredOptimizer::release_states(const SubGroup& s, int acquired, bool dirty) {
+Status TieredOptimizer::release_states(const SubGroup& s, int acquired, bool dirty, bool done) {
   Status first;
   for (int k = 0; k < acquired; ++k) {
     Status status = scheduler_.release(s.states[k], dirty);
-    // Updated: not needed again until the next step, so it may be written back at once, making
-    // room for the sub-groups read ahead while the drive writes (without the hint write-behind
-    // keeps data its current phase lists, and every read waited for a write).
-    if (status.is_ok() && dirty) status = scheduler_.write_behind(s.states[k]);
+    // Updated (or read by a pass that reads no more): not needed again until the next step, so
+    // it may be written back at once, making room for the sub-groups read ahead while the drive
+    // writes (without the hint write-behind keeps data its current phase lists, and every read
+    // waited for a write; with no schedule, the LRU order would push out the sub-groups read
+    // ahead, last used a pass ago, before the one just released).
+    if (status.is_ok() && done) status = scheduler_.write_behind(s.states[k]);
     if (first.is_ok() && !status.is_ok()) first = std::move(status);
   }
   return first;
@@ -695,7 +712,11 @@ Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShap
   // can make for them is that of sub-groups already updated and released, which it writes back
   // first (write-behind). Hints alone would not do: the scheduler may evict a hinted sub-group
   // before it is used to make room for the next hint.
-  const uint32_t window = shape.overlap ? lookahead() : 0;
+  // The window follows what the update holds: set before the first parameter is held, then
+  // again each time one is (a gradient whose newest copy is pinned is held there whole, though
+  // its parameter could be held on the device in pieces, so no one figure fits every
+  // parameter). Read and written under loader_mu.
+  uint32_t window = shape.overlap ? lookahead() : 0;
   std::vector<Loaded> loaded(units.size());
   std::mutex loader_mu;
   std::condition_variable loader_cv;
@@ -704,6 +725,28 @@ Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShap
   auto hint = [&](size_t j) {
     const SubGroup& s = params_[units[j].param].sub_groups[units[j].sub_group];
     for (const auto& state : s.states) (void)scheduler_.prefetch(state, Tier::kPinned);
+  };
+  // The next parameter's gradient and itself, read ahead where hold() will want them while this
+  // one's last sub-group is updated: with no schedule to walk (which reads them ahead with the
+  // rest of the step), nothing else starts their reads before the update stops for them. Only
+  // where they fit beside what is held: on the device, beside the held pair; in pinned memory,
+  // in the one sub-group of room that lookahead() keeps spare. A pair read ahead into room that
+  // is not there pushes out what the update needs first and is read again.
+  const bool hint_params = shape.update && !scheduler_.has_schedule();
+  const uint64_t spare_pinned = largest_sub_group_bytes();  // lookahead()'s one of room
+  auto hint_next_param = [&](size_t i) {
+    if (!hint_params || i + 1 >= units.size() || units[i + 1].param == units[i].param) return;
+    const Param& p = params_[units[i + 1].param];
+    Result<sched::TensorInfo> grad_info = scheduler_.describe(p.grad);
+    const bool on_device = grad_info && holds_on_device(p) && grad_info->use_tier == Tier::kDevice;
+    const uint64_t pair = p.elements * (dtype_size(p.param_dtype) + dtype_size(p.grad_dtype));
+    if (on_device ? 2 * pair > config_.device_budget_bytes : pair > spare_pinned) return;
+    for (sched::TensorHandle h : {p.grad, p.param}) {
+      Result<sched::TensorInfo> info = scheduler_.describe(h);
+      if (!info) continue;
+      (void)scheduler_.prefetch(
+          h, on_device && (info->valid & sched::kPinnedBit) == 0 ? Tier::kDevice : Tier::kPinned);
+    }
   };
   auto load = [&](size_t j, Loaded& out) {
     const SubGroup& s = params_[units[j].param].sub_groups[units[j].sub_group];
@@ -761,7 +804,7 @@ Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShap
     for (size_t j = consumed; j < units.size(); ++j) {
       if (loaded[j].ready && loaded[j].acquired > 0) {
         (void)release_states(params_[units[j].param].sub_groups[units[j].sub_group],
-                             loaded[j].acquired, /*dirty=*/false);
+                             loaded[j].acquired, /*dirty=*/false, /*done=*/false);
       }
       loaded[j].acquired = 0;
     }
@@ -830,6 +873,14 @@ Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShap
         Status made = pieces.make(scheduler_, max_piece_bytes(), config_.timeout);
         if (!made.is_ok()) return fail(std::move(made).with_context("optimizer pieces"), false);
       }
+      if (window > 0) {
+        const uint64_t held_pinned =
+            (grad.tier == Tier::kPinned ? p.elements * dtype_size(p.grad_dtype) : 0) +
+            (param.tier == Tier::kPinned ? p.elements * dtype_size(p.param_dtype) : 0) +
+            (pieces.made ? uint64_t{2} * Pieces::kSlots * max_piece_bytes() : 0);
+        std::lock_guard lock(loader_mu);
+        window = lookahead(held_pinned);
+      }
     }
     Loaded current;
     if (window > 0) {
@@ -844,6 +895,7 @@ Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShap
     }
     loader_cv.notify_all();
     report->read_wait_seconds += seconds_since(started);
+    hint_next_param(i);
     Status status = std::move(current.status);
     if (status.is_ok()) {
       started = Clock::now();
@@ -854,7 +906,8 @@ Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShap
         status = update_held(p, u, units, i, grad, param, pieces, current.data, step, grad_scale);
       report->update_seconds += seconds_since(started);
     }
-    Status released = release_states(s, current.acquired, /*dirty=*/shape.write && status.is_ok());
+    Status released = release_states(s, current.acquired, /*dirty=*/shape.write && status.is_ok(),
+                                     /*done=*/status.is_ok());
     if (status.is_ok()) status = std::move(released);
     if (!status.is_ok()) {
       // The sub-groups before this one are updated, this one and those after are not: the

@@ -200,7 +200,13 @@ class TieredOptimizer {
   Status check_gradient(const Param& p);                   // present, has contents, not acquired
   Result<GradStats> measure_gradient(const Param& p);
   uint64_t effective_sub_group_bytes() const;
+  // Sub-groups the loader may read ahead beside `held_pinned` bytes the update holds in pinned
+  // memory (a parameter and its gradient, whole or as pieces); lookahead() assumes the most any
+  // parameter may need, before the first is held.
+  uint32_t lookahead(uint64_t held_pinned) const;
   uint32_t lookahead() const;
+  // The largest sub-group's three states: the unit lookahead() counts in.
+  uint64_t largest_sub_group_bytes() const;
   AdamWParams adam_params(uint32_t group, int64_t step, float grad_scale) const;
   // The pipeline over `units`, in order. Parameters and gradients are acquired on their first
   // unit and released after their last; units of one parameter are consecutive.
@@ -221,7 +227,9 @@ class TieredOptimizer {
   Status update_held(const Param& p, const Unit& u, const std::vector<Unit>& units, size_t i,
                      const HeldTensor& grad, const HeldTensor& param, Pieces& pieces,
                      void* const states[kStateKinds], int64_t step, float grad_scale);
-  Status release_states(const SubGroup& s, int acquired, bool dirty);
+  // Releases a sub-group's first `acquired` states, dirty or not; `done` when this pass will not
+  // touch them again (the scheduler may then write them back and take their room first).
+  Status release_states(const SubGroup& s, int acquired, bool dirty, bool done);
   // Copies one state of one parameter out of (dst) or into (src) its sub-group tensors.
   Status copy_state(const Param& p, StateKind state, void* dst, const void* src);
   void worker_loop();

@@ -785,9 +785,17 @@ Status Scheduler::prefetch(TensorHandle tensor, Tier tier) {
   if (tier == Tier::kNvme) return invalid_argument("prefetch: the tier must be device or pinned");
   std::lock_guard lock(mu_);
   STRATA_ASSIGN_OR_RETURN(uint32_t index, registry_.resolve(tensor));
-  // A hint says it is needed soon: no longer done with for now, so prefetch keeps it.
+  // A hint says it is needed soon: no longer done with for now, so prefetch keeps it; and,
+  // while no schedule ranks the tensors, as recently used as a touch, so that the LRU order
+  // does not push out what was just read ahead (it was last used a whole pass ago) to make room
+  // for the next read ahead.
   TensorRecord& r = registry_.at(index);
-  if (set_done_for_now(r, false)) note_state(r);
+  bool changed = set_done_for_now(r, false);
+  if (!schedule_) {
+    r.last_use_tick = ++tick_;
+    changed = true;
+  }
+  if (changed) note_state(r);
   const size_t capacity = hints_.size();
   const Demand hint{tensor, tier, AccessMode::kRead};
   if (hint_count_ == capacity) {
@@ -854,6 +862,11 @@ uint32_t Scheduler::inflight_transfers() const {
 
 // ---------------------------------------------------------------------------------------------
 // Stats
+
+bool Scheduler::has_schedule() const {
+  std::lock_guard lock(mu_);
+  return schedule_.has_value();
+}
 
 SchedulerStats Scheduler::stats() const {
   std::lock_guard lock(mu_);
@@ -1036,9 +1049,10 @@ Status Scheduler::take_async_error() {
 // Decisions
 
 uint64_t Scheduler::next_use(const TensorRecord& r, Tier tier) const {
-  // LRU until a schedule exists. Never 0: without a schedule nothing is known to be needed in
-  // "the current phase", so a hint (which spares distance 0) may evict anything not in use.
-  if (!schedule_) return 1 + (tick_ - r.last_use_tick);
+  // LRU until a schedule exists (lru_distance). Never 0: without a schedule nothing is known to
+  // be needed in "the current phase", so a hint (which spares distance 0) may evict anything not
+  // in use.
+  if (!schedule_) return lru_distance(r);
   const int mi = memory_index(tier);
   const auto filter = static_cast<uint8_t>(use_filter(r, tier));
   if (r.next_use_epoch[mi] != cursor_epoch_ || r.next_use_filter[mi] != filter) {
@@ -1197,7 +1211,11 @@ void Scheduler::move_cursor(uint32_t phase) {
 }
 
 uint64_t Scheduler::victim_rank(const TensorRecord& r, Tier tier) const {
-  if (!schedule_) return kNeverUsed - 1 - r.last_use_tick;  // older first, as next_use() orders
+  if (!schedule_) {
+    // lru_distance's order: done with for now first, then the rest; older first within each.
+    constexpr uint64_t kBand = uint64_t{1} << 62;  // past any tick
+    return (r.done_for_now ? 2 * kBand : kBand) - r.last_use_tick;
+  }
   const uint64_t next = schedule_next_use(r, tier);
   return next == kNeverUsed ? kNeverUsed : cursor_clock_ + next;
 }

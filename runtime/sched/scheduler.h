@@ -165,6 +165,8 @@ class Scheduler final : public CompletionSink {
   // ---- Schedule and position (training thread) ----
   // Replaces any recorded or declared schedule; prefetch follows it from its first phase.
   Status declare_schedule(AccessSchedule schedule);
+  // Whether a schedule (declared or recorded) drives prefetch: without one, only hints do.
+  bool has_schedule() const;
   // Starts recording when there is no schedule and config.record_first_step.
   Status begin_step();
   // Ends recording (the recording becomes the schedule). Returns the first asynchronous failure
@@ -198,8 +200,9 @@ class Scheduler final : public CompletionSink {
   // A hint after release: the caller will not acquire the tensor again soon (the optimizer, a
   // sub-group it has updated), so write-behind may write its dirty copy back now, though the
   // schedule's current phase lists it (write-behind otherwise keeps such data, as likely to be
-  // modified again), and a prefetch may evict it. Holds until the tensor is acquired, hinted or
-  // read in again; never blocks. STRATA_E_STATE while acquired.
+  // modified again), and a prefetch may evict it (with no schedule, before any other tensor).
+  // Holds until the tensor is acquired, hinted or read in again; never blocks. STRATA_E_STATE
+  // while acquired.
   Status write_behind(TensorHandle tensor);
   // The contents are dead (e.g. gradients after the optimizer step): buffers freed, nothing
   // written back, the tensor becomes Unwritten. Deferred until a transfer in flight ends.
@@ -406,6 +409,13 @@ class Scheduler final : public CompletionSink {
     const uint64_t next = schedule_->next_read(r.handle, use_filter(r, tier), after);
     return next == kNeverUsed ? kNeverUsed : next + 1;
   }
+  // Without a schedule, the LRU order as a distance: what write_behind said is done with for
+  // now goes before everything else (the optimizer's updated sub-groups before the ones it read
+  // ahead, which were last used a pass ago), older first within each. victim_rank orders alike.
+  uint64_t lru_distance(const TensorRecord& r) const {
+    const uint64_t age = tick_ - r.last_use_tick;
+    return 1 + age + (r.done_for_now ? tick_ + 1 : 0);
+  }
   // Sets r.done_for_now; its next use (and so its rank as a victim) changes with it: the caller
   // re-lists r (note_state) when this returns true (it changed).
   bool set_done_for_now(TensorRecord& r, bool done);
@@ -414,7 +424,7 @@ class Scheduler final : public CompletionSink {
   void move_cursor(uint32_t phase);
   // A candidate's key in its pool's victim set: the next use plus cursor_clock_ (so that moving
   // the cursor changes no key whose read it did not pass), kNeverUsed for never, and without a
-  // schedule an LRU rank (older first).
+  // schedule an LRU rank in lru_distance's order.
   uint64_t victim_rank(const TensorRecord& r, Tier tier) const;
   void list_victim(TensorRecord& r, Tier tier);
   void unlist_victim(TensorRecord& r, int memory_index);
