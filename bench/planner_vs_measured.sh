@@ -11,8 +11,10 @@
 # The plan gets what the run had: the scaled model (--scale/--layers, which also scales
 # DeepSpeed's element-count knobs as the benchmark does), seq, batch, MFU and GPU preset of the
 # run's modelled compute, no checkpointing (the run's modelled compute is 6 FLOPs per parameter
-# and token), NVMe offload, Strata's pinned budget as its pool exactly (--pinned-budget) and as
-# its RAM with no headroom, the run's device budget as the simulated device pool
+# and token), NVMe offload, Strata's pinned budget as its pool exactly (--pinned-budget, spent as
+# the run spent it: its stream chunk and buffers and its optimizer sub-group, --stream-chunk,
+# --stream-buffers, --sub-group-bytes) and as its RAM with no headroom, the run's device budget
+# as the simulated device pool
 # (--device-budget), the disk's
 # sequential rates measured by `strata bench io` on the run's directory right after the run
 # (NVME_RATES=READ/WRITE to give them instead) and the CPU Adam rate `strata bench adam`
@@ -47,21 +49,27 @@ if [ -z "${ADAM_GPARAMS:-}" ]; then
   ADAM_GPARAMS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["strata_mparams_per_s"] / 1e3)' "$work/adam.json")
 fi
 
-read -r scale layers seq batch mfu gpu budget device_budget < <(python3 - "$measured" <<'PY'
+read -r scale layers seq batch mfu gpu budget device_budget chunk buffers sub_group < <(python3 - "$measured" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 s, c = j["scaled"], j["config"]
-# The budget the run's Strata worker had: the automatic one it sized (config 0) or the one set.
-budget = c["strata_pinned_budget_bytes"] or next(
-    x["pinned_budget_bytes"] for x in j["strategies"] if x["name"] == "strata")
+strata = next(x for x in j["strategies"] if x["name"] == "strata")
+# The budget the run's Strata worker had: the automatic one it sized (config 0) or the one set,
+# and how it spent it (an automatic budget follows the drive, not the rule for one set exactly).
+budget = c["strata_pinned_budget_bytes"] or strata["pinned_budget_bytes"]
+split = strata.get("pinned_split", {})
 print(s["scale"], s["layers"], c["seq"], c["batch"], c["mfu"], c["gpu"], budget,
-      c["device_budget_bytes"])
+      c["device_budget_bytes"], split.get("stream_chunk_bytes", 0), split.get("stream_buffers", 0),
+      split.get("optimizer_sub_group_bytes", 0))
 PY
 )
+split_options=()
+[ "$chunk" != 0 ] && split_options+=(--stream-chunk "$chunk" --stream-buffers "$buffers")
+[ "$sub_group" != 0 ] && split_options+=(--sub-group-bytes "$sub_group")
 plan_command=("$STRATA" plan --model "$MODEL" --scale "$scale" --layers "$layers" --method full
   --seq "$seq" --batch "$batch" --checkpointing none --gpu "$gpu" --mfu "$mfu" --offload nvme
   --nvme "$NVME_RATES" --adam-rate "$ADAM_GPARAMS" --host-ram "$budget" --host-headroom 0
-  --host-reserve 0 --pinned-budget "$budget" --device-budget "$device_budget")
+  --host-reserve 0 --pinned-budget "$budget" --device-budget "$device_budget" "${split_options[@]}")
 # Exit 3 (the plan does not fit the RAM given) still prints the plan: the table says why.
 "${plan_command[@]}" --json >"$work/plan.json" || [ $? -eq 3 ]
 echo "disk (strata bench io --qd 8 --block 1M): $NVME_RATES GB/s read/write; Adam: $ADAM_GPARAMS Gparam/s" >&2

@@ -645,6 +645,13 @@ void Worker::send_result() {
       {"last_clip_scale", last_clip_scale_},
       {"pid", static_cast<int64_t>(::getpid())},
       {"pinned_budget_bytes", st.pinned_budget_bytes},
+      // How that budget was spent, which `strata plan` replays beside it (--stream-chunk,
+      // --stream-buffers, --sub-group-bytes).
+      {"pinned_split",
+       {{"staging_bytes", st.pinned_staging_bytes},
+        {"stream_chunk_bytes", st.stream_chunk_bytes},
+        {"stream_buffers", st.stream_buffers},
+        {"optimizer_sub_group_bytes", st.optimizer_sub_group_bytes}}},
       {"peak_host_bytes", peaks.host},
       {"peak_pinned_bytes", peaks.pinned},
       {"peak_device_bytes", peaks.device},

@@ -412,6 +412,13 @@ Runtime::~Runtime() {
   engine_.reset();
 }
 
+uint64_t Runtime::optimizer_sub_group_bytes() {
+  std::lock_guard lock(optimizer_mutex_);
+  if (optimizer_) return optimizer_->sub_group_elements() * sizeof(float);
+  if (pinned_sizing_) return pinned_sizing_->sub_group_bytes;
+  return sched::sub_group_bytes_for_pool(config_.pinned_budget_bytes - backend_->staging_bytes());
+}
+
 Result<optim::TieredOptimizer*> Runtime::optimizer() {
   std::lock_guard lock(optimizer_mutex_);
   if (!optimizer_) {

@@ -59,6 +59,9 @@ class Runtime {
   memory::HostMemorySampler& sampler() { return *sampler_; }
   // The optimizer, made on first use: its CPU threads exist only for runtimes that train.
   Result<optim::TieredOptimizer*> optimizer();
+  // The optimizer's sub-group per state tensor: its own once it exists (options included), else
+  // what it would be made with.
+  uint64_t optimizer_sub_group_bytes();
 
   // Per-thread last error: each thread sees the context of its own last failure on this runtime.
   void set_last_error(const char* function, const Status& status);

@@ -58,6 +58,11 @@ strata_stats collect_stats(Runtime& runtime) {
     s.nvme_bytes_read_by_kind[k] = scheduled.nvme_read_by_kind[k];
     s.nvme_bytes_written_by_kind[k] = scheduled.nvme_written_by_kind[k];
   }
+  const StreamingShape streaming = streaming_shape(runtime.config());
+  s.pinned_staging_bytes = streaming.staging_bytes();
+  s.stream_chunk_bytes = streaming.chunk_bytes;
+  s.stream_buffers = streaming.on() ? streaming.buffers : 0;
+  s.optimizer_sub_group_bytes = runtime.optimizer_sub_group_bytes();
   return s;
 }
 

@@ -32,6 +32,9 @@ struct PlanOptions {
   std::string host_ram;
   std::string pinned_budget;
   std::string device_budget;
+  std::string stream_chunk;     // with pinned_budget: the run's stream chunk
+  uint32_t stream_buffers = 0;  // with pinned_budget: the run's staging buffers per direction
+  std::string sub_group_bytes;  // with pinned_budget: the run's optimizer sub-group per state
   uint32_t optimizer_threads = kPlanOptimizerThreads;
   uint32_t drive_queue_depth = kPlanDriveQueueDepth;
   std::string nvme = "1:gen4";
@@ -117,6 +120,10 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
   };
   STRATA_ASSIGN_OR_RETURN(r.strata_pinned_budget_bytes, budget(o.pinned_budget, "--pinned-budget"));
   STRATA_ASSIGN_OR_RETURN(r.strata_device_budget_bytes, budget(o.device_budget, "--device-budget"));
+  STRATA_ASSIGN_OR_RETURN(std::optional<uint64_t> chunk, budget(o.stream_chunk, "--stream-chunk"));
+  STRATA_ASSIGN_OR_RETURN(std::optional<uint64_t> sub_group,
+                          budget(o.sub_group_bytes, "--sub-group-bytes"));
+  r.strata_pinned_given = {chunk.value_or(0), o.stream_buffers, sub_group.value_or(0)};
   if (!o.host_ram.empty()) {
     std::optional<uint64_t> bytes = parse_bytes(o.host_ram);
     if (!bytes || *bytes == 0) {
@@ -476,6 +483,16 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--pinned-budget", options->pinned_budget,
                   "Strata's pinned pool exactly, as strata bench finetune --pinned-budget sets it "
                   "(NVMe offload; default: what the headroom leaves of --host-ram, or the least)");
+  cmd->add_option("--stream-chunk", options->stream_chunk,
+                  "With --pinned-budget: the run's stream chunk (strata_config.stream_chunk_bytes; "
+                  "default: the rule for a budget set exactly)");
+  cmd->add_option("--stream-buffers", options->stream_buffers,
+                  "With --pinned-budget: the run's staging buffers per direction "
+                  "(strata_config.stream_buffers; 0: the rule)")
+      ->check(CLI::Range(0, 64));
+  cmd->add_option("--sub-group-bytes", options->sub_group_bytes,
+                  "With --pinned-budget: the run's optimizer sub-group per state tensor "
+                  "(strata_optimizer_options.sub_group_bytes; default: a sixteenth of the pool)");
   cmd->add_option("--device-budget", options->device_budget,
                   "The simulated NVMe offload's device pool per GPU exactly, as strata bench "
                   "finetune --device-budget sets it (default: the weights or two streamed units, "

@@ -106,6 +106,40 @@ std::string format_gib(uint64_t bytes) {
   return format_bytes(bytes);
 }
 
+// The replayed split's values, by the runtime's own limits for the config fields they stand for
+// (api/runtime.cpp's normalize_config, the optimizer's configure).
+Status validate_pinned_given(const PlanRequest& r) {
+  const sched::PinnedSplitGiven& g = r.strata_pinned_given;
+  const bool any = g.chunk_bytes != 0 || g.buffers != 0 || g.sub_group_bytes != 0;
+  if (!any) return Status::ok();
+  if (!r.strata_pinned_budget_bytes) {
+    return invalid_argument(
+        "--stream-chunk, --stream-buffers and --sub-group-bytes replay how a run spent its "
+        "pinned budget: give that budget too (--pinned-budget)");
+  }
+  if (g.chunk_bytes != 0 &&
+      (!is_power_of_two(g.chunk_bytes) || g.chunk_bytes < sched::kMinStreamChunkBytes ||
+       g.chunk_bytes > sched::kMaxStreamChunkBytes)) {
+    return invalid_argument("the stream chunk must be a power of two from 64 KiB to 64 MiB");
+  }
+  if (g.buffers > sched::kMaxStreamBuffers) {
+    return invalid_argument("the stream buffers are limited to " +
+                            std::to_string(sched::kMaxStreamBuffers) + " per direction");
+  }
+  if (g.sub_group_bytes != 0 && (g.sub_group_bytes < kPageSize || g.sub_group_bytes % 4 != 0 ||
+                                 g.sub_group_bytes > (uint64_t{1} << 40))) {
+    return invalid_argument("the sub-group must be a multiple of 4 bytes from 4096 to 2^40");
+  }
+  const sched::PinnedSplit split =
+      sched::split_pinned_budget(sched::PinnedSizing{}, *r.strata_pinned_budget_bytes, g);
+  if (split.staging_bytes > *r.strata_pinned_budget_bytes / 2) {
+    return invalid_argument("the streaming staging buffers (" + format_bytes(split.staging_bytes) +
+                            ") may take at most half of the pinned budget (" +
+                            format_bytes(*r.strata_pinned_budget_bytes) + ")");
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 // ---- Parsing -------------------------------------------------------------------------------
@@ -327,6 +361,7 @@ Status validate(const PlanRequest& r) {
   if (r.strata_device_budget_bytes && *r.strata_device_budget_bytes < kPageSize) {
     return invalid_argument("the device budget must be at least one page");
   }
+  STRATA_TRY(validate_pinned_given(r));
   if (!(r.deepspeed_knob_factor > 0 && r.deepspeed_knob_factor <= 1)) {
     return invalid_argument("DeepSpeed's knob factor must be in (0, 1]");
   }
@@ -655,6 +690,7 @@ OffloadJob offload_job(const PlanRequest& r, const ModelStates& s, const GpuChoi
     job.host_budget_bytes = usable_host_bytes(*r.host_ram_bytes, r.assume.host_headroom);
   }
   job.strata_pinned_bytes = r.strata_pinned_budget_bytes;
+  job.strata_pinned_given = r.strata_pinned_given;
   job.optimizer_threads = r.assume.optimizer_threads;
   job.drive_queue_depth = r.assume.drive_queue_depth;
   return job;
@@ -879,7 +915,10 @@ bool same_simulation(const OffloadJob& a, const OffloadJob& b) {
          a.compute_seconds == b.compute_seconds && a.forward_fraction == b.forward_fraction &&
          a.pcie_gbps == b.pcie_gbps && a.device_budget_bytes == b.device_budget_bytes &&
          a.host_budget_bytes == b.host_budget_bytes &&
-         a.strata_pinned_bytes == b.strata_pinned_bytes;
+         a.strata_pinned_bytes == b.strata_pinned_bytes &&
+         a.strata_pinned_given.chunk_bytes == b.strata_pinned_given.chunk_bytes &&
+         a.strata_pinned_given.buffers == b.strata_pinned_given.buffers &&
+         a.strata_pinned_given.sub_group_bytes == b.strata_pinned_given.sub_group_bytes;
 }
 
 // Runs Strata's NVMe-offload simulations of `jobs` on up to hardware_concurrency threads;

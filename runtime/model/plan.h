@@ -114,6 +114,11 @@ struct PlanRequest {
   // run's budget replayed. Unset: the automatic budget, or what the headroom leaves of
   // host_ram_bytes when that is more.
   std::optional<uint64_t> strata_pinned_budget_bytes;
+  // How the run spent that budget, when it did not follow the rules for a budget set exactly
+  // (an automatic budget replayed: its stream chunk and buffers and its optimizer sub-group;
+  // `--stream-chunk`, `--stream-buffers`, `--sub-group-bytes`). Only with
+  // strata_pinned_budget_bytes.
+  sched::PinnedSplitGiven strata_pinned_given;
   // The simulated NVMe offload's device pool per GPU exactly (`--device-budget`), as `strata
   // bench finetune --device-budget` sets the run's: a run's budget replayed. Unset: what the GPU
   // memory formulas give the offloaded states (offload_device_budget). It changes the simulated

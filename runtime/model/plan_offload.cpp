@@ -281,7 +281,8 @@ Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job) {
     exact = *job.host_budget_bytes;
   }
   if (exact != 0) exact = std::max(align_down(exact, kPageSize), kPageSize);
-  const sched::PinnedSplit split = sched::split_pinned_budget(sizing, exact);
+  const sched::PinnedSplit split = sched::split_pinned_budget(
+      sizing, exact, job.strata_pinned_bytes ? job.strata_pinned_given : sched::PinnedSplitGiven{});
   StrataLayout layout;
   layout.inventory = job.optimizer_on_host
                          ? sched::split_optimizer_states(job.inventory, split.sub_group_bytes)

@@ -59,6 +59,7 @@ struct OffloadJob {
   // Strata's pinned pool exactly, no floor (`--pinned-budget`, as `strata bench finetune
   // --pinned-budget` sets it): to replay a run's budget. Overrides host_budget_bytes.
   std::optional<uint64_t> strata_pinned_bytes;
+  sched::PinnedSplitGiven strata_pinned_given;  // with strata_pinned_bytes: as PlanRequest's
   // The training machine's CPU optimizer threads and the drives' queue depth at full speed: what
   // the automatic pinned budget is sized from (sched/pinned_sizing.h).
   uint32_t optimizer_threads = kPlanOptimizerThreads;

@@ -99,20 +99,30 @@ uint64_t sub_group_bytes_for_pool(uint64_t pinned_pool_bytes) {
   return std::clamp(pinned_pool_bytes / kShare / kPage * kPage, kMin, kMax);
 }
 
-PinnedSplit split_pinned_budget(const PinnedSizing& automatic, uint64_t exact) {
+PinnedSplit split_pinned_budget(const PinnedSizing& automatic, uint64_t exact,
+                                const PinnedSplitGiven& given) {
   if (exact == 0) {
     return {automatic.budget_bytes, automatic.staging_bytes, automatic.chunk_bytes,
             automatic.sub_group_bytes, automatic.derivation};
   }
-  const StreamShape shape = stream_shape_for_budget(exact);
-  PinnedSplit split{exact,
-                    shape.staging_bytes(),
-                    shape.chunk_bytes,
-                    sub_group_bytes_for_pool(exact - shape.staging_bytes()),
-                    {}};
+  // As the runtime's streaming_shape() and TieredOptimizer spend a budget set exactly.
+  StreamShape shape = stream_shape_for_budget(exact, given.buffers);
+  if (given.chunk_bytes != 0) {
+    shape.chunk_bytes = given.chunk_bytes;
+    shape.buffers = given.buffers != 0 ? given.buffers : kDefaultBudgetStreamBuffers;
+  }
+  const uint64_t pool = exact > shape.staging_bytes() ? exact - shape.staging_bytes() : 0;
+  PinnedSplit split{
+      exact,
+      shape.staging_bytes(),
+      shape.chunk_bytes,
+      given.sub_group_bytes != 0 ? given.sub_group_bytes : sub_group_bytes_for_pool(pool),
+      {}};
   split.derivation = {"pinned budget = " + format_bytes(exact) + " as given; staging " +
-                      format_bytes(split.staging_bytes) + ", sub-groups of " +
-                      format_bytes(split.sub_group_bytes) + " per state"};
+                      format_bytes(split.staging_bytes) +
+                      (given.chunk_bytes != 0 || given.buffers != 0 ? " (as given)" : "") +
+                      ", sub-groups of " + format_bytes(split.sub_group_bytes) + " per state" +
+                      (given.sub_group_bytes != 0 ? " (as given)" : "")};
   return split;
 }
 

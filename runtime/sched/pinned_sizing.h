@@ -84,7 +84,16 @@ struct PinnedSplit {
   uint64_t sub_group_bytes = 0;
   std::vector<std::string> derivation;  // the automatic sizing's lines, or one for a budget set
 };
-PinnedSplit split_pinned_budget(const PinnedSizing& automatic, uint64_t exact = 0);
+// What a run set (or was given by its automatic sizing) beside an exact budget, to replay it:
+// the runtime's config.stream_chunk_bytes and stream_buffers and the optimizer's
+// sub_group_bytes, each 0 for the rule above.
+struct PinnedSplitGiven {
+  uint64_t chunk_bytes = 0;
+  uint32_t buffers = 0;
+  uint64_t sub_group_bytes = 0;
+};
+PinnedSplit split_pinned_budget(const PinnedSizing& automatic, uint64_t exact = 0,
+                                const PinnedSplitGiven& given = {});
 
 // optimizer_threads: the CPU optimizer's threads (>= 1). chunk_bytes: the stream chunk (0:
 // kDefaultStreamChunkBytes, halved while F holds fewer than two). stream_buffers: per direction

@@ -178,6 +178,33 @@ TEST_F(Streaming, AnAutomaticPinnedBudgetIsSizedFromTheDeclaredDrive) {
   EXPECT_EQ(st.pinned_budget_bytes, 84 * kMiB);
   EXPECT_EQ(st.pinned.in_use_bytes, 16 * kMiB);
   EXPECT_EQ(st.pinned.kinds[STRATA_KIND_OTHER].in_use_bytes, 16 * kMiB);
+  // How it is spent, as `strata plan --pinned-budget` replays it.
+  EXPECT_EQ(st.pinned_staging_bytes, 16 * kMiB);
+  EXPECT_EQ(st.stream_chunk_bytes, 4 * kMiB);
+  EXPECT_EQ(st.stream_buffers, 2u);
+  EXPECT_EQ(st.optimizer_sub_group_bytes, 4 * kMiB);
+}
+
+// A budget set exactly is spent by the rules for one (sched/pinned_sizing.h): staging of 4
+// buffers per direction of the default chunk, halved until it takes a quarter at most, and
+// sub-groups of a sixteenth of the pool left; the optimizer's own sub_group_bytes, once set,
+// is what the stats report.
+TEST_F(Streaming, StatsSayHowABudgetSetExactlyIsSpent) {
+  open(/*pinned=*/64 * kMiB, /*device=*/8 * kMiB, /*chunk=*/0, /*buffers=*/0);
+  strata_stats st = stats();
+  EXPECT_EQ(st.pinned_budget_bytes, 64 * kMiB);
+  EXPECT_EQ(st.stream_chunk_bytes, 2 * kMiB);  // 4 MiB x 8 buffers would be half
+  EXPECT_EQ(st.stream_buffers, 4u);
+  EXPECT_EQ(st.pinned_staging_bytes, 16 * kMiB);
+  EXPECT_EQ(st.pinned.kinds[STRATA_KIND_OTHER].in_use_bytes, st.pinned_staging_bytes);
+  EXPECT_EQ(st.optimizer_sub_group_bytes, 3 * kMiB);  // (64 - 16) MiB / 16
+  strata_optimizer_options o{};
+  o.struct_size = sizeof o;
+  ASSERT_EQ(strata_optimizer_options_init(&o), STRATA_OK);
+  o.sub_group_bytes = 1 * kMiB;
+  ASSERT_EQ(strata_optimizer_configure(rt_, &o), STRATA_OK) << strata_last_error(rt_);
+  st = stats();
+  EXPECT_EQ(st.optimizer_sub_group_bytes, 1 * kMiB);
 }
 
 TEST_F(Streaming, AnAutomaticPinnedBudgetIsSizedFromTheMeasuredDrive) {

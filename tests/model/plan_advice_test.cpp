@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace strata {
 namespace {
@@ -160,6 +163,56 @@ TEST(DeviceBudget, ReplaysARunsDevicePoolInTheSimulatedRunOnly) {
   EXPECT_EQ(p->gpus[0].memory.total(), plain->gpus[0].memory.total());
   r.strata_device_budget_bytes = 100;
   EXPECT_EQ(make_plan(r).status().code(), STRATA_E_INVALID);
+}
+
+// An automatic budget is spent by the drive's sizing, not by the rule for a budget set exactly:
+// the main job's Strata worker had 159,383,552 bytes as 2 x 2 staging buffers of 4 MiB and
+// sub-groups of 8 MiB, where the rule gives 2 x 4 of 4 MiB and a sixteenth of the pool. The plan
+// replays what the run reports (strata_stats: pinned_staging_bytes, stream_chunk_bytes,
+// stream_buffers, optimizer_sub_group_bytes).
+TEST(PinnedBudget, ReplaysHowARunSpentItsBudget) {
+  constexpr uint64_t kBudget = 159383552, kMiB = uint64_t{1} << 20;
+  const sched::PinnedSplit rule = sched::split_pinned_budget({}, kBudget);
+  EXPECT_EQ(rule.staging_bytes, 32 * kMiB);
+  EXPECT_EQ(rule.sub_group_bytes, (kBudget - 32 * kMiB) / 16 / 4096 * 4096);
+  const sched::PinnedSplit run = sched::split_pinned_budget({}, kBudget, {4 * kMiB, 2, 8 * kMiB});
+  EXPECT_EQ(run.staging_bytes, 16 * kMiB);
+  EXPECT_EQ(run.chunk_bytes, 4 * kMiB);
+  EXPECT_EQ(run.sub_group_bytes, 8 * kMiB);
+
+  PlanRequest r;
+  r.model = *load_model("tinyllama-1.1b");
+  r.offload = Offload::kNvme;
+  r.gpus = {*parse_gpu_choice("rtx-4090")};
+  r.nvme = *parse_nvme("1:gen4");
+  r.strata_pinned_budget_bytes = 512 * kMiB;
+  r.strata_pinned_given = {4 * kMiB, 2, 8 * kMiB};
+  Result<Plan> p = make_plan(r);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  ASSERT_EQ(p->strata_nvme.pinned_derivation.size(), 1u);
+  EXPECT_NE(p->strata_nvme.pinned_derivation[0].find("staging 16.00 MiB (as given), sub-groups of "
+                                                     "8.00 MiB per state (as given)"),
+            std::string::npos)
+      << p->strata_nvme.pinned_derivation[0];
+  EXPECT_LE(p->strata_nvme.peak_pinned_bytes, 512 * kMiB);
+  // Each as the runtime checks the config field it stands for, and only beside a budget.
+  const std::vector<std::pair<sched::PinnedSplitGiven, std::string>> refused = {
+      {{3 * kMiB, 2, 0}, "power of two"},
+      {{4 * kMiB, 65, 0}, "limited to 64"},
+      {{0, 0, 4098}, "multiple of 4 bytes"},
+      {{64 * kMiB, 4, 0}, "at most half"},
+  };
+  for (const auto& [given, why] : refused) {
+    r.strata_pinned_given = given;
+    const Status s = make_plan(r).status();
+    EXPECT_EQ(s.code(), STRATA_E_INVALID) << why;
+    EXPECT_NE(s.message().find(why), std::string::npos) << s.message();
+  }
+  r.strata_pinned_given = {4 * kMiB, 2, 8 * kMiB};
+  r.strata_pinned_budget_bytes.reset();
+  const Status alone = make_plan(r).status();
+  EXPECT_EQ(alone.code(), STRATA_E_INVALID);
+  EXPECT_NE(alone.message().find("--pinned-budget"), std::string::npos) << alone.message();
 }
 
 TEST(AutoGpuCount, FindsTheSmallestCountThatFitsWithoutOffload) {

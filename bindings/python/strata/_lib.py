@@ -162,6 +162,10 @@ class StatsStruct(Structure):
         ("pinned_budget_bytes", c_uint64),
         ("nvme_bytes_read_by_kind", c_uint64 * STATS_KIND_SLOTS),
         ("nvme_bytes_written_by_kind", c_uint64 * STATS_KIND_SLOTS),
+        ("pinned_staging_bytes", c_uint64),
+        ("stream_chunk_bytes", c_uint64),
+        ("optimizer_sub_group_bytes", c_uint64),
+        ("stream_buffers", c_uint32),
     ]
 
 

@@ -432,6 +432,14 @@ typedef struct strata_stats {
    * frozen base's PARAMETER writes stay at what loading it wrote. */
   uint64_t nvme_bytes_read_by_kind[STRATA_STATS_KIND_SLOTS];
   uint64_t nvme_bytes_written_by_kind[STRATA_STATS_KIND_SLOTS];
+  /* How the pinned budget in force is spent (docs/tuning.md): streaming staging buffers of
+   * pinned_staging_bytes, stream_buffers per direction of stream_chunk_bytes each (all 0 without
+   * streaming), and the optimizer's sub-group per state tensor (its sub_group_bytes option when
+   * set, else what the budget's sizing chose; the pool is the budget less the staging). */
+  uint64_t pinned_staging_bytes;
+  uint64_t stream_chunk_bytes;
+  uint64_t optimizer_sub_group_bytes;
+  uint32_t stream_buffers;
 } strata_stats;
 
 /* Fills *out (set out->struct_size first). Any thread. */
