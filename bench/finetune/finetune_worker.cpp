@@ -399,9 +399,12 @@ Status Worker::backward(const Unit& unit) {
   STRATA_TRY(std::move(computed));
   // The unit's gradients are final: the optimizer measures them where they are (the overflow
   // check and the norm, one read-only pass over the device copy through two pinned pieces, as
-  // from a GPU) or, overlapped, updates the unit.
+  // from a GPU) or, overlapped, updates the unit. Announced last parameter first, the order
+  // autograd makes a layer's gradients in (and the order the simulated step plays them), which
+  // is the order strata_optimizer_step then updates them in.
   const uint64_t ready_begin = now_us();
-  for (const ParamEntry& e : unit.params) {
+  for (auto it = unit.params.rbegin(); it != unit.params.rend(); ++it) {
+    const ParamEntry& e = *it;
     if (frozen(e.param)) continue;
     STRATA_TRY(
         check(strata_optimizer_grad_ready(rt_, handles_[e.param]), "strata_optimizer_grad_ready"));
