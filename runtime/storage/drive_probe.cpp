@@ -135,17 +135,22 @@ Result<DriveProbe> probe_drive(const BackingDevice& device, io::IoEngine& engine
   out.request_bytes =
       align_up(options.request_bytes != 0 ? options.request_bytes : engine_options.block_size,
                device.alignment());
-  // Capped as the runtime caps NVMe transfers in flight (api/runtime.cpp): deeper queues are
-  // never used, and each slot has its own buffer.
-  const uint32_t deepest = std::clamp<uint32_t>(
-      options.max_queue_depth != 0 ? options.max_queue_depth : engine_options.queue_depth, 1,
-      kMaxProbeQueueDepth);
   uint64_t region = std::min(options.region_bytes, device.capacity() / 2);
   region = region / out.request_bytes * out.request_bytes;
   if (region < out.request_bytes) {
     return invalid_argument("drive probe: the NVMe tier (" + std::to_string(device.capacity()) +
                             " bytes) is too small to measure");
   }
+  // Capped as the runtime caps NVMe transfers in flight (api/runtime.cpp): deeper queues are
+  // never used. Each slot has its own buffer, so also at the region's requests (a deeper queue
+  // would read an offset already in flight) and at the buffers' limit (large blocks).
+  const uint64_t by_region = region / out.request_bytes;
+  const uint64_t by_bytes = std::max<uint64_t>(1, options.max_buffer_bytes / out.request_bytes);
+  const auto deepest = static_cast<uint32_t>(std::min<uint64_t>(
+      {std::clamp<uint32_t>(
+           options.max_queue_depth != 0 ? options.max_queue_depth : engine_options.queue_depth, 1,
+           kMaxProbeQueueDepth),
+       by_region, by_bytes}));
   STRATA_ASSIGN_OR_RETURN(uint32_t file, engine.register_file(device.fd()), "drive probe");
   const SlotBuffers buffers(engine, out.request_bytes, deepest);
   if (buffers.data() == nullptr) {

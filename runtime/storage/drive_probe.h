@@ -8,7 +8,9 @@
 // Cold path: a few hundred milliseconds at creation. One buffer per request slot, of huge pages
 // and registered with the engine as the runtime's pinned memory is, so that the figures are the
 // ones that memory gets (a virtualised disk serves 4 KiB-page buffers several times slower); at
-// most kMaxProbeQueueDepth requests of it, unmapped when the probe ends.
+// most kMaxProbeQueueDepth requests of it, no more slots than the region has requests, and at
+// most max_buffer_bytes in all (the buffers are written and registered, so all of it is
+// resident while the probe runs), unmapped when the probe ends.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +24,9 @@ namespace strata::storage {
 
 // The runtime keeps at most 64 NVMe transfers in flight per direction (api/runtime.cpp).
 inline constexpr uint32_t kMaxProbeQueueDepth = 64;
+// The probe's buffers in all: 64 requests of the default 1 MiB block, 4 of the largest, 64 MiB
+// (config_fuzz found 64 x 64 MiB, 4 GiB resident for the creation of a runtime).
+inline constexpr uint64_t kMaxProbeBufferBytes = uint64_t{256} << 20;
 
 struct DriveProbeOptions {
   uint64_t region_bytes = uint64_t{64} << 20;  // written once, read at each depth (capped at half
@@ -29,6 +34,7 @@ struct DriveProbeOptions {
   uint64_t request_bytes = 0;                  // 0: the engine's block size
   uint32_t max_queue_depth = 0;                // 0: the engine's queue depth; at most
                                                // kMaxProbeQueueDepth
+  uint64_t max_buffer_bytes = kMaxProbeBufferBytes;  // the slots' buffers in all (>= a request)
 };
 
 struct DriveProbe {

@@ -13,6 +13,7 @@
 #include <strata/strata.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -213,6 +214,15 @@ void fuzz_runtime_create(FuzzedDataProvider& in) {
       break;
   }
   c->stream_buffers = pick(in, 0u, 70u);
+  // Staging buffers are pinned, written and resident from creation: 2 x buffers x chunk, up to
+  // 8 GiB for valid values. With a budget set the runtime refuses staging over half of it (4 MiB
+  // at most here); an automatic budget is sized around the staging asked for, so the fuzzer keeps
+  // that to 256 MiB, within its memory limit (64 buffers of 64 MiB per direction ran it out).
+  const uint64_t chunk = c->stream_chunk_bytes;
+  if (c->pinned_budget_bytes == 0 && chunk >= (64u << 10) && chunk <= (64u << 20) &&
+      c->stream_buffers > (128u << 20) / chunk) {
+    c->stream_buffers = static_cast<uint32_t>(std::max<uint64_t>(1, (128u << 20) / chunk));
+  }
   // A declared drive (both, one, or neither); measured when neither.
   if (in.ConsumeBool()) {
     c->drive_read_bytes_per_s = pick_size(in, 1, 20'000'000'000ull);

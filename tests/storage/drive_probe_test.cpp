@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <set>
@@ -109,6 +110,54 @@ TEST(DriveProbe, RequestsEndingOutOfOrderNeverHaveTheirSlotReused) {
   EXPECT_GT(probe->write_bytes_per_s, 0);
   ASSERT_EQ(probe->levels.size(), 3u);  // depths 1, 2, 4
   for (const DriveProbe::Level& level : probe->levels) EXPECT_GT(level.read_bytes_per_s, 0);
+}
+
+// Counts the bytes registered as fixed buffers: the probe's slots, all resident while it runs.
+class RegistrationCountingEngine final : public ForwardingEngine {
+ public:
+  using ForwardingEngine::ForwardingEngine;
+  const char* name() const override { return "registration-counting"; }
+  Result<int32_t> register_buffer(void* base, uint64_t bytes) override {
+    largest_ = std::max(largest_, bytes);
+    return ForwardingEngine::register_buffer(base, bytes);
+  }
+  uint64_t largest() const { return largest_; }
+
+ private:
+  uint64_t largest_ = 0;
+};
+
+// config_fuzz: block_size 64 MiB with queue_depth 64 had the probe map, write and register
+// 4 GiB of slot buffers to create a runtime. The slots are now at most the region's requests
+// and within max_buffer_bytes, and the levels stop at that depth.
+TEST(DriveProbe, ItsBuffersStayWithinTheRegionAndTheirLimitWhateverTheBlock) {
+  ScratchDir dir;
+  BackingDeviceOptions device_options;
+  device_options.swap_dir = dir.path();
+  device_options.capacity_bytes = 64ull << 20;
+  Result<BackingDevice> device = BackingDevice::open(device_options);
+  ASSERT_TRUE(device.is_ok()) << device.status().message();
+  auto engine = make_engine(io::IoEngineKind::kPsync);
+  ASSERT_TRUE(engine.is_ok()) << engine.status().message();
+  struct Case {
+    uint64_t request, max_buffer;
+    uint32_t deepest;
+  };
+  // A 32 MiB region: 4 requests of 8 MiB; 8 of 4 MiB, but only 3 within 12 MiB of buffers.
+  for (const Case c : {Case{8ull << 20, kMaxProbeBufferBytes, 4}, Case{4ull << 20, 12ull << 20, 3},
+                       Case{32ull << 20, 1ull << 20, 1}}) {
+    RegistrationCountingEngine counting(**engine);
+    DriveProbeOptions options;
+    options.region_bytes = 32ull << 20;
+    options.request_bytes = c.request;
+    options.max_queue_depth = 64;
+    options.max_buffer_bytes = c.max_buffer;
+    Result<DriveProbe> probe = probe_drive(*device, counting, options);
+    ASSERT_TRUE(probe.is_ok()) << probe.status().message();
+    ASSERT_FALSE(probe->levels.empty());
+    EXPECT_EQ(probe->levels.back().queue_depth, c.deepest) << c.request;
+    if (counting.largest() != 0) EXPECT_EQ(counting.largest(), c.request * c.deepest);
+  }
 }
 
 }  // namespace
