@@ -153,9 +153,7 @@ Status CheckpointReader::read_states(const CheckpointRecord& record, Sink&& sink
     return (*c.sink)(state, first, reinterpret_cast<const float*>(data), count);
   };
   uint64_t checksum = 0;
-  STRATA_ASSIGN_OR_RETURN(auto end,
-                          scan_record(record.offset, nullptr, piece, &context, &checksum));
-  return Status::ok();
+  return scan_record(record.offset, nullptr, piece, &context, &checksum).status();
 }
 
 }  // namespace strata::optim

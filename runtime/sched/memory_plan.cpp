@@ -47,7 +47,7 @@ Status validate(const MemoryPlan& plan) {
     if (pool.reserved_bytes != 0 && pool.reserved_bytes < pool.budget_bytes) {
       return invalid_argument(where + "reserves less than its budget");
     }
-    STRATA_ASSIGN_OR_RETURN(uint64_t probe, charged_bytes(pool.size, 1), where + "size rule");
+    STRATA_TRY(charged_bytes(pool.size, 1).status(), where + "size rule");
   }
   return Status::ok();
 }
