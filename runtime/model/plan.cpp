@@ -685,6 +685,7 @@ OffloadJob offload_job(const PlanRequest& r, const ModelStates& s, const GpuChoi
   job.host_scan_gbps = r.assume.host_scan_gbps;
   job.device_budget_bytes =
       r.strata_device_budget_bytes.value_or(offload_device_budget(mem, r, s, params_resident));
+  job.device_budget_given = r.strata_device_budget_bytes.has_value();
   // The pinned pool gets what the headroom leaves of the RAM given (plan_headroom.h).
   if (r.host_ram_bytes) {
     job.host_budget_bytes = usable_host_bytes(*r.host_ram_bytes, r.assume.host_headroom);
@@ -914,6 +915,7 @@ bool same_simulation(const OffloadJob& a, const OffloadJob& b) {
          a.params_resident_on_gpu == b.params_resident_on_gpu && a.gpus == b.gpus &&
          a.compute_seconds == b.compute_seconds && a.forward_fraction == b.forward_fraction &&
          a.pcie_gbps == b.pcie_gbps && a.device_budget_bytes == b.device_budget_bytes &&
+         a.device_budget_given == b.device_budget_given &&
          a.host_budget_bytes == b.host_budget_bytes &&
          a.strata_pinned_bytes == b.strata_pinned_bytes &&
          a.strata_pinned_given.chunk_bytes == b.strata_pinned_given.chunk_bytes &&

@@ -111,22 +111,29 @@ Result<sched::SimulationResult> simulate_step(const OffloadJob& job, const Strat
 Result<OffloadEstimate> run_simulation(const OffloadJob& job, const StrataLayout& layout,
                                        const sched::MemoryPlan& memory, uint64_t pinned_budget) {
   const std::string& policy = memory.policy;
+  // A budget the plan was given is the option to change, whatever the runtime's message names
+  // (its config fields).
+  auto failed = [&](Status status) {
+    std::string context = "simulating " + policy + " NVMe offload";
+    if (status.code() == STRATA_E_DEVICE_BUDGET && job.device_budget_given) {
+      context += " in the device pool --device-budget gives (" +
+                 format_bytes(job.device_budget_bytes) + " per GPU: raise it)";
+    } else if (status.code() == STRATA_E_PINNED_BUDGET && job.strata_pinned_bytes) {
+      context += " in the pinned budget --pinned-budget gives (" +
+                 format_bytes(*job.strata_pinned_bytes) + ": raise it)";
+    }
+    return std::move(status).with_context(context);
+  };
   const uint32_t simulated_passes = std::min(job.grad_accum, kMaxSimulatedMicroBatches);
   Result<sched::SimulationResult> simulated = simulate_step(job, layout, memory, simulated_passes);
-  if (!simulated) {
-    return std::move(simulated).take_status().with_context("simulating " + policy +
-                                                           " NVMe offload");
-  }
+  if (!simulated) return failed(std::move(simulated).take_status());
   if (job.grad_accum > simulated_passes) {
     // Past the first few micro-batches each one repeats the ones before: extend the step at the
     // mean rate micro-batches half-way to the limit and beyond added (time, busy time, bytes);
     // peaks stay. A mean over several, because Strata's caching makes single steps uneven.
     const uint32_t half = simulated_passes / 2;
     Result<sched::SimulationResult> shorter = simulate_step(job, layout, memory, half);
-    if (!shorter) {
-      return std::move(shorter).take_status().with_context("simulating " + policy +
-                                                           " NVMe offload");
-    }
+    if (!shorter) return failed(std::move(shorter).take_status());
     const double more =
         static_cast<double>(job.grad_accum - simulated_passes) / (simulated_passes - half);
     sched::SimulationResult& r = *simulated;

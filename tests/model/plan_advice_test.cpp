@@ -161,6 +161,13 @@ TEST(DeviceBudget, ReplaysARunsDevicePoolInTheSimulatedRunOnly) {
   // Whether the job fits the GPU is the memory formulas', unchanged.
   EXPECT_EQ(p->gpus[0].fits(), plain->gpus[0].fits());
   EXPECT_EQ(p->gpus[0].memory.total(), plain->gpus[0].memory.total());
+  // A pool too small for the largest tensor: the message names the option to raise.
+  r.strata_device_budget_bytes = 1 << 20;
+  const Status small = make_plan(r).status();
+  EXPECT_EQ(small.code(), STRATA_E_DEVICE_BUDGET);
+  EXPECT_NE(small.message().find("--device-budget gives (1.00 MiB per GPU: raise it)"),
+            std::string::npos)
+      << small.message();
   r.strata_device_budget_bytes = 100;
   EXPECT_EQ(make_plan(r).status().code(), STRATA_E_INVALID);
 }
