@@ -160,9 +160,7 @@ Result<strata_config> normalize_config(const strata_config* in) {
     return invalid_argument("config.trace_events is limited to " + std::to_string(kMaxTraceEvents));
   }
   const uint64_t chunk = c.stream_chunk_bytes;
-  if (chunk != 0 && chunk != STRATA_STREAMING_OFF &&
-      (chunk < sched::kMinStreamChunkBytes || chunk > sched::kMaxStreamChunkBytes ||
-       (chunk & (chunk - 1)) != 0)) {
+  if (chunk != 0 && chunk != STRATA_STREAMING_OFF && !sched::valid_stream_chunk_bytes(chunk)) {
     return invalid_argument("config.stream_chunk_bytes " + std::to_string(chunk) +
                             " must be a power of two from 64 KiB to 64 MiB (or 0, or "
                             "STRATA_STREAMING_OFF)");
@@ -412,26 +410,30 @@ Runtime::~Runtime() {
   engine_.reset();
 }
 
+optim::TieredOptimizerConfig Runtime::optimizer_config() const {
+  optim::TieredOptimizerConfig config;
+  // The pinned pool's: what the streaming staging buffers leave of the pinned budget.
+  config.pinned_budget_bytes = config_.pinned_budget_bytes - backend_->staging_bytes();
+  // An automatic budget was sized for sub-groups of this size (sched/pinned_sizing.h).
+  if (pinned_sizing_) config.sub_group_bytes = pinned_sizing_->sub_group_bytes;
+  config.device_budget_bytes = config_.device_budget_bytes;
+  config.device_streams = backend_->staging_bytes() > 0;
+  config.adam.threads = static_cast<int>(config_.optimizer_threads);
+  config.timeout = kAcquireTimeout;
+  return config;
+}
+
 uint64_t Runtime::optimizer_sub_group_bytes() {
   std::lock_guard lock(optimizer_mutex_);
   if (optimizer_) return optimizer_->sub_group_elements() * sizeof(float);
-  if (pinned_sizing_) return pinned_sizing_->sub_group_bytes;
-  return sched::sub_group_bytes_for_pool(config_.pinned_budget_bytes - backend_->staging_bytes());
+  return optim::TieredOptimizer::sub_group_bytes_for(optimizer_config());
 }
 
 Result<optim::TieredOptimizer*> Runtime::optimizer() {
   std::lock_guard lock(optimizer_mutex_);
   if (!optimizer_) {
-    optim::TieredOptimizerConfig config;
-    // The pinned pool's: what the streaming staging buffers leave of the pinned budget.
-    config.pinned_budget_bytes = config_.pinned_budget_bytes - backend_->staging_bytes();
-    // An automatic budget was sized for sub-groups of this size (sched/pinned_sizing.h).
-    if (pinned_sizing_) config.sub_group_bytes = pinned_sizing_->sub_group_bytes;
-    config.device_budget_bytes = config_.device_budget_bytes;
-    config.device_streams = backend_->staging_bytes() > 0;
-    config.adam.threads = static_cast<int>(config_.optimizer_threads);
-    config.timeout = kAcquireTimeout;
-    STRATA_ASSIGN_OR_RETURN(auto made, optim::TieredOptimizer::create(*scheduler_, config));
+    STRATA_ASSIGN_OR_RETURN(auto made,
+                            optim::TieredOptimizer::create(*scheduler_, optimizer_config()));
     optimizer_ = std::move(made);
   }
   return optimizer_.get();

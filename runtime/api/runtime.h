@@ -69,6 +69,8 @@ class Runtime {
 
  private:
   Runtime() = default;
+  // What the optimizer is made with (optimizer()).
+  optim::TieredOptimizerConfig optimizer_config() const;
   // create()'s steps, in order; each needs the ones before it.
   void adopt(const strata_config& config);  // owns copies of the config's strings
   Status open_io_engine();                  // the engine, wrapped by fault injection or pacing

@@ -117,17 +117,14 @@ Status validate_pinned_given(const PlanRequest& r) {
         "--stream-chunk, --stream-buffers and --sub-group-bytes replay how a run spent its "
         "pinned budget: give that budget too (--pinned-budget)");
   }
-  if (g.chunk_bytes != 0 &&
-      (!is_power_of_two(g.chunk_bytes) || g.chunk_bytes < sched::kMinStreamChunkBytes ||
-       g.chunk_bytes > sched::kMaxStreamChunkBytes)) {
+  if (g.chunk_bytes != 0 && !sched::valid_stream_chunk_bytes(g.chunk_bytes)) {
     return invalid_argument("the stream chunk must be a power of two from 64 KiB to 64 MiB");
   }
   if (g.buffers > sched::kMaxStreamBuffers) {
     return invalid_argument("the stream buffers are limited to " +
                             std::to_string(sched::kMaxStreamBuffers) + " per direction");
   }
-  if (g.sub_group_bytes != 0 && (g.sub_group_bytes < kPageSize || g.sub_group_bytes % 4 != 0 ||
-                                 g.sub_group_bytes > (uint64_t{1} << 40))) {
+  if (g.sub_group_bytes != 0 && !sched::valid_sub_group_bytes(g.sub_group_bytes)) {
     return invalid_argument("the sub-group must be a multiple of 4 bytes from 4096 to 2^40");
   }
   const sched::PinnedSplit split =

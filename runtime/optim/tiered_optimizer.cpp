@@ -21,7 +21,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-constexpr uint64_t kMaxConfiguredSubGroupBytes = 1ull << 40;
 constexpr uint32_t kMaxLookahead = 16;
 
 bool is_float_dtype(DType d) {
@@ -156,9 +155,7 @@ Status TieredOptimizer::configure(const TieredOptimizerOptions& options) {
         "overlap_backward needs max_grad_norm == 0 and check_overflow == 0: clipping and the "
         "overflow check need every gradient before any update");
   }
-  if (options.sub_group_bytes != 0 &&
-      (options.sub_group_bytes < kPageSize || options.sub_group_bytes % sizeof(float) != 0 ||
-       options.sub_group_bytes > kMaxConfiguredSubGroupBytes)) {
+  if (options.sub_group_bytes != 0 && !sched::valid_sub_group_bytes(options.sub_group_bytes)) {
     return invalid_argument("sub_group_bytes " + std::to_string(options.sub_group_bytes) +
                             " must be 0 or a multiple of 4 between 4096 and 2^40");
   }
@@ -185,11 +182,15 @@ TieredOptimizerOptions TieredOptimizer::options() {
   return options_;
 }
 
+uint64_t TieredOptimizer::sub_group_bytes_for(const TieredOptimizerConfig& config) {
+  if (config.sub_group_bytes != 0) return config.sub_group_bytes;
+  // The automatic sizing did not set one: the rule for a budget given exactly.
+  return sched::sub_group_bytes_for_pool(config.pinned_budget_bytes);
+}
+
 uint64_t TieredOptimizer::effective_sub_group_bytes() const {
   if (options_.sub_group_bytes != 0) return options_.sub_group_bytes;
-  if (config_.sub_group_bytes != 0) return config_.sub_group_bytes;
-  // Neither the options nor the automatic sizing set one: the rule for a budget given exactly.
-  return sched::sub_group_bytes_for_pool(config_.pinned_budget_bytes);
+  return sub_group_bytes_for(config_);
 }
 
 uint64_t TieredOptimizer::sub_group_elements() {
@@ -232,10 +233,10 @@ uint32_t TieredOptimizer::lookahead() const {
   // that is less); one whose newest copy is pinned, or that the device cannot hold, the two
   // whole.
   uint64_t largest = 0;
-  const uint64_t pieces = uint64_t{2} * Pieces::kSlots * max_piece_bytes();
+  const uint64_t pieces = pieces_bytes();
   for (const Param& p : params_) {
-    const uint64_t whole = p.elements * (dtype_size(p.param_dtype) + dtype_size(p.grad_dtype));
-    largest = std::max(largest, holds_on_device(p) ? std::min(whole, pieces) : whole);
+    largest =
+        std::max(largest, holds_on_device(p) ? std::min(p.pair_bytes(), pieces) : p.pair_bytes());
   }
   return lookahead(largest);
 }
@@ -555,18 +556,27 @@ bool TieredOptimizer::holds_on_device(const Param& p) const {
   // Both held at once, and nothing else of the pass's on the device: room for the two can always
   // be made there by evictions that end by themselves (streamed out, never through pinned memory
   // the pass holds), so the acquires cannot wait on the pass itself.
-  const uint64_t both = p.elements * (dtype_size(p.param_dtype) + dtype_size(p.grad_dtype));
-  return config_.device_streams && both <= config_.device_budget_bytes;
+  return config_.device_streams && p.pair_bytes() <= config_.device_budget_bytes;
+}
+
+Result<bool> TieredOptimizer::held_on_device(const Param& p) const {
+  // Where backward produced the gradient is where the training computes: gradients made on the
+  // device are consumed from there, and the parameter goes back there with them.
+  STRATA_ASSIGN_OR_RETURN(sched::TensorInfo grad_info, scheduler_.describe(p.grad));
+  return holds_on_device(p) && grad_info.use_tier == Tier::kDevice;
+}
+
+Tier TieredOptimizer::hold_tier(const sched::TensorInfo& info, bool on_device) {
+  // On the device (where backward left a gradient, or where the next forward wants the
+  // parameter), read and written in sub-group pieces: no pinned buffer of its size. Where its
+  // newest copy is pinned already, it is used there.
+  return on_device && (info.valid & sched::kPinnedBit) == 0 ? Tier::kDevice : Tier::kPinned;
 }
 
 Result<TieredOptimizer::HeldTensor> TieredOptimizer::hold(sched::TensorHandle tensor,
                                                           bool on_device) {
   STRATA_ASSIGN_OR_RETURN(auto info, scheduler_.describe(tensor));
-  // On the device (where backward left a gradient, or where the next forward wants the
-  // parameter), read and written in sub-group pieces: no pinned buffer of its size. Where its
-  // newest copy is pinned already, it is used there.
-  const Tier tier =
-      on_device && (info.valid & sched::kPinnedBit) == 0 ? Tier::kDevice : Tier::kPinned;
+  const Tier tier = hold_tier(info, on_device);
   STRATA_ASSIGN_OR_RETURN(auto a,
                           scheduler_.acquire(tensor, tier, AccessMode::kRead, config_.timeout));
   return HeldTensor{true, tier, a.data};
@@ -737,15 +747,15 @@ Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShap
   auto hint_next_param = [&](size_t i) {
     if (!hint_params || i + 1 >= units.size() || units[i + 1].param == units[i].param) return;
     const Param& p = params_[units[i + 1].param];
-    Result<sched::TensorInfo> grad_info = scheduler_.describe(p.grad);
-    const bool on_device = grad_info && holds_on_device(p) && grad_info->use_tier == Tier::kDevice;
-    const uint64_t pair = p.elements * (dtype_size(p.param_dtype) + dtype_size(p.grad_dtype));
-    if (on_device ? 2 * pair > config_.device_budget_bytes : pair > spare_pinned) return;
+    Result<bool> on_device = held_on_device(p);
+    if (!on_device) return;  // hold() reports it
+    if (*on_device ? 2 * p.pair_bytes() > config_.device_budget_bytes
+                   : p.pair_bytes() > spare_pinned) {
+      return;
+    }
     for (sched::TensorHandle h : {p.grad, p.param}) {
       Result<sched::TensorInfo> info = scheduler_.describe(h);
-      if (!info) continue;
-      (void)scheduler_.prefetch(
-          h, on_device && (info->valid & sched::kPinnedBit) == 0 ? Tier::kDevice : Tier::kPinned);
+      if (info) (void)scheduler_.prefetch(h, hold_tier(*info, *on_device));
     }
   };
   auto load = [&](size_t j, Loaded& out) {
@@ -854,11 +864,9 @@ Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShap
       Status done = release_held(/*updated=*/true);
       if (!done.is_ok()) return fail(std::move(done), false);
       held = u.param;
-      // Where backward produced the gradient is where the training computes: gradients made on
-      // the device are consumed from there, and the parameter goes back there with them.
-      Result<sched::TensorInfo> grad_info = scheduler_.describe(p.grad);
-      if (!grad_info) return fail(std::move(grad_info).take_status(), false);
-      const bool on_device = holds_on_device(p) && grad_info->use_tier == Tier::kDevice;
+      Result<bool> held_there = held_on_device(p);
+      if (!held_there) return fail(std::move(held_there).take_status(), false);
+      const bool on_device = *held_there;
       Result<HeldTensor> g = hold(p.grad, on_device);
       if (!g) {
         return fail(std::move(g).take_status().with_context("gradient of '" + p.name + "'"), false);
@@ -877,7 +885,7 @@ Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShap
         const uint64_t held_pinned =
             (grad.tier == Tier::kPinned ? p.elements * dtype_size(p.grad_dtype) : 0) +
             (param.tier == Tier::kPinned ? p.elements * dtype_size(p.param_dtype) : 0) +
-            (pieces.made ? uint64_t{2} * Pieces::kSlots * max_piece_bytes() : 0);
+            (pieces.made ? pieces_bytes() : 0);
         std::lock_guard lock(loader_mu);
         window = lookahead(held_pinned);
       }

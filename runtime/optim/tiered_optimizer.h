@@ -33,6 +33,7 @@
 #include "optim/adamw.h"
 #include "optim/cpu_adam.h"
 #include "sched/scheduler.h"
+#include "vocabulary/tensor_spec.h"
 
 namespace strata::optim {
 
@@ -99,6 +100,9 @@ class TieredOptimizer {
  public:
   static Result<std::unique_ptr<TieredOptimizer>> create(sched::Scheduler& scheduler,
                                                          const TieredOptimizerConfig& config);
+  // The sub-group per state tensor an optimizer made with `config` uses until its options set
+  // one: the config's, else the rule for a budget given exactly.
+  static uint64_t sub_group_bytes_for(const TieredOptimizerConfig& config);
   // Stops the worker. State tensors stay registered: the scheduler frees them when it goes.
   ~TieredOptimizer();
   TieredOptimizer(const TieredOptimizer&) = delete;
@@ -157,6 +161,10 @@ class TieredOptimizer {
     // resident when the next forward begins with them.
     uint64_t ready_order = 0;
     bool updated = false;  // the overlap worker updated it this step
+    // The parameter and its gradient, whole: what holding them in pinned memory takes.
+    uint64_t pair_bytes() const {
+      return elements * (dtype_size(param_dtype) + dtype_size(grad_dtype));
+    }
   };
   // A job of the pipeline: one sub-group of one parameter.
   struct Unit {
@@ -215,13 +223,20 @@ class TieredOptimizer {
   // grad and param_out: the sub-group's own bytes of the gradient and of the new parameter.
   Status update_unit(const Param& p, const SubGroup& s, void* const states[kStateKinds],
                      const void* grad, void* param_out, int64_t step, float grad_scale);
-  // Holds a parameter's or gradient's tensor for the update pass: on the device (range copies)
-  // when on_device and its newest copy is not in pinned memory already, else whole in pinned.
+  // Holds a parameter's or gradient's tensor for the update pass, on hold_tier().
   Result<HeldTensor> hold(sched::TensorHandle tensor, bool on_device);
+  // Where hold() holds a tensor described by `info`: on the device (range copies) when on_device
+  // and its newest copy is not in pinned memory already, else whole in pinned.
+  static Tier hold_tier(const sched::TensorInfo& info, bool on_device);
   // Whether p's gradient and parameter can be held on the device for their update.
   bool holds_on_device(const Param& p) const;
+  // Whether they will be: they can, and backward made the gradient there (the training computes
+  // on the device). The on_device of hold().
+  Result<bool> held_on_device(const Param& p) const;
   // The bytes of one piece: the largest sub-group's gradient or parameter bytes.
   uint64_t max_piece_bytes() const;
+  // The pieces in all: a gradient and a parameter piece in each of Pieces::kSlots slots.
+  uint64_t pieces_bytes() const { return uint64_t{2} * Pieces::kSlots * max_piece_bytes(); }
   // update_unit for units[i], its gradient and parameter bytes reached in place or through the
   // pieces (and the next unit's gradient range started behind it).
   Status update_held(const Param& p, const Unit& u, const std::vector<Unit>& units, size_t i,

@@ -59,6 +59,20 @@ inline constexpr uint32_t kMinStreamBuffers = 2;
 inline constexpr uint32_t kMaxStreamBuffers = 64;
 
 inline constexpr uint64_t kSubGroupBytesPerThread = uint64_t{4} << 20;
+// A sub-group set by hand (strata_optimizer_options.sub_group_bytes) is a multiple of 4 bytes
+// in [4096, kMaxConfiguredSubGroupBytes].
+inline constexpr uint64_t kMaxConfiguredSubGroupBytes = uint64_t{1} << 40;
+
+// The limits of the values a pinned split is made of, where they are set by hand: checked by the
+// runtime (config.stream_chunk_bytes), the optimizer (sub_group_bytes) and `strata plan` (a run's
+// split replayed), each with its own message.
+constexpr bool valid_stream_chunk_bytes(uint64_t chunk) {
+  return chunk >= kMinStreamChunkBytes && chunk <= kMaxStreamChunkBytes &&
+         (chunk & (chunk - 1)) == 0;
+}
+constexpr bool valid_sub_group_bytes(uint64_t bytes) {
+  return bytes >= 4096 && bytes % 4 == 0 && bytes <= kMaxConfiguredSubGroupBytes;
+}
 
 // A budget given exactly (not automatic) is split by these two rules, the runtime's:
 // staging of `buffers` (0: 4) per direction of the default chunk, halved until the staging takes
