@@ -70,9 +70,13 @@ class CpuAdam {
   CpuAdam(const CpuAdam&) = delete;
   CpuAdam& operator=(const CpuAdam&) = delete;
 
-  // Elements per unit of work a thread claims in step(): 32K fp32 elements are 128 KiB per
-  // stream, long enough for the hardware prefetchers, small enough to balance threads.
-  static constexpr uint64_t kStepChunk = uint64_t{32} * 1024;
+  // Elements per unit of work a thread claims in step(): 256K fp32 elements, 1 MiB of each
+  // stream. With several threads a thread's next chunk does not follow its last one, so each
+  // chunk starts its seven streams cold (the hardware prefetchers retrain, the software
+  // prefetch has nothing in flight). At 32K (128 KiB) two threads ran 5-7% slower than at 256K
+  // or at one half each; one thread, whose chunks follow each other, ran the same at every size
+  // (A/B runs, docs/optimizer.md). 256K still gives a 4 MiB call four chunks to balance.
+  static constexpr uint64_t kStepChunk = uint64_t{256} * 1024;
   // grad_stats() sums fixed blocks whose boundaries depend only on the total length, so the
   // result does not depend on the number of threads; at most kMaxBlocks partial sums.
   static constexpr uint64_t kMinStatsBlock = uint64_t{16} * 1024;
