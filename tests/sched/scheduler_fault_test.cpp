@@ -228,6 +228,38 @@ TEST(SchedulerFaults, AFragmentedArenaWithNothingLeftToMoveReportsTheArenasRefus
   EXPECT_TRUE(s.check_invariants().is_ok()) << s.check_invariants().message();
 }
 
+// Reliability finding 31: the same refusal when what holds the slab's ranges apart is in use (a
+// framework holding a layer's weights while it acquires the next one). Before, the acquire
+// waited for a release that only its own caller could make, and the LoRA bench hung until the
+// 300 s timeout. Released, the ranges merge and the same acquire succeeds.
+TEST(SchedulerFaults, AFragmentedArenaHeldApartByTensorsInUseRefusesAtOnce) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(8 * kT, 4 * kT));
+  harness.backend.use_device_slab(4 * kT);
+  Scheduler& s = harness.s();
+  const std::vector<TensorHandle> held = fragment_the_slab(harness, {});
+  for (const TensorHandle h : held) {
+    ASSERT_TRUE(s.acquire(h, Tier::kDevice, AccessMode::kRead, kWait).is_ok());
+  }
+  const TensorHandle wide = s.register_tensor(flat_spec("wide", 2 * kT)).value();
+  const auto start = std::chrono::steady_clock::now();
+  const Result<Acquired> refused = s.acquire(wide, Tier::kDevice, AccessMode::kOverwrite, kWait);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, kWait / 2);
+  ASSERT_EQ(refused.status().code(), STRATA_E_DEVICE_BUDGET) << refused.status().message();
+  EXPECT_NE(refused.status().message().find("no free range"), std::string::npos)
+      << refused.status().message();
+  EXPECT_NE(refused.status().message().find("is in use or at home"), std::string::npos)
+      << refused.status().message();
+  EXPECT_TRUE(s.check_invariants().is_ok()) << s.check_invariants().message();
+
+  for (const TensorHandle h : held) ASSERT_TRUE(s.release(h, false).is_ok());
+  Result<Acquired> a = s.acquire(wide, Tier::kDevice, AccessMode::kOverwrite, kWait);
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  ASSERT_TRUE(s.release(wide, false).is_ok());
+  expect_version(s, held[0], Tier::kPinned, 10, kT);
+  expect_version(s, held[1], Tier::kPinned, 12, kT);
+}
+
 TEST(SchedulerFaults, AFullNvmeTierIsReportedAtRegistrationAndNothingIsRegistered) {
   Watchdog watchdog(30);
   Harness harness(small_config(2 * kT, kT));

@@ -348,8 +348,10 @@ typedef struct strata_acquired {
  * for any read in flight, never evicts it meanwhile. Acquires nest (a count). Without
  * STRATA_ACQUIRE_DISCARD the contents are loaded, and a tensor that has none (never written, or
  * discarded) is STRATA_E_STATE. Waits that can never end (the tensor cannot fit beside what never
- * leaves its pool, or a failed write-back holds the room) fail at once; others time out after
- * 300 s (STRATA_E_TIMEOUT). Any thread. */
+ * leaves its pool, or a failed write-back holds the room) fail at once; so does a device acquire
+ * that fits the budget but no free range of the device arena while every other tensor there is
+ * acquired or at home and nothing is in flight (STRATA_E_DEVICE_BUDGET, naming the largest free
+ * range: release and retry). Others time out after 300 s (STRATA_E_TIMEOUT). Any thread. */
 STRATA_API int strata_acquire(strata_runtime* rt, strata_tensor tensor, strata_tier tier,
                               uint32_t flags, strata_acquired* out);
 
