@@ -55,8 +55,8 @@ struct OffloadJob {
   // Per GPU: the GPU memory the offloaded states may occupy (the plan's weights, gradient and
   // streaming buffers); the rest of the GPU is activations, logits and the context.
   uint64_t device_budget_bytes = 0;
-  bool device_budget_given =
-      false;  // device_budget_bytes is `--device-budget`'s, not the formulas'
+  // device_budget_bytes is `--device-budget`'s, not the formulas': errors name the option.
+  bool device_budget_given = false;
   std::optional<uint64_t> host_budget_bytes;  // RAM the job may use, when the user said
   // Strata's pinned pool exactly, no floor (`--pinned-budget`, as `strata bench finetune
   // --pinned-budget` sets it): to replay a run's budget. Overrides host_budget_bytes.

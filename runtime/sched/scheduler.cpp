@@ -1263,12 +1263,10 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
   // (past the tensor being advanced, which evictable() refuses); choose_victim's order picks
   // between them. Each drop or cleaning takes its victim out of the sets through note_state.
   const auto first_of = [&](int dirty) -> std::optional<EvictionCandidate> {
-    for (const VictimKey& key : pool.victims[dirty]) {
-      if (key.tensor == advancing_) continue;
-      const TensorRecord& c = registry_.at(key.tensor);
-      return EvictionCandidate{key.tensor, next_use(c, tier), key.charged_bytes, dirty == 1};
-    }
-    return std::nullopt;
+    const VictimKey* key = first_victim(pool, dirty);
+    if (key == nullptr) return std::nullopt;
+    const TensorRecord& c = registry_.at(key->tensor);
+    return EvictionCandidate{key->tensor, next_use(c, tier), key->charged_bytes, dirty == 1};
   };
   for (;;) {
     STRATA_ASSERT(pool.used <= budget);
@@ -1604,8 +1602,9 @@ Scheduler::Space Scheduler::allocate_in_room(TensorRecord& r, Tier tier, uint64_
       // a 2 MiB device budget, 725 KiB free in ranges each under the 344 KiB weight it asked
       // for, every other tensor held by the caller). The arena's refusal now, as when nothing
       // can ever leave.
-      const bool only_a_release_helps =
-          min_next_use == 0 && pool.cleaning == 0 && inflight_total_ == 0 && !has_victim(pool);
+      const bool only_a_release_helps = min_next_use == 0 && pool.cleaning == 0 &&
+                                        inflight_total_ == 0 && first_victim(pool, 0) == nullptr &&
+                                        first_victim(pool, 1) == nullptr;
       if (!only_a_release_helps) return Space::kWaiting;
       *why = std::move(allocated).with_context(
           "every other tensor in pool '" + pool.spec.name +
@@ -1621,13 +1620,11 @@ Scheduler::Space Scheduler::allocate_in_room(TensorRecord& r, Tier tier, uint64_
   }
 }
 
-bool Scheduler::has_victim(const PoolState& pool) const {
-  for (const auto& set : pool.victims) {
-    for (const VictimKey& key : set) {
-      if (key.tensor != advancing_) return true;
-    }
+const VictimKey* Scheduler::first_victim(const PoolState& pool, int dirty) const {
+  for (const VictimKey& key : pool.victims[dirty]) {
+    if (key.tensor != advancing_) return &key;
   }
-  return false;
+  return nullptr;
 }
 
 void Scheduler::free_buffer(TensorRecord& r, Tier tier) {

@@ -431,9 +431,9 @@ class Scheduler final : public CompletionSink {
   // r's buffer on tier leaves only after a call of the framework: it is at home there, or dirty
   // with a failed write-back that waits for its report. Room it holds is never made by waiting.
   bool held_until_a_call(const TensorRecord& r, Tier tier) const;
-  // Some tensor in the pool's victim sets other than the one being advanced: room that can be
-  // made without a release.
-  bool has_victim(const PoolState& pool) const;
+  // The best clean ([0]) or dirty ([1]) eviction candidate of the pool past the tensor being
+  // advanced (evictable() refuses it), or nullptr: room that can be made without a release.
+  const VictimKey* first_victim(const PoolState& pool, int dirty) const;
   bool evictable(const TensorRecord& r, Tier tier) const;
   // evictable() but for the tensor being advanced: what depends on r's own fields alone.
   bool evictable_unless_advancing(const TensorRecord& r, Tier tier) const;
