@@ -9,6 +9,7 @@
 #include "optim/checkpoint_file.h"
 #include "optim/half_convert.h"
 #include "sched/pinned_sizing.h"
+#include "sched/policy.h"
 
 namespace strata::optim {
 namespace {
@@ -20,8 +21,6 @@ using strata::Tier;
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
-
-constexpr uint32_t kMaxLookahead = 16;
 
 bool is_float_dtype(DType d) {
   return d == DType::kFloat32 || d == DType::kBFloat16 || d == DType::kFloat16;
@@ -219,13 +218,8 @@ uint64_t TieredOptimizer::largest_sub_group_bytes() const {
 }
 
 uint32_t TieredOptimizer::lookahead(uint64_t held_pinned) const {
-  // Sub-groups that fit beside what the held parameter and gradient keep in pinned memory, less
-  // the one being updated, the one being written back and one of room, so that the next read
-  // runs while that write does.
-  const uint64_t unit = largest_sub_group_bytes();
-  if (unit == 0 || held_pinned >= config_.pinned_budget_bytes) return 1;
-  const uint64_t fit = (config_.pinned_budget_bytes - held_pinned) / unit;
-  return static_cast<uint32_t>(std::clamp<uint64_t>(fit > 3 ? fit - 3 : 1, 1, kMaxLookahead));
+  return sched::optimizer_lookahead(config_.pinned_budget_bytes, held_pinned,
+                                    largest_sub_group_bytes());
 }
 
 uint32_t TieredOptimizer::lookahead() const {

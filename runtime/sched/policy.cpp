@@ -60,6 +60,13 @@ size_t choose_victim(std::span<const EvictionCandidate> candidates, uint64_t min
   return best;
 }
 
+uint32_t optimizer_lookahead(uint64_t pool_bytes, uint64_t held_pinned, uint64_t unit) {
+  if (unit == 0 || held_pinned >= pool_bytes) return 1;
+  const uint64_t fit = (pool_bytes - held_pinned) / unit;
+  return static_cast<uint32_t>(
+      std::clamp<uint64_t>(fit > 3 ? fit - 3 : 1, 1, kMaxOptimizerLookahead));
+}
+
 bool wants_cleaning(uint64_t budget, uint64_t used, uint64_t droppable_bytes,
                     uint64_t cleaning_bytes, double headroom, uint64_t waiting_bytes) {
   if (headroom <= 0 || budget == 0) return false;

@@ -75,6 +75,15 @@ struct PrefetchWindow {
   uint32_t max_accesses = 4096;  // accesses examined per walk (bounds the work per event)
 };
 
+// The TieredOptimizer's read-ahead window: how many sub-groups its loader holds ahead of the one
+// being updated. What fits of `unit` (the largest sub-group's three fp32 states) in the pinned
+// pool beside `held_pinned` (the parameter and gradient held there, whole or as pieces), less the
+// one being updated, the one being written back and one of room, so that the next read runs
+// while that write does; at least 1, at most kMaxOptimizerLookahead. The optimizer and the
+// simulator's play of it (sched/simulator.cpp) both take it from here.
+inline constexpr uint32_t kMaxOptimizerLookahead = 16;
+uint32_t optimizer_lookahead(uint64_t pool_bytes, uint64_t held_pinned, uint64_t unit);
+
 // Write-behind: whether a pool should start cleaning (writing out) dirty buffers so that an
 // eviction later finds clean victims instead of waiting for a write. The pool wants either
 // `headroom` x budget or the bytes that requests waiting for its room need (`waiting_bytes`),

@@ -150,6 +150,8 @@ Scheduler::Scheduler(const SchedulerConfig& config, TierBackend& backend,
   for (uint32_t i = total_ops; i > 0; --i) free_ops_.push_back(i - 1);
   demands_.reserve(config_.max_waiting);
   hints_.resize(config_.max_prefetch_hints);
+  hint_memos_.resize(config_.max_prefetch_hints);
+  hint_replay_waiting_.assign(pools_.size(), 0);
   for (Tier tier : kMemoryTiers) {
     TierUsage& usage = stats_.tiers[memory_index(tier)];
     usage.reserved_bytes = reserved_bytes(config_.memory, tier);
@@ -245,6 +247,7 @@ Result<TensorHandle> Scheduler::register_tensor(const TensorSpec& spec,
     Status extent = allocate_extent(r);
     if (!extent) return fail(std::move(extent).with_context("registering " + label(r)));
   }
+  if (record_versions_.size() <= handle->index) record_versions_.resize(handle->index + 1, 0);
   note_state(r);
   return handle;
 }
@@ -798,11 +801,15 @@ Status Scheduler::prefetch(TensorHandle tensor, Tier tier) {
   if (changed) note_state(r);
   const size_t capacity = hints_.size();
   const Demand hint{tensor, tier, AccessMode::kRead};
+  ++r.hints_in_ring;
   if (hint_count_ == capacity) {
+    unhint(hints_[hint_head_].tensor);
     hints_[hint_head_] = hint;  // the oldest hint gives way
+    hint_memos_[hint_head_] = HintMemo{};
     hint_head_ = (hint_head_ + 1) % capacity;
   } else {
     hints_[(hint_head_ + hint_count_) % capacity] = hint;
+    hint_memos_[(hint_head_ + hint_count_) % capacity] = HintMemo{};
     ++hint_count_;
   }
   pump();
@@ -1103,6 +1110,8 @@ bool Scheduler::droppable(const TensorRecord& r, Tier tier) const {
 }
 
 void Scheduler::note_state(TensorRecord& r) {
+  ++record_versions_[r.handle.index];
+  if (r.hints_in_ring > 0) ++hinted_changes_;
   for (Tier tier : kMemoryTiers) {
     const int mi = memory_index(tier);
     const bool now = droppable(r, tier);
@@ -1163,6 +1172,8 @@ void Scheduler::index_schedule() {
 }
 
 void Scheduler::forget_state(TensorRecord& r) {
+  ++record_versions_[r.handle.index];
+  if (r.hints_in_ring > 0) ++hinted_changes_;
   for (Tier tier : kMemoryTiers) {
     const int mi = memory_index(tier);
     if (!r.counted_droppable[mi]) continue;
@@ -1435,11 +1446,13 @@ Scheduler::StepResult Scheduler::advance(TensorRecord& r, Tier target, uint64_t 
                     : target == Tier::kDevice             ? Link::kHostToDevice
                     : r.residency.valid_on(Tier::kDevice) ? Link::kDeviceToHost
                                                           : Link::kNvmeRead;
-  if (!link_free(link)) return {Step::kLinkBusy, {}};
+  if (!link_free(link)) return {Step::kLinkBusy, {}, link};
   Status why;
   const Space space = ensure_space(r.pool[mi], r.charged[mi], min_next_use, &why);
   if (space == Space::kImpossible) return {Step::kError, std::move(why).with_context(label(r))};
-  if (space == Space::kWaiting) return {Step::kBlocked, {}};
+  if (space == Space::kWaiting) {
+    return {Step::kBlocked, {}, std::nullopt, r.pool[mi], r.charged[mi], link};
+  }
   // Making room may have taken the staged copy this transfer starts from.
   const auto source_gone = [&] {
     return target == Tier::kDevice && !stream && !r.residency.valid_on(Tier::kPinned);
@@ -1620,6 +1633,31 @@ Scheduler::Space Scheduler::allocate_in_room(TensorRecord& r, Tier tier, uint64_
   }
 }
 
+bool Scheduler::hint_room_waits(int pool_index, uint64_t need) const {
+  // ensure_space's first steps for a prefetch (min_next_use 1), in its order.
+  const PoolState& pool = pools_[pool_index];
+  const uint64_t budget = pool.spec.budget_bytes;
+  if (need > budget || pool.used + need <= budget) return false;
+  if (budget - pool.used + pool.cleaning >= need) return true;
+  if (prefetch_may_evict(first_victim(pool, 0))) return false;
+  return !(link_free(cleaning_link_of(pool.spec.tier)) &&
+           prefetch_may_evict(first_victim(pool, 1)));
+}
+
+bool Scheduler::prefetch_may_evict(const VictimKey* key) const {
+  // A rank is the cursor clock plus the next use (victim_rank); without a schedule every next
+  // use is at least 1 (lru_distance).
+  return key != nullptr && (!schedule_ || key->rank != cursor_clock_);
+}
+
+void Scheduler::unhint(TensorHandle tensor) {
+  Result<uint32_t> index = registry_.resolve(tensor);
+  if (!index) return;  // unregistered since (its record's count went with it)
+  TensorRecord& r = registry_.at(*index);
+  STRATA_ASSERT(r.hints_in_ring > 0);
+  --r.hints_in_ring;
+}
+
 const VictimKey* Scheduler::first_victim(const PoolState& pool, int dirty) const {
   for (const VictimKey& key : pool.victims[dirty]) {
     if (key.tensor != advancing_) return &key;
@@ -1773,35 +1811,168 @@ uint32_t Scheduler::serve_demands() {
   return blocked;
 }
 
+std::optional<uint64_t> Scheduler::memo_holds(const HintMemo& memo, uint32_t blocked_pools) const {
+  // As a pass would find it with the record unchanged, in serve_hints_pass's and advance()'s
+  // order: a pool a demand holds keeps the hint, with the waiting bytes its record adds; a full
+  // link refuses it first, with none; then the room decides.
+  const bool held = memo.pool != kNoPool && (blocked_pools & (1u << memo.pool)) != 0;
+  switch (memo.kind) {
+    case HintMemo::Kind::kNone:
+      return std::nullopt;
+    case HintMemo::Kind::kPoolHeld:
+      if (held) return memo.waiting;
+      return std::nullopt;
+    case HintMemo::Kind::kLinkFull:
+      if (held) return memo.need;  // note_waiting's bytes: the record wants room there
+      if (!link_free(memo.link)) return 0;
+      return std::nullopt;
+    case HintMemo::Kind::kRoomWait:
+      if (held) return memo.waiting;
+      if (!link_free(memo.link)) return 0;
+      if (hint_room_waits(memo.pool, memo.need)) return memo.waiting;
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+Scheduler::HintContext Scheduler::hint_context(uint32_t blocked_pools) const {
+  HintContext c;
+  for (int link = 0; link < kLinkCount; ++link) {
+    if (link_free(static_cast<Link>(link))) c.free_links |= 1u << link;
+  }
+  c.blocked_pools = blocked_pools;
+  c.head = hint_head_;
+  c.count = hint_count_;
+  c.changes = hinted_changes_;
+  for (size_t p = 0; p < pools_.size(); ++p) {
+    const PoolState& pool = pools_[p];
+    c.pools[p] = {pool.used, pool.cleaning, prefetch_may_evict(first_victim(pool, 0)),
+                  prefetch_may_evict(first_victim(pool, 1))};
+  }
+  return c;
+}
+
 void Scheduler::serve_hints(uint32_t blocked_pools) {
+  // A pass's outcome is a function of its context (HintContext) while no record it names has
+  // changed. In the context the last pass left, the first pump to come looks at the memos alone;
+  // when every one of them holds (each hint kept, nothing done), so does the pass, and the pumps
+  // after it in the same context add the same waiting bytes without looking again.
+  const HintContext context = hint_context(blocked_pools);
+  if (hint_replay_context_ && *hint_replay_context_ == context) {
+    if (!hint_replay_ready_) {
+      std::fill(hint_replay_waiting_.begin(), hint_replay_waiting_.end(), 0);
+      bool all_hold = true;
+      const size_t capacity = hints_.size();
+      for (size_t i = 0; i < hint_count_ && all_hold; ++i) {
+        const HintMemo& memo = hint_memos_[(hint_head_ + i) % capacity];
+        const std::optional<uint64_t> waiting = memo_holds(memo, blocked_pools);
+        if (!waiting) {
+          all_hold = false;
+        } else if (*waiting > 0) {
+          hint_replay_waiting_[memo.pool] += *waiting;
+        }
+      }
+      hint_replay_ready_ = all_hold;
+    }
+    if (hint_replay_ready_) {
+      for (size_t p = 0; p < pools_.size(); ++p) pools_[p].waiting += hint_replay_waiting_[p];
+      return;
+    }
+  }
+  hint_replay_context_.reset();
+  hint_replay_ready_ = false;
+  serve_hints_pass(blocked_pools);
+  if (hinted_changes_after_pass_ == hinted_changes_) {
+    hint_replay_context_ = hint_context(blocked_pools);
+  }
+}
+
+void Scheduler::serve_hints_pass(uint32_t blocked_pools) {
   const size_t capacity = hints_.size();
+  const auto slot = [&](size_t i) {  // the ring position of the i-th hint (no division)
+    const size_t at = hint_head_ + i;
+    return at < capacity ? at : at - capacity;
+  };
   size_t kept = 0;
+  const uint64_t changes_before = hinted_changes_;
+  // No record the ring names has changed since the last pass ended (nor during it): every memo
+  // still describes its record.
+  const bool records_as_memos_say = hinted_changes_after_pass_ == hinted_changes_;
   for (size_t i = 0; i < hint_count_; ++i) {
-    const Demand hint = hints_[(hint_head_ + i) % capacity];
+    const size_t at = slot(i);
+    const Demand hint = hints_[at];
+    HintMemo memo = hint_memos_[at];
+    const auto keep_as = [&](const HintMemo& kept_memo) {
+      const size_t to = slot(kept++);
+      if (to != at) hints_[to] = hint;
+      if (to != at || !(hint_memos_[to] == kept_memo)) hint_memos_[to] = kept_memo;
+    };
+    // What the last look found holds while the record is as it was then: the same outcome, with
+    // nothing read from the record.
+    if (memo.kind != HintMemo::Kind::kNone &&
+        (records_as_memos_say || (hint.tensor.index < record_versions_.size() &&
+                                  record_versions_[hint.tensor.index] == memo.version))) {
+      if (const std::optional<uint64_t> waiting = memo_holds(memo, blocked_pools)) {
+        if (*waiting > 0) pools_[memo.pool].waiting += *waiting;
+        keep_as(memo);
+        continue;
+      }
+    }
     Result<uint32_t> index = registry_.resolve(hint.tensor);
-    if (!index) continue;
+    if (!index) continue;  // unregistered: its count went with its record
     TensorRecord& r = registry_.at(*index);
     const Tier staged = staged_on(r, hint.tier);
     const int pool = r.pool[memory_index(staged)];
+    memo = HintMemo{};
     bool keep = false;
     if (pool != kNoPool && (blocked_pools & (1u << pool)) != 0) {
       keep = true;
       // It will want room once the demand has its own, unless it has it or needs none.
+      const uint64_t waiting_before = pools_[pool].waiting;
       if (!r.residency.in_flight() && !r.residency.valid_on(staged) && r.uses == 0 &&
           r.residency.state() != Residency::kUnwritten) {
         note_waiting(r, staged);
       }
+      memo = HintMemo{HintMemo::Kind::kPoolHeld,
+                      Link::kNvmeRead,
+                      pool,
+                      pools_[pool].waiting - waiting_before,
+                      0,
+                      record_versions_[*index]};
     } else {
-      const Step step = advance(r, hint.tier, 1, /*prefetch=*/true).step;
+      const StepResult result = advance(r, hint.tier, 1, /*prefetch=*/true);
+      const Step step = result.step;
       // Staging reads (without streaming) leave the hint for its second leg; a full link or
       // pool, for later.
       keep = step == Step::kBlocked || step == Step::kLinkBusy ||
              (step == Step::kIssued && staged != hint.tier);
+      const uint64_t waiting_before = pool != kNoPool ? pools_[pool].waiting : 0;
       if (step == Step::kBlocked) note_waiting(r, staged);
+      if (step == Step::kLinkBusy && result.busy_before_room && pool != kNoPool) {
+        memo = HintMemo{HintMemo::Kind::kLinkFull,       *result.busy_before_room, pool, 0,
+                        r.charged[memory_index(staged)], record_versions_[*index]};
+      }
+      if (step == Step::kBlocked && result.room_pool != kNoPool && result.room_pool == pool) {
+        memo = HintMemo{HintMemo::Kind::kRoomWait,
+                        result.room_link,
+                        pool,
+                        pools_[pool].waiting - waiting_before,
+                        result.room_need,
+                        record_versions_[*index]};
+      }
     }
-    if (keep) hints_[(hint_head_ + kept++) % capacity] = hint;
+    if (keep) {
+      keep_as(memo);
+    } else {
+      --r.hints_in_ring;
+    }
   }
   hint_count_ = kept;
+  if (hinted_changes_ == changes_before) {
+    hinted_changes_after_pass_ = hinted_changes_;
+  } else {
+    hinted_changes_after_pass_.reset();
+  }
 }
 
 void Scheduler::walk_schedule(uint32_t blocked_pools) {
@@ -2045,6 +2216,22 @@ Status Scheduler::check_invariants_locked() const {
       if (r.counted_droppable[mi]) pool_droppable[pool] += r.charged[mi];
       ++pool_resident[pool];
       kind_bytes[mi][static_cast<int>(r.spec.kind)] += r.charged[mi];
+    }
+  }
+
+  // Each record's count of hints naming it, recounted from the ring.
+  {
+    std::vector<uint32_t> named(registry_.slot_count(), 0);
+    for (size_t i = 0; i < hint_count_; ++i) {
+      Result<uint32_t> index = registry_.resolve(hints_[(hint_head_ + i) % hints_.size()].tensor);
+      if (index) ++named[*index];
+    }
+    for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
+      if (registry_.live(i) && registry_.at(i).hints_in_ring != named[i]) {
+        return broken(label(registry_.at(i)) + " counts " +
+                      std::to_string(registry_.at(i).hints_in_ring) + " hints; the ring has " +
+                      std::to_string(named[i]));
+      }
     }
   }
 

@@ -355,6 +355,14 @@ class Scheduler final : public CompletionSink {
   struct StepResult {
     Step step = Step::kSkip;
     Status status;  // kError
+    // kLinkBusy found before anything was done (no room made, nothing allocated): the link it
+    // waits for. The same tensor, unchanged, meets the same refusal while that link is full.
+    std::optional<Link> busy_before_room;
+    // kBlocked because its pool had no room yet (ensure_space waited): the pool, the bytes it
+    // needs there and the link its transfer would take.
+    int room_pool = kNoPool;
+    uint64_t room_need = 0;
+    Link room_link = Link::kNvmeRead;
   };
   struct Demand {
     TensorHandle tensor;
@@ -482,6 +490,7 @@ class Scheduler final : public CompletionSink {
   void pump();
   uint32_t serve_demands();  // returns the pools that waiting demands need (bit per pool)
   void serve_hints(uint32_t blocked_pools);
+  void serve_hints_pass(uint32_t blocked_pools);
   void walk_schedule(uint32_t blocked_pools);
   void clean_ahead();
   // Adds r's room on `tier` (the pool it is read into) to that pool's waiting bytes.
@@ -519,6 +528,70 @@ class Scheduler final : public CompletionSink {
   uint32_t cleaning_inflight_ = 0;  // write-backs and cleaning copies in flight (sync waits)
   std::vector<Demand> demands_;
   std::vector<Demand> hints_;  // ring of max_prefetch_hints
+  // Beside each hint, what its last look found, while its tensor's record is unchanged
+  // (record_versions_): kept because a demand holds its pool (with the bytes it added to that
+  // pool's waiting), or refused by a full link before any room was made. A pass reuses either
+  // while the condition holds, without reading the record: the hints waiting for the optimizer's
+  // read-ahead sit in the ring through thousands of pumps, and reading each record on every pump
+  // (a cache miss each) was most of a plan's time.
+  struct HintMemo {
+    // kRoomWait: refused by ensure_space for want of room in `pool` (`need` bytes, over
+    // `link`); it is again while hint_room_waits says so.
+    enum class Kind : uint8_t { kNone, kPoolHeld, kLinkFull, kRoomWait } kind = Kind::kNone;
+    Link link = Link::kNvmeRead;  // kLinkFull, kRoomWait
+    int pool = kNoPool;           // the pool it is read into (staged_on's)
+    uint64_t waiting = 0;         // kPoolHeld, kRoomWait: the bytes note_waiting added
+    uint64_t need = 0;            // kLinkFull, kRoomWait: its bytes in that pool
+    uint32_t version = 0;         // record_versions_ of its tensor when it was made
+    bool operator==(const HintMemo&) const = default;
+  };
+  std::vector<HintMemo> hint_memos_;  // indexed as hints_
+  // Whether ensure_space(pool, need, 1) would wait without doing anything: no room, and either
+  // cleanings in flight cover it or no candidate a prefetch may evict (next use >= 1; dirty ones
+  // only with the cleaning link free). What a hint's kRoomWait memo is checked against.
+  bool hint_room_waits(int pool, uint64_t need) const;
+  // choose_victim would let a prefetch (min_next_use 1) evict this candidate (its next use is 1
+  // or later); nullptr: no candidate.
+  bool prefetch_may_evict(const VictimKey* key) const;
+  // Per registry slot, bumped by every note_state and forget_state: a record's state changed.
+  // Dense (4 bytes a slot), so that checking it costs no read of the record.
+  std::vector<uint32_t> record_versions_;
+  // Changes of records the ring names (note_state and forget_state of one with hints_in_ring),
+  // and the count when the last pass ended, if that pass changed none of them itself: while the
+  // two are equal, no memo's record has changed and a pass need not read record_versions_
+  // (4 bytes a tensor, megabytes at 405B: a cache miss per hint).
+  uint64_t hinted_changes_ = 0;
+  std::optional<uint64_t> hinted_changes_after_pass_;
+  // A hint leaves the ring (dropped by a pass, or overwritten when the ring is full).
+  void unhint(TensorHandle tensor);
+  // The waiting bytes a pass adds for a hint whose record is as its memo says, when the memo's
+  // outcome (kept) holds now; nullopt when the pass must look at the record.
+  std::optional<uint64_t> memo_holds(const HintMemo& memo, uint32_t blocked_pools) const;
+  // Everything memo_holds reads beyond the memos: links with room, pools demands hold, each
+  // pool's room and whether a prefetch may evict its first clean and first dirty candidate, the
+  // ring, and the count of changes of the records it names.
+  struct PoolRoom {
+    uint64_t used = 0;
+    uint64_t cleaning = 0;
+    bool clean_evictable = false;
+    bool dirty_evictable = false;
+    bool operator==(const PoolRoom&) const = default;
+  };
+  struct HintContext {
+    uint32_t free_links = 0;
+    uint32_t blocked_pools = 0;
+    size_t head = 0;
+    size_t count = 0;
+    uint64_t changes = 0;
+    std::array<PoolRoom, kMaxPools> pools{};
+    bool operator==(const HintContext&) const = default;
+  };
+  HintContext hint_context(uint32_t blocked_pools) const;
+  // The context the last pass left (none when the pass changed a record it names); once a look
+  // at the memos in it found every hint kept (ready), the waiting bytes per pool they add.
+  std::optional<HintContext> hint_replay_context_;
+  bool hint_replay_ready_ = false;
+  std::vector<uint64_t> hint_replay_waiting_;
   size_t hint_head_ = 0;
   size_t hint_count_ = 0;
   std::array<RangeCopy, kMaxRangeCopies> range_copies_;

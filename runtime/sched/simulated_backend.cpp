@@ -240,11 +240,13 @@ bool SimulatedBackend::deliver_next() {
   return true;
 }
 
+bool SimulatedBackend::deliver_next_before(double time) {
+  if (events_.empty() || events_.top().time > time) return false;
+  return deliver_next();
+}
+
 void SimulatedBackend::run_until(double time) {
-  while (!events_.empty() && events_.top().time <= time) {
-    const Event event = events_.top();
-    events_.pop();
-    deliver(event);
+  while (deliver_next_before(time)) {
   }
   now_ = std::max(now_, time);
 }

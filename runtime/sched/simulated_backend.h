@@ -51,6 +51,8 @@ class SimulatedBackend final : public TierBackend {
   // Advances the clock to the earliest pending completion and runs its handler (and anything
   // that handler posts). False when nothing is pending.
   bool deliver_next();
+  // deliver_next, when that completion is due at or before `time`; false when none is.
+  bool deliver_next_before(double time);
   // Delivers every completion due at or before `time`, in order, then sets the clock to `time`.
   void run_until(double time);
   size_t pending() const { return events_.size(); }

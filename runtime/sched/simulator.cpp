@@ -133,6 +133,71 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
 
   const MemoryPlan& plan = config.memory;
   const DeviceModel& model = config.device;
+
+  // The sub-grouped optimizer's loader (TieredOptimizer::run_units): while one sub-group is
+  // updated, it holds the states of the next ones, up to optimizer_lookahead's window, having
+  // hinted all of them first, and acquires them in order, one at a time. Without it the
+  // simulated step read each sub-group only when its turn came, and kept in the pinned pool
+  // what the runtime's read-ahead gives up (docs/planner.md). Played here as the runtime
+  // plays it: the loader's acquires are demands like its blocking ones, advanced whenever the
+  // simulated clock moves; an acquire group takes the states the loader holds for it.
+  const int state_pool = find_pool(plan, Tier::kPinned, TensorKind::kAdamM);
+  const uint64_t state_pool_bytes =
+      state_pool >= 0 ? plan.pools[static_cast<size_t>(state_pool)].budget_bytes : 0;
+  const auto is_state = [](const StepAccess& a) { return a.done_after; };
+  // Per acquire group of a loader run: the run's end (one past its last group), else 0.
+  std::vector<size_t> run_end(step.phases.size(), 0);
+  if (step.optimizer_unit_bytes > 0) {
+    for (size_t x = step.phases.size(); x-- > 0;) {
+      const StepPhase& phase = step.phases[x];
+      if (std::none_of(phase.accesses.begin(), phase.accesses.end(), is_state)) continue;
+      const bool continued =
+          x + 1 < step.phases.size() && step.phases[x + 1].continues_phase && run_end[x + 1] != 0;
+      run_end[x] = continued ? run_end[x + 1] : x + 1;
+    }
+  }
+  struct Loader {
+    size_t next = 0;    // the group whose states it acquires
+    size_t state = 0;   // of them, the next
+    size_t hinted = 0;  // groups hinted: [.., hinted)
+    size_t end = 0;     // the run's end
+  } loader;
+  std::vector<size_t> held_ahead(step.phases.size(), 0);  // states the loader holds, per group
+  const auto state_count = [&](size_t x) {
+    return static_cast<size_t>(
+        std::count_if(step.phases[x].accesses.begin(), step.phases[x].accesses.end(), is_state));
+  };
+  // Hints and acquires what the window allows while group `current` is the one updated.
+  const auto advance_loader = [&](size_t current) -> Status {
+    if (loader.end == 0) return Status::ok();
+    const uint32_t window = optimizer_lookahead(
+        state_pool_bytes, step.phases[current].held_pinned_bytes, step.optimizer_unit_bytes);
+    const size_t allowed = std::min(loader.end, current + 1 + window);
+    for (loader.hinted = std::max(loader.hinted, loader.next); loader.hinted < allowed;
+         ++loader.hinted) {
+      for (const StepAccess& a : step.phases[loader.hinted].accesses) {
+        if (is_state(a)) STRATA_TRY(scheduler.prefetch(a.access.tensor, a.access.tier));
+      }
+    }
+    while (loader.next < allowed) {
+      const StepPhase& group = step.phases[loader.next];
+      size_t seen = 0;
+      for (const StepAccess& a : group.accesses) {
+        if (!is_state(a) || seen++ < loader.state) continue;
+        Result<AcquireAttempt> attempt =
+            scheduler.try_acquire(a.access.tensor, a.access.tier, a.access.mode);
+        if (!attempt) {
+          return std::move(attempt).take_status().with_context("simulate, optimizer read-ahead");
+        }
+        if (attempt->state != AcquireState::kReady) return Status::ok();
+        ++loader.state;
+        ++held_ahead[loader.next];
+      }
+      ++loader.next;
+      loader.state = 0;
+    }
+    return Status::ok();
+  };
   std::array<double, kResourceCount> busy{};
   std::array<LinkCounters, kLinkCount> links_before{};
   SchedulerStats stats_before;
@@ -177,7 +242,16 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
         open_phase = phase.key;
         STRATA_TRY(scheduler.begin_phase(open_phase));
       }
+      const size_t index = static_cast<size_t>(&phase - step.phases.data());
+      const bool loaded = run_end[index] != 0;  // its states come from the loader
+      // A run's first group (or a group of another run) starts the loader afresh.
+      if (loaded && (!phase.continues_phase || loader.end != run_end[index])) {
+        loader = Loader{index, 0, index, run_end[index]};
+      }
+      const auto poll = [&]() -> Status { return loaded ? advance_loader(index) : Status::ok(); };
+      STRATA_TRY(poll());
       for (const StepAccess& a : phase.accesses) {
+        if (loaded && is_state(a)) continue;
         for (;;) {
           Result<AcquireAttempt> attempt =
               scheduler.try_acquire(a.access.tensor, a.access.tier, a.access.mode);
@@ -202,7 +276,22 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
                           (info ? info->name : std::string("?")) + "' on " +
                           to_string(a.access.tier) + " beside the tensors it already holds");
           }
+          STRATA_TRY(poll());
         }
+      }
+      // The update waits for the loader to hold this group's states.
+      while (loaded && held_ahead[index] < state_count(index)) {
+        if (total_transfers(backend) > config.max_transfers) {
+          return Status::error(
+              STRATA_E_LIMIT,
+              "simulate: more than " + std::to_string(config.max_transfers) + " transfers");
+        }
+        if (!backend.deliver_next()) {
+          return Status::error(STRATA_E_PINNED_BUDGET,
+                               "simulate: phase " + phase_label(phase.key) +
+                                   " cannot fit its optimizer states beside the tensors held");
+        }
+        STRATA_TRY(poll());
       }
       // The phase's range copies (a sub-group's pieces), each started when its link has room
       // and waited for before the next: the virtual clock advances by delivering events.
@@ -255,7 +344,12 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
           break;
       }
       if (measuring) busy[static_cast<int>(resource)] += seconds;
-      backend.run_until(backend.now() + seconds + model.phase_overhead_seconds);
+      // While it computes, the loader takes each state as its read completes, as the runtime's
+      // thread does.
+      const double computed = backend.now() + seconds + model.phase_overhead_seconds;
+      while (loaded && backend.deliver_next_before(computed)) STRATA_TRY(poll());
+      backend.run_until(computed);
+      STRATA_TRY(poll());
       STRATA_TRY(copy_ranges(true));
 
       for (const StepAccess& a : phase.accesses) {
@@ -266,7 +360,7 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
       for (const StepAccess& a : phase.accesses) {
         if (a.discard_after) STRATA_TRY(scheduler.discard(a.access.tensor));
       }
-      const size_t index = static_cast<size_t>(&phase - step.phases.data());
+      if (loaded) held_ahead[index] = 0;
       const bool continued =
           index + 1 < step.phases.size() && step.phases[index + 1].continues_phase;
       if (!continued) STRATA_TRY(scheduler.end_phase(open_phase));

@@ -115,6 +115,9 @@ struct TensorRecord {
   // Scheduler::write_behind: the caller is done with it until its next acquire, so write-behind
   // may clean it even while the schedule's current phase lists it.
   bool done_for_now = false;
+  // Entries of the scheduler's prefetch-hint ring naming this tensor: a change of this record
+  // may change what their memos say (Scheduler::note_state counts such changes).
+  uint32_t hints_in_ring = 0;
   // An asynchronous failure of this tensor not yet reported; until it is, the scheduler does not
   // retry the transfer on its own. It belongs to the tensor: unregistering or discarding the
   // tensor forgets it.

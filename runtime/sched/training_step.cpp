@@ -122,6 +122,16 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
 
   TrainingStep step;
   step.layers = static_cast<uint32_t>(layers);
+  uint64_t pieces_bytes = 0;
+  if (have_pieces) {
+    for (int piece : pieces) pieces_bytes += inventory[piece].bytes();
+    for (const ParamGroup& group : groups) {
+      for (int state : group.master) {
+        step.optimizer_unit_bytes =
+            std::max(step.optimizer_unit_bytes, inventory[state].elements() * 4 * 3);
+      }
+    }
+  }
   uint64_t layered_elements = 0;
   for (const ParamGroup& group : groups) {
     const uint64_t elements = inventory[group.param].elements();
@@ -175,6 +185,9 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
         const uint64_t elements =
             group.master.size() > 1 ? inventory[group.master[k]].elements() : param.elements();
         phase.compute_units = static_cast<double>(elements);
+        if (have_pieces) {
+          phase.held_pinned_bytes = on_device ? pieces_bytes : param.bytes() + grad.bytes();
+        }
         phase.accesses.push_back(access(group.grad, held, AccessMode::kRead, false, last));
         for (const std::vector<int>* states : {&group.master, &group.m, &group.v}) {
           if (states->empty()) continue;

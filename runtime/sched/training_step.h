@@ -64,6 +64,11 @@ struct StepPhase {
   // An acquire group within the scheduler phase the group before it began (the sub-grouped
   // optimizer's): no begin_phase / end_phase between the two, and one phase in the schedule.
   bool continues_phase = false;
+  // The sub-grouped optimizer's: the pinned bytes the TieredOptimizer holds beside the states
+  // while it updates this group's parameter (its gradient and parameter held whole there, or the
+  // four pieces when they are held on the device), from which its read-ahead window follows
+  // (optimizer_lookahead).
+  uint64_t held_pinned_bytes = 0;
 };
 
 struct TrainingStep {
@@ -71,6 +76,9 @@ struct TrainingStep {
   uint32_t layers = 0;
   uint64_t parameter_elements = 0;
   uint64_t gradient_elements = 0;
+  // The sub-grouped optimizer's largest sub-group, its three fp32 states (the unit of
+  // optimizer_lookahead); 0 when the states are not sub-grouped.
+  uint64_t optimizer_unit_bytes = 0;
 };
 
 struct TrainingStepOptions {

@@ -65,6 +65,20 @@ TEST(Belady, TiesPreferCleanThenLargerThenLowerSlot) {
   EXPECT_TRUE(better_victim(c[2], c[1]));
 }
 
+// What fits beside the held tensors, less the sub-group updated, the one written back and one
+// of room; the runtime's optimizer and the simulator take it from the same function.
+TEST(OptimizerLookahead, IsWhatFitsLessThreeBetweenOneAndTheLimit) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  EXPECT_EQ(optimizer_lookahead(160 * kMiB, 0, 24 * kMiB), 3u);           // 6 fit
+  EXPECT_EQ(optimizer_lookahead(160 * kMiB, 16 * kMiB, 24 * kMiB), 3u);   // 6 fit
+  EXPECT_EQ(optimizer_lookahead(160 * kMiB, 17 * kMiB, 24 * kMiB), 2u);   // 5 fit
+  EXPECT_EQ(optimizer_lookahead(96 * kMiB, 0, 24 * kMiB), 1u);            // 4 fit
+  EXPECT_EQ(optimizer_lookahead(48 * kMiB, 0, 24 * kMiB), 1u);            // at least one
+  EXPECT_EQ(optimizer_lookahead(160 * kMiB, 160 * kMiB, 24 * kMiB), 1u);  // nothing beside
+  EXPECT_EQ(optimizer_lookahead(160 * kMiB, 0, 0), 1u);                   // no sub-groups
+  EXPECT_EQ(optimizer_lookahead(64 * 1024 * kMiB, 0, 24 * kMiB), kMaxOptimizerLookahead);
+}
+
 TEST(Belady, HandMadeSequenceMatchesTheOptimalMissCount) {
   // A cache of 2 over the reference string a b c a b d a, replayed through choose_victim.
   const std::vector<int> refs = {0, 1, 2, 0, 1, 3, 0};
