@@ -1908,10 +1908,12 @@ void Scheduler::serve_hints_pass(uint32_t blocked_pools) {
       if (to != at || !(hint_memos_[to] == kept_memo)) hint_memos_[to] = kept_memo;
     };
     // What the last look found holds while the record is as it was then: the same outcome, with
-    // nothing read from the record.
+    // nothing read from the record. (This pass may have changed it already: a hint before this
+    // one for the same tensor, or whose room was made by evicting it.)
+    const bool unchanged = records_as_memos_say && hinted_changes_ == changes_before;
     if (memo.kind != HintMemo::Kind::kNone &&
-        (records_as_memos_say || (hint.tensor.index < record_versions_.size() &&
-                                  record_versions_[hint.tensor.index] == memo.version))) {
+        (unchanged || (hint.tensor.index < record_versions_.size() &&
+                       record_versions_[hint.tensor.index] == memo.version))) {
       if (const std::optional<uint64_t> waiting = memo_holds(memo, blocked_pools)) {
         if (*waiting > 0) pools_[memo.pool].waiting += *waiting;
         keep_as(memo);
