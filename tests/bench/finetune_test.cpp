@@ -359,6 +359,12 @@ TEST(FinetuneBench, BadArgumentsGiveClearErrors) {
 // beside one layer's: at 2 MiB, one run in 15-40 found the slab's free 725 KiB in ranges each
 // under the 344 KiB weight it asked for while it held the rest of the layer (reliability finding
 // 31: it waited 300 s then; now the acquire says so at once, and no run of 100 at 2.5 MiB did).
+// What the device pool keeps from one step to the next is the scheduler's choice and depends on
+// timing: under AddressSanitizer 7 runs in 81 kept a base weight or two (40-95 KiB) across the
+// step boundary, so that step read that much less of the base, or had an adapter's write-back of
+// the step before complete in it (one adapter, 41 KiB, over). So a step reads the base less at
+// most what the device pool holds, and writes at most the adapters of two steps; over the run,
+// the adapters' once a step.
 TEST(FinetuneBench, LoraStreamsAReadOnlyBaseAndWritesOnlyTheAdaptersState) {
   const auto dir = testing::scratch_dir("finetune-lora");
   const CliRun r =
@@ -375,22 +381,26 @@ TEST(FinetuneBench, LoraStreamsAReadOnlyBaseAndWritesOnlyTheAdaptersState) {
   EXPECT_EQ(adapters, lora["adapter_parameters"].get<uint64_t>());
   EXPECT_GT(base, 10 * 2 * adapters);  // a LoRA shape: the base dominates
   EXPECT_EQ(lora["adapter_home"], "nvme") << lora["adapter_home_why"];
-  EXPECT_GE(lora["parameters_read_per_step_min"].get<uint64_t>(), base);
+  constexpr uint64_t kDeviceBudget = 2560 * 1024;
+  EXPECT_GE(lora["parameters_read_per_step_min"].get<uint64_t>(), base - kDeviceBudget);
   // The adapters' bf16 bytes, each of the 28 adapter tensors (2 layers x 7 projections x A, B)
   // rounded up to the 4 KiB of an O_DIRECT write: nothing of the base.
   const uint64_t adapter_writes = 2 * adapters + 28 * 4096;
-  EXPECT_LE(lora["parameters_written_per_step_max"].get<uint64_t>(), adapter_writes);
+  EXPECT_LE(lora["parameters_written_per_step_max"].get<uint64_t>(), 2 * adapter_writes);
   EXPECT_LE(lora["written_over_adapter_state"].get<double>(), 1.1);
   EXPECT_GT(lora["base_read_rate_bytes_per_s"].get<double>(), 0.0);
   EXPECT_GT(lora["read_base_twice_seconds"].get<double>(), 0.0);
   EXPECT_EQ(lora["steps"].size(), 3u);
-  // Every step's PARAMETER writes: the adapters' at most.
+  // Every step's PARAMETER writes: two steps' adapters at most; over the run, one step's each.
+  uint64_t parameters_written = 0;
   for (const json& step : lora["steps"]) {
     const json& written = step["nvme_written_by_kind"];
     if (written.contains("parameter")) {
-      EXPECT_LE(written["parameter"].get<uint64_t>(), adapter_writes);
+      EXPECT_LE(written["parameter"].get<uint64_t>(), 2 * adapter_writes);
+      parameters_written += written["parameter"].get<uint64_t>();
     }
   }
+  EXPECT_LE(parameters_written, lora["steps"].size() * adapter_writes);
 }
 
 // --method qlora with real CPU compute: the layer linear weights stored in NF4 (a little over a
