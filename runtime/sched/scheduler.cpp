@@ -1446,13 +1446,11 @@ Scheduler::StepResult Scheduler::advance(TensorRecord& r, Tier target, uint64_t 
                     : target == Tier::kDevice             ? Link::kHostToDevice
                     : r.residency.valid_on(Tier::kDevice) ? Link::kDeviceToHost
                                                           : Link::kNvmeRead;
-  if (!link_free(link)) return {Step::kLinkBusy, {}, link};
+  if (!link_free(link)) return {Step::kLinkBusy, {}, link};  // refused before any room is made
   Status why;
   const Space space = ensure_space(r.pool[mi], r.charged[mi], min_next_use, &why);
   if (space == Space::kImpossible) return {Step::kError, std::move(why).with_context(label(r))};
-  if (space == Space::kWaiting) {
-    return {Step::kBlocked, {}, std::nullopt, r.pool[mi], r.charged[mi], link};
-  }
+  if (space == Space::kWaiting) return {Step::kBlocked, {}, link};
   // Making room may have taken the staged copy this transfer starts from.
   const auto source_gone = [&] {
     return target == Tier::kDevice && !stream && !r.residency.valid_on(Tier::kPinned);
@@ -1820,16 +1818,15 @@ std::optional<uint64_t> Scheduler::memo_holds(const HintMemo& memo, uint32_t blo
     case HintMemo::Kind::kNone:
       return std::nullopt;
     case HintMemo::Kind::kPoolHeld:
-      if (held) return memo.waiting;
+      if (held) return memo.bytes;
       return std::nullopt;
     case HintMemo::Kind::kLinkFull:
-      if (held) return memo.need;  // note_waiting's bytes: the record wants room there
-      if (!link_free(memo.link)) return 0;
-      return std::nullopt;
     case HintMemo::Kind::kRoomWait:
-      if (held) return memo.waiting;
+      if (held) return memo.bytes;  // the record wants room there (it got as far as the link)
       if (!link_free(memo.link)) return 0;
-      if (hint_room_waits(memo.pool, memo.need)) return memo.waiting;
+      if (memo.kind == HintMemo::Kind::kRoomWait && hint_room_waits(memo.pool, memo.bytes)) {
+        return memo.bytes;
+      }
       return std::nullopt;
   }
   return std::nullopt;
@@ -1935,12 +1932,8 @@ void Scheduler::serve_hints_pass(uint32_t blocked_pools) {
           r.residency.state() != Residency::kUnwritten) {
         note_waiting(r, staged);
       }
-      memo = HintMemo{HintMemo::Kind::kPoolHeld,
-                      Link::kNvmeRead,
-                      pool,
-                      pools_[pool].waiting - waiting_before,
-                      0,
-                      record_versions_[*index]};
+      memo = HintMemo{HintMemo::Kind::kPoolHeld, Link::kNvmeRead, pool,
+                      pools_[pool].waiting - waiting_before, record_versions_[*index]};
     } else {
       const StepResult result = advance(r, hint.tier, 1, /*prefetch=*/true);
       const Step step = result.step;
@@ -1948,19 +1941,12 @@ void Scheduler::serve_hints_pass(uint32_t blocked_pools) {
       // pool, for later.
       keep = step == Step::kBlocked || step == Step::kLinkBusy ||
              (step == Step::kIssued && staged != hint.tier);
-      const uint64_t waiting_before = pool != kNoPool ? pools_[pool].waiting : 0;
       if (step == Step::kBlocked) note_waiting(r, staged);
-      if (step == Step::kLinkBusy && result.busy_before_room && pool != kNoPool) {
-        memo = HintMemo{HintMemo::Kind::kLinkFull,       *result.busy_before_room, pool, 0,
-                        r.charged[memory_index(staged)], record_versions_[*index]};
-      }
-      if (step == Step::kBlocked && result.room_pool != kNoPool && result.room_pool == pool) {
-        memo = HintMemo{HintMemo::Kind::kRoomWait,
-                        result.room_link,
-                        pool,
-                        pools_[pool].waiting - waiting_before,
-                        result.room_need,
-                        record_versions_[*index]};
+      if (result.refused_link && pool != kNoPool &&
+          (step == Step::kLinkBusy || step == Step::kBlocked)) {
+        memo = HintMemo{
+            step == Step::kLinkBusy ? HintMemo::Kind::kLinkFull : HintMemo::Kind::kRoomWait,
+            *result.refused_link, pool, r.charged[memory_index(staged)], record_versions_[*index]};
       }
     }
     if (keep) {

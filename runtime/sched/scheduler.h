@@ -355,14 +355,11 @@ class Scheduler final : public CompletionSink {
   struct StepResult {
     Step step = Step::kSkip;
     Status status;  // kError
-    // kLinkBusy found before anything was done (no room made, nothing allocated): the link it
-    // waits for. The same tensor, unchanged, meets the same refusal while that link is full.
-    std::optional<Link> busy_before_room;
-    // kBlocked because its pool had no room yet (ensure_space waited): the pool, the bytes it
-    // needs there and the link its transfer would take.
-    int room_pool = kNoPool;
-    uint64_t room_need = 0;
-    Link room_link = Link::kNvmeRead;
+    // Set when kLinkBusy was found before any room was made, or kBlocked because ensure_space
+    // waited: the link the transfer would take. The pool is that of staged_on's tier, the bytes
+    // the record's charge there; an unchanged record meets the same refusal while the link is
+    // full, or the pool has no room (hint_room_waits).
+    std::optional<Link> refused_link;
   };
   struct Demand {
     TensorHandle tensor;
@@ -529,20 +526,20 @@ class Scheduler final : public CompletionSink {
   std::vector<Demand> demands_;
   std::vector<Demand> hints_;  // ring of max_prefetch_hints
   // Beside each hint, what its last look found, while its tensor's record is unchanged
-  // (record_versions_): kept because a demand holds its pool (with the bytes it added to that
-  // pool's waiting), or refused by a full link before any room was made. A pass reuses either
-  // while the condition holds, without reading the record: the hints waiting for the optimizer's
-  // read-ahead sit in the ring through thousands of pumps, and reading each record on every pump
-  // (a cache miss each) was most of a plan's time.
+  // (record_versions_): kept because a demand holds its pool (kPoolHeld), refused by a full link
+  // before any room was made (kLinkFull), or refused by ensure_space for want of room in its
+  // pool (kRoomWait). A pass reuses it while the condition holds (memo_holds), without reading
+  // the record: the hints waiting for the optimizer's read-ahead sit in the ring through
+  // thousands of pumps, and reading each record on every pump (a cache miss each) was most of a
+  // plan's time.
   struct HintMemo {
-    // kRoomWait: refused by ensure_space for want of room in `pool` (`need` bytes, over
-    // `link`); it is again while hint_room_waits says so.
     enum class Kind : uint8_t { kNone, kPoolHeld, kLinkFull, kRoomWait } kind = Kind::kNone;
     Link link = Link::kNvmeRead;  // kLinkFull, kRoomWait
     int pool = kNoPool;           // the pool it is read into (staged_on's)
-    uint64_t waiting = 0;         // kPoolHeld, kRoomWait: the bytes note_waiting added
-    uint64_t need = 0;            // kLinkFull, kRoomWait: its bytes in that pool
-    uint32_t version = 0;         // record_versions_ of its tensor when it was made
+    // The bytes note_waiting adds for it there: kPoolHeld, what the look added (0 when the
+    // record wants no room); kLinkFull and kRoomWait, its charge, the room it needs.
+    uint64_t bytes = 0;
+    uint32_t version = 0;  // record_versions_ of its tensor when it was made
     bool operator==(const HintMemo&) const = default;
   };
   std::vector<HintMemo> hint_memos_;  // indexed as hints_

@@ -163,10 +163,7 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
     size_t end = 0;     // the run's end
   } loader;
   std::vector<size_t> held_ahead(step.phases.size(), 0);  // states the loader holds, per group
-  const auto state_count = [&](size_t x) {
-    return static_cast<size_t>(
-        std::count_if(step.phases[x].accesses.begin(), step.phases[x].accesses.end(), is_state));
-  };
+
   // Hints and acquires what the window allows while group `current` is the one updated.
   const auto advance_loader = [&](size_t current) -> Status {
     if (loader.end == 0) return Status::ok();
@@ -197,6 +194,12 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
       loader.state = 0;
     }
     return Status::ok();
+  };
+  // A wait delivers the next completion; a configuration whose step never settles stops here.
+  const auto within_transfer_limit = [&]() -> Status {
+    if (total_transfers(backend) <= config.max_transfers) return Status::ok();
+    return Status::error(STRATA_E_LIMIT, "simulate: more than " +
+                                             std::to_string(config.max_transfers) + " transfers");
   };
   std::array<double, kResourceCount> busy{};
   std::array<LinkCounters, kLinkCount> links_before{};
@@ -260,11 +263,7 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
                                                                  phase_label(phase.key));
           }
           if (attempt->state == AcquireState::kReady) break;
-          if (total_transfers(backend) > config.max_transfers) {
-            return Status::error(
-                STRATA_E_LIMIT,
-                "simulate: more than " + std::to_string(config.max_transfers) + " transfers");
-          }
+          STRATA_TRY(within_transfer_limit());
           if (!backend.deliver_next()) {
             // Nothing in flight and still not resident: the tensors this phase holds leave no
             // room for the next one. The configuration cannot run this step.
@@ -280,12 +279,10 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
         }
       }
       // The update waits for the loader to hold this group's states.
-      while (loaded && held_ahead[index] < state_count(index)) {
-        if (total_transfers(backend) > config.max_transfers) {
-          return Status::error(
-              STRATA_E_LIMIT,
-              "simulate: more than " + std::to_string(config.max_transfers) + " transfers");
-        }
+      const auto states_here = static_cast<size_t>(
+          std::count_if(phase.accesses.begin(), phase.accesses.end(), is_state));
+      while (loaded && held_ahead[index] < states_here) {
+        STRATA_TRY(within_transfer_limit());
         if (!backend.deliver_next()) {
           return Status::error(STRATA_E_PINNED_BUDGET,
                                "simulate: phase " + phase_label(phase.key) +
