@@ -1,18 +1,20 @@
 #include "model/plan.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <map>
-#include <thread>
+#include <memory>
+#include <optional>
 
 #include "common/align.h"
+#include "common/assert.h"
 #include "common/units.h"
 #include "model/inventory.h"
 #include "model/plan_advice.h"
+#include "model/simulation_pool.h"
 
 namespace strata {
 namespace {
@@ -920,50 +922,67 @@ bool same_simulation(const OffloadJob& a, const OffloadJob& b) {
          a.strata_pinned_given.sub_group_bytes == b.strata_pinned_given.sub_group_bytes;
 }
 
-// Runs Strata's NVMe-offload simulations of `jobs` on up to hardware_concurrency threads;
-// results in the order of `jobs`. Each simulation owns its scheduler and virtual clock, so they
-// share nothing. All jobs come from one request (one inventory, one NVMe array, one CPU rate).
-std::vector<Result<OffloadEstimate>> simulate_all(const std::vector<OffloadJob>& jobs) {
-  std::vector<size_t> distinct;             // indices into jobs that are simulated
-  std::vector<size_t> source(jobs.size());  // which distinct job answers each job
-  for (size_t k = 0; k < jobs.size(); ++k) {
-    source[k] = distinct.size();
-    for (size_t d = 0; d < distinct.size(); ++d) {
-      const size_t j = distinct[d];
-      if (same_simulation(jobs[j], jobs[k])) source[k] = d;
+// Strata's NVMe-offload simulations of `jobs`, posted to the pool; jobs that simulate alike run
+// once. All jobs come from one request (one inventory, one NVMe array, one CPU rate). The tasks
+// read the batch: it stays where it is made and joins them before it goes.
+class SimulationBatch {
+ public:
+  SimulationBatch(SimulationPool& pool, std::vector<OffloadJob> jobs)
+      : pool_(pool), jobs_(std::move(jobs)), source_(jobs_.size()) {
+    for (size_t k = 0; k < jobs_.size(); ++k) {
+      source_[k] = distinct_.size();
+      for (size_t d = 0; d < distinct_.size(); ++d) {
+        if (same_simulation(jobs_[distinct_[d]], jobs_[k])) source_[k] = d;
+      }
+      if (source_[k] == distinct_.size()) distinct_.push_back(k);
     }
-    if (source[k] == distinct.size()) distinct.push_back(k);
-  }
-  std::vector<Result<OffloadEstimate>> simulated(distinct.size(),
-                                                 Status::error(STRATA_E_INVALID, "not simulated"));
-  auto run = [&](size_t d) {
-    const size_t k = distinct[d];
-    simulated[d] = simulate_strata_nvme_offload(jobs[k]);
-  };
-  const size_t threads =
-      std::min<size_t>(distinct.size(), std::max(1u, std::thread::hardware_concurrency()));
-  if (threads <= 1) {
-    for (size_t d = 0; d < distinct.size(); ++d) run(d);
-  } else {
-    std::atomic<size_t> next{0};
-    std::vector<std::thread> pool;
-    pool.reserve(threads);
-    for (size_t t = 0; t < threads; ++t) {
-      pool.emplace_back([&] {
-        for (size_t d = next++; d < distinct.size(); d = next++) run(d);
-      });
+    simulated_.assign(distinct_.size(), Status::error(STRATA_E_INVALID, "not simulated"));
+    for (size_t d = 0; d < distinct_.size(); ++d) {
+      tickets_.push_back(pool_.post([this, d] {
+        simulated_[d] = simulate_strata_nvme_offload(jobs_[distinct_[d]], &pool_);
+      }));
     }
-    for (std::thread& thread : pool) thread.join();
   }
-  std::vector<Result<OffloadEstimate>> results;
-  results.reserve(jobs.size());
-  for (size_t k = 0; k < jobs.size(); ++k) results.push_back(simulated[source[k]]);
-  return results;
-}
+  ~SimulationBatch() { join(); }
+  SimulationBatch(const SimulationBatch&) = delete;
+  SimulationBatch& operator=(const SimulationBatch&) = delete;
+
+  // The results in the order of the jobs.
+  std::vector<Result<OffloadEstimate>> results() {
+    join();
+    std::vector<Result<OffloadEstimate>> results;
+    results.reserve(jobs_.size());
+    for (size_t k = 0; k < jobs_.size(); ++k) results.push_back(simulated_[source_[k]]);
+    return results;
+  }
+
+ private:
+  void join() {
+    for (const SimulationPool::Ticket& ticket : tickets_) pool_.join(ticket);
+    tickets_.clear();
+  }
+
+  SimulationPool& pool_;
+  std::vector<OffloadJob> jobs_;
+  std::vector<size_t> distinct_;  // indices into jobs_ that are simulated
+  std::vector<size_t> source_;    // which distinct job answers each job
+  std::vector<Result<OffloadEstimate>> simulated_;
+  std::vector<SimulationPool::Ticket> tickets_;
+};
 
 }  // namespace
 
-Result<Plan> make_gpu_plans(const PlanRequest& given) {
+namespace {
+
+// make_gpu_plans in two halves, so that make_plan can post the comparison's simulations beside
+// these: the GPUs' plans with their NVMe simulations posted, then the plans finished with them.
+struct GpuPlansUnderway {
+  Plan plan;
+  std::vector<size_t> nvme;  // the plan.gpus simulated, in the batch's order
+  std::unique_ptr<SimulationBatch> batch;
+};
+
+Result<GpuPlansUnderway> start_gpu_plans(const PlanRequest& given, SimulationPool& pool) {
   STRATA_TRY(validate(given));
   PlanRequest request = given;
   // No drive named: the one the NVMe generation's preset assumes (Gen4's for measured rates).
@@ -988,16 +1007,25 @@ Result<Plan> make_gpu_plans(const PlanRequest& given) {
   }
 
   // NVMe offload: every GPU that uses it gets its step simulated (the inventory is shared, the
-  // device model is the GPU's). Simulations are independent: they run side by side.
-  std::vector<size_t> nvme;
+  // device model is the GPU's).
+  GpuPlansUnderway underway;
   std::vector<OffloadJob> jobs;
   for (size_t i = 0; i < plan.gpus.size(); ++i) {
     if (plan.gpus[i].offload != Offload::kNvme) continue;
     plan.gpus[i].job.inventory = inventory;
-    nvme.push_back(i);
+    underway.nvme.push_back(i);
     jobs.push_back(plan.gpus[i].job);
   }
-  std::vector<Result<OffloadEstimate>> simulated = simulate_all(jobs);
+  underway.plan = std::move(plan);
+  underway.batch = std::make_unique<SimulationBatch>(pool, std::move(jobs));
+  return underway;
+}
+
+Result<Plan> finish_gpu_plans(GpuPlansUnderway underway) {
+  Plan& plan = underway.plan;
+  const PlanRequest& request = plan.request;
+  const std::vector<size_t>& nvme = underway.nvme;
+  std::vector<Result<OffloadEstimate>> simulated = underway.batch->results();
   for (size_t k = 0; k < nvme.size(); ++k) {
     if (!simulated[k]) {
       return std::move(simulated[k])
@@ -1036,25 +1064,22 @@ Result<Plan> make_gpu_plans(const PlanRequest& given) {
       if (plan.gpus[i].choice.gpu.name == plan.cheapest[1].gpu) plan.primary = i;
     }
   }
-  return plan;
+  return std::move(plan);
 }
 
-bool Plan::any_fits() const {
-  return std::any_of(gpus.begin(), gpus.end(), [](const GpuPlan& g) { return g.fits(); });
-}
+// compare_with_zero_infinity in two halves, like make_gpu_plans: the DeepSpeed estimates and
+// Strata's comparison simulations for plan.gpus[headline] posted (they need its job, not its
+// simulation), then the comparison filled in from them.
+struct ComparisonUnderway {
+  enum Side { kGiven, kLeast, kEqual };
+  size_t headline = 0;
+  OffloadComparison like;  // the DeepSpeed columns; Strata's, once simulated
+  bool budget_given = false;
+  std::vector<Side> side;  // per simulation of the batch
+  std::unique_ptr<SimulationBatch> batch;
+};
 
-Result<Plan> make_plan(const PlanRequest& request) {
-  Result<Plan> made = make_gpu_plans(request);
-  if (!made) return made;
-  Plan plan = std::move(*made);
-  STRATA_TRY(compare_with_zero_infinity(plan));
-  Result<std::vector<Advice>> advice = plan_advice(plan);
-  if (!advice) return std::move(advice).take_status();
-  plan.advice = std::move(*advice);
-  return plan;
-}
-
-Status compare_with_zero_infinity(Plan& plan) {
+ComparisonUnderway start_comparison(const Plan& plan, size_t headline, SimulationPool& pool) {
   const PlanRequest& request = plan.request;
   const std::vector<TensorSpec> inventory = offload_inventory(request);
 
@@ -1062,12 +1087,12 @@ Status compare_with_zero_infinity(Plan& plan) {
   // Strata with the RAM given (unless the plan simulated it already) and at its least pool;
   // DeepSpeed's host memory is fixed, so its peak is its least; then Strata given exactly each
   // configuration's peak host bytes.
-  const GpuPlan& p = plan.gpus[plan.primary];
+  const GpuPlan& p = plan.gpus.at(headline);
   OffloadJob job = nvme_job_of(request, plan.states, p);
   job.inventory = inventory;
-  OffloadComparison& like = plan.like_for_like;
-  like.deepspeed.clear();
-  like.deepspeed_why_not.clear();
+  ComparisonUnderway underway;
+  underway.headline = headline;
+  OffloadComparison& like = underway.like;
   if (request.method != FinetuneMethod::kFull) {
     like.deepspeed_why_not = "the labelled configurations are full fine-tuning's";
   } else if (job.gpus != 1) {
@@ -1094,28 +1119,32 @@ Status compare_with_zero_infinity(Plan& plan) {
     }
   }
 
-  enum Side { kGiven, kLeast, kEqual };
   std::vector<OffloadJob> jobs;
-  std::vector<Side> side;
-  if (p.offload == Offload::kNvme) {
-    plan.strata_nvme = p.stages;
-  } else {
-    jobs.push_back(job), side.push_back(kGiven);
-  }
-  const bool budget_given = job.host_budget_bytes || job.strata_pinned_bytes;
-  if (budget_given) {
+  std::vector<ComparisonUnderway::Side>& side = underway.side;
+  if (p.offload != Offload::kNvme) jobs.push_back(job), side.push_back(ComparisonUnderway::kGiven);
+  underway.budget_given = job.host_budget_bytes || job.strata_pinned_bytes;
+  if (underway.budget_given) {
     OffloadJob least = job;
     least.host_budget_bytes.reset();
     least.strata_pinned_bytes.reset();
-    jobs.push_back(least), side.push_back(kLeast);
+    jobs.push_back(least), side.push_back(ComparisonUnderway::kLeast);
   }
   for (const DeepSpeedComparison& c : like.deepspeed) {
     OffloadJob equal = job;
     equal.host_budget_bytes = c.deepspeed.offload.host_bytes;
     equal.strata_pinned_bytes.reset();
-    jobs.push_back(equal), side.push_back(kEqual);
+    jobs.push_back(equal), side.push_back(ComparisonUnderway::kEqual);
   }
-  std::vector<Result<OffloadEstimate>> simulated = simulate_all(jobs);
+  underway.batch = std::make_unique<SimulationBatch>(pool, std::move(jobs));
+  return underway;
+}
+
+Status finish_comparison(Plan& plan, ComparisonUnderway underway) {
+  STRATA_ASSERT(plan.primary == underway.headline);
+  const GpuPlan& p = plan.gpus[plan.primary];
+  OffloadComparison& like = underway.like;
+  if (p.offload == Offload::kNvme) plan.strata_nvme = p.stages;
+  std::vector<Result<OffloadEstimate>> simulated = underway.batch->results();
   size_t next_equal = 0;
   for (size_t k = 0; k < simulated.size(); ++k) {
     if (!simulated[k]) {
@@ -1123,17 +1152,59 @@ Status compare_with_zero_infinity(Plan& plan) {
           .take_status()
           .with_context("comparing with DeepSpeed on " + p.choice.gpu.name);
     }
-    OffloadEstimate& into = side[k] == kGiven   ? plan.strata_nvme
-                            : side[k] == kLeast ? like.strata_least
-                                                : like.deepspeed[next_equal++].strata_equal_ram;
+    const ComparisonUnderway::Side side = underway.side[k];
+    OffloadEstimate& into = side == ComparisonUnderway::kGiven ? plan.strata_nvme
+                            : side == ComparisonUnderway::kLeast
+                                ? like.strata_least
+                                : like.deepspeed[next_equal++].strata_equal_ram;
     into = std::move(*simulated[k]);
   }
-  if (!budget_given) like.strata_least = plan.strata_nvme;
-  if (request.method == FinetuneMethod::kFull) {
+  if (!underway.budget_given) like.strata_least = plan.strata_nvme;
+  if (plan.request.method == FinetuneMethod::kFull) {
     like.deepspeed_estimate = deepspeed_zero3_estimate(
-        plan.states.params, deepspeed_largest_layer_params(request.model), p.choice.count);
+        plan.states.params, deepspeed_largest_layer_params(plan.request.model), p.choice.count);
   }
+  plan.like_for_like = std::move(like);
   return Status::ok();
+}
+
+}  // namespace
+
+Result<Plan> make_gpu_plans(const PlanRequest& given, SimulationPool& pool) {
+  STRATA_ASSIGN_OR_RETURN(GpuPlansUnderway underway, start_gpu_plans(given, pool));
+  return finish_gpu_plans(std::move(underway));
+}
+
+Result<Plan> make_gpu_plans(const PlanRequest& given) {
+  SimulationPool pool(SimulationPool::default_threads());
+  return make_gpu_plans(given, pool);
+}
+
+Status compare_with_zero_infinity(Plan& plan) {
+  SimulationPool pool(SimulationPool::default_threads());
+  return finish_comparison(plan, start_comparison(plan, plan.primary, pool));
+}
+
+bool Plan::any_fits() const {
+  return std::any_of(gpus.begin(), gpus.end(), [](const GpuPlan& g) { return g.fits(); });
+}
+
+Result<Plan> make_plan(const PlanRequest& request) {
+  SimulationPool pool(SimulationPool::default_threads());
+  STRATA_ASSIGN_OR_RETURN(GpuPlansUnderway gpu_plans, start_gpu_plans(request, pool));
+  // With GPUs named the headline is the first, known before any simulation: the comparison's
+  // simulations go beside the GPUs' own. Otherwise it is the cheapest, known after them.
+  std::optional<ComparisonUnderway> comparison;
+  if (!request.gpus.empty()) comparison = start_comparison(gpu_plans.plan, 0, pool);
+  STRATA_ASSIGN_OR_RETURN(Plan plan, finish_gpu_plans(std::move(gpu_plans)));
+  if (!comparison) comparison = start_comparison(plan, plan.primary, pool);
+  // The advice's re-plans (which need the headline's simulated stages) run beside the
+  // comparison's simulations; a failed comparison is reported first, as it would come first.
+  Result<std::vector<Advice>> advice = plan_advice(plan, pool);
+  STRATA_TRY(finish_comparison(plan, std::move(*comparison)));
+  if (!advice) return std::move(advice).take_status();
+  plan.advice = std::move(*advice);
+  return plan;
 }
 
 }  // namespace strata

@@ -25,6 +25,8 @@
 
 namespace strata {
 
+class SimulationPool;  // model/simulation_pool.h
+
 enum class FinetuneMethod : uint8_t { kFull, kLora, kQLora };
 enum class Checkpointing : uint8_t { kNone, kSelective, kFull };
 enum class Offload : uint8_t { kNone, kCpu, kNvme };
@@ -315,8 +317,10 @@ Result<Plan> make_plan(const PlanRequest& request);
 
 // The plan of request.gpus alone, without the comparison with ZeRO-Infinity and without
 // advice: what the advice re-plans each knob with. make_plan = make_gpu_plans, then
-// compare_with_zero_infinity, then plan_advice (plan_advice.h).
+// compare_with_zero_infinity, then plan_advice (plan_advice.h), their simulations run side by
+// side on one SimulationPool (model/simulation_pool.h).
 Result<Plan> make_gpu_plans(const PlanRequest& given);
+Result<Plan> make_gpu_plans(const PlanRequest& given, SimulationPool& pool);
 // Fills plan.strata_nvme and plan.like_for_like for the headline GPU.
 Status compare_with_zero_infinity(Plan& plan);
 

@@ -4,9 +4,9 @@
 #include <bit>
 #include <cmath>
 #include <optional>
-#include <thread>
 
 #include "common/units.h"
+#include "model/simulation_pool.h"
 
 namespace strata {
 namespace {
@@ -26,6 +26,11 @@ std::string seconds_text(double s) {
 }  // namespace
 
 Result<std::vector<Advice>> plan_advice(const Plan& plan) {
+  SimulationPool pool(SimulationPool::default_threads());
+  return plan_advice(plan, pool);
+}
+
+Result<std::vector<Advice>> plan_advice(const Plan& plan, SimulationPool& pool) {
   std::vector<Advice> advice;
   const GpuPlan& p = plan.gpus.at(plan.primary);
   if (!p.fits() || p.bottleneck == "compute" || !(p.stages.compute_seconds > 0)) return advice;
@@ -70,13 +75,12 @@ Result<std::vector<Advice>> plan_advice(const Plan& plan) {
 
   // Each re-plan simulates its own job; they share nothing, so they run side by side.
   std::vector<std::optional<Result<Plan>>> replanned(knobs.size());
-  {
-    std::vector<std::thread> threads;
-    for (size_t k = 0; k < knobs.size(); ++k) {
-      threads.emplace_back([&, k] { replanned[k].emplace(make_gpu_plans(knobs[k].request)); });
-    }
-    for (std::thread& thread : threads) thread.join();
+  std::vector<SimulationPool::Ticket> tickets;
+  for (size_t k = 0; k < knobs.size(); ++k) {
+    tickets.push_back(
+        pool.post([&, k] { replanned[k].emplace(make_gpu_plans(knobs[k].request, pool)); }));
   }
+  for (const SimulationPool::Ticket& ticket : tickets) pool.join(ticket);
   for (size_t k = 0; k < knobs.size(); ++k) {
     Result<Plan>& made = *replanned[k];
     if (!made) continue;  // e.g. a budget the knob makes too small: not advice

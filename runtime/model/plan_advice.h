@@ -21,7 +21,9 @@ inline constexpr double kAdviceMinSpeedup = 1.05;
 //   once per micro-batch;
 // - four times the drives (--nvme), when NVMe bounds it.
 // Each is re-planned (make_gpu_plans: the same GPU and offload); the ones at least
-// kAdviceMinSpeedup faster are returned, cheapest per token first.
+// kAdviceMinSpeedup faster are returned, cheapest per token first. The re-plans run on `pool`
+// (model/simulation_pool.h), or on a pool of their own.
 Result<std::vector<Advice>> plan_advice(const Plan& plan);
+Result<std::vector<Advice>> plan_advice(const Plan& plan, SimulationPool& pool);
 
 }  // namespace strata

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "common/align.h"
 #include "common/units.h"
+#include "model/simulation_pool.h"
 #include "sched/memory_plan.h"
 #include "sched/simulator.h"
 
@@ -109,7 +111,8 @@ Result<sched::SimulationResult> simulate_step(const OffloadJob& job, const Strat
 }
 
 Result<OffloadEstimate> run_simulation(const OffloadJob& job, const StrataLayout& layout,
-                                       const sched::MemoryPlan& memory, uint64_t pinned_budget) {
+                                       const sched::MemoryPlan& memory, uint64_t pinned_budget,
+                                       SimulationPool* pool) {
   const std::string& policy = memory.policy;
   // A budget the plan was given is the option to change, whatever the runtime's message names
   // (its config fields).
@@ -125,19 +128,27 @@ Result<OffloadEstimate> run_simulation(const OffloadJob& job, const StrataLayout
     return std::move(status).with_context(context);
   };
   const uint32_t simulated_passes = std::min(job.grad_accum, kMaxSimulatedMicroBatches);
+  // Past the first few micro-batches each one repeats the ones before: the step is extended at
+  // the mean rate micro-batches half-way to the limit and beyond added (time, busy time, bytes);
+  // peaks stay. A mean over several, because Strata's caching makes single steps uneven. The
+  // shorter step is simulated on the pool beside this one, when there is a pool.
+  const bool extended = job.grad_accum > simulated_passes;
+  const uint32_t half = simulated_passes / 2;
+  std::optional<Result<sched::SimulationResult>> shorter;
+  SimulationPool::Ticket shorter_ticket;
+  if (extended && pool != nullptr) {
+    shorter_ticket = pool->post([&] { shorter.emplace(simulate_step(job, layout, memory, half)); });
+  }
   Result<sched::SimulationResult> simulated = simulate_step(job, layout, memory, simulated_passes);
+  if (shorter_ticket) pool->join(shorter_ticket);
   if (!simulated) return failed(std::move(simulated).take_status());
-  if (job.grad_accum > simulated_passes) {
-    // Past the first few micro-batches each one repeats the ones before: extend the step at the
-    // mean rate micro-batches half-way to the limit and beyond added (time, busy time, bytes);
-    // peaks stay. A mean over several, because Strata's caching makes single steps uneven.
-    const uint32_t half = simulated_passes / 2;
-    Result<sched::SimulationResult> shorter = simulate_step(job, layout, memory, half);
-    if (!shorter) return failed(std::move(shorter).take_status());
+  if (extended) {
+    if (!shorter) shorter.emplace(simulate_step(job, layout, memory, half));
+    if (!*shorter) return failed(std::move(*shorter).take_status());
     const double more =
         static_cast<double>(job.grad_accum - simulated_passes) / (simulated_passes - half);
     sched::SimulationResult& r = *simulated;
-    const sched::SimulationResult& q = *shorter;
+    const sched::SimulationResult& q = **shorter;
     r.step_seconds += more * (r.step_seconds - q.step_seconds);
     r.stall_seconds += more * std::max(0.0, r.stall_seconds - q.stall_seconds);
     for (int i = 0; i < sched::kResourceCount; ++i) {
@@ -277,7 +288,7 @@ sched::DeviceModel offload_device_model(const OffloadJob& job) {
   return d;
 }
 
-Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job) {
+Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job, SimulationPool* pool) {
   // The automatic budget, as the runtime sizes it from the drive: the least that keeps it busy.
   const sched::PinnedSizing sizing = strata_pinned_sizing(
       job.nvme_read_gbps, job.nvme_write_gbps, job.optimizer_threads, job.drive_queue_depth);
@@ -301,7 +312,7 @@ Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job) {
                                          sched::strata_memory_plan(
                                              split.budget_bytes, job.device_budget_bytes * job.gpus,
                                              split.staging_bytes),
-                                         split.budget_bytes));
+                                         split.budget_bytes, pool));
   e.pinned_derivation = split.derivation;
   return e;
 }

@@ -22,6 +22,8 @@
 
 namespace strata {
 
+class SimulationPool;  // model/simulation_pool.h
+
 // What the offload estimators need to know about a job, independent of the policy.
 // A training server's CPU optimizer threads and the queue depth of 1 MiB requests that keeps a
 // datacenter NVMe drive at full speed, unless the plan is told otherwise.
@@ -136,7 +138,10 @@ sched::DeviceModel offload_device_model(const OffloadJob& job);
 // parameter and gradient held on the device (device_budget_bytes x gpus) and moved through pinned
 // pieces; one warm-up step, one measured step of grad_accum forward/backward passes and the
 // optimizer. Errors: the simulator's (a budget that
-// cannot hold a phase is STRATA_E_PINNED_BUDGET / STRATA_E_DEVICE_BUDGET).
-Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job);
+// cannot hold a phase is STRATA_E_PINNED_BUDGET / STRATA_E_DEVICE_BUDGET). Past
+// kMaxSimulatedMicroBatches a second, shorter step is simulated; with a pool it runs there, beside
+// the first (model/simulation_pool.h).
+Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job,
+                                                     SimulationPool* pool = nullptr);
 
 }  // namespace strata
