@@ -43,12 +43,16 @@ class AccessLanes {
   void set(uint32_t position, uint32_t lane);
   // The first position in [from, end) whose lane is in `lanes` (bit per lane), else end.
   uint32_t next(uint32_t from, uint32_t end, uint64_t lanes) const;
+  // Whether the bitsets say what the lanes say (check_invariants recomputes them; O(size)).
+  bool bitsets_match_lanes() const;
 
  private:
   uint32_t lane_count_ = 0;
   std::vector<uint8_t> lane_;    // per position: its lane, or kNoLane
   std::vector<uint32_t> phase_;  // per position
   std::vector<uint64_t> words_;  // word w of lane l at w * lane_count_ + l
+  // Bit w % 64 of summary word (w / 64) * lane_count_ + l: word w of lane l is not zero.
+  std::vector<uint64_t> summary_;
   std::vector<uint32_t> begin_;  // per slot + 1: reads_[begin_[s] .. begin_[s + 1])
   std::vector<uint32_t> reads_;
 };

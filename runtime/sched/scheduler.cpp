@@ -1809,44 +1809,68 @@ uint32_t Scheduler::serve_demands() {
   return blocked;
 }
 
-std::optional<uint64_t> Scheduler::memo_holds(const HintMemo& memo, uint32_t blocked_pools) const {
+bool Scheduler::memo_holds(const HintMemo& memo, uint32_t blocked_pools, uint64_t& waiting) const {
   // As a pass would find it with the record unchanged, in serve_hints_pass's and advance()'s
   // order: a pool a demand holds keeps the hint, with the waiting bytes its record adds; a full
   // link refuses it first, with none; then the room decides.
   const bool held = memo.pool != kNoPool && (blocked_pools & (1u << memo.pool)) != 0;
   switch (memo.kind) {
     case HintMemo::Kind::kNone:
-      return std::nullopt;
+      return false;
     case HintMemo::Kind::kPoolHeld:
-      if (held) return memo.bytes;
-      return std::nullopt;
+      waiting = memo.bytes;
+      return held;
     case HintMemo::Kind::kLinkFull:
     case HintMemo::Kind::kRoomWait:
-      if (held) return memo.bytes;  // the record wants room there (it got as far as the link)
-      if (!link_free(memo.link)) return 0;
-      if (memo.kind == HintMemo::Kind::kRoomWait && hint_room_waits(memo.pool, memo.bytes)) {
-        return memo.bytes;
+      waiting = memo.bytes;
+      if (held) return true;  // the record wants room there (it got as far as the link)
+      if (!link_free(memo.link)) {
+        waiting = 0;
+        return true;
       }
-      return std::nullopt;
+      return memo.kind == HintMemo::Kind::kRoomWait && hint_room_waits(memo.pool, memo.bytes);
   }
-  return std::nullopt;
+  return false;
 }
 
-Scheduler::HintContext Scheduler::hint_context(uint32_t blocked_pools) const {
-  HintContext c;
+uint32_t Scheduler::free_links() const {
+  uint32_t links = 0;
   for (int link = 0; link < kLinkCount; ++link) {
-    if (link_free(static_cast<Link>(link))) c.free_links |= 1u << link;
+    if (link_free(static_cast<Link>(link))) links |= 1u << link;
   }
+  return links;
+}
+
+Scheduler::PoolRoom Scheduler::pool_room(const PoolState& pool) const {
+  return {pool.used, pool.cleaning, prefetch_may_evict(first_victim(pool, 0)),
+          prefetch_may_evict(first_victim(pool, 1))};
+}
+
+bool Scheduler::in_hint_context(const HintContext& c, uint32_t blocked_pools) const {
+  if (c.blocked_pools != blocked_pools || c.head != hint_head_ || c.count != hint_count_ ||
+      c.changes != hinted_changes_ || c.pool_count != pools_.size() ||
+      c.free_links != free_links()) {
+    return false;
+  }
+  for (size_t p = 0; p < pools_.size(); ++p) {
+    const PoolState& pool = pools_[p];
+    // The byte counts first: they change on almost every pump, the victims' ranks seldom.
+    if (c.pools[p].used != pool.used || c.pools[p].cleaning != pool.cleaning ||
+        !(c.pools[p] == pool_room(pool))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void Scheduler::save_hint_context(HintContext& c, uint32_t blocked_pools) const {
+  c.free_links = free_links();
   c.blocked_pools = blocked_pools;
   c.head = hint_head_;
   c.count = hint_count_;
   c.changes = hinted_changes_;
-  for (size_t p = 0; p < pools_.size(); ++p) {
-    const PoolState& pool = pools_[p];
-    c.pools[p] = {pool.used, pool.cleaning, prefetch_may_evict(first_victim(pool, 0)),
-                  prefetch_may_evict(first_victim(pool, 1))};
-  }
-  return c;
+  c.pool_count = pools_.size();
+  for (size_t p = 0; p < pools_.size(); ++p) c.pools[p] = pool_room(pools_[p]);
 }
 
 void Scheduler::serve_hints(uint32_t blocked_pools) {
@@ -1854,20 +1878,16 @@ void Scheduler::serve_hints(uint32_t blocked_pools) {
   // changed. In the context the last pass left, the first pump to come looks at the memos alone;
   // when every one of them holds (each hint kept, nothing done), so does the pass, and the pumps
   // after it in the same context add the same waiting bytes without looking again.
-  const HintContext context = hint_context(blocked_pools);
-  if (hint_replay_context_ && *hint_replay_context_ == context) {
+  if (hint_replay_valid_ && in_hint_context(hint_replay_context_, blocked_pools)) {
     if (!hint_replay_ready_) {
       std::fill(hint_replay_waiting_.begin(), hint_replay_waiting_.end(), 0);
       bool all_hold = true;
       const size_t capacity = hints_.size();
       for (size_t i = 0; i < hint_count_ && all_hold; ++i) {
         const HintMemo& memo = hint_memos_[(hint_head_ + i) % capacity];
-        const std::optional<uint64_t> waiting = memo_holds(memo, blocked_pools);
-        if (!waiting) {
-          all_hold = false;
-        } else if (*waiting > 0) {
-          hint_replay_waiting_[memo.pool] += *waiting;
-        }
+        uint64_t waiting = 0;
+        all_hold = memo_holds(memo, blocked_pools, waiting);
+        if (all_hold && waiting > 0) hint_replay_waiting_[memo.pool] += waiting;
       }
       hint_replay_ready_ = all_hold;
     }
@@ -1876,11 +1896,12 @@ void Scheduler::serve_hints(uint32_t blocked_pools) {
       return;
     }
   }
-  hint_replay_context_.reset();
+  hint_replay_valid_ = false;
   hint_replay_ready_ = false;
   serve_hints_pass(blocked_pools);
   if (hinted_changes_after_pass_ == hinted_changes_) {
-    hint_replay_context_ = hint_context(blocked_pools);
+    save_hint_context(hint_replay_context_, blocked_pools);
+    hint_replay_valid_ = true;
   }
 }
 
@@ -1911,8 +1932,9 @@ void Scheduler::serve_hints_pass(uint32_t blocked_pools) {
     if (memo.kind != HintMemo::Kind::kNone &&
         (unchanged || (hint.tensor.index < record_versions_.size() &&
                        record_versions_[hint.tensor.index] == memo.version))) {
-      if (const std::optional<uint64_t> waiting = memo_holds(memo, blocked_pools)) {
-        if (*waiting > 0) pools_[memo.pool].waiting += *waiting;
+      uint64_t waiting = 0;
+      if (memo_holds(memo, blocked_pools, waiting)) {
+        if (waiting > 0) pools_[memo.pool].waiting += waiting;
         keep_as(memo);
         continue;
       }
@@ -2245,6 +2267,9 @@ Status Scheduler::check_invariants_locked() const {
                       " is in lane " + name(lanes_.lane(p)) + "; its tensor's state says " +
                       name(expected));
       }
+    }
+    if (!lanes_.bitsets_match_lanes()) {
+      return broken("the lanes index's bitsets (or their summary) disagree with its lanes");
     }
   }
 

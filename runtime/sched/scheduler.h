@@ -561,12 +561,15 @@ class Scheduler final : public CompletionSink {
   std::optional<uint64_t> hinted_changes_after_pass_;
   // A hint leaves the ring (dropped by a pass, or overwritten when the ring is full).
   void unhint(TensorHandle tensor);
-  // The waiting bytes a pass adds for a hint whose record is as its memo says, when the memo's
-  // outcome (kept) holds now; nullopt when the pass must look at the record.
-  std::optional<uint64_t> memo_holds(const HintMemo& memo, uint32_t blocked_pools) const;
+  // Whether a hint whose record is as its memo says keeps the memo's outcome now; if so,
+  // `waiting` is the bytes a pass adds for it. (A bool and an out-parameter, not an optional:
+  // this runs for every hint on most pumps, and returning an optional cost a stalled
+  // store-to-load forward each time.)
+  bool memo_holds(const HintMemo& memo, uint32_t blocked_pools, uint64_t& waiting) const;
   // Everything memo_holds reads beyond the memos: links with room, pools demands hold, each
   // pool's room and whether a prefetch may evict its first clean and first dirty candidate, the
-  // ring, and the count of changes of the records it names.
+  // ring, and the count of changes of the records it names. Only the first `pool_count` entries
+  // of `pools` are set: the context is compared on most pumps, and so is never built whole.
   struct PoolRoom {
     uint64_t used = 0;
     uint64_t cleaning = 0;
@@ -580,13 +583,19 @@ class Scheduler final : public CompletionSink {
     size_t head = 0;
     size_t count = 0;
     uint64_t changes = 0;
+    size_t pool_count = 0;
     std::array<PoolRoom, kMaxPools> pools{};
-    bool operator==(const HintContext&) const = default;
   };
-  HintContext hint_context(uint32_t blocked_pools) const;
-  // The context the last pass left (none when the pass changed a record it names); once a look
-  // at the memos in it found every hint kept (ready), the waiting bytes per pool they add.
-  std::optional<HintContext> hint_replay_context_;
+  uint32_t free_links() const;  // bit per link with room
+  PoolRoom pool_room(const PoolState& pool) const;
+  // Whether the scheduler is in context `c` now (the first difference ends the look); `c` set to
+  // the context now.
+  bool in_hint_context(const HintContext& c, uint32_t blocked_pools) const;
+  void save_hint_context(HintContext& c, uint32_t blocked_pools) const;
+  // The context the last pass left (valid unless that pass changed a record it names); once a
+  // look at the memos in it found every hint kept (ready), the waiting bytes per pool they add.
+  HintContext hint_replay_context_;
+  bool hint_replay_valid_ = false;
   bool hint_replay_ready_ = false;
   std::vector<uint64_t> hint_replay_waiting_;
   size_t hint_head_ = 0;
