@@ -68,7 +68,7 @@ asan_excluded='^FinetuneBench\.JsonHasEveryKeyFromOneProcessPerContender$'
 # The concurrency-labelled test binaries (tests/*/CMakeLists.txt: LABELS concurrency); only these
 # are built, which keeps the stage short.
 tsan_targets=(api_test fault_training_test sched_test io_test memory_test optim_test telemetry_test
-  storage_test)
+  storage_test model_test)
 tsan_build() {
   cmake -S . -B build-tsan "${common[@]}" -DSTRATA_SANITIZE=thread >/dev/null
   cmake --build build-tsan -j "$jobs" --target "${tsan_targets[@]}"
