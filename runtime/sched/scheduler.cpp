@@ -151,7 +151,7 @@ Scheduler::Scheduler(const SchedulerConfig& config, TierBackend& backend,
   demands_.reserve(config_.max_waiting);
   hints_.resize(config_.max_prefetch_hints);
   hint_memos_.resize(config_.max_prefetch_hints);
-  hint_replay_waiting_.assign(pools_.size(), 0);
+  memo_groups_.reserve(config_.max_prefetch_hints);
   for (Tier tier : kMemoryTiers) {
     TierUsage& usage = stats_.tiers[memory_index(tier)];
     usage.reserved_bytes = reserved_bytes(config_.memory, tier);
@@ -802,6 +802,7 @@ Status Scheduler::prefetch(TensorHandle tensor, Tier tier) {
   const size_t capacity = hints_.size();
   const Demand hint{tensor, tier, AccessMode::kRead};
   ++r.hints_in_ring;
+  memo_groups_valid_ = false;  // the new hint has no memo yet
   if (hint_count_ == capacity) {
     unhint(hints_[hint_head_].tensor);
     hints_[hint_head_] = hint;  // the oldest hint gives way
@@ -1833,76 +1834,75 @@ bool Scheduler::memo_holds(const HintMemo& memo, uint32_t blocked_pools, uint64_
   return false;
 }
 
-uint32_t Scheduler::free_links() const {
-  uint32_t links = 0;
-  for (int link = 0; link < kLinkCount; ++link) {
-    if (link_free(static_cast<Link>(link))) links |= 1u << link;
+uint64_t Scheduler::group_waiting(const MemoGroup& group, uint32_t blocked_pools) const {
+  // memo_holds for every memo of the group at once: held pool and full link are the same for
+  // all of them, and hint_room_waits is true on an interval of bytes (each of its conditions is
+  // either "at most" or "more than" a bound), so its least and most bytes answer for the rest.
+  const bool held = (blocked_pools & (1u << group.pool)) != 0;
+  switch (group.kind) {
+    case HintMemo::Kind::kNone:
+      return kGroupDoesNotHold;
+    case HintMemo::Kind::kPoolHeld:
+      return held ? group.bytes : kGroupDoesNotHold;
+    case HintMemo::Kind::kLinkFull:
+    case HintMemo::Kind::kRoomWait:
+      if (held) return group.bytes;
+      if (!link_free(group.link)) return 0;
+      if (group.kind == HintMemo::Kind::kRoomWait && hint_room_waits(group.pool, group.least) &&
+          hint_room_waits(group.pool, group.most)) {
+        return group.bytes;
+      }
+      return kGroupDoesNotHold;
   }
-  return links;
+  return kGroupDoesNotHold;
 }
 
-Scheduler::PoolRoom Scheduler::pool_room(const PoolState& pool) const {
-  return {pool.used, pool.cleaning, prefetch_may_evict(first_victim(pool, 0)),
-          prefetch_may_evict(first_victim(pool, 1))};
-}
-
-bool Scheduler::in_hint_context(const HintContext& c, uint32_t blocked_pools) const {
-  if (c.blocked_pools != blocked_pools || c.head != hint_head_ || c.count != hint_count_ ||
-      c.changes != hinted_changes_ || c.pool_count != pools_.size() ||
-      c.free_links != free_links()) {
-    return false;
-  }
-  for (size_t p = 0; p < pools_.size(); ++p) {
-    const PoolState& pool = pools_[p];
-    // The byte counts first: they change on almost every pump, the victims' ranks seldom.
-    if (c.pools[p].used != pool.used || c.pools[p].cleaning != pool.cleaning ||
-        !(c.pools[p] == pool_room(pool))) {
-      return false;
+bool Scheduler::group_memos_into(std::vector<MemoGroup>& groups) const {
+  groups.clear();
+  // Memos describe their records only if the pass changed none the ring names.
+  if (hinted_changes_after_pass_ != hinted_changes_) return false;
+  const size_t capacity = hints_.size();
+  for (size_t i = 0; i < hint_count_; ++i) {
+    const HintMemo& memo = hint_memos_[(hint_head_ + i) % capacity];
+    if (memo.kind == HintMemo::Kind::kNone) return false;  // a hint the next pass must look at
+    const auto same = [&](const MemoGroup& g) {
+      return g.kind == memo.kind && g.link == memo.link && g.pool == memo.pool;
+    };
+    auto group = std::find_if(groups.begin(), groups.end(), same);
+    if (group == groups.end()) {
+      // At most one group per hint: within the capacity reserved, no allocation.
+      groups.push_back({memo.kind, memo.link, memo.pool, 0, memo.bytes, memo.bytes});
+      group = groups.end() - 1;
     }
+    group->bytes += memo.bytes;
+    group->least = std::min(group->least, memo.bytes);
+    group->most = std::max(group->most, memo.bytes);
   }
   return true;
 }
 
-void Scheduler::save_hint_context(HintContext& c, uint32_t blocked_pools) const {
-  c.free_links = free_links();
-  c.blocked_pools = blocked_pools;
-  c.head = hint_head_;
-  c.count = hint_count_;
-  c.changes = hinted_changes_;
-  c.pool_count = pools_.size();
-  for (size_t p = 0; p < pools_.size(); ++p) c.pools[p] = pool_room(pools_[p]);
+void Scheduler::group_memos() {
+  memo_groups_valid_ = group_memos_into(memo_groups_);
 }
 
 void Scheduler::serve_hints(uint32_t blocked_pools) {
-  // A pass's outcome is a function of its context (HintContext) while no record it names has
-  // changed. In the context the last pass left, the first pump to come looks at the memos alone;
-  // when every one of them holds (each hint kept, nothing done), so does the pass, and the pumps
-  // after it in the same context add the same waiting bytes without looking again.
-  if (hint_replay_valid_ && in_hint_context(hint_replay_context_, blocked_pools)) {
-    if (!hint_replay_ready_) {
-      std::fill(hint_replay_waiting_.begin(), hint_replay_waiting_.end(), 0);
-      bool all_hold = true;
-      const size_t capacity = hints_.size();
-      for (size_t i = 0; i < hint_count_ && all_hold; ++i) {
-        const HintMemo& memo = hint_memos_[(hint_head_ + i) % capacity];
-        uint64_t waiting = 0;
-        all_hold = memo_holds(memo, blocked_pools, waiting);
-        if (all_hold && waiting > 0) hint_replay_waiting_[memo.pool] += waiting;
+  // While every memo describes its record (no ring change, no change of a record it names since
+  // the last pass), a pass in which every memo holds keeps every hint and does nothing else: the
+  // groups answer that in a few checks, and give the waiting bytes the pass would add.
+  if (memo_groups_valid_ && hinted_changes_after_pass_ == hinted_changes_) {
+    const bool all_hold =
+        std::all_of(memo_groups_.begin(), memo_groups_.end(), [&](const MemoGroup& group) {
+          return group_waiting(group, blocked_pools) != kGroupDoesNotHold;
+        });
+    if (all_hold) {
+      for (const MemoGroup& group : memo_groups_) {
+        pools_[group.pool].waiting += group_waiting(group, blocked_pools);
       }
-      hint_replay_ready_ = all_hold;
-    }
-    if (hint_replay_ready_) {
-      for (size_t p = 0; p < pools_.size(); ++p) pools_[p].waiting += hint_replay_waiting_[p];
       return;
     }
   }
-  hint_replay_valid_ = false;
-  hint_replay_ready_ = false;
   serve_hints_pass(blocked_pools);
-  if (hinted_changes_after_pass_ == hinted_changes_) {
-    save_hint_context(hint_replay_context_, blocked_pools);
-    hint_replay_valid_ = true;
-  }
+  group_memos();
 }
 
 void Scheduler::serve_hints_pass(uint32_t blocked_pools) {
@@ -2242,6 +2242,13 @@ Status Scheduler::check_invariants_locked() const {
                       std::to_string(registry_.at(i).hints_in_ring) + " hints; the ring has " +
                       std::to_string(named[i]));
       }
+    }
+  }
+  // The memo groups, while valid, are what grouping the ring's memos gives.
+  if (memo_groups_valid_ && hinted_changes_after_pass_ == hinted_changes_) {
+    std::vector<MemoGroup> groups;
+    if (!group_memos_into(groups) || groups != memo_groups_) {
+      return broken("the prefetch hints' memo groups are not those of the ring's memos");
     }
   }
 

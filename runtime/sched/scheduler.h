@@ -566,38 +566,33 @@ class Scheduler final : public CompletionSink {
   // this runs for every hint on most pumps, and returning an optional cost a stalled
   // store-to-load forward each time.)
   bool memo_holds(const HintMemo& memo, uint32_t blocked_pools, uint64_t& waiting) const;
-  // Everything memo_holds reads beyond the memos: links with room, pools demands hold, each
-  // pool's room and whether a prefetch may evict its first clean and first dirty candidate, the
-  // ring, and the count of changes of the records it names. Only the first `pool_count` entries
-  // of `pools` are set: the context is compared on most pumps, and so is never built whole.
-  struct PoolRoom {
-    uint64_t used = 0;
-    uint64_t cleaning = 0;
-    bool clean_evictable = false;
-    bool dirty_evictable = false;
-    bool operator==(const PoolRoom&) const = default;
+  // The ring's memos grouped by what decides them (kind, link, pool), with the sum, least and
+  // most of their bytes. Whether every memo of a group holds is one question about the group
+  // (group_waiting), so a pump in which every memo holds, and the pass would keep every hint and
+  // do nothing else, costs a few checks instead of one per hint: the hints waiting for the
+  // optimizer's read-ahead sit in the ring through thousands of pumps, half of whose passes were
+  // such. Made after each pass (group_memos); valid while the memos describe their records: every
+  // hint has one, the pass changed no record the ring names, and nothing since has
+  // (hinted_changes_) nor added a hint.
+  struct MemoGroup {
+    HintMemo::Kind kind = HintMemo::Kind::kNone;
+    Link link = Link::kNvmeRead;
+    int pool = kNoPool;
+    uint64_t bytes = 0;  // of all its memos
+    uint64_t least = 0;
+    uint64_t most = 0;
+    bool operator==(const MemoGroup&) const = default;
   };
-  struct HintContext {
-    uint32_t free_links = 0;
-    uint32_t blocked_pools = 0;
-    size_t head = 0;
-    size_t count = 0;
-    uint64_t changes = 0;
-    size_t pool_count = 0;
-    std::array<PoolRoom, kMaxPools> pools{};
-  };
-  uint32_t free_links() const;  // bit per link with room
-  PoolRoom pool_room(const PoolState& pool) const;
-  // Whether the scheduler is in context `c` now (the first difference ends the look); `c` set to
-  // the context now.
-  bool in_hint_context(const HintContext& c, uint32_t blocked_pools) const;
-  void save_hint_context(HintContext& c, uint32_t blocked_pools) const;
-  // The context the last pass left (valid unless that pass changed a record it names); once a
-  // look at the memos in it found every hint kept (ready), the waiting bytes per pool they add.
-  HintContext hint_replay_context_;
-  bool hint_replay_valid_ = false;
-  bool hint_replay_ready_ = false;
-  std::vector<uint64_t> hint_replay_waiting_;
+  static constexpr uint64_t kGroupDoesNotHold = UINT64_MAX;
+  std::vector<MemoGroup> memo_groups_;  // capacity: the ring's, reserved (no allocation)
+  bool memo_groups_valid_ = false;
+  void group_memos();
+  // The ring's memos grouped into `groups`; false (groups partial) if they do not all describe
+  // their records.
+  bool group_memos_into(std::vector<MemoGroup>& groups) const;
+  // The waiting bytes a pass adds for the group's hints when every one of its memos holds now,
+  // else kGroupDoesNotHold.
+  uint64_t group_waiting(const MemoGroup& group, uint32_t blocked_pools) const;
   size_t hint_head_ = 0;
   size_t hint_count_ = 0;
   std::array<RangeCopy, kMaxRangeCopies> range_copies_;
