@@ -17,11 +17,12 @@ Result<TensorHandle> TensorRegistry::add(const TensorSpec& spec, const RegisterO
     index = free_slots_.back();
     free_slots_.pop_back();
   } else {
-    index = static_cast<uint32_t>(slots_.size());
-    slots_.emplace_back();
+    index = slot_count_++;
+    if ((index & (kSlotsPerChunk - 1)) == 0)
+      chunks_.push_back(std::make_unique<Slot[]>(kSlotsPerChunk));
     live_generation_.push_back(0);
   }
-  Slot& slot = slots_[index];
+  Slot& slot = this->slot(index);
   ++slot.generation;
   // Slots are retired before their generation outgrows the handle's field.
   STRATA_ASSERT(slot.generation != 0 && slot.generation <= kMaxHandleGeneration);
@@ -42,7 +43,7 @@ Result<TensorHandle> TensorRegistry::add(const TensorSpec& spec, const RegisterO
 
 void TensorRegistry::remove(TensorHandle handle) {
   STRATA_ASSERT(resolve(handle).is_ok());
-  Slot& slot = slots_[handle.index];
+  Slot& slot = this->slot(handle.index);
   live_generation_[handle.index] = 0;
   slot.record = TensorRecord{};
   --live_;

@@ -8,8 +8,8 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -152,13 +152,13 @@ class TensorRegistry {
   Result<uint32_t> resolve(TensorHandle handle) const;
   bool is_live(TensorHandle handle) const { return resolve(handle).is_ok(); }
 
-  TensorRecord& at(uint32_t index) { return slots_[index].record; }
-  const TensorRecord& at(uint32_t index) const { return slots_[index].record; }
+  TensorRecord& at(uint32_t index) { return slot(index).record; }
+  const TensorRecord& at(uint32_t index) const { return slot(index).record; }
   bool live(uint32_t index) const {
     return index < live_generation_.size() && live_generation_[index] != 0;
   }
 
-  uint32_t slot_count() const { return static_cast<uint32_t>(slots_.size()); }
+  uint32_t slot_count() const { return slot_count_; }
   uint32_t live_count() const { return live_; }
   uint32_t max_tensors() const { return max_tensors_; }
 
@@ -167,7 +167,17 @@ class TensorRegistry {
     TensorRecord record;
     uint32_t generation = 0;
   };
-  std::deque<Slot> slots_;  // a deque: records stay put while others are registered
+  // Slots in chunks of 64 that never move, so records stay put while others are registered, and
+  // finding one is a shift and a mask (at() runs for every record the scheduler reads; a deque of
+  // records this size holds one per block and indexes through its map).
+  static constexpr uint32_t kChunkShift = 6;
+  static constexpr uint32_t kSlotsPerChunk = 1u << kChunkShift;
+  Slot& slot(uint32_t index) { return chunks_[index >> kChunkShift][index & (kSlotsPerChunk - 1)]; }
+  const Slot& slot(uint32_t index) const {
+    return chunks_[index >> kChunkShift][index & (kSlotsPerChunk - 1)];
+  }
+  std::vector<std::unique_ptr<Slot[]>> chunks_;
+  uint32_t slot_count_ = 0;
   // Per slot: the live generation, or 0. resolve() runs for every access the scheduler looks at;
   // a flat array keeps that check to one load.
   std::vector<uint32_t> live_generation_;
