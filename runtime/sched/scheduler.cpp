@@ -1862,21 +1862,25 @@ bool Scheduler::group_memos_into(std::vector<MemoGroup>& groups) const {
   // Memos describe their records only if the pass changed none the ring names.
   if (hinted_changes_after_pass_ != hinted_changes_) return false;
   const size_t capacity = hints_.size();
-  for (size_t i = 0; i < hint_count_; ++i) {
-    const HintMemo& memo = hint_memos_[(hint_head_ + i) % capacity];
+  size_t last = 0;  // the group of the hint before
+  for (size_t i = 0, at = hint_head_; i < hint_count_; ++i, at = at + 1 == capacity ? 0 : at + 1) {
+    const HintMemo& memo = hint_memos_[at];
     if (memo.kind == HintMemo::Kind::kNone) return false;  // a hint the next pass must look at
     const auto same = [&](const MemoGroup& g) {
       return g.kind == memo.kind && g.link == memo.link && g.pool == memo.pool;
     };
-    auto group = std::find_if(groups.begin(), groups.end(), same);
-    if (group == groups.end()) {
-      // At most one group per hint: within the capacity reserved, no allocation.
-      groups.push_back({memo.kind, memo.link, memo.pool, 0, memo.bytes, memo.bytes});
-      group = groups.end() - 1;
+    // Neighbours in the ring mostly share a group (a window of read-ahead hints).
+    if (last == groups.size() || !same(groups[last])) {
+      last = static_cast<size_t>(std::find_if(groups.begin(), groups.end(), same) - groups.begin());
+      if (last == groups.size()) {
+        // At most one group per hint: within the capacity reserved, no allocation.
+        groups.push_back({memo.kind, memo.link, memo.pool, 0, memo.bytes, memo.bytes});
+      }
     }
-    group->bytes += memo.bytes;
-    group->least = std::min(group->least, memo.bytes);
-    group->most = std::max(group->most, memo.bytes);
+    MemoGroup& group = groups[last];
+    group.bytes += memo.bytes;
+    group.least = std::min(group.least, memo.bytes);
+    group.most = std::max(group.most, memo.bytes);
   }
   return true;
 }
