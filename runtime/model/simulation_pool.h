@@ -1,7 +1,7 @@
 #pragma once
 
-// The threads a plan's simulations run on, side by side (docs/planner.md, "How long a plan
-// takes").
+// The threads a plan's simulations run on, side by side (docs/scheduling.md, "Simulator
+// speed").
 //
 // A plan simulates one step per candidate: the GPUs that offload to NVMe, the comparison with
 // ZeRO-Infinity, the re-plans behind the advice, and two steps where the job accumulates more
