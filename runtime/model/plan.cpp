@@ -970,10 +970,6 @@ class SimulationBatch {
   std::vector<SimulationPool::Ticket> tickets_;
 };
 
-}  // namespace
-
-namespace {
-
 // make_gpu_plans in two halves, so that make_plan can post the comparison's simulations beside
 // these: the GPUs' plans with their NVMe simulations posted, then the plans finished with them.
 struct GpuPlansUnderway {
