@@ -1810,49 +1810,31 @@ uint32_t Scheduler::serve_demands() {
   return blocked;
 }
 
-bool Scheduler::memo_holds(const HintMemo& memo, uint32_t blocked_pools, uint64_t& waiting) const {
-  // As a pass would find it with the record unchanged, in serve_hints_pass's and advance()'s
-  // order: a pool a demand holds keeps the hint, with the waiting bytes its record adds; a full
-  // link refuses it first, with none; then the room decides.
-  const bool held = memo.pool != kNoPool && (blocked_pools & (1u << memo.pool)) != 0;
-  switch (memo.kind) {
-    case HintMemo::Kind::kNone:
-      return false;
-    case HintMemo::Kind::kPoolHeld:
-      waiting = memo.bytes;
-      return held;
-    case HintMemo::Kind::kLinkFull:
-    case HintMemo::Kind::kRoomWait:
-      waiting = memo.bytes;
-      if (held) return true;  // the record wants room there (it got as far as the link)
-      if (!link_free(memo.link)) {
-        waiting = 0;
-        return true;
-      }
-      return memo.kind == HintMemo::Kind::kRoomWait && hint_room_waits(memo.pool, memo.bytes);
-  }
-  return false;
-}
-
 uint64_t Scheduler::group_waiting(const MemoGroup& group, uint32_t blocked_pools) const {
-  // memo_holds for every memo of the group at once: held pool and full link are the same for
-  // all of them, and hint_room_waits is true on an interval of bytes (each of its conditions is
-  // either "at most" or "more than" a bound), so its least and most bytes answer for the rest.
+  // As a pass would find each memo with its record unchanged, in serve_hints_pass's and
+  // advance()'s order: a pool a demand holds keeps the hint, with the waiting bytes its record
+  // adds; a full link refuses it first, with none; then the room decides. One answer for the
+  // whole group: held pool and full link are the same for all of its memos, and
+  // hint_room_waits is true on an interval of bytes (each of its conditions is either "at most"
+  // or "more than" a bound), so its least and most bytes answer for the rest. (A plain value,
+  // not an optional: this runs for every hint on most passes, and returning an optional cost a
+  // stalled store-to-load forward each time.)
+  if (group.kind == HintMemo::Kind::kNone) return kGroupDoesNotHold;
   const bool held = (blocked_pools & (1u << group.pool)) != 0;
   switch (group.kind) {
     case HintMemo::Kind::kNone:
-      return kGroupDoesNotHold;
+      break;
     case HintMemo::Kind::kPoolHeld:
       return held ? group.bytes : kGroupDoesNotHold;
     case HintMemo::Kind::kLinkFull:
     case HintMemo::Kind::kRoomWait:
-      if (held) return group.bytes;
+      if (held) return group.bytes;  // the record wants room there (it got as far as the link)
       if (!link_free(group.link)) return 0;
       if (group.kind == HintMemo::Kind::kRoomWait && hint_room_waits(group.pool, group.least) &&
-          hint_room_waits(group.pool, group.most)) {
+          (group.most == group.least || hint_room_waits(group.pool, group.most))) {
         return group.bytes;
       }
-      return kGroupDoesNotHold;
+      break;
   }
   return kGroupDoesNotHold;
 }
@@ -1874,7 +1856,8 @@ bool Scheduler::group_memos_into(std::vector<MemoGroup>& groups) const {
       last = static_cast<size_t>(std::find_if(groups.begin(), groups.end(), same) - groups.begin());
       if (last == groups.size()) {
         // At most one group per hint: within the capacity reserved, no allocation.
-        groups.push_back({memo.kind, memo.link, memo.pool, 0, memo.bytes, memo.bytes});
+        groups.push_back(MemoGroup::of(memo));
+        continue;
       }
     }
     MemoGroup& group = groups[last];
@@ -1936,8 +1919,8 @@ void Scheduler::serve_hints_pass(uint32_t blocked_pools) {
     if (memo.kind != HintMemo::Kind::kNone &&
         (unchanged || (hint.tensor.index < record_versions_.size() &&
                        record_versions_[hint.tensor.index] == memo.version))) {
-      uint64_t waiting = 0;
-      if (memo_holds(memo, blocked_pools, waiting)) {
+      const uint64_t waiting = group_waiting(MemoGroup::of(memo), blocked_pools);
+      if (waiting != kGroupDoesNotHold) {
         if (waiting > 0) pools_[memo.pool].waiting += waiting;
         keep_as(memo);
         continue;

@@ -528,10 +528,10 @@ class Scheduler final : public CompletionSink {
   // Beside each hint, what its last look found, while its tensor's record is unchanged
   // (record_versions_): kept because a demand holds its pool (kPoolHeld), refused by a full link
   // before any room was made (kLinkFull), or refused by ensure_space for want of room in its
-  // pool (kRoomWait). A pass reuses it while the condition holds (memo_holds), without reading
-  // the record: the hints waiting for the optimizer's read-ahead sit in the ring through
-  // thousands of pumps, and reading each record on every pump (a cache miss each) was most of a
-  // plan's time.
+  // pool (kRoomWait). A pass reuses it while the condition holds (group_waiting of the memo
+  // alone), without reading the record: the hints waiting for the optimizer's read-ahead sit in
+  // the ring through thousands of pumps, and reading each record on every pump (a cache miss
+  // each) was most of a plan's time.
   struct HintMemo {
     enum class Kind : uint8_t { kNone, kPoolHeld, kLinkFull, kRoomWait } kind = Kind::kNone;
     Link link = Link::kNvmeRead;  // kLinkFull, kRoomWait
@@ -561,11 +561,6 @@ class Scheduler final : public CompletionSink {
   std::optional<uint64_t> hinted_changes_after_pass_;
   // A hint leaves the ring (dropped by a pass, or overwritten when the ring is full).
   void unhint(TensorHandle tensor);
-  // Whether a hint whose record is as its memo says keeps the memo's outcome now; if so,
-  // `waiting` is the bytes a pass adds for it. (A bool and an out-parameter, not an optional:
-  // this runs for every hint on most pumps, and returning an optional cost a stalled
-  // store-to-load forward each time.)
-  bool memo_holds(const HintMemo& memo, uint32_t blocked_pools, uint64_t& waiting) const;
   // The ring's memos grouped by what decides them (kind, link, pool), with the sum, least and
   // most of their bytes. Whether every memo of a group holds is one question about the group
   // (group_waiting), so a pump in which every memo holds, and the pass would keep every hint and
@@ -582,6 +577,9 @@ class Scheduler final : public CompletionSink {
     uint64_t least = 0;
     uint64_t most = 0;
     bool operator==(const MemoGroup&) const = default;
+    static MemoGroup of(const HintMemo& memo) {  // the group of one memo
+      return {memo.kind, memo.link, memo.pool, memo.bytes, memo.bytes, memo.bytes};
+    }
   };
   static constexpr uint64_t kGroupDoesNotHold = UINT64_MAX;
   std::vector<MemoGroup> memo_groups_;  // capacity: the ring's, reserved (no allocation)
@@ -590,8 +588,8 @@ class Scheduler final : public CompletionSink {
   // The ring's memos grouped into `groups`; false (groups partial) if they do not all describe
   // their records.
   bool group_memos_into(std::vector<MemoGroup>& groups) const;
-  // The waiting bytes a pass adds for the group's hints when every one of its memos holds now,
-  // else kGroupDoesNotHold.
+  // The waiting bytes a pass adds for the group's hints when every one of its memos holds now
+  // (its records as the memos say), else kGroupDoesNotHold.
   uint64_t group_waiting(const MemoGroup& group, uint32_t blocked_pools) const;
   size_t hint_head_ = 0;
   size_t hint_count_ = 0;
