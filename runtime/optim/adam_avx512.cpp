@@ -4,6 +4,8 @@
 // in an anonymous namespace and nothing comes from shared inline code: see adam_kernels.h.
 #include <immintrin.h>
 
+#include <algorithm>
+
 // GCC 12's AVX-512 intrinsics pass deliberately undefined vectors (_mm512_undefined_*) as merge
 // sources, which -Wmaybe-uninitialized misreports once inlined here (GCC bug 105593).
 #if defined(__GNUC__) && !defined(__clang__)
@@ -135,9 +137,9 @@ STRATA_INLINE void apply(const Constants& c, __m512 g, __m512& p, __m512& m, __m
   }
 }
 
-template <int kGrad, int kOut, bool kL2, bool kTraffic>
-STRATA_INLINE void step16(const Constants& c, float* param, float* m, float* v, const void* grad,
-                          void* out, size_t i) {
+template <int kGrad, bool kL2, bool kTraffic>
+STRATA_INLINE __m512 step16_states(const Constants& c, float* param, float* m, float* v,
+                                   const void* grad, size_t i) {
   __m512 p = _mm512_loadu_ps(param + i);
   __m512 mm = _mm512_loadu_ps(m + i);
   __m512 vv = _mm512_loadu_ps(v + i);
@@ -145,10 +147,66 @@ STRATA_INLINE void step16(const Constants& c, float* param, float* m, float* v, 
   _mm512_storeu_ps(param + i, p);
   _mm512_storeu_ps(m + i, mm);
   _mm512_storeu_ps(v + i, vv);
+  return p;
+}
+
+template <int kGrad, int kOut, bool kL2, bool kTraffic>
+STRATA_INLINE void step16(const Constants& c, float* param, float* m, float* v, const void* grad,
+                          void* out, size_t i) {
+  const __m512 p = step16_states<kGrad, kL2, kTraffic>(c, param, m, v, grad, i);
   if constexpr (kOut != 0) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i),
                         narrow<kOut>(p));
   }
+}
+
+template <int kGrad, int kOut, bool kL2, bool kTraffic>
+STRATA_INLINE void step_masked(const Constants& c, float* param, float* m, float* v,
+                               const void* grad, void* out, size_t i, size_t count) {
+  const __mmask16 k = static_cast<__mmask16>((1u << count) - 1u);
+  __m512 p = _mm512_maskz_loadu_ps(k, param + i);
+  __m512 mm = _mm512_maskz_loadu_ps(k, m + i);
+  __m512 vv = _mm512_maskz_loadu_ps(k, v + i);
+  apply<kL2, kTraffic>(c, load_grad_masked<kGrad>(grad, i, k), p, mm, vv);
+  _mm512_mask_storeu_ps(param + i, k, p);
+  _mm512_mask_storeu_ps(m + i, k, mm);
+  _mm512_mask_storeu_ps(v + i, k, vv);
+  if constexpr (kOut != 0) {
+    _mm256_mask_storeu_epi16(static_cast<uint16_t*>(out) + i, k, narrow<kOut>(p));
+  }
+}
+
+// The weight copy with its lines written whole by non-temporal stores: 32 elements per iteration
+// are exactly one 64-byte line of bf16 or fp16, once out + i is 64-byte aligned. The copy is
+// written and never read in this pass, so an ordinary store first reads each of its lines for
+// ownership: 2 of the 30 bytes per parameter that move, and with them Strata moved more than
+// DeepSpeed's fp32 step (28). One full-line store per iteration leaves no partly filled
+// write-combining buffer behind; p, m and v, just read into the cache, keep ordinary stores.
+// Measured in A/B runs against the two 32-byte ordinary stores (docs/optimizer.md). Returns the
+// index the ordinary loop goes on from; the caller's fence orders the stores.
+template <int kGrad, int kOut, bool kL2, bool kTraffic>
+STRATA_INLINE size_t adamw_streaming_copy(const Constants& c, float* param, float* m, float* v,
+                                          const void* grad, void* out, size_t n) {
+  auto* out16 = static_cast<uint16_t*>(out);
+  const uintptr_t address = reinterpret_cast<uintptr_t>(out);
+  if ((address & 1) != 0) return 0;  // not even 2-byte aligned: no line is ever whole
+  // At most 31 elements, through the masked path, up to the first whole line.
+  const size_t head = std::min(n, static_cast<size_t>(((64 - (address & 63)) & 63) / 2));
+  size_t i = 0;
+  while (i < head) {
+    const size_t count = std::min<size_t>(head - i, 16);
+    step_masked<kGrad, kOut, kL2, kTraffic>(c, param, m, v, grad, out, i, count);
+    i += count;
+  }
+  for (; i + 32 <= n; i += 32) {
+    prefetch_ahead<kGrad>(param, m, v, grad, i);
+    const __m512 p0 = step16_states<kGrad, kL2, kTraffic>(c, param, m, v, grad, i);
+    const __m512 p1 = step16_states<kGrad, kL2, kTraffic>(c, param, m, v, grad, i + 16);
+    const __m512i line =
+        _mm512_inserti64x4(_mm512_castsi256_si512(narrow<kOut>(p0)), narrow<kOut>(p1), 1);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(out16 + i), line);
+  }
+  return i;
 }
 
 template <int kGrad, int kOut, bool kL2, bool kTraffic = false>
@@ -156,6 +214,8 @@ void adamw(const AdamWConstants& constants, float* param, float* m, float* v, co
            void* out, size_t n) {
   const Constants c = broadcast(constants);
   size_t i = 0;
+  if constexpr (kOut != 0)
+    i = adamw_streaming_copy<kGrad, kOut, kL2, kTraffic>(c, param, m, v, grad, out, n);
   // Two vectors per iteration: two independent divide/sqrt chains in flight.
   for (; i + 32 <= n; i += 32) {
     prefetch_ahead<kGrad>(param, m, v, grad, i);
@@ -163,19 +223,9 @@ void adamw(const AdamWConstants& constants, float* param, float* m, float* v, co
     step16<kGrad, kOut, kL2, kTraffic>(c, param, m, v, grad, out, i + 16);
   }
   for (; i + 16 <= n; i += 16) step16<kGrad, kOut, kL2, kTraffic>(c, param, m, v, grad, out, i);
-  if (i < n) {
-    const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    __m512 p = _mm512_maskz_loadu_ps(k, param + i);
-    __m512 mm = _mm512_maskz_loadu_ps(k, m + i);
-    __m512 vv = _mm512_maskz_loadu_ps(k, v + i);
-    apply<kL2, kTraffic>(c, load_grad_masked<kGrad>(grad, i, k), p, mm, vv);
-    _mm512_mask_storeu_ps(param + i, k, p);
-    _mm512_mask_storeu_ps(m + i, k, mm);
-    _mm512_mask_storeu_ps(v + i, k, vv);
-    if constexpr (kOut != 0) {
-      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(out) + i, k, narrow<kOut>(p));
-    }
-  }
+  if (i < n) step_masked<kGrad, kOut, kL2, kTraffic>(c, param, m, v, grad, out, i, n - i);
+  // Non-temporal stores are weakly ordered: fence them before the caller publishes the copy.
+  if constexpr (kOut != 0) _mm_sfence();
 }
 
 STRATA_INLINE void accumulate(__m512 x, __m512d& lo, __m512d& hi) {
