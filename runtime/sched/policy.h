@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory_resource>
+#include <set>
 #include <span>
 
 #include "common/align.h"
@@ -68,6 +70,8 @@ struct VictimOrder {
     return a.tensor < b.tensor;
   }
 };
+// A pool's candidates of one class, best first (Scheduler::PoolState::victims).
+using VictimSet = std::pmr::set<VictimKey, VictimOrder>;
 
 // How far ahead of the current phase prefetch walks the schedule.
 struct PrefetchWindow {

@@ -1235,9 +1235,8 @@ uint64_t Scheduler::victim_rank(const TensorRecord& r, Tier tier) const {
 void Scheduler::unlist_victim(TensorRecord& r, int memory_index) {
   const int mi = memory_index;
   if (!r.victim_listed[mi]) return;
-  const size_t erased =
-      pools_[r.pool[mi]].victims[r.victim_dirty[mi] ? 1 : 0].erase(r.victim_key[mi]);
-  STRATA_ASSERT(erased == 1);
+  STRATA_ASSERT(*r.victim_at[mi] == r.victim_key[mi]);
+  pools_[r.pool[mi]].victims[r.victim_dirty[mi] ? 1 : 0].erase(r.victim_at[mi]);
   r.victim_listed[mi] = false;
 }
 
@@ -1251,8 +1250,9 @@ void Scheduler::list_victim(TensorRecord& r, Tier tier) {
   const bool dirty = needs_cleaning(r, tier);
   if (r.victim_listed[mi] && r.victim_dirty[mi] == dirty && r.victim_key[mi] == key) return;
   unlist_victim(r, mi);
-  const bool inserted = pools_[r.pool[mi]].victims[dirty ? 1 : 0].insert(key).second;
+  const auto [at, inserted] = pools_[r.pool[mi]].victims[dirty ? 1 : 0].insert(key);
   STRATA_ASSERT(inserted);
+  r.victim_at[mi] = at;
   r.victim_listed[mi] = true;
   r.victim_dirty[mi] = dirty;
   r.victim_key[mi] = key;
@@ -2186,6 +2186,11 @@ Status Scheduler::check_invariants_locked() const {
           return broken(label(r) + " is listed on " + to_string(tier) + " with rank " +
                         std::to_string(r.victim_key[mi].rank) + "; its rank is " +
                         std::to_string(key.rank));
+        }
+        const VictimSet& set = pools_[r.pool[mi]].victims[r.victim_dirty[mi] ? 1 : 0];
+        if (set.find(key) != r.victim_at[mi]) {
+          return broken(label(r) + " is listed on " + to_string(tier) +
+                        " with a node that is not its key's");
         }
         ++pool_victims[r.pool[mi]];
       }

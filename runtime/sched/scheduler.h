@@ -326,7 +326,6 @@ class Scheduler final : public CompletionSink {
   // copy's outcome, the slot freed. Under mu_.
   Result<RangeCopy*> range_copy_locked(uint64_t ticket);
   Status redeem_locked(RangeCopy& copy);
-  using VictimSet = std::pmr::set<VictimKey, VictimOrder>;
   struct PoolState {
     // The victim sets' nodes come from `nodes` (the scheduler's pool resource), which keeps
     // freed nodes for reuse: once the sets have held their most, listing allocates nothing.

@@ -98,6 +98,8 @@ struct TensorRecord {
   bool victim_listed[kMemoryTierCount] = {false, false};
   bool victim_dirty[kMemoryTierCount] = {false, false};
   VictimKey victim_key[kMemoryTierCount] = {};
+  // Its node there while listed, so that unlisting needs no search of the set.
+  VictimSet::iterator victim_at[kMemoryTierCount] = {};
 
   // Uses by the framework: acquired and not yet released, all on one tier at a time. use_tier
   // stays after the last release: the tier of the latest acquire (the optimizer reads it as
