@@ -1876,16 +1876,21 @@ void Scheduler::serve_hints(uint32_t blocked_pools) {
   // While every memo describes its record (no ring change, no change of a record it names since
   // the last pass), a pass in which every memo holds keeps every hint and does nothing else: the
   // groups answer that in a few checks, and give the waiting bytes the pass would add.
+  // One look per group: group_waiting reads no pool's waiting bytes, so adding a group's before
+  // asking the next changes no answer, and a group that does not hold takes back exactly what
+  // the groups before it added (the pass adds it again).
   if (memo_groups_valid_ && hinted_changes_after_pass_ == hinted_changes_) {
-    const bool all_hold =
-        std::all_of(memo_groups_.begin(), memo_groups_.end(), [&](const MemoGroup& group) {
-          return group_waiting(group, blocked_pools) != kGroupDoesNotHold;
-        });
-    if (all_hold) {
-      for (const MemoGroup& group : memo_groups_) {
-        pools_[group.pool].waiting += group_waiting(group, blocked_pools);
-      }
-      return;
+    size_t holding = 0;
+    for (; holding < memo_groups_.size(); ++holding) {
+      const MemoGroup& group = memo_groups_[holding];
+      const uint64_t waiting = group_waiting(group, blocked_pools);
+      if (waiting == kGroupDoesNotHold) break;
+      pools_[group.pool].waiting += waiting;
+    }
+    if (holding == memo_groups_.size()) return;
+    for (size_t g = 0; g < holding; ++g) {
+      const MemoGroup& group = memo_groups_[g];
+      pools_[group.pool].waiting -= group_waiting(group, blocked_pools);
     }
   }
   serve_hints_pass(blocked_pools);
