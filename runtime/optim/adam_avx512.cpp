@@ -4,8 +4,6 @@
 // in an anonymous namespace and nothing comes from shared inline code: see adam_kernels.h.
 #include <immintrin.h>
 
-#include <algorithm>
-
 // GCC 12's AVX-512 intrinsics pass deliberately undefined vectors (_mm512_undefined_*) as merge
 // sources, which -Wmaybe-uninitialized misreports once inlined here (GCC bug 105593).
 #if defined(__GNUC__) && !defined(__clang__)
@@ -190,11 +188,13 @@ STRATA_INLINE size_t adamw_streaming_copy(const Constants& c, float* param, floa
   auto* out16 = static_cast<uint16_t*>(out);
   const uintptr_t address = reinterpret_cast<uintptr_t>(out);
   if ((address & 1) != 0) return 0;  // not even 2-byte aligned: no line is ever whole
-  // At most 31 elements, through the masked path, up to the first whole line.
-  const size_t head = std::min(n, static_cast<size_t>(((64 - (address & 63)) & 63) / 2));
+  // At most 31 elements, through the masked path, up to the first whole line. (No std::min: no
+  // standard-library template may be instantiated in this file, see the top.)
+  const size_t to_line = static_cast<size_t>(((64 - (address & 63)) & 63) / 2);
+  const size_t head = to_line < n ? to_line : n;
   size_t i = 0;
   while (i < head) {
-    const size_t count = std::min<size_t>(head - i, 16);
+    const size_t count = head - i < 16 ? head - i : 16;
     step_masked<kGrad, kOut, kL2, kTraffic>(c, param, m, v, grad, out, i, count);
     i += count;
   }
