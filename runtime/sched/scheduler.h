@@ -22,7 +22,6 @@
 #include <memory_resource>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 

@@ -98,7 +98,9 @@ struct TensorRecord {
   bool victim_listed[kMemoryTierCount] = {false, false};
   bool victim_dirty[kMemoryTierCount] = {false, false};
   VictimKey victim_key[kMemoryTierCount] = {};
-  // Its node there while listed, so that unlisting needs no search of the set.
+  // Its node there while listed, so that unlisting needs no search of the set. (The key is kept
+  // above as well: list_victim's check that nothing changed, on every note_state, then reads no
+  // node.)
   VictimSet::iterator victim_at[kMemoryTierCount] = {};
 
   // Uses by the framework: acquired and not yet released, all on one tier at a time. use_tier
