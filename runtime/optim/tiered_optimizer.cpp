@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <unordered_map>
+#include <utility>
 
 #include "common/align.h"
 #include "optim/checkpoint_file.h"
@@ -224,8 +225,8 @@ uint32_t TieredOptimizer::lookahead(uint64_t held_pinned) const {
 
 uint32_t TieredOptimizer::lookahead() const {
   // A parameter held on the device keeps its pieces in pinned memory (or the two whole where
-  // that is less); one whose newest copy is pinned, or that the device cannot hold, the two
-  // whole.
+  // that is less); one whose gradient's newest copy is pinned, or that the device cannot hold,
+  // the two whole at most.
   uint64_t largest = 0;
   const uint64_t pieces = pieces_bytes();
   for (const Param& p : params_) {
@@ -560,17 +561,29 @@ Result<bool> TieredOptimizer::held_on_device(const Param& p) const {
   return holds_on_device(p) && grad_info.use_tier == Tier::kDevice;
 }
 
-Tier TieredOptimizer::hold_tier(const sched::TensorInfo& info, bool on_device) {
-  // On the device (where backward left a gradient, or where the next forward wants the
-  // parameter), read and written in sub-group pieces: no pinned buffer of its size. Where its
-  // newest copy is pinned already, it is used there.
-  return on_device && (info.valid & sched::kPinnedBit) == 0 ? Tier::kDevice : Tier::kPinned;
+Tier TieredOptimizer::hold_tier(const sched::TensorInfo& info, bool on_device, HeldRole role) {
+  // On the device (where backward left the gradient, and where the next forward wants the
+  // parameter), read and written in sub-group pieces: no pinned buffer of its size.
+  if (!on_device) return Tier::kPinned;
+  // A gradient whose newest copy is pinned already is read there: taking it to the device only
+  // to bring it back through the pieces would copy it twice.
+  if (role == HeldRole::kGradient) {
+    return (info.valid & sched::kPinnedBit) == 0 ? Tier::kDevice : Tier::kPinned;
+  }
+  // The parameter goes to the device wherever its newest copy is. Held in pinned memory because
+  // loading left it there (the first step's forward found it in the pool), it would stay there
+  // for good: updated in place it is the newest copy, the schedule recorded in that first step
+  // names its pinned read, so the pool keeps it, dirty, step after step. That holds a whole
+  // parameter of the pinned budget (the main job's 32.8 MB lm_head in a 146 MB pool) by where
+  // loading left it, not by the policy, and gives each run its own steady state (docs/planner.md,
+  // "Parameters and gradients exact").
+  return Tier::kDevice;
 }
 
 Result<TieredOptimizer::HeldTensor> TieredOptimizer::hold(sched::TensorHandle tensor,
-                                                          bool on_device) {
+                                                          bool on_device, HeldRole role) {
   STRATA_ASSIGN_OR_RETURN(auto info, scheduler_.describe(tensor));
-  const Tier tier = hold_tier(info, on_device);
+  const Tier tier = hold_tier(info, on_device, role);
   STRATA_ASSIGN_OR_RETURN(auto a,
                           scheduler_.acquire(tensor, tier, AccessMode::kRead, config_.timeout));
   return HeldTensor{true, tier, a.data};
@@ -747,9 +760,11 @@ Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShap
                    : p.pair_bytes() > spare_pinned) {
       return;
     }
-    for (sched::TensorHandle h : {p.grad, p.param}) {
+    const std::pair<sched::TensorHandle, HeldRole> held[] = {{p.grad, HeldRole::kGradient},
+                                                             {p.param, HeldRole::kParameter}};
+    for (const auto& [h, role] : held) {
       Result<sched::TensorInfo> info = scheduler_.describe(h);
-      if (info) (void)scheduler_.prefetch(h, hold_tier(*info, *on_device));
+      if (info) (void)scheduler_.prefetch(h, hold_tier(*info, *on_device, role));
     }
   };
   auto load = [&](size_t j, Loaded& out) {
@@ -861,12 +876,12 @@ Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShap
       Result<bool> held_there = held_on_device(p);
       if (!held_there) return fail(std::move(held_there).take_status(), false);
       const bool on_device = *held_there;
-      Result<HeldTensor> g = hold(p.grad, on_device);
+      Result<HeldTensor> g = hold(p.grad, on_device, HeldRole::kGradient);
       if (!g) {
         return fail(std::move(g).take_status().with_context("gradient of '" + p.name + "'"), false);
       }
       grad = *g;
-      Result<HeldTensor> a = hold(p.param, on_device);
+      Result<HeldTensor> a = hold(p.param, on_device, HeldRole::kParameter);
       if (!a) {
         return fail(std::move(a).take_status().with_context("parameter '" + p.name + "'"), false);
       }

@@ -223,11 +223,15 @@ class TieredOptimizer {
   // grad and param_out: the sub-group's own bytes of the gradient and of the new parameter.
   Status update_unit(const Param& p, const SubGroup& s, void* const states[kStateKinds],
                      const void* grad, void* param_out, int64_t step, float grad_scale);
+  // What hold() holds: the gradient is only read; the parameter is written, and the next
+  // forward reads it on the device.
+  enum class HeldRole : uint8_t { kGradient, kParameter };
   // Holds a parameter's or gradient's tensor for the update pass, on hold_tier().
-  Result<HeldTensor> hold(sched::TensorHandle tensor, bool on_device);
-  // Where hold() holds a tensor described by `info`: on the device (range copies) when on_device
-  // and its newest copy is not in pinned memory already, else whole in pinned.
-  static Tier hold_tier(const sched::TensorInfo& info, bool on_device);
+  Result<HeldTensor> hold(sched::TensorHandle tensor, bool on_device, HeldRole role);
+  // Where hold() holds a tensor described by `info`: when on_device, the parameter on the device
+  // (range copies) wherever its newest copy is, and the gradient there unless its newest copy is
+  // in pinned memory already; otherwise whole in pinned.
+  static Tier hold_tier(const sched::TensorInfo& info, bool on_device, HeldRole role);
   // Whether p's gradient and parameter can be held on the device for their update.
   bool holds_on_device(const Param& p) const;
   // Whether they will be: they can, and backward made the gradient there (the training computes

@@ -379,6 +379,40 @@ TEST_F(Optimizer, DeviceGradientsUpdatedThroughPinnedPiecesEqualCpuAdamAppliedDi
   }
 }
 
+// Loading leaves the parameters in pinned memory (strata_tensor_write goes through it). Where
+// each is held on the device for its update (its gradient made there, streaming on), it goes
+// there too: the update leaves no parameter in pinned memory, where it would otherwise be the
+// newest copy and stay, step after step, a whole parameter of the pinned budget.
+TEST_F(Optimizer, AParameterLoadingLeftInPinnedMemoryIsUpdatedOnTheDeviceAndLeavesPinnedMemory) {
+  ModelSetup setup;
+  setup.pinned_budget = 4ull << 20;
+  setup.gradients_on_device = true;
+  create(setup);
+  if (HasFatalFailure()) return;
+  auto stats = [&] {
+    strata_stats st{};
+    st.struct_size = sizeof st;
+    EXPECT_EQ(strata_get_stats(rt_, &st), STRATA_OK);
+    return st;
+  };
+  uint64_t param_bytes = 0;
+  for (const RefParam& p : params_) param_bytes += p.n * dsize(setup.param_dtype);
+  ASSERT_GT(stats().pinned.kinds[STRATA_KIND_PARAMETER].in_use_bytes, 0u)
+      << "loading should leave parameters in pinned memory";
+  for (int step = 1; step <= 2; ++step) {
+    write_gradients(step, 1.0f);
+    strata_optimizer_result result{};
+    result.struct_size = sizeof result;
+    ASSERT_EQ(strata_optimizer_step(rt_, 1.0, &result), STRATA_OK) << strata_last_error(rt_);
+    reference_step(step, 1.0, 0);
+    const strata_stats st = stats();
+    EXPECT_EQ(st.pinned.kinds[STRATA_KIND_PARAMETER].in_use_bytes, 0u) << "step " << step;
+    // Every parameter on the device (its buffers rounded up to the allocation granule).
+    EXPECT_GE(st.device.kinds[STRATA_KIND_PARAMETER].in_use_bytes, param_bytes) << "step " << step;
+  }
+  expect_matches_reference("after two steps");
+}
+
 // The overflow check reads a device gradient through its pieces too: an inf in the last
 // sub-group of the last parameter is found, and the step skipped.
 TEST_F(Optimizer, ANonFiniteDeviceGradientIsFoundThroughItsPieces) {
