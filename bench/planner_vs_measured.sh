@@ -15,11 +15,14 @@
 # the run spent it: its stream chunk and buffers and its optimizer sub-group, --stream-chunk,
 # --stream-buffers, --sub-group-bytes) and as its RAM with no headroom, the run's device budget
 # as the simulated device pool
-# (--device-budget), the disk's
+# (--device-budget), two simulated warm-up steps (--warmup-steps 2: the plan measures the steady
+# step), the disk's
 # sequential rates measured by `strata bench io` on the run's directory right after the run
 # (NVME_RATES=READ/WRITE to give them instead) and the CPU Adam rate `strata bench adam`
-# measures here (ADAM_GPARAMS to give it). Benchmarks run under flock $LOCK so that they never
-# overlap with another one.
+# measures here (ADAM_GPARAMS to give it). The run has four steps (STEPS): its first starts
+# from where loading left the pools and its second settles, so the table measures the steady
+# steps, the third on (all but the first for a saved run of three). Benchmarks run under flock
+# $LOCK so that they never overlap with another one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STRATA=${STRATA:-build/bin/strata}
@@ -34,7 +37,7 @@ measured=${1:-}
 if [ -z "$measured" ]; then
   measured=$work/measured.json
   flock "$LOCK" "$STRATA" bench finetune --model "$MODEL" --strategy both --nvme "$NVME_DIR" \
-    --json >"$measured"
+    --steps "${STEPS:-4}" --json >"$measured"
 fi
 if [ -z "${NVME_RATES:-}" ]; then
   # DeepSpeed's aio settings (1 MiB blocks, queue depth 8): its handle is within 4% (write) and
@@ -69,7 +72,8 @@ split_options=()
 plan_command=("$STRATA" plan --model "$MODEL" --scale "$scale" --layers "$layers" --method full
   --seq "$seq" --batch "$batch" --checkpointing none --gpu "$gpu" --mfu "$mfu" --offload nvme
   --nvme "$NVME_RATES" --adam-rate "$ADAM_GPARAMS" --host-ram "$budget" --host-headroom 0
-  --host-reserve 0 --pinned-budget "$budget" --device-budget "$device_budget" "${split_options[@]}")
+  --host-reserve 0 --pinned-budget "$budget" --device-budget "$device_budget" --warmup-steps 2
+  "${split_options[@]}")
 # Exit 3 (the plan does not fit the RAM given) still prints the plan: the table says why.
 "${plan_command[@]}" --json >"$work/plan.json" || [ $? -eq 3 ]
 echo "disk (strata bench io --qd 8 --block 1M): $NVME_RATES GB/s read/write; Adam: $ADAM_GPARAMS Gparam/s" >&2
@@ -85,15 +89,17 @@ predicted = {"strata": dict(plan["strata_nvme"], host_bytes_steps=plan["strata_n
 for d in like["deepspeed"]:
     predicted[d["name"]] = d
 
-def per_step(run, key):
-    if key + "_per_step" in run:
-        return run[key + "_per_step"]
-    return run[key] / max(run["measured_steps"], 1)
+def steady(run):
+    # The steps compared with the plan's steady step: the first starts from where loading left
+    # the pools and the second settles, so from the third on when there are four or more; all
+    # but the first of a shorter run.
+    steps = run["steps"]
+    return steps[2:] if len(steps) >= 4 else steps[1:] if len(steps) > 1 else steps
 
-def requested(run, key):
-    # What the worker asked its I/O to move (Strata: the runtime's count; DeepSpeed: its aio
-    # handles'), over the measured steps (the first is a warm-up when there are more).
-    steps = run["steps"][1:] if len(run["steps"]) > 1 else run["steps"]
+def mean(run, key):
+    # Over the steady steps. Requests: what the worker asked its I/O to move (Strata: the
+    # runtime's count; DeepSpeed: its aio handles'); nvme_*_bytes: /proc/self/io's.
+    steps = steady(run)
     return sum(s[key] for s in steps) / len(steps)
 
 rows = [
@@ -106,12 +112,14 @@ rows = [
     ("process base (not planned)", None, lambda r: r["process_base_bytes"], None, "GB"),
     ("host peak (run)", "host_bytes", lambda r: r["peak_host_bytes"], None, "GB"),
     ("pinned peak (steps)", "pinned_bytes", lambda r: r["peak_pinned_bytes_during_steps"], None, "GB"),
-    ("NVMe read / step, requests", "nvme_read_bytes_per_step", lambda r: requested(r, "runtime_nvme_read_bytes"), None, "GB"),
-    ("NVMe written / step, requests", "nvme_write_bytes_per_step", lambda r: requested(r, "runtime_nvme_write_bytes"), 0.0, "GB"),
-    ("NVMe written / step, /proc/self/io", "nvme_write_bytes_per_step", lambda r: per_step(r, "nvme_write_bytes"), None, "GB"),
-    ("step time", "step_seconds", lambda r: r["step_seconds"], 0.15, "s"),
+    ("NVMe read / step, requests", "nvme_read_bytes_per_step", lambda r: mean(r, "runtime_nvme_read_bytes"), None, "GB"),
+    ("NVMe written / step, requests", "nvme_write_bytes_per_step", lambda r: mean(r, "runtime_nvme_write_bytes"), 0.0, "GB"),
+    ("NVMe written / step, /proc/self/io", "nvme_write_bytes_per_step", lambda r: mean(r, "nvme_write_bytes"), None, "GB"),
+    ("step time", "step_seconds", lambda r: mean(r, "seconds"), 0.15, "s"),
 ]
-print(f"`{sys.argv[3]}` against the run's JSON; load average "
+counts = sorted({(len(r["steps"]), len(steady(r))) for r in runs.values()})
+print(f"`{sys.argv[3]}` against the run's JSON, measured over steps "
+      + ", ".join(f"{n - m + 1}-{n} of {n}" for n, m in counts) + "; load average "
       + ", ".join(f"{n} {r.get('load_average_start', '?'):.2f}-{r.get('load_average_end', '?'):.2f}"
                   for n, r in runs.items()))
 print()
@@ -138,8 +146,7 @@ for name in ("strata", "deepspeed-defaults", "deepspeed-pinned", "deepspeed-tune
         digits = 6 if "NVMe" in label else 3
         print(f"| {name} | {label} | {p / scale:.{digits}f} {unit} | {m / scale:.{digits}f} {unit} | {ratio:.6f} | {verdict} |")
     # Strata's NVMe bytes by tensor kind: the simulated step's and the runtime's own counts.
-    steps = runs[name].get("steps", [])
-    steps = steps[1:] if len(steps) > 1 else steps
+    steps = steady(runs[name]) if runs[name].get("steps") else []
     if name != "strata" or not steps or "nvme_written_by_kind" not in steps[0]:
         continue
     groups = (("optimizer states", ("fp32_master", "adam_m", "adam_v")),

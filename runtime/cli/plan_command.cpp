@@ -34,6 +34,7 @@ struct PlanOptions {
   std::string device_budget;
   std::string stream_chunk;     // with pinned_budget: the run's stream chunk
   uint32_t stream_buffers = 0;  // with pinned_budget: the run's staging buffers per direction
+  uint32_t warmup_steps = 1;    // simulated before the measured step
   std::string sub_group_bytes;  // with pinned_budget: the run's optimizer sub-group per state
   uint32_t optimizer_threads = kPlanOptimizerThreads;
   uint32_t drive_queue_depth = kPlanDriveQueueDepth;
@@ -124,6 +125,7 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
   STRATA_ASSIGN_OR_RETURN(std::optional<uint64_t> sub_group,
                           budget(o.sub_group_bytes, "--sub-group-bytes"));
   r.strata_pinned_given = {chunk.value_or(0), o.stream_buffers, sub_group.value_or(0)};
+  r.simulated_warmup_steps = o.warmup_steps;
   if (!o.host_ram.empty()) {
     std::optional<uint64_t> bytes = parse_bytes(o.host_ram);
     if (!bytes || *bytes == 0) {
@@ -493,6 +495,12 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--sub-group-bytes", options->sub_group_bytes,
                   "With --pinned-budget: the run's optimizer sub-group per state tensor "
                   "(strata_optimizer_options.sub_group_bytes; default: a sixteenth of the pool)");
+  cmd->add_option("--warmup-steps", options->warmup_steps,
+                  "Steps each NVMe-offload simulation plays before the one it measures; 2 gives "
+                  "the steady state of a job whose pools keep tensors across steps, at about 1.5x "
+                  "the plan time")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, kMaxSimulatedWarmupSteps));
   cmd->add_option("--device-budget", options->device_budget,
                   "The simulated NVMe offload's device pool per GPU exactly, as strata bench "
                   "finetune --device-budget sets it (default: the weights or two streamed units, "

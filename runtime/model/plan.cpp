@@ -337,6 +337,10 @@ Status validate(const PlanRequest& r) {
   if (r.grad_accum == 0 || r.grad_accum > 65536) {
     return invalid_argument("gradient accumulation must be between 1 and 65536");
   }
+  if (r.simulated_warmup_steps == 0 || r.simulated_warmup_steps > kMaxSimulatedWarmupSteps) {
+    return invalid_argument("simulated warm-up steps must be between 1 and " +
+                            std::to_string(kMaxSimulatedWarmupSteps));
+  }
   if (r.method != FinetuneMethod::kFull && (r.lora_rank == 0 || r.lora_rank > 65536)) {
     return invalid_argument("LoRA rank must be between 1 and 65536");
   }
@@ -693,6 +697,7 @@ OffloadJob offload_job(const PlanRequest& r, const ModelStates& s, const GpuChoi
   job.strata_pinned_given = r.strata_pinned_given;
   job.optimizer_threads = r.assume.optimizer_threads;
   job.drive_queue_depth = r.assume.drive_queue_depth;
+  job.warmup_steps = r.simulated_warmup_steps;
   return job;
 }
 
@@ -919,7 +924,8 @@ bool same_simulation(const OffloadJob& a, const OffloadJob& b) {
          a.strata_pinned_bytes == b.strata_pinned_bytes &&
          a.strata_pinned_given.chunk_bytes == b.strata_pinned_given.chunk_bytes &&
          a.strata_pinned_given.buffers == b.strata_pinned_given.buffers &&
-         a.strata_pinned_given.sub_group_bytes == b.strata_pinned_given.sub_group_bytes;
+         a.strata_pinned_given.sub_group_bytes == b.strata_pinned_given.sub_group_bytes &&
+         a.warmup_steps == b.warmup_steps;
 }
 
 // Strata's NVMe-offload simulations of `jobs`, posted to the pool; jobs that simulate alike run

@@ -126,7 +126,14 @@ struct PlanRequest {
   // memory formulas give the offloaded states (offload_device_budget). It changes the simulated
   // run only, not whether the job fits the GPU.
   std::optional<uint64_t> strata_device_budget_bytes;
+  // Steps each NVMe-offload simulation plays before the one it measures (`--warmup-steps`). One
+  // fills the pools; a job whose pools keep tensors from one step to the next (the optimizer's
+  // last sub-groups, weights the device keeps) settles in the step after, so its per-step bytes
+  // are those of its steady state from 2 on (docs/planner.md, "Steady state"). Each step more
+  // costs as much plan time as the measured one.
+  uint32_t simulated_warmup_steps = 1;
 };
+inline constexpr uint32_t kMaxSimulatedWarmupSteps = 8;
 Status validate(const PlanRequest& request);
 
 // ---- Formulas (public so that tests check them one by one) ----------------------------------

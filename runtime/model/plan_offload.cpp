@@ -93,7 +93,7 @@ struct StrataLayout {
   uint64_t stream_chunk_bytes = 0;
 };
 
-// One simulation of `micro_batches` passes per step: a warm-up step, then one measured.
+// One simulation of `micro_batches` passes per step: the job's warm-up steps, then one measured.
 Result<sched::SimulationResult> simulate_step(const OffloadJob& job, const StrataLayout& layout,
                                               const sched::MemoryPlan& memory,
                                               uint32_t micro_batches) {
@@ -104,7 +104,7 @@ Result<sched::SimulationResult> simulate_step(const OffloadJob& job, const Strat
   }
   config.memory = memory;
   config.micro_batches = micro_batches;
-  config.warmup_steps = 1;
+  config.warmup_steps = job.warmup_steps;
   config.measured_steps = 1;
   config.step.optimizer_device_bytes = layout.optimizer_device_bytes;
   return sched::simulate(layout.inventory, config);

@@ -68,6 +68,7 @@ struct OffloadJob {
   // the automatic pinned budget is sized from (sched/pinned_sizing.h).
   uint32_t optimizer_threads = kPlanOptimizerThreads;
   uint32_t drive_queue_depth = kPlanDriveQueueDepth;
+  uint32_t warmup_steps = 1;  // simulated before the measured step (PlanRequest's)
 };
 
 // Named bytes, for the breakdowns people read.
@@ -102,7 +103,7 @@ struct OffloadEstimate {
   uint64_t device_budget_bytes = 0;  // all GPUs
   uint64_t peak_pinned_bytes = 0;
   uint64_t peak_device_bytes = 0;  // all GPUs
-  uint64_t transfers = 0;          // simulated, warm-up step included
+  uint64_t transfers = 0;          // simulated, warm-up steps included
   // Strata: how its pinned budget was chosen, one line per figure (sched::PinnedSizing's).
   std::vector<std::string> pinned_derivation;
 };

@@ -392,6 +392,32 @@ TEST(NvmeOffload, HostRamIsTheSimulatedPeakAndMoreRamMeansLessNvmeTraffic) {
   EXPECT_EQ(roomy.nvme_bytes, 16ull * 6'738'415'616);
 }
 
+// One warm-up step fills the pools; where they keep tensors from one step to the next, the
+// step after it still differs from the steady state (docs/planner.md, "Steady state"). From
+// two warm-up steps on, every further one measures the same bytes.
+TEST(NvmeOffload, FromTwoWarmUpStepsOnTheMeasuredStepIsTheSteadyOne) {
+  PlanRequest r = request("llama-2-7b", FinetuneMethod::kFull);
+  r.host_ram_bytes = 32ull << 30;
+  std::vector<GpuPlan> plans;
+  for (uint32_t warmup : {1u, 2u, 3u}) {
+    r.simulated_warmup_steps = warmup;
+    plans.push_back(nvme_plan(r, "a100-80gb"));
+    ASSERT_TRUE(plans.back().fits()) << plans.back().why_not;
+  }
+  const OffloadEstimate &one = plans[0].stages, &two = plans[1].stages, &three = plans[2].stages;
+  EXPECT_NE(one.nvme_write_bytes, two.nvme_write_bytes);  // not settled after one
+  EXPECT_EQ(two.nvme_write_bytes, three.nvme_write_bytes);
+  EXPECT_EQ(two.nvme_read_bytes, three.nvme_read_bytes);
+  for (int kind = 0; kind < kTensorKindCount; ++kind) {
+    EXPECT_EQ(two.nvme_write_by_kind[kind], three.nvme_write_by_kind[kind]) << kind;
+  }
+  // Outside 1..8 the request is refused, not planned.
+  for (uint32_t warmup : {0u, kMaxSimulatedWarmupSteps + 1}) {
+    r.simulated_warmup_steps = warmup;
+    EXPECT_EQ(make_plan(r).status().code(), STRATA_E_INVALID) << warmup;
+  }
+}
+
 TEST(NvmeOffload, GradientAccumulationReplaysForwardAndBackwardPerMicroBatch) {
   PlanRequest r = request("llama-2-7b", FinetuneMethod::kFull);
   const GpuPlan one = nvme_plan(r, "h100-sxm");
