@@ -31,7 +31,12 @@ int run(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // Help and version exit 0. Every other refusal of the parser (an unknown flag, a value that
+    // is not a number or is out of its range) is bad input, which exits 2 with one line on
+    // stderr as every command's own checks do (docs/planner.md, "Exit status"), not CLI11's own
+    // codes (104-109).
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
   }
   return 0;
 }
