@@ -30,11 +30,13 @@ int run(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RuntimeError& e) {
+    return app.exit(e);  // a command's own exit status: its callback throws it (plan's 3, ...)
   } catch (const CLI::ParseError& e) {
     // Help and version exit 0. Every other refusal of the parser (an unknown flag, a value that
-    // is not a number or is out of its range) is bad input, which exits 2 with one line on
-    // stderr as every command's own checks do (docs/planner.md, "Exit status"), not CLI11's own
-    // codes (104-109).
+    // is not a number or is out of its range) is bad input, which exits 2 with the reason on
+    // stderr as every command's own checks do (docs/planner.md, "Exit status"), not with
+    // CLI11's own codes (104-109).
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }

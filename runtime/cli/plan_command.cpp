@@ -34,10 +34,10 @@ struct PlanOptions {
   std::string device_budget;
   std::string stream_chunk;     // with pinned_budget: the run's stream chunk
   uint32_t stream_buffers = 0;  // with pinned_budget: the run's staging buffers per direction
-  uint32_t warmup_steps = 1;    // simulated before the measured step
   std::string sub_group_bytes;  // with pinned_budget: the run's optimizer sub-group per state
   uint32_t optimizer_threads = kPlanOptimizerThreads;
   uint32_t drive_queue_depth = kPlanDriveQueueDepth;
+  uint32_t warmup_steps = 1;  // simulated steps before the measured one
   std::string nvme = "1:gen4";
   std::string nvme_drive;
   std::optional<double> nvme_tbw;

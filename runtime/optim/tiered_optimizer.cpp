@@ -225,8 +225,9 @@ uint32_t TieredOptimizer::lookahead(uint64_t held_pinned) const {
 
 uint32_t TieredOptimizer::lookahead() const {
   // A parameter held on the device keeps its pieces in pinned memory (or the two whole where
-  // that is less); one whose gradient's newest copy is pinned, or that the device cannot hold,
-  // the two whole at most.
+  // that is less); one the device cannot hold, the two whole. (A gradient whose newest copy is
+  // pinned is held there whole beside its parameter's pieces: run_units sets the window again
+  // for each parameter from what it holds.)
   uint64_t largest = 0;
   const uint64_t pieces = pieces_bytes();
   for (const Param& p : params_) {
@@ -571,9 +572,9 @@ Tier TieredOptimizer::hold_tier(const sched::TensorInfo& info, bool on_device, H
     return (info.valid & sched::kPinnedBit) == 0 ? Tier::kDevice : Tier::kPinned;
   }
   // The parameter goes to the device wherever its newest copy is. Held in pinned memory because
-  // loading left it there (the first step's forward found it in the pool), it would stay there
-  // for good: updated in place it is the newest copy, the schedule recorded in that first step
-  // names its pinned read, so the pool keeps it, dirty, step after step. That holds a whole
+  // loading left it there (the first step's update found it still in the pool), it would stay
+  // there for good: updated in place it is the newest copy, the schedule recorded in that first
+  // step names its pinned read, so the pool keeps it, dirty, step after step. That holds a whole
   // parameter of the pinned budget (the main job's 32.8 MB lm_head in a 146 MB pool) by where
   // loading left it, not by the policy, and gives each run its own steady state (docs/planner.md,
   // "Parameters and gradients exact").

@@ -1,6 +1,6 @@
 // A flag the parser refuses (unknown, not a number, out of its range) is bad input: exit status
 // 2 and a message naming the flag, as the commands' own checks give (before, CLI11's own codes,
-// 104 to 109, reached the shell). Help still exits 0.
+// 104 to 109, reached the shell). Help still exits 0, and a command's own status is its own.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -32,6 +32,15 @@ TEST(FlagErrors, AFlagTheParserRefusesExitsTwoNamingIt) {
     EXPECT_NE(r.err.find(c.named), std::string::npos) << r.err;
     EXPECT_TRUE(r.out.empty()) << r.out;
   }
+}
+
+// A command's own exit status is not a parser refusal: it reaches the shell as the command sets
+// it (plan: 3 when the job fits no GPU planned; bench pinned-map: 1 for a size it cannot read).
+TEST(FlagErrors, ACommandsOwnExitStatusIsKept) {
+  CliRun r = run_cli({"plan", "--model", "llama-2-70b", "--gpu", "rtx-4090", "--offload", "none"});
+  EXPECT_EQ(r.code, 3) << r.err;
+  r = run_cli({"bench", "pinned-map", "--size", "lots"});
+  EXPECT_EQ(r.code, 1) << r.err;
 }
 
 TEST(FlagErrors, HelpStillExitsZero) {
