@@ -497,7 +497,7 @@ void add_plan_command(CLI::App& app) {
                   "(strata_optimizer_options.sub_group_bytes; default: a sixteenth of the pool)");
   cmd->add_option("--warmup-steps", options->warmup_steps,
                   "Steps each NVMe-offload simulation plays before the one it measures; 2 gives "
-                  "the steady state of a job whose pools keep tensors across steps, at about 1.5x "
+                  "the steady state of a job whose pools keep tensors across steps, at up to 1.5x "
                   "the plan time")
       ->capture_default_str()
       ->check(CLI::Range(1u, kMaxSimulatedWarmupSteps));
