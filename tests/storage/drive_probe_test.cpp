@@ -21,9 +21,14 @@ using testing::ForwardingEngine;
 using testing::make_engine;
 using testing::ScratchDir;
 
-// Ends requests out of order: one that ends while another is in flight is held until the next
+// Ends requests out of order: one that ends while another has yet to end is held until the next
 // one has ended, and delivered after it. It also counts submissions of a request object still in
 // flight, which the engine contract forbids (the caller owns the request until on_complete).
+//
+// "Yet to end" is the inner engine's view (outstanding_), not in_flight_, which also holds the
+// requests ended and not yet delivered: held while the only other one was such a request (the
+// caller had submitted its last request, which ended at once on another thread), a request was
+// never delivered, and the probe waited for it until ctest's timeout (seen under TSan).
 class ReorderingEngine final : public ForwardingEngine {
  public:
   using ForwardingEngine::ForwardingEngine;
@@ -33,6 +38,7 @@ class ReorderingEngine final : public ForwardingEngine {
     {
       std::lock_guard lock(mutex_);
       if (!in_flight_.insert(request).second) ++reused_in_flight_;
+      outstanding_.insert(request);
       Route& route = routes_[request];
       route = Route{request->on_complete, request->context};
     }
@@ -58,8 +64,9 @@ class ReorderingEngine final : public ForwardingEngine {
     {
       std::lock_guard lock(self->mutex_);
       const Route route = self->routes_[request];
-      if (self->held_ == nullptr && self->in_flight_.size() >= 2) {
-        self->held_ = request;  // another is in flight: it ends first
+      self->outstanding_.erase(request);
+      if (self->held_ == nullptr && !self->outstanding_.empty()) {
+        self->held_ = request;  // another has yet to end: it is delivered first
         return;
       }
       deliver.emplace_back(request, route);
@@ -80,7 +87,8 @@ class ReorderingEngine final : public ForwardingEngine {
   }
 
   std::mutex mutex_;
-  std::set<io::IoRequest*> in_flight_;
+  std::set<io::IoRequest*> in_flight_;    // submitted, not yet delivered to the caller
+  std::set<io::IoRequest*> outstanding_;  // submitted, not yet ended by the inner engine
   std::map<io::IoRequest*, Route> routes_;
   io::IoRequest* held_ = nullptr;
   int reused_in_flight_ = 0;
