@@ -18,14 +18,16 @@ namespace {
 
 #define STRATA_INLINE inline __attribute__((always_inline))
 
-// Software prefetch 1 KiB ahead (256 elements) of the 32 elements in flight, into L1. The
+// Software prefetch 256 bytes ahead (64 elements) of the 32 elements in flight, into L1. The
 // hardware streamers stop at page boundaries and track only so many streams (p, m, v and g to
-// read, p, m, v to write). The distance is measured, not derived: on an Emerald Rapids guest
-// 4 KiB ahead beat no prefetch (8 KiB was slower); on an AMD family 26 (Zen 5 class) guest it ran
-// at 0.81-0.83 of the rate at 0.25-1 KiB ahead, and no prefetch at about 0.93 (A/B runs,
-// docs/optimizer.md). 1 KiB is the longest distance that kept the full rate there.
-// Prefetches never fault, so running past the end of a slice is harmless.
-constexpr size_t kPrefetchAhead = 256;
+// read, p, m, v to write). The distance is measured, not derived (A/B runs, docs/optimizer.md):
+// on an Emerald Rapids guest 4 KiB ahead beat no prefetch (8 KiB was slower); on an AMD family 26
+// (Zen 5 class) guest 4 KiB ran at 0.81-0.83 of the rate at 0.25-1 KiB, and no prefetch at about
+// 0.93; on an AMD family 25 (Zen 4 class) guest 1 KiB ran at 0.89-0.93 of 256 bytes at one thread
+// with fp32 gradients (level elsewhere), and no prefetch about as fast as 256 bytes. 256 bytes
+// keeps the full rate on both AMD guests. Prefetches never fault, so running past the end of a
+// slice is harmless.
+constexpr size_t kPrefetchAhead = 64;
 
 // Integer arithmetic: the address may lie past the end of the buffer, where a pointer may not.
 STRATA_INLINE void prefetch(const void* base, size_t byte_offset) {
