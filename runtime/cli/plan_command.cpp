@@ -418,15 +418,18 @@ void print_text(const Plan& plan) {
     }
     std::printf("%s %s %s", tier ? ";" : "", kPriceTierNames[tier], text.c_str());
   }
+  // The warm-up steps are named because they move the figures: from one, NVMe bytes and wear
+  // can be about 2% above the steady step's (docs/planner.md, "Steady state").
+  const uint32_t warmup = r.simulated_warmup_steps;
+  const std::string steady = warmup == 1 ? "; --warmup-steps 2 gives the steady step" : "";
   std::printf(
       "\nAssumed: MFU %s, CPU Adam %s Gparam/s, PCIe %s, NVMe %s. Host RAM and step time of\n"
-      "NVMe offload come from a simulated step of the scheduler (sched::simulate). \"host\" is "
-      "the\n"
-      "recommended RAM (job + headroom).\n",
+      "NVMe offload come from a simulated step of the scheduler (sched::simulate), the one after\n"
+      "%u warm-up step%s%s. \"host\" is the recommended RAM (job + headroom).\n",
       fixed(r.assume.mfu, 2).c_str(), fixed(r.assume.adam_params_per_s / 1e9, 1).c_str(),
       r.assume.pcie_efficiency > 0 ? (fixed(r.assume.pcie_efficiency, 2) + " x link rate").c_str()
                                    : "measured pinned-copy rate",
-      r.nvme.label.c_str());
+      r.nvme.label.c_str(), warmup, warmup == 1 ? "" : "s", steady.c_str());
 }
 
 int run_plan(const PlanOptions& options) {

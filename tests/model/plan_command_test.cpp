@@ -72,6 +72,22 @@ TEST(PlanCommand, PrintsReadableTables) {
   EXPECT_NE(r.out.find("Cheapest that fits"), std::string::npos);
 }
 
+// The simulated step's figures depend on the steps played before it, so the text says how many
+// (from one, NVMe bytes can be about 2% above the steady step's), and how to get the steady one.
+TEST(PlanCommand, TheTextNamesTheWarmUpStepsBeforeTheSimulatedStep) {
+  CommandRun r = run({"plan", "--model", "llama-2-7b", "--method", "full", "--gpu", "rtx-4090",
+                      "--host-ram", "32G"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("the one after\n1 warm-up step; --warmup-steps 2 gives the steady step."),
+            std::string::npos)
+      << r.out;
+  r = run({"plan", "--model", "llama-2-7b", "--method", "full", "--gpu", "rtx-4090", "--host-ram",
+           "32G", "--warmup-steps", "2"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("the one after\n2 warm-up steps. \"host\""), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("gives the steady step"), std::string::npos) << r.out;
+}
+
 TEST(PlanCommand, BadInputExitsNonZeroWithTheReason) {
   CommandRun r = run({"plan", "--model", "llama-9-1t"});
   EXPECT_EQ(r.code, 2);
