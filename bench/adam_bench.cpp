@@ -43,6 +43,7 @@ using optim::CpuAdam;
 struct AdamBenchArgs {
   std::string params = "50M";
   int threads = 0;
+  int numa_node = -1;  // >= 0: one worker bound per core of this node (CpuAdamOptions::numa_node)
   int steps = 10;
   std::string simd = "auto";
   std::string grad_dtype = "fp32";
@@ -330,11 +331,14 @@ int run_adam_bench(const AdamBenchArgs& args) {
   const auto out_dtype = parse_dtype(args.param_out);
   optim::CpuAdamOptions options;
   options.threads = args.threads;
+  options.numa_node = args.numa_node;
   if (args.simd != "auto") options.simd = optim::parse_simd_level(args.simd);
   auto adam = CpuAdam::create(options);
   if (!adam) {
     std::fprintf(stderr, "strata bench adam: %s\n", adam.status().message().c_str());
-    return 1;
+    // A node this machine does not have is bad input; anything else (no thread, no binding) is
+    // the machine's.
+    return adam.status().code() == STRATA_E_INVALID ? 2 : 1;
   }
   CpuAdam& optimizer = **adam;
   const int threads = optimizer.threads();
@@ -394,6 +398,7 @@ int run_adam_bench(const AdamBenchArgs& args) {
     nlohmann::json j;
     j["params"] = *n;
     j["threads"] = threads;
+    j["numa_node"] = args.numa_node >= 0 ? nlohmann::json(args.numa_node) : nlohmann::json(nullptr);
     j["simd"] = optim::to_string(optimizer.simd_level());
     j["grad_dtype"] = args.grad_dtype;
     j["param_out"] = args.param_out;
@@ -424,10 +429,13 @@ int run_adam_bench(const AdamBenchArgs& args) {
     return 0;
   }
 
+  const std::string binding =
+      args.numa_node >= 0 ? ", bound one per core of NUMA node " + std::to_string(args.numa_node)
+                          : "";
   std::printf(
-      "AdamW on %s parameters, %d thread(s), %s kernels, %s gradients%s%s; median of %d "
+      "AdamW on %s parameters, %d thread(s)%s, %s kernels, %s gradients%s%s; median of %d "
       "steps\n\n",
-      args.params.c_str(), threads, optim::to_string(optimizer.simd_level()),
+      args.params.c_str(), threads, binding.c_str(), optim::to_string(optimizer.simd_level()),
       args.grad_dtype.c_str(), copy ? ", weight copy " : "", copy ? args.param_out.c_str() : "",
       args.steps);
   Table table({"", "M params/s", "ms/step", "vs torch", "of bound"});
@@ -473,6 +481,11 @@ void add_adam_command(CLI::App& bench) {
   cmd->add_option("--threads", args->threads, "Optimizer threads (0: one per available CPU)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
+  cmd->add_option("--numa-node", args->numa_node,
+                  "Bind one optimizer thread per core of this NUMA node (-1: unbound, the "
+                  "kernel's scheduler places them)")
+      ->capture_default_str()
+      ->check(CLI::Range(-1, 1023));
   cmd->add_option("--steps", args->steps,
                   "Timed steps (and triad passes) per side, after 2 warm-up steps")
       ->capture_default_str()
