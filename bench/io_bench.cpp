@@ -37,6 +37,7 @@
 #include "io/io_engine.h"
 #include "io/io_limits.h"
 #include "progress.h"
+#include "sched/device_model.h"
 #include "storage/owned_names.h"
 
 extern char** environ;
@@ -696,6 +697,15 @@ void run_io_bench(const IoBenchArgs& args) {
   const double fio_read = fio ? median(fio_read_gbps) : 0.0;
   const double write_ratio = paired_ratio(write_gbps, fio_write_gbps);
   const double read_ratio = paired_ratio(read_gbps, fio_read_gbps);
+  // With --mixed: the half-duplex drive `strata plan --nvme` models that moves, with both
+  // directions at once, what this one moved (sched/device_model.h, half_duplex_rates).
+  std::optional<sched::HalfDuplexRates> half_duplex;
+  if (config.mixed) {
+    auto rates =
+        sched::half_duplex_rates(read, write, median(mixed_read_gbps), median(mixed_write_gbps));
+    if (!rates) fail(rates.status());
+    half_duplex = *rates;
+  }
 
   if (args.json) {
     nlohmann::json out = {
@@ -718,6 +728,9 @@ void run_io_bench(const IoBenchArgs& args) {
       out["mixed_write_gbps"] = median(mixed_write_gbps);
       out["mixed_read_gbps_rounds"] = mixed_read_gbps;
       out["mixed_write_gbps_rounds"] = mixed_write_gbps;
+      out["half_duplex_read_gbps"] = half_duplex->read_bytes_per_s;
+      out["half_duplex_write_gbps"] = half_duplex->write_bytes_per_s;
+      out["half_duplex_factor"] = half_duplex->factor;
     }
     if (fio) {
       out["fio_version"] = fio->version;
@@ -748,6 +761,8 @@ void run_io_bench(const IoBenchArgs& args) {
   if (config.mixed) {
     table.add_row({"strata, both at once (--mixed)", fixed(median(mixed_write_gbps)),
                    fixed(median(mixed_read_gbps))});
+    table.add_row({"as a half-duplex drive (strata plan --nvme)",
+                   fixed(half_duplex->write_bytes_per_s), fixed(half_duplex->read_bytes_per_s)});
   }
   if (fio) {
     table.add_row({"fio", fixed(fio_write), fixed(fio_read)});

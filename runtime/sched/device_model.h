@@ -64,4 +64,23 @@ struct Measurements {
 // from their own counters all the same, since busy time is counted per direction.
 Result<DeviceModel> calibrate(const Measurements& measured, const DeviceModel& base = {});
 
+// A drive measured reading alone, writing alone and both at once (`strata bench io --mixed`),
+// as the half-duplex drive the model above has: both solo rates scaled by one factor k, so that
+// reading and writing at once move what the drive moved with both directions at once. A
+// half-duplex drive of rates R and W moves r bytes read and w written in r / R + w / W seconds;
+// the mixed measurement moved mixed_read and mixed_write bytes in one second, so
+// k = mixed_read / read + mixed_write / write. Why the solo ratio is kept: a step that only
+// reads (or writes) for a while still sees the drive's solo proportions. k is capped at 1: a drive
+// that serves both directions better than by taking turns (an NVMe drive with spare internal
+// bandwidth) keeps its solo rates, since the model never lets a direction run faster than it
+// does alone; it then errs slow on that drive's mixed phases.
+struct HalfDuplexRates {
+  double read_bytes_per_s = 0;
+  double write_bytes_per_s = 0;
+  double factor = 0;  // k, in (0, 1]
+};
+// The four rates in one unit (bytes or GB per second), each > 0 and finite; the result in it.
+Result<HalfDuplexRates> half_duplex_rates(double read, double write, double mixed_read,
+                                          double mixed_write);
+
 }  // namespace strata::sched

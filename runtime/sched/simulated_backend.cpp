@@ -57,6 +57,17 @@ Result<DeviceModel> calibrate(const Measurements& measured, const DeviceModel& b
   return model;
 }
 
+Result<HalfDuplexRates> half_duplex_rates(double read, double write, double mixed_read,
+                                          double mixed_write) {
+  for (const double rate : {read, write, mixed_read, mixed_write}) {
+    if (!(rate > 0) || !std::isfinite(rate)) {
+      return invalid_argument("half_duplex_rates: every rate must be positive and finite");
+    }
+  }
+  const double factor = std::min(1.0, mixed_read / read + mixed_write / write);
+  return HalfDuplexRates{read * factor, write * factor, factor};
+}
+
 // ---------------------------------------------------------------------------------------------
 // SimulatedBackend
 
