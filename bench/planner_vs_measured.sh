@@ -16,9 +16,10 @@
 # --stream-buffers, --sub-group-bytes) and as its RAM with no headroom, the run's device budget
 # as the simulated device pool
 # (--device-budget), two simulated warm-up steps (--warmup-steps 2: the plan measures the steady
-# step), the disk's
-# sequential rates measured by `strata bench io` on the run's directory right after the run
-# (NVME_RATES=READ/WRITE to give them instead) and the CPU Adam rate `strata bench adam`
+# step), the disk as `strata bench io --mixed` measures it on the run's directory right after the
+# run (the half-duplex drive that moves what the disk moved reading and writing at once, over two
+# files as large as half the run's NVMe bytes per step each; NVME_RATES=READ/WRITE to give the
+# rates instead) and the CPU Adam rate `strata bench adam`
 # measures here (ADAM_GPARAMS to give it). The run has four steps (STEPS): its first starts
 # from where loading left the pools and its second settles, so the table measures the steady
 # steps, the third on (all but the first for a saved run of three). Benchmarks run under flock
@@ -41,10 +42,22 @@ if [ -z "$measured" ]; then
 fi
 if [ -z "${NVME_RATES:-}" ]; then
   # DeepSpeed's aio settings (1 MiB blocks, queue depth 8): its handle is within 4% (write) and
-  # 11% (read) of Strata's engine there on this disk (docs/results.md).
-  flock "$LOCK" "$STRATA" bench io --path "$NVME_DIR" --size 1G --block 1M --qd 8 --json \
-    >"$work/io.json"
-  NVME_RATES=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("%.4f/%.4f" % (j["read_gbps"], j["write_gbps"]))' "$work/io.json")
+  # 11% (read) of Strata's engine there on this disk (docs/results.md). Both runtimes read and
+  # write at once during a step, and the plan's drive is half duplex: --mixed gives the
+  # half-duplex rates that move what the disk moved with both directions at once (solo rates
+  # alone overstated this virtual disk by about 1.4x, docs/planner.md). Each file is half the
+  # run's NVMe bytes per step, in whole GiB, so a host cache behind the disk holds as little of
+  # them as of the run's.
+  io_size=$(python3 -c '
+import json, math, sys
+j = json.load(open(sys.argv[1]))
+strata = next(x for x in j["strategies"] if x["name"] == "strata")
+per_step = max(s["runtime_nvme_read_bytes"] for s in strata["steps"])
+print(max(1, math.ceil(per_step / 2 / 2**30)))' "$measured")
+  flock "$LOCK" "$STRATA" bench io --path "$NVME_DIR" --size "${io_size}G" --block 1M --qd 8 \
+    --rounds 1 --mixed --json >"$work/io.json"
+  NVME_RATES=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("%.4f/%.4f" % (j["half_duplex_read_gbps"], j["half_duplex_write_gbps"]))' "$work/io.json")
+  NVME_SOURCE="strata bench io --size ${io_size}G --block 1M --qd 8 --mixed: $(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("alone %.3f / %.3f, at once %.3f / %.3f GB/s read / write" % (j["read_gbps"], j["write_gbps"], j["mixed_read_gbps"], j["mixed_write_gbps"]))' "$work/io.json")"
 fi
 if [ -z "${ADAM_GPARAMS:-}" ]; then
   flock "$LOCK" "$STRATA" bench adam --params 50M --grad-dtype bf16 \
@@ -76,7 +89,7 @@ plan_command=("$STRATA" plan --model "$MODEL" --scale "$scale" --layers "$layers
   "${split_options[@]}")
 # Exit 3 (the plan does not fit the RAM given) still prints the plan: the table says why.
 "${plan_command[@]}" --json >"$work/plan.json" || [ $? -eq 3 ]
-echo "disk (strata bench io --qd 8 --block 1M): $NVME_RATES GB/s read/write; Adam: $ADAM_GPARAMS Gparam/s" >&2
+echo "disk: $NVME_RATES GB/s read/write as a half-duplex drive (${NVME_SOURCE:-NVME_RATES as given}); Adam: $ADAM_GPARAMS Gparam/s" >&2
 
 python3 - "$measured" "$work/plan.json" "${plan_command[*]}" <<'PY'
 import json, sys
