@@ -51,7 +51,10 @@ PinnedSizing size_pinned_budget(const DriveFigures& drive, uint32_t optimizer_th
   out.window = static_cast<uint32_t>(ceil_div(out.in_flight_bytes, unit) + 1);
   out.optimizer_bytes = (uint64_t{out.window} + 3) * unit + 2 * out.sub_group_bytes;
   out.budget_bytes = out.staging_bytes + out.optimizer_bytes;
-  STRATA_ASSERT(out.budget_bytes > 0 && out.stream_buffers >= kMinStreamBuffers);
+  // The count sized here is at least two per direction (one filling while one drains); a caller
+  // may set one (strata_config.stream_buffers is 1..64), which is its choice, not a broken rule.
+  STRATA_ASSERT(out.budget_bytes > 0 &&
+                out.stream_buffers >= (stream_buffers != 0 ? 1 : kMinStreamBuffers));
 
   const std::string f = format_bytes(out.in_flight_bytes);
   out.derivation = {

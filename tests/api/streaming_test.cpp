@@ -46,6 +46,23 @@ class Streaming : public ::testing::Test {
     c.stream_buffers = buffers;
     ASSERT_EQ(strata_runtime_create(&c, &rt_), STRATA_OK) << strata_last_error(nullptr);
   }
+  // A runtime with an automatic pinned budget sized from a declared drive (2 GB/s read, 1 GB/s
+  // write, 8 requests in flight) and one optimizer thread; `stream_buffers` as given.
+  void open_automatic(uint32_t stream_buffers = 0) {
+    dir_ = strata::testing::scratch_dir("streaming").string();
+    strata_config c;
+    strata_config_init(&c);
+    EXPECT_EQ(c.pinned_budget_bytes, 0u);  // automatic is the default
+    c.nvme_path = dir_.c_str();
+    c.nvme_capacity_bytes = 256 * kMiB;
+    c.device_backend = STRATA_DEVICE_EMULATED;
+    c.queue_depth = 8;
+    c.drive_read_bytes_per_s = 2000000000;
+    c.drive_write_bytes_per_s = 1000000000;
+    c.optimizer_threads = 1;
+    c.stream_buffers = stream_buffers;
+    ASSERT_EQ(strata_runtime_create(&c, &rt_), STRATA_OK) << strata_last_error(nullptr);
+  }
   strata_tensor add(const std::string& name, uint64_t bytes) {
     strata_tensor_desc d{};
     d.struct_size = sizeof d;
@@ -159,18 +176,7 @@ TEST_F(Streaming, StagingThatWouldTakeMoreThanHalfThePinnedBudgetIsRefusedAtCrea
 // pinned_budget_bytes 0 is sized from the drive (docs/tuning.md): declared, the figure follows
 // from the formula alone; measured, it is reported and its staging takes no more than half.
 TEST_F(Streaming, AnAutomaticPinnedBudgetIsSizedFromTheDeclaredDrive) {
-  dir_ = strata::testing::scratch_dir("streaming").string();
-  strata_config c;
-  strata_config_init(&c);
-  EXPECT_EQ(c.pinned_budget_bytes, 0u);  // automatic is the default
-  c.nvme_path = dir_.c_str();
-  c.nvme_capacity_bytes = 256 * kMiB;
-  c.device_backend = STRATA_DEVICE_EMULATED;
-  c.queue_depth = 8;
-  c.drive_read_bytes_per_s = 2000000000;
-  c.drive_write_bytes_per_s = 1000000000;
-  c.optimizer_threads = 1;
-  ASSERT_EQ(strata_runtime_create(&c, &rt_), STRATA_OK) << strata_last_error(nullptr);
+  open_automatic();
   // F = 8 requests x 1 MiB = 8 MiB in flight; chunks of 4 MiB, 2 per direction: 16 MiB of
   // staging. Sub-groups of max(4 MiB, 1 thread x 4 MiB) per state, read ahead
   // ceil(8 / 12) + 1 = 2: (2 + 3) x 12 MiB + 8 MiB of pieces = 68 MiB. 84 MiB in all.
@@ -183,6 +189,19 @@ TEST_F(Streaming, AnAutomaticPinnedBudgetIsSizedFromTheDeclaredDrive) {
   EXPECT_EQ(st.stream_chunk_bytes, 4 * kMiB);
   EXPECT_EQ(st.stream_buffers, 2u);
   EXPECT_EQ(st.optimizer_sub_group_bytes, 4 * kMiB);
+}
+
+// stream_buffers is 1..64 by the header, and an automatic budget sizes its staging from the
+// number given: one buffer per direction is a budget like any other, not an invariant broken
+// (found by tests/fuzz/config_fuzz: the sizing asserted at least two and aborted the process).
+TEST_F(Streaming, AnAutomaticPinnedBudgetTakesOneStreamBufferPerDirectionAsGiven) {
+  open_automatic(/*stream_buffers=*/1);
+  // As above, with one 4 MiB chunk per direction: 8 MiB of staging, the optimizer's 68 MiB.
+  const strata_stats st = stats();
+  EXPECT_EQ(st.stream_buffers, 1u);
+  EXPECT_EQ(st.stream_chunk_bytes, 4 * kMiB);
+  EXPECT_EQ(st.pinned_staging_bytes, 8 * kMiB);
+  EXPECT_EQ(st.pinned_budget_bytes, 76 * kMiB);
 }
 
 // A budget set exactly is spent by the rules for one (sched/pinned_sizing.h): staging of 4
