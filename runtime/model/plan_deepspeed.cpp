@@ -10,6 +10,13 @@ constexpr uint32_t kFp32Bytes = 4;
 constexpr double kGB = 1e9;
 // unscale_and_clip_grads' grad.mul_ (stage3.py:2178-2187): reads and writes each fp32 element.
 constexpr double kClipPassBytesPerElement = 8;
+// _reassign_or_swap_out_partitioned_parameters' fp16_flat.copy_(fp32_flat) (stage3.py:2071-2072,
+// or the same copy into a swap buffer: stage3.py:1008, swap_tensor/utils.py:52), a pass of its
+// own after Adam: reads the fp32 master (4 bytes) and writes the 16-bit weight (2) through the
+// cache, which first reads each destination line for ownership (2). Measured beside the clipping
+// pass with DeepSpeed's own step (bench/deepspeed/zero3-step-compare.sh, 50M, 2 threads): 9.5 ms
+// against its 7.7, both at the memory's rate (docs/optimizer.md).
+constexpr double kWeightCopyBytesPerElement = 8;
 
 double seconds(uint64_t bytes, double gbps) {
   return bytes == 0 ? 0.0 : static_cast<double>(bytes) / (gbps * kGB);
@@ -101,7 +108,8 @@ Result<DeepSpeedEstimate> estimate_deepspeed_offload(const OffloadJob& job, cons
   const double disk_optimizer = seconds(d.io.state_reads + d.io.gradient_reads, read_rate) +
                                 seconds(d.io.state_writes + d.io.parameter_writes, write_rate);
   const double cpu = static_cast<double>(layout.total_elements) / job.adam_params_per_s +
-                     static_cast<double>(layout.total_elements) * kClipPassBytesPerElement /
+                     static_cast<double>(layout.total_elements) *
+                         (kClipPassBytesPerElement + kWeightCopyBytesPerElement) /
                          (job.host_scan_gbps * kGB);
   const bool pipelined = config.pipeline_read || config.pipeline_write;
   const double passes_time = std::max(job.compute_seconds, disk_passes);

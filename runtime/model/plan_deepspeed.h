@@ -61,11 +61,12 @@ struct DeepSpeedEstimate {
 // - forward and backward: max(compute, parameter reads / read rate + gradient writes / write
 //   rate): prefetch overlaps reads with compute, gradient writes are asynchronous, and the
 //   drive serves one direction at a time;
-// - optimizer: sub-group by sub-group, reads, wait, the clipping pass and Adam, writes, wait
-//   (stage3.py:2086-2135): disk time + CPU time; pipelined (tuned) overlaps them
-//   (pipelined_optimizer_swapper.py:102-158): max(disk time, CPU time).
+// - optimizer: sub-group by sub-group, reads, wait, the clipping pass, Adam and the 16-bit
+//   weight copy, writes, wait (stage3.py:2086-2135): disk time + CPU time; pipelined (tuned)
+//   overlaps them (pipelined_optimizer_swapper.py:102-158): max(disk time, CPU time).
 // CPU time is trainable / adam_params_per_s plus the clipping pass (grad.mul_, 8 bytes an
-// element at host_scan_gbps). Bad names and factors are STRATA_E_INVALID.
+// element) and the weight copy (copy_, 8 bytes an element), each at host_scan_gbps. Bad names
+// and factors are STRATA_E_INVALID.
 Result<DeepSpeedEstimate> estimate_deepspeed_offload(const OffloadJob& job, const std::string& name,
                                                      double knob_factor);
 
