@@ -75,7 +75,9 @@ struct GpuChoice {
 Result<GpuChoice> parse_gpu_choice(std::string_view text);
 inline constexpr uint32_t kMaxGpusPerNode = 64;  // the largest count --gpu accepts
 
-// Rates the plan assumes; each is a flag of `strata plan`.
+// Rates the plan assumes, all printed in its JSON `assumptions`. Flags of `strata plan` set the
+// MFU, the Adam rate, the PCIe efficiency, the headroom, the optimizer threads and the drive's
+// queue depth; the host scan rate, the CUDA context and the wear warning are fixed here.
 struct PlanAssumptions {
   double mfu = 0.4;                // achieved fraction of the GPU's dense peak
   double adam_params_per_s = 2e9;  // CPU Adam throughput, parameters per second
