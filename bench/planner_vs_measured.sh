@@ -18,7 +18,7 @@
 # (--device-budget), two simulated warm-up steps (--warmup-steps 2: the plan measures the steady
 # step), the disk as `strata bench io --mixed` measures it on the run's directory right after the
 # run (the half-duplex drive that moves what the disk moved reading and writing at once, over two
-# files as large as half the run's NVMe bytes per step each; NVME_RATES=READ/WRITE to give the
+# files each half the most NVMe bytes one of the run's steps read; NVME_RATES=READ/WRITE to give the
 # rates instead) and the CPU Adam rate `strata bench adam`
 # measures here (ADAM_GPARAMS to give it). The run has four steps (STEPS): its first starts
 # from where loading left the pools and its second settles, so the table measures the steady
@@ -46,8 +46,8 @@ if [ -z "${NVME_RATES:-}" ]; then
   # write at once during a step, and the plan's drive is half duplex: --mixed gives the
   # half-duplex rates that move what the disk moved with both directions at once (solo rates
   # alone overstated this virtual disk by about 1.4x, docs/planner.md). Each file is half the
-  # run's NVMe bytes per step, in whole GiB, so a host cache behind the disk holds as little of
-  # them as of the run's.
+  # most bytes one of the run's steps read, rounded up to whole GiB, so a host cache behind the
+  # disk holds as little of them as of the run's.
   io_size=$(python3 -c '
 import json, math, sys
 j = json.load(open(sys.argv[1]))
