@@ -699,10 +699,11 @@ void run_io_bench(const IoBenchArgs& args) {
   const double read_ratio = paired_ratio(read_gbps, fio_read_gbps);
   // With --mixed: the half-duplex drive `strata plan --nvme` models that moves, with both
   // directions at once, what this one moved (sched/device_model.h, half_duplex_rates).
+  const double mixed_read = config.mixed ? median(mixed_read_gbps) : 0.0;
+  const double mixed_write = config.mixed ? median(mixed_write_gbps) : 0.0;
   std::optional<sched::HalfDuplexRates> half_duplex;
   if (config.mixed) {
-    auto rates =
-        sched::half_duplex_rates(read, write, median(mixed_read_gbps), median(mixed_write_gbps));
+    auto rates = sched::half_duplex_rates(read, write, mixed_read, mixed_write);
     if (!rates) fail(rates.status());
     half_duplex = *rates;
   }
@@ -724,12 +725,12 @@ void run_io_bench(const IoBenchArgs& args) {
         {"read_gbps_rounds", read_gbps},
     };
     if (config.mixed) {
-      out["mixed_read_gbps"] = median(mixed_read_gbps);
-      out["mixed_write_gbps"] = median(mixed_write_gbps);
+      out["mixed_read_gbps"] = mixed_read;
+      out["mixed_write_gbps"] = mixed_write;
       out["mixed_read_gbps_rounds"] = mixed_read_gbps;
       out["mixed_write_gbps_rounds"] = mixed_write_gbps;
-      out["half_duplex_read_gbps"] = half_duplex->read_bytes_per_s;
-      out["half_duplex_write_gbps"] = half_duplex->write_bytes_per_s;
+      out["half_duplex_read_gbps"] = half_duplex->read;
+      out["half_duplex_write_gbps"] = half_duplex->write;
       out["half_duplex_factor"] = half_duplex->factor;
     }
     if (fio) {
@@ -759,10 +760,9 @@ void run_io_bench(const IoBenchArgs& args) {
   Table table({"", "write GB/s", "read GB/s"});
   table.add_row({"strata", fixed(write), fixed(read)});
   if (config.mixed) {
-    table.add_row({"strata, both at once (--mixed)", fixed(median(mixed_write_gbps)),
-                   fixed(median(mixed_read_gbps))});
-    table.add_row({"as a half-duplex drive (strata plan --nvme)",
-                   fixed(half_duplex->write_bytes_per_s), fixed(half_duplex->read_bytes_per_s)});
+    table.add_row({"strata, both at once (--mixed)", fixed(mixed_write), fixed(mixed_read)});
+    table.add_row({"as a half-duplex drive (strata plan --nvme)", fixed(half_duplex->write),
+                   fixed(half_duplex->read)});
   }
   if (fio) {
     table.add_row({"fio", fixed(fio_write), fixed(fio_read)});

@@ -56,8 +56,13 @@ per_step = max(s["runtime_nvme_read_bytes"] for s in strata["steps"])
 print(max(1, math.ceil(per_step / 2 / 2**30)))' "$measured")
   flock "$LOCK" "$STRATA" bench io --path "$NVME_DIR" --size "${io_size}G" --block 1M --qd 8 \
     --rounds 1 --mixed --json >"$work/io.json"
-  NVME_RATES=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("%.4f/%.4f" % (j["half_duplex_read_gbps"], j["half_duplex_write_gbps"]))' "$work/io.json")
-  NVME_SOURCE="strata bench io --size ${io_size}G --block 1M --qd 8 --mixed: $(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("alone %.3f / %.3f, at once %.3f / %.3f GB/s read / write" % (j["read_gbps"], j["write_gbps"], j["mixed_read_gbps"], j["mixed_write_gbps"]))' "$work/io.json")"
+  { read -r NVME_RATES; read -r io_figures; } < <(python3 -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+print("%.4f/%.4f" % (j["half_duplex_read_gbps"], j["half_duplex_write_gbps"]))
+print("alone %.3f / %.3f, at once %.3f / %.3f GB/s read / write"
+      % (j["read_gbps"], j["write_gbps"], j["mixed_read_gbps"], j["mixed_write_gbps"]))' "$work/io.json")
+  NVME_SOURCE="strata bench io --size ${io_size}G --block 1M --qd 8 --mixed: $io_figures"
 fi
 if [ -z "${ADAM_GPARAMS:-}" ]; then
   flock "$LOCK" "$STRATA" bench adam --params 50M --grad-dtype bf16 \

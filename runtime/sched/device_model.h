@@ -74,12 +74,12 @@ Result<DeviceModel> calibrate(const Measurements& measured, const DeviceModel& b
 // that serves both directions better than by taking turns (an NVMe drive with spare internal
 // bandwidth) keeps its solo rates, since the model never lets a direction run faster than it
 // does alone; it then errs slow on that drive's mixed phases.
+// The four rates in one unit (bytes or GB per second), each > 0 and finite; the result in it.
 struct HalfDuplexRates {
-  double read_bytes_per_s = 0;
-  double write_bytes_per_s = 0;
+  double read = 0;
+  double write = 0;
   double factor = 0;  // k, in (0, 1]
 };
-// The four rates in one unit (bytes or GB per second), each > 0 and finite; the result in it.
 Result<HalfDuplexRates> half_duplex_rates(double read, double write, double mixed_read,
                                           double mixed_write);
 

@@ -303,9 +303,9 @@ TEST(DeviceModel, HalfDuplexRatesMoveTheMixedMeasurementsBytesInOneSecond) {
   EXPECT_NEAR(r->factor, 1.777 / 2.844 + 1.773 / 5.960, 1e-12);
   EXPECT_NEAR(r->factor, 0.9223, 1e-4);
   // A drive that takes turns at these rates needs one second for the mixed second's bytes...
-  EXPECT_NEAR(1.777 / r->read_bytes_per_s + 1.773 / r->write_bytes_per_s, 1.0, 1e-12);
+  EXPECT_NEAR(1.777 / r->read + 1.773 / r->write, 1.0, 1e-12);
   // ...and keeps the solo rates' proportions.
-  EXPECT_NEAR(r->read_bytes_per_s / r->write_bytes_per_s, 2.844 / 5.960, 1e-12);
+  EXPECT_NEAR(r->read / r->write, 2.844 / 5.960, 1e-12);
 }
 
 TEST(DeviceModel, HalfDuplexRatesKeepTheSoloRatesOfADriveThatMixesBetterThanTakingTurns) {
@@ -313,8 +313,8 @@ TEST(DeviceModel, HalfDuplexRatesKeepTheSoloRatesOfADriveThatMixesBetterThanTaki
   Result<HalfDuplexRates> r = half_duplex_rates(7e9, 5e9, 6e9, 4.4e9);
   ASSERT_TRUE(r.is_ok());
   EXPECT_DOUBLE_EQ(r->factor, 1.0);
-  EXPECT_DOUBLE_EQ(r->read_bytes_per_s, 7e9);
-  EXPECT_DOUBLE_EQ(r->write_bytes_per_s, 5e9);
+  EXPECT_DOUBLE_EQ(r->read, 7e9);
+  EXPECT_DOUBLE_EQ(r->write, 5e9);
 }
 
 TEST(DeviceModel, HalfDuplexRatesRejectRatesThatAreNotPositiveAndFinite) {
