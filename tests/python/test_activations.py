@@ -8,7 +8,7 @@ import torch
 
 import strata
 import strata.torch as st
-from conftest import paired_step
+from conftest import DEVICE, paired_step
 from tiny_llama import PRESETS, Llama, batches, corpus_bytes, loss_fn
 
 
@@ -21,7 +21,7 @@ def llama(seed=0, hidden=128, layers=2):
 def run(model, handle, opt, data):
     losses, grads = [], []
     for x, y in data:
-        loss = loss_fn(model(x), y)
+        loss = loss_fn(model(x.to(DEVICE)), y.to(DEVICE))
         loss.backward()
         grads.append({n: handle.gradient(p) for n, p in model.named_parameters()})
         opt.step()
@@ -36,8 +36,8 @@ def test_gradients_with_activations_offloaded_are_exactly_those_without(nvme_dir
     ours = copy.deepcopy(reference)
     data = batches(corpus_bytes(), 3, batch=2, seq=96, seed=4)
     budgets = dict(nvme_capacity_bytes=256 << 20, pinned_budget_bytes=16 << 20)
-    plain = st.offload(reference, nvme_path=nvme_dir, device="cpu", **budgets)
-    offloaded = st.offload(ours, nvme_path=nvme_dir, device="cpu", activations=home, **budgets)
+    plain = st.offload(reference, nvme_path=nvme_dir, device=DEVICE, **budgets)
+    offloaded = st.offload(ours, nvme_path=nvme_dir, device=DEVICE, activations=home, **budgets)
     expected = run(reference, plain, st.AdamW(reference.parameters(), lr=1e-3), data)
     got = run(ours, offloaded, st.AdamW(ours.parameters(), lr=1e-3), data)
     assert got[0] == expected[0]  # bit for bit
@@ -56,9 +56,10 @@ def test_gradients_with_activations_offloaded_are_exactly_those_without(nvme_dir
 def test_activations_spill_to_nvme_under_a_small_pinned_budget_and_stay_exact(nvme_dir):
     reference = llama(seed=3, hidden=128, layers=3)
     ours = copy.deepcopy(reference)
+    reference.to(DEVICE)
     data = batches(corpus_bytes(), 2, batch=4, seq=128, seed=1)
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
-    handle = st.offload(ours, nvme_path=nvme_dir, device="cpu", activations="nvme",
+    handle = st.offload(ours, nvme_path=nvme_dir, device=DEVICE, activations="nvme",
                         nvme_capacity_bytes=512 << 20, pinned_budget_bytes=12 << 20)
     opt = st.AdamW(ours.parameters(), lr=1e-3)
     for x, y in data:
@@ -74,29 +75,29 @@ def test_activations_spill_to_nvme_under_a_small_pinned_budget_and_stay_exact(nv
 
 def test_a_bad_activations_home_is_refused(nvme_dir):
     with pytest.raises(strata.StrataError, match="activations"):
-        st.offload(llama(hidden=64, layers=1), nvme_path=nvme_dir, device="cpu",
+        st.offload(llama(hidden=64, layers=1), nvme_path=nvme_dir, device=DEVICE,
                    activations="disk")
 
 
 def test_a_permuted_tensor_comes_back_in_its_own_strides_and_a_sliced_one_stays(nvme_dir):
-    handle = st.offload(llama(hidden=64, layers=1), nvme_path=nvme_dir, device="cpu",
+    handle = st.offload(llama(hidden=64, layers=1), nvme_path=nvme_dir, device=DEVICE,
                         activations="pinned", nvme_capacity_bytes=64 << 20,
                         pinned_budget_bytes=16 << 20)
     acts = handle.activations
-    permuted = torch.randn(4, 64, 128).transpose(1, 2)  # q or k in attention
+    permuted = torch.randn(4, 64, 128, device=DEVICE).transpose(1, 2)  # q or k in attention
     assert not permuted.is_contiguous() and acts.wanted(permuted)
     back = acts.unpack(acts.pack(permuted))
     assert back.stride() == permuted.stride() and torch.equal(back, permuted)
-    assert not acts.wanted(torch.randn(64, 256)[:, :128])  # gaps: its bytes are not its values
-    assert not acts.wanted(torch.randn(1, 256).expand(512, 256))  # overlapping
+    assert not acts.wanted(torch.randn(64, 256, device=DEVICE)[:, :128])  # gaps: its bytes are not its values
+    assert not acts.wanted(torch.randn(1, 256, device=DEVICE).expand(512, 256))  # overlapping
 
 
 def test_a_saved_tensor_larger_than_the_pinned_budget_moves_in_chunks(nvme_dir):
-    handle = st.offload(llama(hidden=64, layers=1), nvme_path=nvme_dir, device="cpu",
+    handle = st.offload(llama(hidden=64, layers=1), nvme_path=nvme_dir, device=DEVICE,
                         activations="nvme", nvme_capacity_bytes=128 << 20,
                         pinned_budget_bytes=16 << 20)
     acts = handle.activations
-    scores = torch.randn(4, 1024, 1536)  # 24 MiB, an attention score matrix
+    scores = torch.randn(4, 1024, 1536, device=DEVICE)  # 24 MiB, an attention score matrix
     saved = acts.pack(scores)
     assert len(saved.chunks) == -(-scores.numel() * 4 // acts.chunk_bytes) > 1
     assert max(c.nbytes for c in saved.chunks) <= 2 << 20  # an eighth of the budget

@@ -8,7 +8,7 @@ import torch
 
 import strata
 import strata.torch as st
-from conftest import paired_step
+from conftest import DEVICE, paired_step
 from strata.torch import lora, nf4
 from tiny_llama import PRESETS, Llama, batches, corpus_bytes, loss_fn
 
@@ -57,12 +57,13 @@ def test_qlora_trains_as_torch_does_on_the_dequantized_base(nvme_dir):
     with torch.no_grad():  # the reference computes with the weights QLoRA computes with
         for w in frozen_linear_weights(reference):
             w.copy_(nf4.dequantize(nf4.quantize(w), w.shape, w.dtype))
-    handle = st.offload(ours, nvme_path=nvme_dir, device="cpu", quantize_frozen="nf4",
+    handle = st.offload(ours, nvme_path=nvme_dir, device=DEVICE, quantize_frozen="nf4",
                         nvme_capacity_bytes=128 << 20, pinned_budget_bytes=16 << 20)
     quantized = [p for p in ours.parameters() if p._strata.codec == "nf4"]
     assert len(quantized) == len(frozen_linear_weights(reference))
     for p, q in zip(frozen_linear_weights(reference), quantized):
         assert torch.equal(handle.parameter(q), p.detach())
+    reference.to(DEVICE)
     ref_opt = torch.optim.AdamW(lora.trainable(reference), lr=3e-3)
     opt = st.AdamW(lora.trainable(ours), lr=3e-3)
     for x, y in batches(corpus_bytes(), 6, batch=2, seq=32, seed=6):
@@ -72,13 +73,15 @@ def test_qlora_trains_as_torch_does_on_the_dequantized_base(nvme_dir):
 
 def step_parameter_reads(nvme_dir, quantize, steps=3):
     model = lora_llama(seed=2, hidden=256, layers=4)
-    handle = st.offload(model, nvme_path=nvme_dir, device="cpu", quantize_frozen=quantize,
-                        nvme_capacity_bytes=256 << 20, pinned_budget_bytes=3 << 20)
+    # The device budget (used on a GPU) below the NF4 base's 1.5 MiB, so that both bases stream.
+    handle = st.offload(model, nvme_path=nvme_dir, device=DEVICE, quantize_frozen=quantize,
+                        nvme_capacity_bytes=256 << 20, pinned_budget_bytes=3 << 20,
+                        device_budget_bytes=5 << 18)
     opt = st.AdamW(lora.trainable(model), lr=1e-3)
     reads = []
     for x, y in batches(corpus_bytes(), steps, batch=2, seq=32, seed=1):
         before = handle.runtime.stats()["nvme_bytes_read_by_kind"]["parameter"]
-        loss_fn(model(x), y).backward()
+        loss_fn(model(x.to(DEVICE)), y.to(DEVICE)).backward()
         opt.step()
         opt.zero_grad()
         reads.append(handle.runtime.stats()["nvme_bytes_read_by_kind"]["parameter"] - before)
@@ -108,8 +111,8 @@ def test_lora_on_an_nf4_base_converges_as_on_the_full_precision_base(nvme_dir):
         pre.zero_grad()
     for name, p in model.named_parameters():
         p.requires_grad_("lora_" in name)
-    reference = copy.deepcopy(model)
-    st.offload(model, nvme_path=nvme_dir, device="cpu", quantize_frozen="nf4",
+    reference = copy.deepcopy(model).to(DEVICE)
+    st.offload(model, nvme_path=nvme_dir, device=DEVICE, quantize_frozen="nf4",
                nvme_capacity_bytes=128 << 20, pinned_budget_bytes=16 << 20)
     assert all(p._strata.codec == "nf4" for p in frozen_linear_weights(model))
     pairs = ((reference, torch.optim.AdamW(lora.trainable(reference), lr=1e-2)),

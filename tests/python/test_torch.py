@@ -151,8 +151,12 @@ def test_optimizer_state_dict_round_trip(data, nvme_dir, tmp_path):
     for i, entry in ref_sd["state"].items():
         assert float(sd["state"][i]["step"]) == float(entry["step"]) == 3
         for key in ("exp_avg", "exp_avg_sq"):
+            # On a GPU torch's AdamW is its CUDA kernel (fused multiply-adds) and Strata's the
+            # CPU's: weights a rounding apart after a step give gradients a little apart, which
+            # an element of exp_avg near zero shows as about 1e-9 absolute (measured on an
+            # H200: 1.23e-9 at an element of 2.3e-7).
             torch.testing.assert_close(sd["state"][i][key].to(DEVICE), entry[key],
-                                       rtol=1e-4, atol=1e-9)
+                                       rtol=1e-4, atol=1e-9 if DEVICE.type == "cpu" else 1e-8)
     weights = offloaded.state_dict()
     # A fresh model and optimizer loaded from both state dicts continue like the original.
     fresh = small_llama(seed=99)
