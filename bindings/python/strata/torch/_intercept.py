@@ -103,7 +103,10 @@ def _norm(grad, norm_type):
 def clip_grad_value_(parameters, clip_value, **kwargs):
     """torch.nn.utils.clip_grad_value_, also over the gradients Strata holds."""
     plain, offloaded, _ = _split(parameters)
-    _ORIGINAL["clip_grad_value_"](plain, clip_value, **kwargs)
+    # torch 2.x refuses a list in which no gradient exists ("Expected !nested_tensorlist[0]
+    # .empty()"), which is every list of a fully offloaded model: its gradients are Strata's.
+    if any(p.grad is not None for p in plain):
+        _ORIGINAL["clip_grad_value_"](plain, clip_value, **kwargs)
     clip_value = float(clip_value)
     for owner, records in offloaded.items():
         for rec, grad in owner._gradient_views(records, dirty=True):

@@ -495,11 +495,14 @@ class OffloadedModel:
                                      read_only=not p.requires_grad)
             rec.tensor.write(_views.host_numpy(p))
         rec.owner = weakref.ref(self)
-        if p.requires_grad:
-            self._ensure_grad(rec, layer)
         p._strata = rec
         self._make_placeholder(rec)
         p.data = rec.placeholder
+        # Hooked only now that .data is on the compute device: torch drops a parameter's
+        # AccumulateGrad node when .data moves to another device or type (set_data), so a hook
+        # taken on the CPU parameter would never run for a CUDA one.
+        if p.requires_grad:
+            self._ensure_grad(rec, layer)
 
     def _ensure_grad(self, rec, layer=None):
         """Gives a parameter that requires grad its GRADIENT tensor and hooks: at offload, or
