@@ -237,7 +237,11 @@ Status RealBackend::stream_to_nvme(const sched::Buffer& from_device, const sched
 
 void RealBackend::on_release(Tier tier, const sched::Buffer& buffer, void* device_stream) {
   (void)buffer;
-  if (tier != Tier::kDevice || device_stream == nullptr) return;
+  if (tier != Tier::kDevice) return;
+  // On CUDA a null stream is the default stream, where torch queues its work unless told
+  // otherwise: it is ordered like any other (an H200 run without this copied buffers out, and
+  // refilled them, before the kernels queued there had used them: docs/reliability.md, finding 38).
+  if (device_stream == nullptr && device_.backend() != memory::DeviceBackend::kCuda) return;
   // Later copies out of (or into) this buffer must follow the framework's queued work on it.
   auto event = device_.create_event();
   if (!event) return;

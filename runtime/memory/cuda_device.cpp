@@ -375,12 +375,23 @@ Result<std::unique_ptr<Device>> open_cuda_device(const DeviceOptions& options) {
   return std::unique_ptr<Device>(new CudaDevice(options, name, bus_id, base, budget, h2d, d2h));
 }
 
-void* cuda_plain_malloc(uint64_t bytes) {
-  void* p = nullptr;
-  if (cudaMalloc(&p, bytes) != cudaSuccess) {
+void* cuda_plain_malloc(uint64_t bytes, int ordinal) {
+  int current = 0;
+  if (ordinal < 0 || cudaGetDevice(&current) != cudaSuccess) {
     cudaGetLastError();
     return nullptr;
   }
+  // Memory on another GPU than the one asked for would be silently wrong: switch for the call.
+  if (ordinal != current && cudaSetDevice(ordinal) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  void* p = nullptr;
+  if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    p = nullptr;
+  }
+  if (ordinal != current) cudaSetDevice(current);
   return p;
 }
 

@@ -18,10 +18,11 @@ int cuda_device_count();
 // copy streams, cudaEvents. STRATA_E_UNSUPPORTED when no usable GPU has that ordinal.
 Result<std::unique_ptr<Device>> open_cuda_device(const DeviceOptions& options);
 
-// Plain cudaMalloc / cudaFree on the current device: the PyTorch allocator entry points use them
-// when no runtime is active. cuda_plain_malloc returns nullptr on failure; cuda_plain_free returns
-// "" or CUDA's error name.
-void* cuda_plain_malloc(uint64_t bytes);
+// Plain cudaMalloc / cudaFree: the PyTorch allocator entry points use them for a GPU no runtime
+// serves. cuda_plain_malloc allocates on GPU `ordinal` (the one torch asked for, which need not be
+// the current device; the current device is left as it was) and returns nullptr on failure,
+// including an ordinal no GPU has; cuda_plain_free returns "" or CUDA's error name.
+void* cuda_plain_malloc(uint64_t bytes, int ordinal);
 std::string cuda_plain_free(void* ptr);
 
 }  // namespace strata::memory

@@ -41,9 +41,9 @@ void warn(const char* format, auto... args) {
   std::fputc('\n', stderr);
 }
 
-void* fallback_alloc(uint64_t bytes) {
+void* fallback_alloc(uint64_t bytes, int device) {
 #if defined(STRATA_HAVE_CUDA)
-  void* p = cuda_plain_malloc(bytes);
+  void* p = cuda_plain_malloc(bytes, device);
   if (p == nullptr) return nullptr;
   Binding& b = binding();
   std::lock_guard lock(b.fallback_mutex);
@@ -51,6 +51,7 @@ void* fallback_alloc(uint64_t bytes) {
   return p;
 #else
   (void)bytes;
+  (void)device;
   return nullptr;
 #endif
 }
@@ -116,7 +117,7 @@ extern "C" STRATA_API void* strata_torch_alloc(ssize_t size, int device,
       }
     }
     // No runtime for this GPU: plain CUDA memory, or none.
-    return strata::memory::fallback_alloc(bytes);
+    return strata::memory::fallback_alloc(bytes, device);
   } catch (...) {
     return nullptr;
   }

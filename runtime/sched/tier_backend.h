@@ -122,8 +122,9 @@ class TierBackend {
                                 Completion done) = 0;
 
   // The framework released a buffer it used on `tier`. On CUDA, device_stream is the
-  // cudaStream_t whose queued work still reads or writes the buffer: a backend records an event
-  // there and orders any later copy out of, or reuse of, the buffer after it. nullptr: none.
+  // cudaStream_t whose queued work still reads or writes the buffer (nullptr: CUDA's default
+  // stream): a backend records an event there and orders any later copy out of, or reuse of,
+  // the buffer after it. Elsewhere nullptr means none.
   virtual void on_release(Tier tier, const Buffer& buffer, void* device_stream) {
     (void)tier;
     (void)buffer;

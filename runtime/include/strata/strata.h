@@ -359,8 +359,10 @@ STRATA_API int strata_acquire(strata_runtime* rt, strata_tensor tensor, strata_t
 
 /* Ends one acquire. With DIRTY, the new contents are written back before the buffer is reused;
  * the previous copy on NVMe stays valid until that write has succeeded. device_stream: for a
- * DEVICE tensor on CUDA, the cudaStream_t whose work writes the data (Strata waits for it before
- * copying out); NULL otherwise. Any thread. */
+ * DEVICE tensor on CUDA, the cudaStream_t whose queued work reads or writes the data; Strata
+ * copies the data out, and reuses its memory, only after that work. NULL there is CUDA's default
+ * stream, as everywhere in CUDA (work queued on a stream created with cudaStreamNonBlocking needs
+ * that stream). Ignored for other tiers and for the emulated device. Any thread. */
 STRATA_API int strata_release(strata_runtime* rt, strata_tensor tensor, uint32_t flags,
                               void* device_stream);
 
@@ -644,11 +646,12 @@ STRATA_API int strata_nf4_dequantize_cuda(const void* src_device, uint64_t src_b
  * tier and kind STRATA_KIND_OTHER, and held until strata_torch_free; room torch holds is room
  * Strata's tensors cannot use. A device of another ordinal than the runtime's is not served from
  * it. Destroying the runtime gives back what torch still holds; a later free of such a pointer
- * is a no-op with a warning. Without such a runtime, memory comes from cudaMalloc / cudaFree when
- * the library was built with CUDA and a GPU is usable, and strata_torch_alloc returns NULL
- * otherwise (torch reports an out-of-memory error). A memory block freed on a stream is reused only
- * after the work queued on that stream so far has finished. Freeing NULL is a no-op; freeing a
- * pointer that Strata did not hand out is a no-op with a warning on stderr. Any thread.
+ * is a no-op with a warning. Without such a runtime (or for another ordinal), memory comes from
+ * cudaMalloc / cudaFree on GPU `device` when the library was built with CUDA and that GPU is
+ * usable, and strata_torch_alloc returns NULL otherwise (torch reports an out-of-memory error).
+ * A memory block freed on a stream is reused only after the work queued on that stream so far has
+ * finished. Freeing NULL is a no-op; freeing a pointer that Strata did not hand out is a no-op
+ * with a warning on stderr. Any thread.
  * ------------------------------------------------------------------------------------------- */
 typedef void* strata_cuda_stream; /* cudaStream_t */
 

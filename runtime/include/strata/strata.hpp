@@ -241,7 +241,8 @@ class Acquired {
   }
 
   // The data was (or will have been, once device_stream's work is done) modified: the release
-  // writes it back. device_stream: the cudaStream_t writing a DEVICE tensor on CUDA, else NULL.
+  // writes it back. device_stream: the cudaStream_t writing a DEVICE tensor on CUDA (NULL: CUDA's
+  // default stream; a release without mark_dirty passes NULL too).
   void mark_dirty(strata_cuda_stream device_stream = nullptr) noexcept {
     release_flags_ |= STRATA_RELEASE_DIRTY;
     device_stream_ = device_stream;
