@@ -739,7 +739,7 @@ TEST(Nf4Cuda, DequantizingOnTheGpuWritesTheCpuBits) {
             cudaSuccess);
         const Nf4Packed device_src{src.get() + offset, packed.size(), count};
         Status status =
-            cuda::nf4_dequantize(device_src, dst.get() + offset * 2, bytes, out, nullptr);
+            cuda::nf4_dequantize(device_src, dst.get() + dst_offset, bytes, out, nullptr);
         ASSERT_TRUE(status.is_ok()) << status.message();
         std::vector<unsigned char> gpu(bytes);
         ASSERT_EQ(cudaMemcpy(gpu.data(), dst.get() + dst_offset, bytes, cudaMemcpyDeviceToHost),
