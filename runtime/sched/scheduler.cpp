@@ -1354,8 +1354,11 @@ bool Scheduler::start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use
       }
     }
     if (!issue(r, OpKind::kWriteBack, /*cleaning=*/true, false).is_ok()) return false;
-  } else if (streams()) {
+  } else if (streams() && r.home != Tier::kPinned) {
     // Device data with no other copy streams to NVMe through the staging buffers: no pinned room.
+    // Not a tensor at home in pinned memory: its data goes home below, never to NVMe (LoRA's
+    // adapters resting there were written to NVMe and read back every step under a tight device
+    // budget on the GPU path; docs/reliability.md, finding 39).
     if (!link_free(Link::kNvmeWrite)) return false;
     if (!r.extent.valid()) {
       Status extent = allocate_extent(r);
@@ -1367,7 +1370,8 @@ bool Scheduler::start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use
     }
     if (!issue(r, OpKind::kStreamToNvme, /*cleaning=*/true, false).is_ok()) return false;
   } else {
-    // Device data with no other copy goes to pinned memory first (and from there to NVMe).
+    // Device data with no other copy goes to pinned memory first (and from there to NVMe, unless
+    // pinned memory is its home).
     if (!link_free(Link::kDeviceToHost)) return false;
     const int pinned_pool = r.pool[memory_index(Tier::kPinned)];
     if (pinned_pool == kNoPool) return false;

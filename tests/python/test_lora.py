@@ -8,7 +8,7 @@ import torch
 
 import strata
 import strata.torch as st
-from conftest import paired_step
+from conftest import DEVICE, paired_step
 from strata.torch import lora
 from tiny_llama import PRESETS, Llama, batches, corpus_bytes, loss_fn
 
@@ -27,6 +27,21 @@ def nbytes(params):
     return sum(p.numel() * p.element_size() for p in params)
 
 
+def train_paired(reference, ours, handle, data):
+    """Trains the adapters of both models on data (torch's AdamW, Strata's), checking each step's
+    losses agree; returns the NVMe bytes each step wrote."""
+    ref_opt = torch.optim.AdamW(lora.trainable(reference), lr=3e-3)
+    opt = st.AdamW(lora.trainable(ours), lr=3e-3)
+    written = []
+    for x, y in data:
+        before = handle.runtime.stats()["nvme_bytes_written"]
+        losses = paired_step(((reference, ref_opt), (ours, opt)), x, y)
+        handle.runtime.sync()
+        written.append(handle.runtime.stats()["nvme_bytes_written"] - before)
+        assert abs(losses[0] - losses[1]) <= REL * abs(losses[0]), losses
+    return written
+
+
 # The adapters on NVMe (streamed as the base is), or at home in pinned memory with their
 # gradients and optimizer states: then a step writes nothing at all to NVMe.
 @pytest.mark.parametrize("trainable_home,pinned", [("nvme", 4 << 20), ("pinned", 5 << 20)])
@@ -41,8 +56,11 @@ def test_lora_on_a_streamed_frozen_base_matches_torch_and_never_writes_the_base(
 
     # The pinned budget holds under half of the base: it streams from NVMe every pass.
     assert pinned < base_bytes / 2
-    handle = st.offload(ours, nvme_path=nvme_dir, device="cpu", nvme_capacity_bytes=256 << 20,
-                        pinned_budget_bytes=pinned, trainable_home=trainable_home)
+    # On a GPU the device budget is a cache too: the same size, so that it streams there as well.
+    handle = st.offload(ours, nvme_path=nvme_dir, device=DEVICE, nvme_capacity_bytes=256 << 20,
+                        pinned_budget_bytes=pinned, device_budget_bytes=pinned,
+                        trainable_home=trainable_home)
+    reference.to(DEVICE)
     assert handle.trainable_home == trainable_home
     ref_opt = torch.optim.AdamW(lora.trainable(reference), lr=3e-3)
     opt = st.AdamW(lora.trainable(ours), lr=3e-3)
@@ -73,6 +91,22 @@ def test_lora_on_a_streamed_frozen_base_matches_torch_and_never_writes_the_base(
     by_kind = stats[-1]["nvme_bytes_written_by_kind"]
     # Parameters written: the base once (at offload), the adapters at most once per step.
     assert by_kind["parameter"] <= base_bytes + adapter_bytes * (1 + len(data)) + 4096 * len(base)
+
+
+def test_adapters_at_home_in_pinned_memory_never_reach_nvme_from_a_small_device(nvme_dir):
+    """Computing on the device tier (on the CPU, the host-emulated device: the GPU code path),
+    with a device budget that cannot keep the adapters' gradients between uses: what leaves the
+    device goes home to pinned memory, never to NVMe (docs/reliability.md, finding 39: each step
+    wrote the adapters and half their gradients to NVMe and read them back)."""
+    reference = lora_llama(seed=4)
+    ours = copy.deepcopy(reference)
+    reference.to(DEVICE)
+    handle = st.offload(ours, nvme_path=nvme_dir, device=DEVICE, compute_tier="device",
+                        nvme_capacity_bytes=256 << 20, pinned_budget_bytes=5 << 20,
+                        device_budget_bytes=5 << 20, trainable_home="pinned")
+    written = train_paired(reference, ours, handle, batches(corpus_bytes(), 4, batch=2, seq=32,
+                                                             seed=5))
+    assert written[1:] == [0] * (len(written) - 1), written
 
 
 def test_adapters_rest_in_pinned_memory_when_they_fit_a_quarter_of_the_budget(nvme_dir):
@@ -106,22 +140,16 @@ def test_adapters_resting_on_the_device_tier_train_as_torch_and_write_nothing(nv
     in pinned memory, and the streamed base stays read-only."""
     reference = lora_llama(seed=6, hidden=64, layers=2)
     ours = copy.deepcopy(reference)
-    handle = st.offload(ours, nvme_path=nvme_dir, device="cpu", compute_tier="device",
+    reference.to(DEVICE)
+    handle = st.offload(ours, nvme_path=nvme_dir, device=DEVICE, compute_tier="device",
                         nvme_capacity_bytes=256 << 20, pinned_budget_bytes=32 << 20,
                         device_budget_bytes=32 << 20)
     assert handle.trainable_home == "device", handle.trainable_why
     tiers = strata.runtime.TIERS
     assert {p._strata.tensor.home for p in lora.trainable(ours)} == {tiers["device"]}
     assert {p._strata.grad.home for p in lora.trainable(ours)} == {tiers["device"]}
-    ref_opt = torch.optim.AdamW(lora.trainable(reference), lr=3e-3)
-    opt = st.AdamW(lora.trainable(ours), lr=3e-3)
-    written = []
-    for x, y in batches(corpus_bytes(), 4, batch=2, seq=16, seed=7):
-        before = handle.runtime.stats()["nvme_bytes_written"]
-        losses = paired_step(((reference, ref_opt), (ours, opt)), x, y)
-        handle.runtime.sync()
-        written.append(handle.runtime.stats()["nvme_bytes_written"] - before)
-        assert abs(losses[0] - losses[1]) <= REL * abs(losses[0]), losses
+    written = train_paired(reference, ours, handle, batches(corpus_bytes(), 4, batch=2, seq=16,
+                                                             seed=7))
     assert written[1:] == [0] * (len(written) - 1), written
 
 
