@@ -11,8 +11,10 @@
 #include <strata/strata.h>
 
 #include <algorithm>
+#include <set>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "finetune/layer_compute.h"
@@ -128,6 +130,7 @@ class GpuCompute final : public LayerCompute {
     }
     STRATA_TRY(cuda_status(cudaMemcpy(g->x_, host.data(), in_bytes, cudaMemcpyHostToDevice),
                            "cudaMemcpy (activations)"));
+    STRATA_TRY(g->warm_up(plan));
     return std::unique_ptr<LayerCompute>(std::move(g));
   }
 
@@ -196,6 +199,41 @@ class GpuCompute final : public LayerCompute {
       return Status::error(rc, "dequantizing '" + t.spec->name + "' (NF4) on the GPU");
     }
     return static_cast<const void*>(dequantized_);
+  }
+  // Runs every GEMM the steps will run once, on scratch weights, before the worker reads its
+  // process base: CUDA loads a kernel's code on its first launch (lazy module loading, the
+  // default since CUDA 12.2), and cuBLAS's kernels then add about 0.2 GB of resident host
+  // memory (an H200 run) that is the library's, like the rest of its code, not the offload
+  // engine's. Counted in the base, as torch's would be in a framework's process.
+  Status warm_up(const FinetunePlan& plan) {
+    std::set<std::tuple<uint64_t, uint64_t, bool>> shapes;  // out, in, whether dW is computed
+    uint64_t largest = 0;
+    for (size_t i = 0; i < plan.inventory.size(); ++i) {
+      const TensorSpec& t = plan.inventory[i];
+      if (t.kind != TensorKind::kParameter || t.shape.size() != 2 || is_embedding(t)) continue;
+      shapes.emplace(t.shape[0], t.shape[1], plan.roles[i] == TensorRole::kTrained);
+      largest = std::max(largest, t.elements() * 2);
+    }
+    if (shapes.empty()) return Status::ok();
+    void *w = nullptr, *dw = nullptr;
+    Status status = cuda_status(cudaMalloc(&w, largest), "cudaMalloc (warm-up)");
+    if (status.is_ok()) status = cuda_status(cudaMalloc(&dw, largest), "cudaMalloc (warm-up)");
+    if (status.is_ok()) status = cuda_status(cudaMemset(w, 0, largest), "cudaMemset (warm-up)");
+    for (const auto& [out, in, trained] : shapes) {
+      if (!status.is_ok()) break;
+      TensorSpec spec;
+      spec.name = "warm-up";
+      spec.kind = TensorKind::kParameter;
+      spec.shape = {out, in};
+      const ComputeTensor tensor{.spec = &spec, .weight = w, .grad = trained ? dw : nullptr};
+      status = forward({&tensor, 1});
+      if (status.is_ok()) status = backward({&tensor, 1});
+    }
+    if (status.is_ok()) status = cuda_status(cudaStreamSynchronize(stream_), "warm-up");
+    for (void* p : {w, dw}) {
+      if (p != nullptr) cudaFree(p);
+    }
+    return status;
   }
   Status wait(const ComputeTensor& t) {
     if (t.ready_event == nullptr) return Status::ok();
