@@ -1404,10 +1404,12 @@ bool Scheduler::start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use
 // A demand for device room may have to write a device victim back through pinned memory, and
 // the pinned room it needs may be held by the demanded tensor's own staged copy: the demand then
 // waited for itself until its timeout (found by tests/fuzz/c_api_fuzz). When nothing else in the
-// pool can ever leave - no cleaning in flight, every other tensor at home there - that copy,
-// which is clean (its data is on NVMe or the device too), gives way and is read again once the
-// victim is out. Anything short of that still resolves by waiting, and yielding there would
-// only reorder transfers.
+// pool can ever leave - no cleaning in flight, every other tensor at home there - that copy
+// gives way and is read again once the victim is out. A clean copy (its data is on NVMe or the
+// device too) gives way at once; a dirty one is written back first, and gives way on the pass
+// after that write completes (reliability finding 33: it held its room, and the demand waited
+// its 300 s). Anything short of that still resolves by waiting, and yielding there would only
+// reorder transfers.
 bool Scheduler::yield_staging_of_advancing(int pinned_pool) {
   if (advancing_ == UINT32_MAX) return false;
   const PoolState& pool = pools_[pinned_pool];
@@ -1419,7 +1421,13 @@ bool Scheduler::yield_staging_of_advancing(int pinned_pool) {
   const Tier pinned = Tier::kPinned;
   if (r.home == pinned || r.pool[memory_index(pinned)] != pinned_pool) return false;
   if (!r.residency.valid_on(pinned) || r.residency.in_flight() || r.discard_pending) return false;
-  if (r.uses > 0 || needs_cleaning(r, pinned)) return false;
+  if (r.uses > 0) return false;
+  if (needs_cleaning(r, pinned)) {
+    // Its data reaches NVMe first (not a copy whose failure is unreported: cleaning is a transfer
+    // and waits for that report); the write's completion pumps again, and that pass yields.
+    if (!r.failed()) (void)start_cleaning(r, pinned, 0, nullptr);
+    return false;
+  }
   if ((r.residency.valid() & static_cast<TierMask>(~tier_bit(pinned))) == 0) return false;
   drop_copy(r, pinned);
   ++stats_.evictions;

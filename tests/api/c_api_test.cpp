@@ -54,6 +54,35 @@ class Runtime : public ::testing::Test {
   void create() {
     ASSERT_EQ(strata_runtime_create(&config_, &rt_), STRATA_OK) << strata_last_error(nullptr);
   }
+  // 512 KiB of pinned memory (too little to stream), 256 KiB of device, 1 MiB of NVMe: what leaves
+  // the device passes through pinned memory, where little room is left.
+  void create_with_tight_pools() {
+    config_.pinned_budget_bytes = 512 << 10;
+    config_.device_budget_bytes = 256 << 10;
+    config_.nvme_capacity_bytes = 1 << 20;
+    config_.block_size = 4096;
+    create();
+  }
+  // Acquires t on the device within 30 s (never the 300 s timeout), checks its first `bytes`
+  // against `expected`, and releases it.
+  void expect_device_acquire_completes(strata_tensor t, const std::vector<uint8_t>& expected,
+                                       uint64_t bytes) {
+    strata_acquired a{};
+    a.struct_size = sizeof a;
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_EQ(strata_acquire(rt_, t, STRATA_TIER_DEVICE, 0, &a), STRATA_OK)
+        << strata_last_error(rt_);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+    EXPECT_EQ(std::memcmp(a.data, expected.data(), bytes), 0);
+    ASSERT_EQ(strata_release(rt_, t, 0, nullptr), STRATA_OK);
+  }
+  // The bytes written on the device survived the evictions: every one is `value`.
+  void expect_filled(strata_tensor t, uint64_t bytes, uint8_t value) {
+    std::vector<uint8_t> back(bytes);
+    ASSERT_EQ(strata_tensor_read(rt_, t, back.data(), 0, back.size()), STRATA_OK)
+        << strata_last_error(rt_);
+    EXPECT_EQ(back, std::vector<uint8_t>(bytes, value)) << "the device tensor's bytes survived";
+  }
   strata_tensor register_tensor(uint64_t bytes, const char* name = "t") {
     strata_tensor_desc d{};
     d.struct_size = sizeof d;
@@ -347,11 +376,7 @@ TEST_F(Runtime, AnUnknownNvmeLayoutOrFilesOnARawDeviceAreRefused) {
 // through pinned memory, where the acquired tensor's own staged copy and pinned-resident
 // tensors leave too little room.
 TEST_F(Runtime, ADeviceAcquireWhoseEvictionNeedsItsOwnStagingRoomCompletes) {
-  config_.pinned_budget_bytes = 512 << 10;
-  config_.device_budget_bytes = 256 << 10;
-  config_.nvme_capacity_bytes = 1 << 20;
-  config_.block_size = 4096;
-  create();
+  create_with_tight_pools();
   strata_tensor_desc d{};
   d.struct_size = sizeof d;
   d.name = "pinned";
@@ -382,16 +407,33 @@ TEST_F(Runtime, ADeviceAcquireWhoseEvictionNeedsItsOwnStagingRoomCompletes) {
       << strata_last_error(rt_);
   std::memset(a.data, 0x5a, a.bytes);
   ASSERT_EQ(strata_release(rt_, dirty, STRATA_RELEASE_DIRTY, nullptr), STRATA_OK);
-  const auto start = std::chrono::steady_clock::now();
-  ASSERT_EQ(strata_acquire(rt_, wanted, STRATA_TIER_DEVICE, 0, &a), STRATA_OK)
+  expect_device_acquire_completes(wanted, bytes, 180317);
+  expect_filled(dirty, 183619, 0x5a);
+}
+
+// Reliability finding 33 (c_api_fuzz, 300 s): the same, with the acquired tensor's pinned copy
+// dirty (written, never synced). Its copy could not give way, so the acquire waited its 300 s
+// and timed out. Now that copy is written back first and then gives way.
+TEST_F(Runtime, ADeviceAcquireWhoseEvictionNeedsItsOwnDirtyStagingRoomCompletes) {
+  create_with_tight_pools();
+  strata_tensor resident = STRATA_TENSOR_NONE;
+  ASSERT_EQ(strata_malloc(rt_, 213386, STRATA_TIER_PINNED, 0, &resident), STRATA_OK)
       << strata_last_error(rt_);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
-  EXPECT_EQ(std::memcmp(a.data, bytes.data(), 180317), 0);
-  ASSERT_EQ(strata_release(rt_, wanted, 0, nullptr), STRATA_OK);
-  std::vector<uint8_t> back(183619);
-  ASSERT_EQ(strata_tensor_read(rt_, dirty, back.data(), 0, back.size()), STRATA_OK)
+  std::vector<uint8_t> bytes(213386);
+  strata::testing::fill_expected(bytes.data(), bytes.size(), 1, 0);
+  ASSERT_EQ(strata_tensor_write(rt_, resident, bytes.data(), 0, bytes.size()), STRATA_OK);
+  const strata_tensor dirty = register_tensor(180224, "dirty");
+  strata_acquired a{};
+  a.struct_size = sizeof a;
+  ASSERT_EQ(strata_acquire(rt_, dirty, STRATA_TIER_DEVICE, STRATA_ACQUIRE_DISCARD, &a), STRATA_OK)
       << strata_last_error(rt_);
-  EXPECT_EQ(back, std::vector<uint8_t>(183619, 0x5a)) << "the dirty tensor's bytes survived";
+  std::memset(a.data, 0x5a, a.bytes);
+  ASSERT_EQ(strata_release(rt_, dirty, STRATA_RELEASE_DIRTY, nullptr), STRATA_OK);
+  // Written into pinned memory and not synced: its only copy is there, dirty.
+  const strata_tensor wanted = register_tensor(183296, "wanted");
+  ASSERT_EQ(strata_tensor_write(rt_, wanted, bytes.data(), 0, 183296), STRATA_OK);
+  expect_device_acquire_completes(wanted, bytes, 183296);
+  expect_filled(dirty, 180224, 0x5a);
 }
 
 // Found by c_api_fuzz: a dirty tensor on the device goes back to NVMe through pinned memory;
