@@ -202,9 +202,9 @@ class GpuCompute final : public LayerCompute {
   }
   // Runs every GEMM the steps will run once, on scratch weights, before the worker reads its
   // process base: CUDA loads a kernel's code on its first launch (lazy module loading, the
-  // default since CUDA 12.2), and cuBLAS's kernels then add about 0.2 GB of resident host
-  // memory (an H200 run) that is the library's, like the rest of its code, not the offload
-  // engine's. Counted in the base, as torch's would be in a framework's process.
+  // default since CUDA 12.2), and cuBLAS's kernels then added 0.12 GB of resident host memory
+  // (an H200 run) that is the library's, like the rest of its code, not the offload engine's.
+  // Counted in the base, as torch's would be in a framework's process.
   Status warm_up(const FinetunePlan& plan) {
     std::set<std::tuple<uint64_t, uint64_t, bool>> shapes;  // out, in, whether dW is computed
     uint64_t largest = 0;
