@@ -14,10 +14,10 @@
 #            and the allocator's test compute on the GPU; then the files whose training tests
 #            take conftest's DEVICE (LoRA, QLoRA, activation offload) once more on the GPU
 #            (STRATA_TEST_DEVICE=cuda); each file with a 150 s limit
-#   measure  the main job on the GPU (`strata bench finetune --strategy strata --compute gpu`)
-#            and, right after it on the same directory, the disk (`strata bench io --mixed`), its
-#            LoRA and QLoRA runs on the GPU, and the CPU Adam rate: what `bench/planner_vs_measured.sh` needs to plan the same shape
-#            (run it with the saved JSON and NVME_RATES / ADAM_GPARAMS, docs/planner.md)
+#   measure  the main job on the GPU (`strata bench finetune --strategy strata --compute gpu`),
+#            then bench/planner_vs_measured.sh on its JSON: the disk (`strata bench io --mixed`)
+#            and the CPU Adam rate measured right after it on the same directory, and the plan
+#            of the same shape against the run (docs/planner.md); then LoRA and QLoRA on the GPU
 # tests and python run side by side; measure runs alone after them. Logs and JSON go to OUT_DIR;
 # the last lines printed are one line per check: PASS or FAIL and the tallies. Exit 1 when a check
 # failed.
@@ -128,67 +128,47 @@ if wants tests; then
   cat "$OUT_DIR/gtest-gpu-cases.txt"
 fi
 
-if wants measure; then
-  measured=$OUT_DIR/finetune-gpu.json
-  if timeout 200 "$BUILD/bin/strata" bench finetune --model llama-2-70b --strategy strata \
-    --compute gpu --gpu "${GPU_PRESET:-h200}" --nvme "$scratch" --steps 4 --json \
-    >"$measured" 2>"$OUT_DIR/finetune-gpu.log"; then
-    record PASS finetune-gpu "$("$PYTHON" -c '
-import json, sys
-j = json.load(open(sys.argv[1]))
-print("; ".join(s["name"] + " steps " + " ".join("%.2f" % x["seconds"] for x in s["steps"]) + " s"
-                for s in j["strategies"]))' "$measured")"
-    # The disk as bench/planner_vs_measured.sh measures it: two files, each half the most NVMe
-    # bytes one of the run's steps read, in whole GiB.
-    io_size=$("$PYTHON" -c '
-import json, math, sys
-j = json.load(open(sys.argv[1]))
-strata = next(x for x in j["strategies"] if x["name"] == "strata")
-print(max(1, math.ceil(max(s["runtime_nvme_read_bytes"] for s in strata["steps"]) / 2 / 2**30)))' \
-      "$measured")
-    if timeout 90 "$BUILD/bin/strata" bench io --path "$scratch" --size "${io_size}G" --block 1M \
-      --qd 8 --rounds 1 --mixed --json >"$OUT_DIR/io.json" 2>"$OUT_DIR/io.log"; then
-      record PASS bench-io "$("$PYTHON" -c '
-import json, sys
-j = json.load(open(sys.argv[1]))
-print("NVME_RATES=%.4f/%.4f (alone %.3f / %.3f, at once %.3f / %.3f GB/s)" % (
-    j["half_duplex_read_gbps"], j["half_duplex_write_gbps"], j["read_gbps"], j["write_gbps"],
-    j["mixed_read_gbps"], j["mixed_write_gbps"]))' "$OUT_DIR/io.json")"
-    else
-      record FAIL bench-io "$(tail -2 "$OUT_DIR/io.log" | tr '\n' ' ')"
-      failed=1
-    fi
-  else
-    record FAIL finetune-gpu "$(tail -3 "$OUT_DIR/finetune-gpu.log" | tr '\n' ' ')"
-    failed=1
-  fi
-  # LoRA and QLoRA on the GPU: a frozen base streamed from NVMe (QLoRA's in NF4, dequantized by
-  # strata_nf4_dequantize_cuda on the compute stream), the adapters trained.
-  for method in lora qlora; do
-    if timeout 90 "$BUILD/bin/strata" bench finetune --model llama-2-70b --method "$method" \
-      --compute gpu --gpu "${GPU_PRESET:-h200}" --nvme "$scratch" --steps 4 --json \
-      >"$OUT_DIR/finetune-gpu-$method.json" 2>"$OUT_DIR/finetune-gpu-$method.log"; then
-      record PASS "finetune-gpu-$method" "$("$PYTHON" -c '
+# One `strata bench finetune` on the GPU, into OUT_DIR/NAME.json; records each worker's steps.
+finetune() {
+  local name=$1
+  shift
+  if timeout 200 "$BUILD/bin/strata" bench finetune --model llama-2-70b --compute gpu \
+    --gpu "${GPU_PRESET:-h200}" --nvme "$scratch" --steps 4 --json "$@" \
+    >"$OUT_DIR/$name.json" 2>"$OUT_DIR/$name.log"; then
+    record PASS "$name" "$("$PYTHON" -c '
 import json, sys
 j = json.load(open(sys.argv[1]))
 print("; ".join(s["name"] + " steps " + " ".join("%.3f" % x["seconds"] for x in s["steps"])
                 + " s, NVMe written " + " ".join("%.2f" % (x["runtime_nvme_write_bytes"] / 2**20)
                                                  for x in s["steps"]) + " MiB"
-                for s in j["strategies"]))' "$OUT_DIR/finetune-gpu-$method.json")"
+                for s in j["strategies"]))' "$OUT_DIR/$name.json")"
+  else
+    record FAIL "$name" "$(tail -3 "$OUT_DIR/$name.log" | tr '\n' ' ')"
+    failed=1
+    return 1
+  fi
+}
+
+if wants measure; then
+  if finetune finetune-gpu --strategy strata; then
+    # The disk (bench io --mixed, sized from the run) and Adam measured right after the run on
+    # the same directory, and the plan of the same shape against it: the script of
+    # docs/planner.md, which keeps io.json, adam.json and plan.json in OUT_DIR.
+    if STRATA=$BUILD/bin/strata NVME_DIR=$scratch LOCK=$scratch/bench.lock SAVE=$OUT_DIR \
+      timeout 200 bash bench/planner_vs_measured.sh "$OUT_DIR/finetune-gpu.json" \
+      >"$OUT_DIR/planner_vs_measured.md" 2>"$OUT_DIR/planner_vs_measured.log"; then
+      record PASS planner-vs-measured "$(grep -h -E '^disk: |\| strata \| step time ' \
+        "$OUT_DIR/planner_vs_measured.log" "$OUT_DIR/planner_vs_measured.md" | tr '\n' ' ')"
     else
-      record FAIL "finetune-gpu-$method" "$(tail -3 "$OUT_DIR/finetune-gpu-$method.log" | tr '\n' ' ')"
+      record FAIL planner-vs-measured "$(tail -3 "$OUT_DIR/planner_vs_measured.log" | tr '\n' ' ')"
       failed=1
     fi
-  done
-  if timeout 40 "$BUILD/bin/strata" bench adam --params 50M --grad-dtype bf16 --param-out bf16 \
-    --no-torch --json >"$OUT_DIR/adam.json" 2>"$OUT_DIR/adam.log"; then
-    record PASS bench-adam "ADAM_GPARAMS=$("$PYTHON" -c '
-import json, sys
-print(json.load(open(sys.argv[1]))["strata_mparams_per_s"] / 1e3)' "$OUT_DIR/adam.json")"
-  else
-    record FAIL bench-adam "$(tail -2 "$OUT_DIR/adam.log" | tr '\n' ' ')"
-    failed=1
   fi
+  # LoRA and QLoRA on the GPU: a frozen base streamed from NVMe (QLoRA's in NF4, dequantized by
+  # strata_nf4_dequantize_cuda on the compute stream), the adapters trained.
+  for method in lora qlora; do
+    finetune "finetune-gpu-$method" --method "$method" || true
+  done
 fi
 echo "== summary ($OUT_DIR/summary.txt)"
 cat "$summary"
