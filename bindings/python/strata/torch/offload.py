@@ -1266,6 +1266,18 @@ class _StreamedTensor:
                  collections.OrderedDict()))
 
 
+# The storage class torch.save names for each dtype in its file (torch.load maps the name back to
+# the dtype). A fixed table, as the format has it: asking a tensor for its typed storage, as this
+# once did, raised torch 2.x's "TypedStorage is deprecated" warning on every save.
+_PICKLE_STORAGE_TYPES = {
+    torch.float64: "DoubleStorage", torch.float32: "FloatStorage", torch.float16: "HalfStorage",
+    torch.bfloat16: "BFloat16Storage", torch.int64: "LongStorage", torch.int32: "IntStorage",
+    torch.int16: "ShortStorage", torch.int8: "CharStorage", torch.uint8: "ByteStorage",
+    torch.bool: "BoolStorage", torch.complex64: "ComplexFloatStorage",
+    torch.complex128: "ComplexDoubleStorage",
+}
+
+
 def save_full_state_dict(model, path):
     """Writes model.state_dict() to path in torch.save's format (torch.load reads it, and it
     loads with strict=True into the plain model), reading one parameter at a time from Strata:
@@ -1316,7 +1328,10 @@ def save_full_state_dict(model, path):
 
     def persistent_id(obj):
         if isinstance(obj, _StreamedStorage):
-            storage_type = torch.tensor([], dtype=obj.dtype).storage().pickle_storage_type()
+            storage_type = _PICKLE_STORAGE_TYPES.get(obj.dtype)
+            if storage_type is None:
+                raise StrataError(_lib.E_INVALID, f"save_full_state_dict cannot write a tensor "
+                                                  f"of dtype {obj.dtype} (use torch.save)")
             return ("storage", getattr(torch, storage_type), obj.key, "cpu", obj.numel)
         return None
 
