@@ -2,13 +2,16 @@
 // queues its work, and the copy out of a DEVICE tensor released DIRTY follows the work queued
 // there before the release. Found on an H200 (docs/reliability.md, finding 38): Strata's copy
 // streams are non-blocking, so without an event on the default stream its copies ran before
-// kernels queued there had finished with the buffer. Needs a GPU; skips itself without one.
+// kernels queued there had finished with the buffer. And a stream strata.hpp's guard was used on
+// (Acquired::used_on_stream) orders the buffer's reuse after that stream's work, also for a
+// clean release. Needs a GPU; skips itself without one.
 #include <gtest/gtest.h>
 #include <strata/strata.h>
 
 #include <cstddef>
 #include <cstring>
 #include <filesystem>
+#include <strata/strata.hpp>
 #include <string>
 #include <vector>
 
@@ -102,9 +105,78 @@ TEST(DeviceStream, ANullStreamOrdersTheCopyOutAfterTheDefaultStreamsWork) {
   std::filesystem::remove_all(dir);
 }
 
+// A DEVICE tensor read on a non-blocking stream and released clean through strata.hpp's guard:
+// the next tensor takes its buffer, and Strata's copy into it must wait for the stream's read.
+// Before Acquired::used_on_stream the guard could name a stream only with mark_dirty, so a clean
+// release passed CUDA's default stream, which a non-blocking stream does not wait for.
+TEST(DeviceStream, AStreamTheCppGuardWasUsedOnOrdersTheBuffersReuse) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    (void)cudaGetLastError();
+    GTEST_SKIP() << "no CUDA device on this machine";
+  }
+  const std::string dir = strata::testing::scratch_dir("device-stream-hpp").string();
+  constexpr uint64_t kBytes = 64 * kMiB;
+  strata::Runtime rt(strata::Config()
+                         .nvme_path(dir)
+                         .nvme_capacity_bytes(4 * kBytes)
+                         .pinned_budget_bytes(2 * kBytes)
+                         .device_budget_bytes(kBytes)  // one tensor at a time
+                         .device_backend(STRATA_DEVICE_CUDA));
+  strata::Tensor read_first = rt.register_tensor("read-on-a-non-blocking-stream", kBytes,
+                                                 STRATA_DTYPE_U8, STRATA_KIND_PARAMETER, 0);
+  strata::Tensor takes_its_buffer =
+      rt.register_tensor("takes-its-buffer", kBytes, STRATA_DTYPE_U8, STRATA_KIND_PARAMETER, 1);
+  std::vector<unsigned char> first(kBytes), second(kBytes);
+  for (uint64_t i = 0; i < kBytes; ++i) {
+    first[i] = static_cast<unsigned char>(i * 13 + 5);
+    second[i] = static_cast<unsigned char>(i * 7 + 1);
+  }
+  read_first.write(first);
+  takes_its_buffer.write(second);
+  rt.sync();
+
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  void* scratch = nullptr;
+  ASSERT_EQ(cudaMalloc(&scratch, kBytes), cudaSuccess);
+  HostBuffer source(kBytes), seen(kBytes);
+  for (int round = 0; round < 8; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::memset(seen.get(), 0, kBytes);
+    void* buffer = nullptr;
+    {
+      strata::Acquired guard = read_first.acquire(STRATA_TIER_DEVICE);
+      buffer = guard.data();
+      // Work queued ahead on the stream (4 GiB over PCIe, about 80 ms), then the read.
+      for (int i = 0; i < 64; ++i) {
+        ASSERT_EQ(cudaMemcpyAsync(scratch, source.get(), kBytes, cudaMemcpyHostToDevice, stream),
+                  cudaSuccess);
+      }
+      ASSERT_EQ(cudaMemcpyAsync(seen.get(), buffer, kBytes, cudaMemcpyDeviceToHost, stream),
+                cudaSuccess);
+      guard.used_on_stream(stream);
+    }  // released clean, while the stream still has the read queued
+    {
+      strata::Acquired next = takes_its_buffer.acquire(STRATA_TIER_DEVICE);
+      ASSERT_EQ(next.data(), buffer) << "the test needs the second tensor in the first's buffer";
+    }
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(0, std::memcmp(seen.get(), first.data(), kBytes))
+        << "the stream read the buffer after Strata had refilled it";
+  }
+  cudaFree(scratch);
+  cudaStreamDestroy(stream);
+  std::filesystem::remove_all(dir);
+}
+
 #else
 
 TEST(DeviceStream, ANullStreamOrdersTheCopyOutAfterTheDefaultStreamsWork) {
+  GTEST_SKIP() << "this build of Strata has no CUDA";
+}
+
+TEST(DeviceStream, AStreamTheCppGuardWasUsedOnOrdersTheBuffersReuse) {
   GTEST_SKIP() << "this build of Strata has no CUDA";
 }
 

@@ -201,6 +201,42 @@ TEST_F(StrataHpp, AcquiredGuardReleasesDirtyDataOnScopeExit) {
   t.write(modified);  // released: writing is allowed again
 }
 
+// The stream a release passes: the one the guard was used on, kept by mark_dirty() and by a move,
+// replaced by mark_dirty(stream), NULL (CUDA's default stream) until told. Before, only
+// mark_dirty could name a stream, so a clean release of a DEVICE tensor read on a non-blocking
+// stream passed the default stream, and Strata could refill the buffer while that stream still
+// read it. (Its effect on a GPU: DeviceStream.AStreamTheCppGuardWasUsedOnOrdersTheBuffersReuse.)
+TEST_F(StrataHpp, AcquiredGuardPassesTheStreamItWasUsedOn) {
+  strata::Runtime rt(small_config());
+  strata::Tensor t = weight(rt, 0);
+  t.write(pattern(kWeightWords, 3));
+  // Any value stands for a cudaStream_t here: the emulated device ignores it.
+  int stream_a = 0, stream_b = 0;
+  {
+    strata::Acquired guard = t.acquire(STRATA_TIER_DEVICE);
+    EXPECT_EQ(guard.device_stream(), nullptr) << "CUDA's default stream until told";
+    guard.used_on_stream(&stream_a);
+    guard.mark_dirty();
+    EXPECT_EQ(guard.device_stream(), &stream_a) << "mark_dirty() keeps the stream";
+    EXPECT_TRUE(guard.dirty());
+    strata::Acquired moved = std::move(guard);
+    EXPECT_EQ(moved.device_stream(), &stream_a);
+    EXPECT_EQ(guard.device_stream(), nullptr);  // a moved-from guard is empty
+    moved.mark_dirty(&stream_b);
+    EXPECT_EQ(moved.device_stream(), &stream_b);
+    EXPECT_NO_THROW(moved.release());
+    EXPECT_EQ(moved.device_stream(), nullptr);
+  }
+  {
+    strata::Acquired clean = t.acquire(STRATA_TIER_DEVICE);
+    clean.used_on_stream(&stream_a);
+    EXPECT_FALSE(clean.dirty()) << "naming a stream does not make the release dirty";
+  }
+  std::vector<uint32_t> back(kWeightWords);
+  t.read(back);
+  EXPECT_EQ(back, pattern(kWeightWords, 3));
+}
+
 TEST_F(StrataHpp, MovedFromObjectsAreEmptyAndSafeToDestroy) {
   strata::Runtime owner;  // declared first so that it dies after the tensors
   EXPECT_FALSE(owner);

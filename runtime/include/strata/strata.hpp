@@ -240,13 +240,20 @@ class Acquired {
     return {static_cast<T*>(acquired_.data), static_cast<size_t>(acquired_.bytes / sizeof(T))};
   }
 
-  // The data was (or will have been, once device_stream's work is done) modified: the release
-  // writes it back. device_stream: the cudaStream_t writing a DEVICE tensor on CUDA (NULL: CUDA's
-  // default stream; a release without mark_dirty passes NULL too).
-  void mark_dirty(strata_cuda_stream device_stream = nullptr) noexcept {
-    release_flags_ |= STRATA_RELEASE_DIRTY;
-    device_stream_ = device_stream;
+  // For a DEVICE tensor on CUDA: the cudaStream_t whose queued work reads or writes data(). The
+  // release passes it to strata_release, which orders Strata's later copies out of, and reuse
+  // of, the buffer after that work. Without it the release passes NULL, CUDA's default stream:
+  // work queued on a stream created with cudaStreamNonBlocking would then still be reading the
+  // buffer when Strata refills it for another tensor. Ignored for other tiers.
+  void used_on_stream(strata_cuda_stream device_stream) noexcept { device_stream_ = device_stream; }
+  // The data was (or will have been, once the stream's queued work is done) modified: the
+  // release writes it back. The second form also names the stream writing it (used_on_stream).
+  void mark_dirty() noexcept { release_flags_ |= STRATA_RELEASE_DIRTY; }
+  void mark_dirty(strata_cuda_stream device_stream) noexcept {
+    mark_dirty();
+    used_on_stream(device_stream);
   }
+  strata_cuda_stream device_stream() const noexcept { return device_stream_; }
 
   // Releases now and throws on failure (strata_release may end the acquire and still report an
   // earlier failed write-back of the tensor). The guard is empty afterwards either way, so the
