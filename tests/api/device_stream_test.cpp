@@ -40,12 +40,15 @@ class HostBuffer {
   void* ptr_ = nullptr;
 };
 
-TEST(DeviceStream, ANullStreamOrdersTheCopyOutAfterTheDefaultStreamsWork) {
+bool has_cuda_device() {
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    (void)cudaGetLastError();
-    GTEST_SKIP() << "no CUDA device on this machine";
-  }
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) return true;
+  (void)cudaGetLastError();  // clear the error the count left
+  return false;
+}
+
+TEST(DeviceStream, ANullStreamOrdersTheCopyOutAfterTheDefaultStreamsWork) {
+  if (!has_cuda_device()) GTEST_SKIP() << "no CUDA device on this machine";
   const std::string dir = strata::testing::scratch_dir("device-stream").string();
   strata_config c;
   strata_config_init(&c);
@@ -110,11 +113,7 @@ TEST(DeviceStream, ANullStreamOrdersTheCopyOutAfterTheDefaultStreamsWork) {
 // Before Acquired::used_on_stream the guard could name a stream only with mark_dirty, so a clean
 // release passed CUDA's default stream, which a non-blocking stream does not wait for.
 TEST(DeviceStream, AStreamTheCppGuardWasUsedOnOrdersTheBuffersReuse) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    (void)cudaGetLastError();
-    GTEST_SKIP() << "no CUDA device on this machine";
-  }
+  if (!has_cuda_device()) GTEST_SKIP() << "no CUDA device on this machine";
   const std::string dir = strata::testing::scratch_dir("device-stream-hpp").string();
   constexpr uint64_t kBytes = 64 * kMiB;
   strata::Runtime rt(strata::Config()
