@@ -163,8 +163,17 @@ for name in ("strata", "deepspeed-defaults", "deepspeed-pinned", "deepspeed-tune
             verdict = f"within {target:.0%}: " + ("met" if abs(ratio - 1) <= target else "missed")
         digits = 6 if "NVMe" in label else 3
         print(f"| {name} | {label} | {p / scale:.{digits}f} {unit} | {m / scale:.{digits}f} {unit} | {ratio:.6f} | {verdict} |")
-    # Strata's NVMe bytes by tensor kind: the simulated step's and the runtime's own counts.
+    # The runtime's own count of bytes written moves between identical steps (which sub-groups
+    # a step writes back depends on when its write-backs complete; docs/planner.md, "Traced to
+    # the transfer"): the steady steps' range, to read the plan's one figure against.
     steps = steady(runs[name]) if runs[name].get("steps") else []
+    if name == "strata" and len(steps) > 1:
+        p = float(predicted[name]["nvme_write_bytes_per_step"])
+        low, high = (f(s["runtime_nvme_write_bytes"] for s in steps) for f in (min, max))
+        where = "inside" if low <= p <= high else "outside"
+        print(f"| {name} | NVMe written / step, requests: the steps' range | {p / 1e9:.6f} GB "
+              f"| {low / 1e9:.6f}-{high / 1e9:.6f} GB | {where} | - |")
+    # Strata's NVMe bytes by tensor kind: the simulated step's and the runtime's own counts.
     if name != "strata" or not steps or "nvme_written_by_kind" not in steps[0]:
         continue
     groups = (("optimizer states", ("fp32_master", "adam_m", "adam_v")),
