@@ -52,6 +52,7 @@ struct PlanOptions {
   double adam_gparams = 2.0;
   double pcie_efficiency = 0;
   bool json = false;
+  std::string trace;  // --trace FILE: the headline's simulated steps as a Chrome trace
 };
 
 // 68976648192 -> "68,976,648,192".
@@ -448,6 +449,21 @@ int run_plan(const PlanOptions& options) {
   } else {
     print_text(*plan);
   }
+  if (!options.trace.empty()) {
+    Result<telemetry::TraceStats> traced = write_strata_nvme_trace(*plan, options.trace);
+    if (!traced) {
+      std::fprintf(stderr, "strata plan: --trace: %s\n", traced.status().message().c_str());
+      return 2;
+    }
+    const uint32_t steps = request->simulated_warmup_steps + 1;
+    std::fprintf(stderr, "strata plan: %s: %s events of %u simulated step%s", options.trace.c_str(),
+                 grouped(traced->recorded).c_str(), steps, steps == 1 ? "" : "s");
+    if (traced->dropped > 0) {
+      std::fprintf(stderr, "; %s more did not fit and are missing",
+                   grouped(traced->dropped).c_str());
+    }
+    std::fprintf(stderr, "\n");
+  }
   if (!plan->any_fits()) {
     std::fprintf(stderr, "strata plan: the job fits none of the GPUs planned\n");
     return 3;
@@ -544,6 +560,9 @@ void add_plan_command(CLI::App& app) {
                   "Fraction of the PCIe link rate (0: measured pinned-copy rate of the preset)")
       ->capture_default_str();
   cmd->add_flag("--json", options->json, "Print JSON instead of tables");
+  cmd->add_option("--trace", options->trace,
+                  "Write the headline GPU's simulated NVMe-offload steps (warm-up included) to "
+                  "FILE as a Chrome trace, to compare with strata bench finetune --trace");
   cmd->callback([options] {
     const int rc = run_plan(*options);
     if (rc != 0) throw CLI::RuntimeError(rc);

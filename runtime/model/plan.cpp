@@ -1187,6 +1187,43 @@ Status compare_with_zero_infinity(Plan& plan) {
   return finish_comparison(plan, start_comparison(plan, plan.primary, pool));
 }
 
+Result<telemetry::TraceStats> write_strata_nvme_trace(const Plan& plan, const std::string& path) {
+  if (plan.strata_nvme.model != "simulated") {
+    return invalid_argument("the plan of " + plan.gpus.at(plan.primary).choice.gpu.name +
+                            " has no simulated NVMe-offload step to trace");
+  }
+  // The job start_comparison simulates for plan.strata_nvme, simulated again with a trace.
+  OffloadJob job = nvme_job_of(plan.request, plan.states, plan.gpus.at(plan.primary));
+  job.inventory = offload_inventory(plan.request);
+  // Room for every event, allocated up front (96 bytes each): the plan's simulation counted
+  // its transfers (a streamed one is a span on each of its two links), and each phase adds at
+  // most a wait and a compute span, fewer than the transfers that feed it. What did not fit
+  // would be counted and reported.
+  telemetry::TraceConfig config;
+  config.capacity_events = std::clamp<uint64_t>(4 * plan.strata_nvme.transfers + 1024,
+                                                uint64_t{1} << 16, telemetry::kMaxTraceEvents);
+  config.start_enabled = true;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<telemetry::TraceRecorder> trace,
+                          telemetry::TraceRecorder::create(config));
+  job.trace = trace.get();
+  STRATA_ASSIGN_OR_RETURN(OffloadEstimate traced, simulate_strata_nvme_offload(job, nullptr),
+                          "tracing the simulated step");
+  // The simulation is deterministic: a trace of another step than the plan's would be a bug.
+  const OffloadEstimate& planned = plan.strata_nvme;
+  if (traced.nvme_read_bytes != planned.nvme_read_bytes ||
+      traced.nvme_write_bytes != planned.nvme_write_bytes ||
+      traced.step_seconds != planned.step_seconds) {
+    return Status::error(STRATA_E_INTERNAL, "tracing the simulated step: it moved " +
+                                                std::to_string(traced.nvme_read_bytes) + " / " +
+                                                std::to_string(traced.nvme_write_bytes) +
+                                                " bytes a step where the plan's moved " +
+                                                std::to_string(planned.nvme_read_bytes) + " / " +
+                                                std::to_string(planned.nvme_write_bytes));
+  }
+  STRATA_TRY(trace->export_chrome_trace(path), "writing " + path);
+  return trace->stats();
+}
+
 bool Plan::any_fits() const {
   return std::any_of(gpus.begin(), gpus.end(), [](const GpuPlan& g) { return g.fits(); });
 }

@@ -333,6 +333,14 @@ Result<Plan> make_gpu_plans(const PlanRequest& given, SimulationPool& pool);
 // Fills plan.strata_nvme and plan.like_for_like for the headline GPU.
 Status compare_with_zero_infinity(Plan& plan);
 
+// Simulates plan.strata_nvme's step again (its warm-up steps and the measured one) recording
+// every transfer, named by its tensor, and each phase's wait and compute on the virtual clock,
+// and writes them to `path` as a Chrome trace: `strata plan --trace FILE`, to set beside a run's
+// `strata bench finetune --trace`. STRATA_E_INVALID when the plan has no simulated NVMe step,
+// STRATA_E_INTERNAL if the traced step's bytes or time are not the plan's, the export's error
+// when the file cannot be written.
+Result<telemetry::TraceStats> write_strata_nvme_trace(const Plan& plan, const std::string& path);
+
 inline constexpr const char* kPriceTierNames[3] = {"low", "typical", "high"};
 
 }  // namespace strata

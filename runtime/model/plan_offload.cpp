@@ -94,9 +94,11 @@ struct StrataLayout {
 };
 
 // One simulation of `micro_batches` passes per step: the job's warm-up steps, then one measured.
+// The extension's shorter step (run_simulation) is not traced: trace, not job.trace, decides.
 Result<sched::SimulationResult> simulate_step(const OffloadJob& job, const StrataLayout& layout,
                                               const sched::MemoryPlan& memory,
-                                              uint32_t micro_batches) {
+                                              uint32_t micro_batches,
+                                              telemetry::TraceRecorder* trace = nullptr) {
   sched::SimulationConfig config;
   config.device = offload_device_model(job);
   if (layout.stream_chunk_bytes != 0) {
@@ -107,6 +109,7 @@ Result<sched::SimulationResult> simulate_step(const OffloadJob& job, const Strat
   config.warmup_steps = job.warmup_steps;
   config.measured_steps = 1;
   config.step.optimizer_device_bytes = layout.optimizer_device_bytes;
+  config.trace = trace;
   return sched::simulate(layout.inventory, config);
 }
 
@@ -139,7 +142,8 @@ Result<OffloadEstimate> run_simulation(const OffloadJob& job, const StrataLayout
   if (extended && pool != nullptr) {
     shorter_ticket = pool->post([&] { shorter.emplace(simulate_step(job, layout, memory, half)); });
   }
-  Result<sched::SimulationResult> simulated = simulate_step(job, layout, memory, simulated_passes);
+  Result<sched::SimulationResult> simulated =
+      simulate_step(job, layout, memory, simulated_passes, job.trace);
   if (shorter_ticket) pool->join(shorter_ticket);
   if (!simulated) return failed(std::move(simulated).take_status());
   if (extended) {

@@ -18,6 +18,7 @@
 #include "common/status.h"
 #include "sched/device_model.h"
 #include "sched/pinned_sizing.h"
+#include "telemetry/trace_recorder.h"
 #include "vocabulary/tensor_spec.h"
 
 namespace strata {
@@ -69,6 +70,9 @@ struct OffloadJob {
   uint32_t optimizer_threads = kPlanOptimizerThreads;
   uint32_t drive_queue_depth = kPlanDriveQueueDepth;
   uint32_t warmup_steps = 1;  // simulated before the measured step (PlanRequest's)
+  // Where the simulation records its transfers, waits and compute (SimulationConfig::trace; not
+  // owned, not part of what same_simulation compares): set only by trace_strata_nvme.
+  telemetry::TraceRecorder* trace = nullptr;
 };
 
 // Named bytes, for the breakdowns people read.

@@ -6,6 +6,7 @@
 #include "common/align.h"
 #include "common/assert.h"
 #include "sched/tensor_registry.h"
+#include "sched/transfer_label.h"
 
 namespace strata::sched {
 
@@ -209,10 +210,26 @@ void SimulatedBackend::count(Link link, uint64_t bytes, double start, double com
   ++c.transfers;
 }
 
+void SimulatedBackend::trace_span(Link link, uint64_t bytes, double completion) const {
+  if (trace_ == nullptr) return;
+  // The runtime's tracks and names (datapath/link_meter.cpp): the tensor's name, else the link.
+  static constexpr telemetry::TrackId kTracks[kLinkCount] = {
+      telemetry::kTrackNvmeRead, telemetry::kTrackNvmeWrite, telemetry::kTrackH2DCopy,
+      telemetry::kTrackD2HCopy};
+  static constexpr const char* kWords[kLinkCount] = {"read", "write", "h2d", "d2h"};
+  const int l = static_cast<int>(link);
+  const TransferLabel label = TransferLabel::current();
+  const auto us = [](double seconds) { return static_cast<uint64_t>(std::llround(seconds * 1e6)); };
+  trace_->record_span(kTracks[l], label.labelled() ? label.name : kWords[l], us(now_),
+                      us(completion), static_cast<int64_t>(bytes),
+                      label.labelled() ? label.tensor : telemetry::SpanTensor{});
+}
+
 Status SimulatedBackend::schedule(Link link, uint64_t bytes, Completion done) {
   double start = 0;
   const double completion = occupy(link, bytes, now_, &start) + server_of(link).latency;
   count(link, bytes, start, completion);
+  trace_span(link, bytes, completion);
   events_.push(Event{completion, sequence_++, done});
   return Status::ok();
 }
@@ -231,6 +248,8 @@ Status SimulatedBackend::schedule_stream(Link first, Link second, uint64_t bytes
   const double completion = second_done + out.latency;
   count(first, bytes, first_start, first_done + in.latency);
   count(second, bytes, second_start, completion);
+  trace_span(first, bytes, first_done + in.latency);
+  trace_span(second, bytes, completion);
   events_.push(Event{completion, sequence_++, done});
   return Status::ok();
 }

@@ -15,6 +15,7 @@
 
 #include "sched/device_model.h"
 #include "sched/tier_backend.h"
+#include "telemetry/trace_recorder.h"
 
 namespace strata::sched {
 
@@ -57,6 +58,12 @@ class SimulatedBackend final : public TierBackend {
   void run_until(double time);
   size_t pending() const { return events_.size(); }
 
+  // Records each transfer from now on as a span on `trace` (not owned; nullptr: none), from its
+  // issue to its completion on the virtual clock (microseconds since creation), named by the
+  // tensor the scheduler labelled it with, on the link's track: the runtime's trace of a real
+  // run, for a simulated one. A streamed transfer is a span on each of its two links.
+  void set_trace(telemetry::TraceRecorder* trace) { trace_ = trace; }
+
   // Bytes allocated now and at most, per memory tier (indexed by memory_index), and on NVMe.
   uint64_t allocated_bytes(Tier tier) const;
   uint64_t peak_allocated_bytes(Tier tier) const;
@@ -83,6 +90,7 @@ class SimulatedBackend final : public TierBackend {
   // (before the latency), and counts them and the busy time up to `completion`.
   double occupy(Link link, uint64_t bytes, double ready, double* start);
   void count(Link link, uint64_t bytes, double start, double completion);
+  void trace_span(Link link, uint64_t bytes, double completion) const;
   Status schedule(Link link, uint64_t bytes, Completion done);
   // A streamed transfer: `first` (the side the bytes leave) and `second` both serve it, the
   // second one chunk behind the first, so it ends one chunk after the slower of the two.
@@ -102,6 +110,7 @@ class SimulatedBackend final : public TierBackend {
   std::array<uint64_t, kTierCount> allocated_{};
   std::array<uint64_t, kTierCount> peak_{};
   uint64_t next_token_ = 1;
+  telemetry::TraceRecorder* trace_ = nullptr;
 };
 
 }  // namespace strata::sched

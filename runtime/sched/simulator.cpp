@@ -1,7 +1,10 @@
 #include "sched/simulator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <optional>
+#include <string>
 
 #include "common/assert.h"
 #include "common/units.h"
@@ -95,6 +98,8 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
 
   SimulatedRun run(config.device);
   SimulatedBackend& backend = run.backend();
+  backend.set_trace(config.trace);
+  const auto us = [](double seconds) { return static_cast<uint64_t>(std::llround(seconds * 1e6)); };
   SchedulerConfig sc;
   sc.memory = config.memory;
   sc.max_inflight = config.max_inflight;
@@ -208,8 +213,15 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
   uint64_t check_host_peak = 0;
   const uint32_t total_steps = config.warmup_steps + config.measured_steps;
 
+  // The steps themselves on a track of their own, as `strata bench finetune --trace` has them.
+  std::optional<telemetry::TrackId> step_track;
+  if (config.trace != nullptr) {
+    Result<telemetry::TrackId> track = config.trace->register_track("step");
+    if (track) step_track = *track;
+  }
   for (uint32_t s = 0; s < total_steps; ++s) {
     const bool measuring = s >= config.warmup_steps;
+    const double step_start = backend.now();
     if (s == config.warmup_steps) {
       for (int i = 0; i < kLinkCount; ++i)
         links_before[i] = backend.link_counters(static_cast<Link>(i));
@@ -323,6 +335,10 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
       };
       STRATA_TRY(copy_ranges(false));
       if (measuring) stall += backend.now() - phase_start;
+      if (config.trace != nullptr && backend.now() > phase_start) {
+        config.trace->record_span(telemetry::kTrackWait, phase_label(phase.key), us(phase_start),
+                                  us(backend.now()));
+      }
 
       double seconds = 0;
       Resource resource = Resource::kCompute;
@@ -341,6 +357,11 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
           break;
       }
       if (measuring) busy[static_cast<int>(resource)] += seconds;
+      if (config.trace != nullptr && seconds > 0) {
+        config.trace->record_span(
+            resource == Resource::kCompute ? telemetry::kTrackCompute : telemetry::kTrackOptimizer,
+            phase_label(phase.key), us(backend.now()), us(backend.now() + seconds));
+      }
       // While it computes, the loader takes each state as its read completes, as the runtime's
       // thread does.
       const double computed = backend.now() + seconds + model.phase_overhead_seconds;
@@ -364,6 +385,11 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
     }
     Status ended = scheduler.end_step();
     if (!ended) return std::move(ended).with_context("simulate");
+    if (step_track) {
+      config.trace->record_span(*step_track,
+                                "step " + std::to_string(s) + (measuring ? "" : " (warm-up)"),
+                                us(step_start), us(backend.now()));
+    }
   }
 
   SimulationResult result;

@@ -23,6 +23,7 @@
 #include "sched/memory_plan.h"
 #include "sched/scheduler.h"
 #include "sched/training_step.h"
+#include "telemetry/trace_recorder.h"
 #include "vocabulary/tensor_spec.h"
 
 namespace strata::sched {
@@ -55,6 +56,10 @@ struct SimulationConfig {
   // Explicit limit on simulated transfers, so a pathological configuration fails instead of
   // running for hours.
   uint64_t max_transfers = 100'000'000;
+  // When set (not owned), every step's transfers, waits and compute as spans on the virtual
+  // clock, warm-up steps included (SimulatedBackend::set_trace): what `strata plan --trace`
+  // exports. nullptr: nothing recorded.
+  telemetry::TraceRecorder* trace = nullptr;
   // Tests: the scheduler recounts its books after every pump (SchedulerConfig::check_invariants).
   // A scan of every record and scheduled access per pump: for small inventories only.
   bool check_invariants = false;

@@ -3,9 +3,14 @@
 
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "cli/commands.h"
+#include "model/test_dir.h"
 
 namespace strata {
 namespace {
@@ -187,6 +192,61 @@ TEST(PlanCommand, ScaleAndLayersPlanTheShapeBenchFinetuneRuns) {
   EXPECT_EQ(nlohmann::json::parse(r.out)["params"], 353'658'880u);
   r = run({"plan", "--model", "llama-2-70b", "--scale", "0", "--gpu", "h100-sxm"});
   EXPECT_EQ(r.code, 2);
+}
+
+// --trace writes the simulated steps of the plan's NVMe offload as a Chrome trace: each transfer
+// named by its tensor, with its bytes, on the runtime's tracks; the phases' compute and waits.
+// The measured step's NVMe bytes are those the plan reports (its last step, from the last phase
+// of the step before ends).
+TEST(PlanCommand, TraceWritesTheSimulatedStepsTransfersNamedByTensor) {
+  const std::filesystem::path dir = testing::scratch_dir("plan-trace");
+  const std::string path = (dir / "plan.json").string();
+  const std::vector<std::string> shape = {
+      "plan",     "--model",   "llama-2-7b", "--scale",         "0.1", "--layers",
+      "2",        "--seq",     "256",        "--batch",         "1",   "--gpu",
+      "h100-sxm", "--offload", "nvme",       "--pinned-budget", "64M", "--host-reserve",
+      "0",        "--json"};
+  std::vector<std::string> args = shape;
+  args.insert(args.end(), {"--trace", path});
+  CommandRun r = run(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("events of 2 simulated steps"), std::string::npos) << r.err;
+  const nlohmann::json plan = nlohmann::json::parse(r.out);
+  std::ifstream in(path);
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  const nlohmann::json& events = trace.is_array() ? trace : trace["traceEvents"];
+  std::map<std::string, uint64_t> bytes_by_track;
+  std::map<std::string, int> spans_by_track;
+  bool named_state = false;
+  for (const nlohmann::json& e : events) {
+    if (e.value("ph", "") != "X") continue;
+    const std::string track = e.value("cat", "");
+    ++spans_by_track[track];
+    if (e.contains("args") && e["args"].contains("bytes")) {
+      bytes_by_track[track] += e["args"]["bytes"].get<uint64_t>();
+    }
+    named_state = named_state || e.value("name", "").find("#adam_m") != std::string::npos;
+  }
+  EXPECT_TRUE(named_state) << "the optimizer's states are named";
+  EXPECT_GT(spans_by_track["compute"], 0);
+  EXPECT_GT(spans_by_track["optimizer"], 0);
+  // Two steps (one warm-up): at least the measured step's bytes, at most twice and a bit.
+  const uint64_t read = plan["strata_nvme"]["nvme_read_bytes_per_step"].get<uint64_t>();
+  const uint64_t written = plan["strata_nvme"]["nvme_write_bytes_per_step"].get<uint64_t>();
+  EXPECT_GE(bytes_by_track["nvme read"], read);
+  EXPECT_LE(bytes_by_track["nvme read"], 3 * read);
+  EXPECT_GE(bytes_by_track["nvme write"], written);
+  EXPECT_LE(bytes_by_track["nvme write"], 3 * written);
+
+  // Tracing changes nothing in the plan; a path that cannot be written fails with the reason.
+  CommandRun plain = run(shape);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_EQ(plain.out, r.out);
+  args.back() = (dir / "missing" / "plan.json").string();
+  r = run(args);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--trace"), std::string::npos) << r.err;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

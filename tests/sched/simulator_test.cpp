@@ -6,14 +6,23 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "common/units.h"
 #include "model/inventory.h"
 #include "model/model_config.h"
+#include "model/test_dir.h"
 #include "sanitizers.h"
 #include "sched/sched_test_util.h"
 #include "sched/simulated_backend.h"
+#include "telemetry/trace_recorder.h"
 
 namespace strata::sched {
 namespace {
@@ -94,6 +103,63 @@ TEST(Simulator, StepTimeRespectsEveryResourcesLowerBound) {
 // (bench/planner_vs_measured.sh): the scheduler's, counted as transfers complete, as the
 // runtime counts them. The drive's link counts a transfer when it is issued, so the two differ
 // by what is in flight at either end of the measured step, no more.
+// With a trace, each simulated transfer is a span named by its tensor with its bytes on its
+// link's track (the runtime's trace of a real run, for a simulated one), each step a `step`
+// span; the NVMe spans that end within the measured step's span are the step's NVMe bytes; and
+// recording changes nothing in the result.
+TEST(Simulator, TracesEveryTransferByTensorWithoutChangingTheResult) {
+  Watchdog watchdog(60);
+  const auto inventory = small_model();
+  SimulationConfig config = small_config();
+  config.memory = strata_memory_plan(GiB, 4 * GiB);  // so that states move to and fro
+  Result<SimulationResult> plain = simulate(inventory, config);
+  ASSERT_TRUE(plain.is_ok()) << plain.status().message();
+  telemetry::TraceConfig trace_config;
+  trace_config.start_enabled = true;
+  Result<std::unique_ptr<telemetry::TraceRecorder>> trace =
+      telemetry::TraceRecorder::create(trace_config);
+  ASSERT_TRUE(trace.is_ok());
+  config.trace = trace->get();
+  Result<SimulationResult> traced = simulate(inventory, config);
+  ASSERT_TRUE(traced.is_ok()) << traced.status().message();
+  EXPECT_EQ(traced->step_seconds, plain->step_seconds);
+  EXPECT_EQ(traced->link_bytes, plain->link_bytes);
+  EXPECT_EQ(traced->nvme_read_by_kind, plain->nvme_read_by_kind);
+  EXPECT_EQ(traced->transfers, plain->transfers);
+
+  const std::filesystem::path path = strata::testing::scratch_dir("simulator-trace") / "trace.json";
+  ASSERT_TRUE((*trace)->export_chrome_trace(path.string()).is_ok());
+  std::ifstream in(path);
+  const nlohmann::json json = nlohmann::json::parse(in);
+  const nlohmann::json& events = json.is_array() ? json : json["traceEvents"];
+  std::vector<std::pair<uint64_t, uint64_t>> steps;  // [begin, end] of each step span
+  for (const nlohmann::json& e : events) {
+    if (e.value("ph", "") == "X" && e.value("cat", "") == "step") {
+      steps.emplace_back(e["ts"].get<uint64_t>(),
+                         e["ts"].get<uint64_t>() + e["dur"].get<uint64_t>());
+    }
+  }
+  ASSERT_EQ(steps.size(), 2u) << "one warm-up step and the measured one";
+  const auto [begin, end] = *std::max_element(steps.begin(), steps.end());
+  uint64_t read = 0, written = 0;
+  bool unnamed = false;
+  for (const nlohmann::json& e : events) {
+    const std::string track = e.value("cat", "");
+    if (e.value("ph", "") != "X" || (track != "nvme read" && track != "nvme write")) continue;
+    unnamed = unnamed || e.value("name", "") == "read" || e.value("name", "") == "write";
+    const uint64_t done = e["ts"].get<uint64_t>() + e["dur"].get<uint64_t>();
+    if (done <= begin || done > end) continue;
+    (track == "nvme read" ? read : written) += e["args"]["bytes"].get<uint64_t>();
+  }
+  uint64_t read_by_kind = 0, written_by_kind = 0;
+  for (uint64_t b : plain->nvme_read_by_kind) read_by_kind += b;
+  for (uint64_t b : plain->nvme_written_by_kind) written_by_kind += b;
+  EXPECT_GT(read, 0u);
+  EXPECT_EQ(read, read_by_kind);
+  EXPECT_EQ(written, written_by_kind);
+  EXPECT_FALSE(unnamed) << "every NVMe transfer is named by its tensor";
+}
+
 TEST(Simulator, CountsEachStepsNvmeBytesByTensorKind) {
   Watchdog watchdog(60);
   const auto inventory = small_model();
