@@ -33,8 +33,8 @@
 #include "finetune/finetune_options.h"
 #include "finetune/finetune_output.h"
 #include "finetune/finetune_worker.h"
-#include "output_path.h"
 #include "progress.h"
+#include "storage/output_path.h"
 #include "telemetry/counters.h"
 #include "telemetry/metrics_server.h"
 
@@ -545,10 +545,12 @@ int run_finetune(const FinetuneOptions& options) {
   // Every output path is checked before the run, so that a finished benchmark never loses its
   // result to a path that cannot be written.
   if (!options.trace_path.empty()) {
-    if (Status ok = check_output_path(options.trace_path, "--trace"); !ok) return fail(ok, 2);
+    if (Status ok = storage::check_output_path(options.trace_path, "--trace"); !ok)
+      return fail(ok, 2);
   }
   if (!options.plot_path.empty()) {
-    if (Status ok = check_output_path(options.plot_path, "--plot"); !ok) return fail(ok, 2);
+    if (Status ok = storage::check_output_path(options.plot_path, "--plot"); !ok)
+      return fail(ok, 2);
     if (Status ok = check_plot_renderer(); !ok) return fail(ok, 2);
   }
   return run_parent(*plan);

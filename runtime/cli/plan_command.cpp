@@ -12,6 +12,7 @@
 #include "common/units.h"
 #include "model/plan.h"
 #include "model/plan_report.h"
+#include "storage/output_path.h"
 
 namespace strata::cli {
 namespace {
@@ -438,6 +439,12 @@ int run_plan(const PlanOptions& options) {
   if (!request) {
     std::fprintf(stderr, "strata plan: %s\n", request.status().message().c_str());
     return 2;
+  }
+  if (!options.trace.empty()) {
+    if (Status ok = storage::check_output_path(options.trace, "--trace"); !ok.is_ok()) {
+      std::fprintf(stderr, "strata plan: %s\n", ok.message().c_str());
+      return 2;
+    }
   }
   Result<Plan> plan = make_plan(*request);
   if (!plan) {

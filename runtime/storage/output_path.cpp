@@ -1,4 +1,4 @@
-#include "output_path.h"
+#include "storage/output_path.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -9,7 +9,7 @@
 #include "common/unique_fd.h"
 #include "storage/owned_names.h"
 
-namespace strata::bench {
+namespace strata::storage {
 
 Status check_output_path(const std::string& path, const std::string& option) {
   const std::string what = option + " " + path;
@@ -31,7 +31,7 @@ Status check_output_path(const std::string& path, const std::string& option) {
   if (!dir_fd.valid()) {
     return errno_status(STRATA_E_INVALID, what + ": its directory " + dir + " is unusable", errno);
   }
-  const std::string probe = storage::generated_name(".swap");
+  const std::string probe = generated_name(".swap");
   UniqueFd created(::openat(dir_fd.get(), probe.c_str(),
                             O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!created.valid()) {
@@ -41,4 +41,4 @@ Status check_output_path(const std::string& path, const std::string& option) {
   return Status::ok();
 }
 
-}  // namespace strata::bench
+}  // namespace strata::storage
