@@ -202,6 +202,8 @@ class StrataSide {
       submit_error_ = Status::ok();
       until_ = until;
       completed_bytes_ = 0;
+      ++runs_;
+      running_ = true;
     }
     const auto start = std::chrono::steady_clock::now();
     for (Slot& slot : slots_) {
@@ -214,6 +216,8 @@ class StrataSide {
     done_.wait(lock, [&] { return outstanding_ == 0; });
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    running_ = false;
+    progress_.notify_all();
     if (!submit_error_.is_ok()) {
       return submit_error_;
     }
@@ -227,6 +231,22 @@ class StrataSide {
   uint64_t completed_bytes() {
     std::lock_guard lock(mutex_);
     return completed_bytes_;
+  }
+
+  // run_until() calls begun so far: the number the next one will have is runs() + 1.
+  uint64_t runs() {
+    std::lock_guard lock(mutex_);
+    return runs_;
+  }
+
+  // Blocks until run number `run` has completed a request or has ended (its result says why),
+  // or a later one has begun. --mixed starts its read once the writes flow: started together, a
+  // read that takes milliseconds (a small --size on a fast drive) could end before the writing
+  // thread's first request did, and the write rate "while the read ran" came out 0.
+  void wait_until_flowing(uint64_t run) {
+    std::unique_lock lock(mutex_);
+    progress_.wait(
+        lock, [&] { return runs_ > run || (runs_ == run && (completed_bytes_ > 0 || !running_)); });
   }
 
  private:
@@ -315,7 +335,9 @@ class StrataSide {
       side->failed_ = *request;
     }
     if (request->error == 0) {
+      const bool first = side->completed_bytes_ == 0;
       side->completed_bytes_ += request->length;
+      if (first) side->progress_.notify_all();  // wait_until_flowing
     }
     // The engine is done with the request once on_complete runs: the slot is reused at once.
     --side->outstanding_;
@@ -331,11 +353,14 @@ class StrataSide {
   std::vector<Slot> slots_;
   std::mutex mutex_;
   std::condition_variable done_;
+  std::condition_variable progress_;  // a run's first completion, and its end
   IoOp op_ = IoOp::kWrite;
   uint64_t next_ = 0;                         // file offset of the next request to start
   uint32_t outstanding_ = 0;                  // requests submitted and not yet completed
   const std::atomic<bool>* until_ = nullptr;  // run_until's: wrap until it is set
   uint64_t completed_bytes_ = 0;
+  uint64_t runs_ = 0;     // run_until calls begun
+  bool running_ = false;  // the latest has not ended
   int error_ = 0;
   IoRequest failed_;
   Status submit_error_;
@@ -645,18 +670,28 @@ void run_io_bench(const IoBenchArgs& args) {
     progress.update(moved += static_cast<double>(config.size));
   };
   // Reads the first file while the second side writes its own over and over; the write rate
-  // counts what completed while the read ran, so both rates cover the same interval.
+  // counts what completed while the read ran, so both rates cover the same interval. The read
+  // starts once the writes flow.
   auto mixed_pass = [&] {
     progress.set_label("bench io: strata read and write at once");
     std::atomic<bool> read_done{false};
     Result<double> wrote = 0.0;
+    const uint64_t run = writer_side->runs() + 1;
     std::thread writer([&] { wrote = writer_side->run_until(IoOp::kWrite, &read_done); });
+    writer_side->wait_until_flowing(run);
+    const uint64_t written_before = writer_side->completed_bytes();
     Result<double> read = strata_side->run(IoOp::kRead);
-    const uint64_t written = writer_side->completed_bytes();
+    const uint64_t written = writer_side->completed_bytes() - written_before;
     read_done.store(true, std::memory_order_release);
     writer.join();
     if (!read) fail(read.status());
     if (!wrote) fail(wrote.status());
+    if (written == 0) {
+      fail(Status::error(STRATA_E_STATE,
+                         "--mixed: no write completed while the " + format_bytes(config.size) +
+                             " read ran (" + fixed(*read * 1e3, 2) +
+                             " ms): give a larger --size, so that both directions overlap"));
+    }
     mixed_read_gbps.push_back(gbps(config.size, *read));
     mixed_write_gbps.push_back(gbps(written, *read));
     progress.update(moved += 2.0 * static_cast<double>(config.size));

@@ -71,7 +71,7 @@ struct OffloadJob {
   uint32_t drive_queue_depth = kPlanDriveQueueDepth;
   uint32_t warmup_steps = 1;  // simulated before the measured step (PlanRequest's)
   // Where the simulation records its transfers, waits and compute (SimulationConfig::trace; not
-  // owned, not part of what same_simulation compares): set only by trace_strata_nvme.
+  // owned, not part of what same_simulation compares): set only by write_strata_nvme_trace.
   telemetry::TraceRecorder* trace = nullptr;
 };
 

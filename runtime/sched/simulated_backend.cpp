@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "common/align.h"
 #include "common/assert.h"
@@ -62,7 +63,10 @@ Result<HalfDuplexRates> half_duplex_rates(double read, double write, double mixe
                                           double mixed_write) {
   for (const double rate : {read, write, mixed_read, mixed_write}) {
     if (!(rate > 0) || !std::isfinite(rate)) {
-      return invalid_argument("half_duplex_rates: every rate must be positive and finite");
+      return invalid_argument("half_duplex_rates: every rate must be positive and finite (read " +
+                              std::to_string(read) + ", write " + std::to_string(write) +
+                              ", read at once " + std::to_string(mixed_read) + ", write at once " +
+                              std::to_string(mixed_write) + ")");
     }
   }
   const double factor = std::min(1.0, mixed_read / read + mixed_write / write);
