@@ -66,7 +66,7 @@ void CopyLane::run() {
       meter_.finished(link_, arrived, op.begin_us, nullptr);
       op.callback(op.context, std::move(status));
     } else {
-      meter_.finished(link_, arrived, op.begin_us, LinkMeter::word(link_), &op.label);
+      meter_.finished(link_, arrived, op.begin_us, sched::link_word(link_), &op.label);
       sched::post_completion(op.done, std::move(status));
     }
   }

@@ -5,21 +5,11 @@
 namespace strata::datapath {
 namespace {
 
-constexpr telemetry::TrackId kLinkTracks[sched::kLinkCount] = {
-    telemetry::kTrackNvmeRead, telemetry::kTrackNvmeWrite, telemetry::kTrackH2DCopy,
-    telemetry::kTrackD2HCopy};
-
-constexpr const char* kLinkWords[sched::kLinkCount] = {"read", "write", "h2d", "d2h"};
-
 // The queue track of each link: transfers in flight, sampled at every change.
 constexpr const char* kLinkQueueNames[sched::kLinkCount] = {
     "nvme read in flight", "nvme write in flight", "h2d in flight", "d2h in flight"};
 
 }  // namespace
-
-const char* LinkMeter::word(sched::Link link) {
-  return kLinkWords[static_cast<int>(link)];
-}
 
 uint64_t LinkMeter::now_us() const {
   if (trace_ != nullptr) return trace_->now_us();
@@ -60,7 +50,7 @@ void LinkMeter::finished(sched::Link link, uint64_t bytes, uint64_t begin_us, co
     // Named by the tensor it moved (kind and layer in the span's args); the link's word only for
     // a transfer the scheduler did not label.
     const bool named = label != nullptr && label->labelled();
-    trace_->record_span(kLinkTracks[index], named ? label->name : what, begin_us, end_us,
+    trace_->record_span(sched::link_track(link), named ? label->name : what, begin_us, end_us,
                         static_cast<int64_t>(bytes),
                         named ? label->tensor : telemetry::SpanTensor{});
   }

@@ -35,9 +35,6 @@ class LinkMeter {
 
   sched::LinkCounters counters(sched::Link link) const;
 
-  // The link's word for spans of unlabelled transfers ("read", "h2d", ...).
-  static const char* word(sched::Link link);
-
  private:
   struct LinkState {
     std::atomic<uint64_t> bytes{0};

@@ -150,7 +150,7 @@ void RealBackend::on_nvme_done(storage::ExtentIo* io, void* context) {
   const uint64_t bytes = status.is_ok() ? op->bytes : 0;
   const uint64_t begin_us = op->begin_us;
   const sched::TransferLabel label = op->label;
-  self->meter_.finished(link, bytes, begin_us, LinkMeter::word(link), &label);
+  self->meter_.finished(link, bytes, begin_us, sched::link_word(link), &label);
   sched::post_completion(done, std::move(status));
   // Last: the destructor waits for every op to come back, and once this one has, the backend
   // (its meter) and the runtime's completion pool may be gone; found by ThreadSanitizer once

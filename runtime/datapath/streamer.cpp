@@ -167,7 +167,7 @@ void Streamer::plan_locked() {
         // Each chunk's request is a span of its own, named by the tensor: the trace shows what
         // is in flight on the drive, chunk by chunk.
         meter_.finished(kNvmeLink[d], status.is_ok() ? b.bytes : 0, b.nvme_begin_us,
-                        LinkMeter::word(kNvmeLink[d]), &streams_[d][b.stream].label);
+                        sched::link_word(kNvmeLink[d]), &streams_[d][b.stream].label);
       }
       const bool last_leg = b.direction == kIn ? b.leg == Leg::kCopying : b.leg == Leg::kWriting;
       Stream& s = streams_[d][b.stream];

@@ -216,16 +216,10 @@ void SimulatedBackend::count(Link link, uint64_t bytes, double start, double com
 
 void SimulatedBackend::trace_span(Link link, uint64_t bytes, double completion) const {
   if (trace_ == nullptr) return;
-  // The runtime's tracks and names (datapath/link_meter.cpp): the tensor's name, else the link.
-  static constexpr telemetry::TrackId kTracks[kLinkCount] = {
-      telemetry::kTrackNvmeRead, telemetry::kTrackNvmeWrite, telemetry::kTrackH2DCopy,
-      telemetry::kTrackD2HCopy};
-  static constexpr const char* kWords[kLinkCount] = {"read", "write", "h2d", "d2h"};
-  const int l = static_cast<int>(link);
+  // As the runtime's link meter names them: the tensor's name, else the link's word.
   const TransferLabel label = TransferLabel::current();
-  const auto us = [](double seconds) { return static_cast<uint64_t>(std::llround(seconds * 1e6)); };
-  trace_->record_span(kTracks[l], label.labelled() ? label.name : kWords[l], us(now_),
-                      us(completion), static_cast<int64_t>(bytes),
+  trace_->record_span(link_track(link), label.labelled() ? label.name : link_word(link),
+                      trace_us(now_), trace_us(completion), static_cast<int64_t>(bytes),
                       label.labelled() ? label.tensor : telemetry::SpanTensor{});
 }
 

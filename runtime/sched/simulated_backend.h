@@ -9,6 +9,7 @@
 
 #include <array>
 #include <boost/asio/io_context.hpp>
+#include <cmath>
 #include <cstdint>
 #include <queue>
 #include <vector>
@@ -63,6 +64,10 @@ class SimulatedBackend final : public TierBackend {
   // tensor the scheduler labelled it with, on the link's track: the runtime's trace of a real
   // run, for a simulated one. A streamed transfer is a span on each of its two links.
   void set_trace(telemetry::TraceRecorder* trace) { trace_ = trace; }
+  // A time on the virtual clock (seconds) as a trace's microseconds.
+  static uint64_t trace_us(double seconds) {
+    return static_cast<uint64_t>(std::llround(seconds * 1e6));
+  }
 
   // Bytes allocated now and at most, per memory tier (indexed by memory_index), and on NVMe.
   uint64_t allocated_bytes(Tier tier) const;

@@ -1,7 +1,6 @@
 #include "sched/simulator.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -99,7 +98,7 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
   SimulatedRun run(config.device);
   SimulatedBackend& backend = run.backend();
   backend.set_trace(config.trace);
-  const auto us = [](double seconds) { return static_cast<uint64_t>(std::llround(seconds * 1e6)); };
+  const auto us = &SimulatedBackend::trace_us;
   SchedulerConfig sc;
   sc.memory = config.memory;
   sc.max_inflight = config.max_inflight;

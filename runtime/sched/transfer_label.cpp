@@ -10,6 +10,18 @@ thread_local const TensorSpec* issuing = nullptr;
 
 }  // namespace
 
+telemetry::TrackId link_track(Link link) {
+  static constexpr telemetry::TrackId kTracks[kLinkCount] = {
+      telemetry::kTrackNvmeRead, telemetry::kTrackNvmeWrite, telemetry::kTrackH2DCopy,
+      telemetry::kTrackD2HCopy};
+  return kTracks[static_cast<int>(link)];
+}
+
+const char* link_word(Link link) {
+  static constexpr const char* kWords[kLinkCount] = {"read", "write", "h2d", "d2h"};
+  return kWords[static_cast<int>(link)];
+}
+
 TransferLabel TransferLabel::current() {
   TransferLabel label;
   if (issuing == nullptr) return label;

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "sched/tier_backend.h"
 #include "telemetry/trace_recorder.h"
 #include "vocabulary/tensor_spec.h"
 
@@ -22,6 +23,12 @@ struct TransferLabel {
   // The label the issuing thread has set, or an empty one.
   static TransferLabel current();
 };
+
+// The track a link's transfers are spans on, and the word that names a transfer nobody labelled
+// ("read", "write", "h2d", "d2h"): one mapping for the real backend's link meter and the
+// simulated backend, so that a run's trace and a plan's have the same rows.
+telemetry::TrackId link_track(Link link);
+const char* link_word(Link link);
 
 class ScopedTransferLabel {
  public:
