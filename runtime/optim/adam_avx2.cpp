@@ -159,6 +159,7 @@ STRATA_INLINE void step_partial(const Constants& c, float* param, float* m, floa
 template <int kGrad, int kOut, bool kL2, bool kTraffic = false>
 void adamw(const AdamWConstants& constants, float* param, float* m, float* v, const void* grad,
            void* out, size_t n) {
+  STRATA_OPTIM_PLACEMENT_PAD();
   const Constants c = broadcast(constants);
   size_t i = 0;
   // Streaming stores need out + i 16-byte aligned: a 2-byte aligned copy gets there after at

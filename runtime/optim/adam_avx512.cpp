@@ -214,6 +214,7 @@ STRATA_INLINE size_t adamw_streaming_copy(const Constants& c, float* param, floa
 template <int kGrad, int kOut, bool kL2, bool kTraffic = false>
 void adamw(const AdamWConstants& constants, float* param, float* m, float* v, const void* grad,
            void* out, size_t n) {
+  STRATA_OPTIM_PLACEMENT_PAD();
   const Constants c = broadcast(constants);
   size_t i = 0;
   if constexpr (kOut != 0)

@@ -10,6 +10,20 @@
 
 #include "optim/adamw_constants.h"
 
+// Benchmark hygiene, never for a release (CMake STRATA_OPTIM_CODE_PAD, bench/adam_placement.sh):
+// a jump over that many bytes at the top of a kernel's body moves its loop by as much. On an AMD
+// family 26 guest the same AVX-512 kernel ran at half its rate or at full rate by where the
+// linker happened to put it (docs/optimizer.md, "Code placement"), so a variant is timed at
+// several placements before a change is kept. Nothing at all when 0, the default.
+#if defined(STRATA_OPTIM_CODE_PAD) && STRATA_OPTIM_CODE_PAD > 0
+#define STRATA_OPTIM_STRINGIFY_(x) #x
+#define STRATA_OPTIM_STRINGIFY(x) STRATA_OPTIM_STRINGIFY_(x)
+#define STRATA_OPTIM_PLACEMENT_PAD() \
+  asm volatile("jmp 1f\n.skip " STRATA_OPTIM_STRINGIFY(STRATA_OPTIM_CODE_PAD) ", 0xcc\n1:")
+#else
+#define STRATA_OPTIM_PLACEMENT_PAD() static_cast<void>(0)
+#endif
+
 namespace strata::optim::detail {
 
 // Index of a gradient dtype in the tables: fp32, bf16, fp16.
