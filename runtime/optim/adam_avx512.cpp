@@ -18,37 +18,16 @@ namespace {
 
 #define STRATA_INLINE inline __attribute__((always_inline))
 
-// Software prefetch 256 bytes ahead (64 elements) of the 32 elements in flight, into L1. The
-// hardware streamers stop at page boundaries and track only so many streams (p, m, v and g to
-// read, p, m, v to write). The distance is measured, not derived (A/B runs, docs/optimizer.md):
-// on an Emerald Rapids guest 4 KiB ahead beat no prefetch (8 KiB was slower); on an AMD family 26
-// (Zen 5 class) guest 4 KiB ran at 0.81-0.83 of the rate at 0.25-1 KiB, and no prefetch at about
-// 0.93; on an AMD family 25 (Zen 4 class) guest 1 KiB ran at 0.89-0.93 of 256 bytes at one thread
-// with fp32 gradients (level elsewhere), and no prefetch about as fast as 256 bytes. 256 bytes
-// keeps the full rate on both AMD guests. Prefetches never fault, so running past the end of a
-// slice is harmless.
-constexpr size_t kPrefetchAhead = 64;
-
-// Integer arithmetic: the address may lie past the end of the buffer, where a pointer may not.
-STRATA_INLINE void prefetch(const void* base, size_t byte_offset) {
-  // NOLINTNEXTLINE(performance-no-int-to-ptr): the integer arithmetic above is the point.
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(base) + byte_offset),
-               _MM_HINT_T0);
-}
-
-template <int kGrad>
-STRATA_INLINE void prefetch_ahead(const float* param, const float* m, const float* v,
-                                  const void* grad, size_t i) {
-  const size_t at = (i + kPrefetchAhead) * 4;  // two cache lines of each fp32 stream
-  prefetch(param, at);
-  prefetch(param, at + 64);
-  prefetch(m, at);
-  prefetch(m, at + 64);
-  prefetch(v, at);
-  prefetch(v, at + 64);
-  prefetch(grad, kGrad == 0 ? at : at / 2);
-  if constexpr (kGrad == 0) prefetch(grad, at + 64);
-}
+// No software prefetch: the hardware prefetchers stream the seven arrays (p, m, v and g read, p,
+// m, v written). Measured at several code placements (bench/adam_placement.sh, docs/optimizer.md
+// "Code placement"): on an AMD family 26 (Zen 5 class) guest, with prefetches 256 bytes or 1 KiB
+// ahead the same loop ran at full rate or at 0.6 of it depending only on where the linker put it
+// (two threads, 50M parameters, fp32 gradients), and the placements that are slow move by as
+// little as 16 bytes, so no alignment chosen here would stay good; without prefetches the loop kept
+// its rate at every placement, 0.90-0.93 of 1 KiB's rate at 1 KiB's good placements at two
+// threads, level at one. Earlier distances were chosen at one placement each (4 KiB on an
+// Emerald Rapids guest, then 1 KiB, then 256 bytes on AMD guests), so what they measured included
+// where the loop happened to sit.
 
 struct Constants {
   __m512 beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, l2, step_size, inv_sqrt_bias2,
@@ -201,7 +180,6 @@ STRATA_INLINE size_t adamw_streaming_copy(const Constants& c, float* param, floa
     i += count;
   }
   for (; i + 32 <= n; i += 32) {
-    prefetch_ahead<kGrad>(param, m, v, grad, i);
     const __m512 p0 = step16_states<kGrad, kL2, kTraffic>(c, param, m, v, grad, i);
     const __m512 p1 = step16_states<kGrad, kL2, kTraffic>(c, param, m, v, grad, i + 16);
     const __m512i line =
@@ -221,7 +199,6 @@ void adamw(const AdamWConstants& constants, float* param, float* m, float* v, co
     i = adamw_streaming_copy<kGrad, kOut, kL2, kTraffic>(c, param, m, v, grad, out, n);
   // Two vectors per iteration: two independent divide/sqrt chains in flight.
   for (; i + 32 <= n; i += 32) {
-    prefetch_ahead<kGrad>(param, m, v, grad, i);
     step16<kGrad, kOut, kL2, kTraffic>(c, param, m, v, grad, out, i);
     step16<kGrad, kOut, kL2, kTraffic>(c, param, m, v, grad, out, i + 16);
   }
@@ -259,14 +236,6 @@ double sum_squares(const void* grad, size_t n) {
   return _mm512_reduce_add_pd(sum);
 }
 
-// The same look-ahead as the update's, so that the bound is measured with the best streaming
-// this machine allows, not with a weaker kernel.
-STRATA_INLINE void prefetch_triad(const float* b, const float* c, size_t i) {
-  const size_t at = (i + kPrefetchAhead) * 4;
-  prefetch(b, at);
-  prefetch(c, at);
-}
-
 void triad(float* a, const float* b, const float* c, float scalar, size_t n, bool streaming) {
   const __m512 s = _mm512_set1_ps(scalar);
   size_t i = 0;
@@ -277,14 +246,12 @@ void triad(float* a, const float* b, const float* c, float scalar, size_t n, boo
       ++i;
     }
     for (; i + 16 <= n; i += 16) {
-      prefetch_triad(b, c, i);
       _mm512_stream_ps(
           a + i, _mm512_add_ps(_mm512_loadu_ps(b + i), _mm512_mul_ps(s, _mm512_loadu_ps(c + i))));
     }
     _mm_sfence();
   } else {
     for (; i + 16 <= n; i += 16) {
-      prefetch_triad(b, c, i);
       _mm512_storeu_ps(
           a + i, _mm512_add_ps(_mm512_loadu_ps(b + i), _mm512_mul_ps(s, _mm512_loadu_ps(c + i))));
     }
