@@ -1262,7 +1262,6 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
                                          Status* why) {
   PoolState& pool = pools_[pool_index];
   const Tier tier = pool.spec.tier;
-  const int mi = memory_index(tier);
   const uint64_t budget = pool.spec.budget_bytes;
   if (need > budget) {
     *why = Status::error(budget_code(tier), "needs " + format_bytes(need) + " in pool '" +
@@ -1298,13 +1297,8 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
       if (min_next_use > 0) return Space::kWaiting;
       // What could ever be freed, to tell "wait" from "never": everything but home tensors and
       // dirty ones whose write-back failed (they stay until the failure has been reported).
-      uint64_t potential = free;
       const TensorRecord* failed_holder = nullptr;
-      for (const uint32_t index : pool.resident) {
-        const TensorRecord& c = registry_.at(index);
-        if (c.failed() && needs_cleaning(c, tier)) failed_holder = &c;
-        if (!held_until_a_call(c, tier)) potential += c.charged[mi];
-      }
+      const uint64_t potential = freeable_bytes(pool, tier, &failed_holder);
       if (potential < need && failed_holder != nullptr) {
         *why = Status::error(
             failed_holder->failure->status.code(),
@@ -1331,14 +1325,69 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
       ++stats_.evictions;
       continue;
     }
-    if (!start_cleaning(victim, tier, min_next_use)) {
+    Status closed;
+    if (!start_cleaning(victim, tier, min_next_use, &closed)) {
       // A cleaning that failed outright (no NVMe space for the write-back) marked the victim
       // failed, which took it out of the sets: look again without it, so that a hard error is
       // never turned into a wait.
       if (victim.durability_failed()) continue;
+      // The victim's way out through pinned memory is closed for good (reliability finding 42):
+      // a demand that nothing else in this pool can make room for would wait its whole timeout.
+      if (!closed.is_ok() && min_next_use == 0) {
+        return device_room_with_pinned_closed(pool, need, victim, closed, why);
+      }
       return Space::kWaiting;
     }
   }
+}
+
+uint64_t Scheduler::freeable_bytes(const PoolState& pool, Tier tier,
+                                   const TensorRecord** failed_holder) const {
+  const int mi = memory_index(tier);
+  uint64_t freeable = pool.spec.budget_bytes - pool.used;
+  for (const uint32_t index : pool.resident) {
+    const TensorRecord& c = registry_.at(index);
+    if (failed_holder != nullptr && c.failed() && needs_cleaning(c, tier)) *failed_holder = &c;
+    if (!held_until_a_call(c, tier)) freeable += c.charged[mi];
+  }
+  return freeable;
+}
+
+Scheduler::Space Scheduler::device_room_with_pinned_closed(const PoolState& pool, uint64_t need,
+                                                           const TensorRecord& victim,
+                                                           const Status& closed, Status* why) {
+  STRATA_ASSERT(pool.spec.tier == Tier::kDevice);
+  const int device = memory_index(Tier::kDevice);
+  const int pinned = memory_index(Tier::kPinned);
+  // A dirty resident that leaves through pinned memory (start_cleaning's last branch) can leave
+  // only if its pinned charge fits what that pinned pool could ever free. Cold path: it runs
+  // once, on a demand about to fail.
+  std::vector<std::pair<int, uint64_t>> pinned_freeable;  // pinned pool index -> freeable bytes
+  const auto pinned_room = [&](int pinned_pool) {
+    for (const auto& [index, bytes] : pinned_freeable)
+      if (index == pinned_pool) return bytes;
+    const uint64_t bytes = freeable_bytes(pools_[pinned_pool], Tier::kPinned);
+    pinned_freeable.emplace_back(pinned_pool, bytes);
+    return bytes;
+  };
+  uint64_t potential = pool.spec.budget_bytes - pool.used;
+  for (const uint32_t index : pool.resident) {
+    const TensorRecord& c = registry_.at(index);
+    if (held_until_a_call(c, Tier::kDevice)) continue;
+    const bool through_pinned =
+        needs_cleaning(c, Tier::kDevice) && !(streams() && c.home != Tier::kPinned);
+    if (through_pinned) {
+      const int pinned_pool = c.pool[pinned];
+      if (pinned_pool == kNoPool || c.charged[pinned] > pinned_room(pinned_pool)) continue;
+    }
+    potential += c.charged[device];
+  }
+  if (potential >= need) return Space::kWaiting;
+  *why = Status::error(
+      closed.code(), "needs " + format_bytes(need) + " in pool '" + pool.spec.name + "', held by " +
+                         label(victim) +
+                         ", which can leave it only through pinned memory: " + closed.message());
+  return Space::kImpossible;
 }
 
 bool Scheduler::start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use,

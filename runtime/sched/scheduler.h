@@ -377,6 +377,18 @@ class Scheduler final : public CompletionSink {
   bool start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use,
                       Status* impossible = nullptr);
   bool yield_staging_of_advancing(int pinned_pool);
+  // The bytes of the pool that could ever be free: its free room plus every resident's charge but
+  // those held until a call (home tensors, failed write-backs). *failed_holder, when given,
+  // receives one resident held by an unreported failure, if any.
+  uint64_t freeable_bytes(const PoolState& pool, Tier tier,
+                          const TensorRecord** failed_holder = nullptr) const;
+  // A demand in a device pool whose dirty victim can never be cleaned, because the pinned pool its
+  // copy must pass through can never hold it (`closed`, from start_cleaning): kImpossible when
+  // what the device pool could still free, without the residents whose way out is just as
+  // closed, is less than `need`, with why in *why; else kWaiting.
+  Space device_room_with_pinned_closed(const PoolState& pool, uint64_t need,
+                                       const TensorRecord& victim, const Status& closed,
+                                       Status* why);
   Status issue(TensorRecord& r, OpKind kind, bool cleaning, bool prefetch);
   void complete_locked(uint32_t id, Status status);
   // The earliest unreported durability failure of a live tensor (with how many more), and every

@@ -436,6 +436,47 @@ TEST_F(Runtime, ADeviceAcquireWhoseEvictionNeedsItsOwnDirtyStagingRoomCompletes)
   expect_filled(dirty, 180224, 0x5a);
 }
 
+// Reliability finding 42 (c_api_fuzz, 60 s, in CI): the device holds an offloadable allocation,
+// dirty, whose only way out is through pinned memory, and pinned memory is full of allocations
+// that live there. A device acquire that needs its room waited its whole 300 s and timed out;
+// now it fails at once with the pinned pool's numbers, and both allocations keep their bytes.
+TEST_F(Runtime, ADeviceAcquireWhoseVictimCanNeverLeaveThroughPinnedMemoryFailsAtOnce) {
+  create_with_tight_pools();
+  strata_tensor big = STRATA_TENSOR_NONE, wanted = STRATA_TENSOR_NONE,
+                on_device = STRATA_TENSOR_NONE;
+  ASSERT_EQ(strata_malloc(rt_, 258181, STRATA_TIER_PINNED, 0, &big), STRATA_OK)
+      << strata_last_error(rt_);
+  ASSERT_EQ(strata_malloc(rt_, 213386, STRATA_TIER_PINNED, 0, &wanted), STRATA_OK)
+      << strata_last_error(rt_);
+  std::vector<uint8_t> bytes(258181);
+  strata::testing::fill_expected(bytes.data(), bytes.size(), 1, 0);
+  // Pinned allocations take their memory when first written: 468 KiB of the 512 KiB.
+  ASSERT_EQ(strata_tensor_write(rt_, big, bytes.data(), 0, 258181), STRATA_OK);
+  ASSERT_EQ(strata_tensor_write(rt_, wanted, bytes.data(), 0, 213386), STRATA_OK);
+  ASSERT_EQ(strata_malloc(rt_, 188806, STRATA_TIER_DEVICE, STRATA_MALLOC_OFFLOADABLE, &on_device),
+            STRATA_OK)
+      << strata_last_error(rt_);
+  strata_acquired a{};
+  a.struct_size = sizeof a;
+  ASSERT_EQ(strata_acquire(rt_, on_device, STRATA_TIER_DEVICE, STRATA_ACQUIRE_DISCARD, &a),
+            STRATA_OK)
+      << strata_last_error(rt_);
+  std::memset(a.data, 0x6b, a.bytes);
+  ASSERT_EQ(strata_release(rt_, on_device, STRATA_RELEASE_DIRTY, nullptr), STRATA_OK);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(strata_acquire(rt_, wanted, STRATA_TIER_DEVICE, 0, &a), STRATA_E_PINNED_BUDGET);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  const std::string m = strata_last_error(rt_);
+  EXPECT_NE(m.find("pool 'device'"), std::string::npos) << m;
+  EXPECT_NE(m.find("only through pinned memory"), std::string::npos) << m;
+  EXPECT_NE(m.find("pinned_budget_bytes"), std::string::npos) << m;
+  // Nothing was lost: with one pinned allocation freed, the device one leaves and the acquire
+  // succeeds with the bytes written.
+  ASSERT_EQ(strata_free(rt_, big), STRATA_OK);
+  expect_device_acquire_completes(wanted, bytes, 213386);
+  expect_filled(on_device, 188806, 0x6b);
+}
+
 // Found by c_api_fuzz: a dirty tensor on the device goes back to NVMe through pinned memory;
 // when pinned allocations leave too little room for it, a sync fails with the numbers instead of
 // waiting forever, the data stays on the device, and once room is freed the sync succeeds.
