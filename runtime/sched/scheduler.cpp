@@ -1374,9 +1374,7 @@ Scheduler::Space Scheduler::device_room_with_pinned_closed(const PoolState& pool
   for (const uint32_t index : pool.resident) {
     const TensorRecord& c = registry_.at(index);
     if (held_until_a_call(c, Tier::kDevice)) continue;
-    const bool through_pinned =
-        needs_cleaning(c, Tier::kDevice) && !(streams() && c.home != Tier::kPinned);
-    if (through_pinned) {
+    if (needs_cleaning(c, Tier::kDevice) && !streams_out_of_device(c)) {
       const int pinned_pool = c.pool[pinned];
       if (pinned_pool == kNoPool || c.charged[pinned] > pinned_room(pinned_pool)) continue;
     }
@@ -1388,6 +1386,10 @@ Scheduler::Space Scheduler::device_room_with_pinned_closed(const PoolState& pool
                          label(victim) +
                          ", which can leave it only through pinned memory: " + closed.message());
   return Space::kImpossible;
+}
+
+bool Scheduler::streams_out_of_device(const TensorRecord& r) const {
+  return streams() && r.home != Tier::kPinned;
 }
 
 bool Scheduler::start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use,
@@ -1403,7 +1405,7 @@ bool Scheduler::start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use
       }
     }
     if (!issue(r, OpKind::kWriteBack, /*cleaning=*/true, false).is_ok()) return false;
-  } else if (streams() && r.home != Tier::kPinned) {
+  } else if (streams_out_of_device(r)) {
     // Device data with no other copy streams to NVMe through the staging buffers: no pinned room.
     // Not a tensor at home in pinned memory: its data goes home below, never to NVMe (LoRA's
     // adapters resting there were written to NVMe and read back every step under a tight device

@@ -377,6 +377,10 @@ class Scheduler final : public CompletionSink {
   bool start_cleaning(TensorRecord& r, Tier tier, uint64_t min_next_use,
                       Status* impossible = nullptr);
   bool yield_staging_of_advancing(int pinned_pool);
+  // Whether r's device data, when cleaned, streams to NVMe through the staging buffers (no pinned
+  // room) rather than going to pinned memory first: start_cleaning's choice, and the one
+  // device_room_with_pinned_closed counts by.
+  bool streams_out_of_device(const TensorRecord& r) const;
   // The bytes of the pool that could ever be free: its free room plus every resident's charge but
   // those held until a call (home tensors, failed write-backs). *failed_holder, when given,
   // receives one resident held by an unreported failure, if any.
