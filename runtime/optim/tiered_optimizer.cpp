@@ -223,7 +223,7 @@ uint32_t TieredOptimizer::lookahead(uint64_t held_pinned) const {
                                     largest_sub_group_bytes());
 }
 
-uint32_t TieredOptimizer::lookahead() const {
+uint64_t TieredOptimizer::largest_held_pinned() const {
   // A parameter held on the device keeps its pieces in pinned memory (or the two whole where
   // that is less); one the device cannot hold, the two whole. (A gradient whose newest copy is
   // pinned is held there whole beside its parameter's pieces: run_units sets the window again
@@ -234,7 +234,11 @@ uint32_t TieredOptimizer::lookahead() const {
     largest =
         std::max(largest, holds_on_device(p) ? std::min(p.pair_bytes(), pieces) : p.pair_bytes());
   }
-  return lookahead(largest);
+  return largest;
+}
+
+uint32_t TieredOptimizer::lookahead() const {
+  return lookahead(largest_held_pinned());
 }
 
 AdamWParams TieredOptimizer::adam_params(uint32_t group, int64_t step, float grad_scale) const {
@@ -400,18 +404,23 @@ Status TieredOptimizer::add_param(uint32_t group, sched::TensorHandle param,
       std::memset(data[1], 0, s.elements * sizeof(float));
       std::memset(data[2], 0, s.elements * sizeof(float));
     }
-    Status released = release_states(s, acquired, /*dirty=*/true, /*done=*/true);
+    Status released =
+        release_states(s, acquired, /*dirty=*/true, /*done=*/true, /*write_through=*/false);
     if (status.is_ok()) status = std::move(released);
     if (!status.is_ok()) break;
   }
   Status released = scheduler_.release(param, /*dirty=*/false);
   if (status.is_ok()) status = std::move(released);
   if (!status.is_ok()) return undo(std::move(status));
+  state_bytes_ += p.elements * sizeof(float) * kStateKinds;
   params_.push_back(std::move(p));
   return Status::ok();
 }
 
-Status TieredOptimizer::release_states(const SubGroup& s, int acquired, bool dirty, bool done) {
+Status TieredOptimizer::release_states(const SubGroup& s, int acquired, bool dirty, bool done,
+                                       bool write_through) {
+  using WriteBack = sched::Scheduler::WriteBack;
+  const WriteBack when = dirty && write_through ? WriteBack::kNow : WriteBack::kWhenRoomIsNeeded;
   Status first;
   for (int k = 0; k < acquired; ++k) {
     Status status = scheduler_.release(s.states[k], dirty);
@@ -420,10 +429,15 @@ Status TieredOptimizer::release_states(const SubGroup& s, int acquired, bool dir
     // writes (without the hint write-behind keeps data its current phase lists, and every read
     // waited for a write; with no schedule, the LRU order would push out the sub-groups read
     // ahead, last used a pass ago, before the one just released).
-    if (status.is_ok() && done) status = scheduler_.write_behind(s.states[k]);
+    if (status.is_ok() && done) status = scheduler_.write_behind(s.states[k], when);
     if (first.is_ok() && !status.is_ok()) first = std::move(status);
   }
   return first;
+}
+
+bool TieredOptimizer::writes_through() const {
+  return sched::optimizer_writes_through(state_bytes_, config_.pinned_budget_bytes,
+                                         largest_held_pinned(), largest_sub_group_bytes());
 }
 
 Status TieredOptimizer::check_gradient(const Param& p) {
@@ -735,6 +749,8 @@ Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShap
   // its parameter could be held on the device in pieces, so no one figure fits every
   // parameter). Read and written under loader_mu.
   uint32_t window = shape.overlap ? lookahead() : 0;
+  // Each sub-group written back as soon as it is updated (sched::optimizer_writes_through).
+  const bool write_through = shape.update && writes_through();
   std::vector<Loaded> loaded(units.size());
   std::mutex loader_mu;
   std::condition_variable loader_cv;
@@ -824,7 +840,8 @@ Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShap
     for (size_t j = consumed; j < units.size(); ++j) {
       if (loaded[j].ready && loaded[j].acquired > 0) {
         (void)release_states(params_[units[j].param].sub_groups[units[j].sub_group],
-                             loaded[j].acquired, /*dirty=*/false, /*done=*/false);
+                             loaded[j].acquired, /*dirty=*/false, /*done=*/false,
+                             /*write_through=*/false);
       }
       loaded[j].acquired = 0;
     }
@@ -925,7 +942,7 @@ Status TieredOptimizer::run_units(const std::vector<Unit>& units, const PassShap
       report->update_seconds += seconds_since(started);
     }
     Status released = release_states(s, current.acquired, /*dirty=*/shape.write && status.is_ok(),
-                                     /*done=*/status.is_ok());
+                                     /*done=*/status.is_ok(), write_through);
     if (status.is_ok()) status = std::move(released);
     if (!status.is_ok()) {
       // The sub-groups before this one are updated, this one and those after are not: the

@@ -213,6 +213,9 @@ class TieredOptimizer {
   // parameter may need, before the first is held.
   uint32_t lookahead(uint64_t held_pinned) const;
   uint32_t lookahead() const;
+  // The most any parameter's update holds in pinned memory (lookahead()'s assumption).
+  uint64_t largest_held_pinned() const;
+
   // The largest sub-group's three states: the unit lookahead() counts in.
   uint64_t largest_sub_group_bytes() const;
   AdamWParams adam_params(uint32_t group, int64_t step, float grad_scale) const;
@@ -247,8 +250,12 @@ class TieredOptimizer {
                      const HeldTensor& grad, const HeldTensor& param, Pieces& pieces,
                      void* const states[kStateKinds], int64_t step, float grad_scale);
   // Releases a sub-group's first `acquired` states, dirty or not; `done` when this pass will not
-  // touch them again (the scheduler may then write them back and take their room first).
-  Status release_states(const SubGroup& s, int acquired, bool dirty, bool done);
+  // touch them again (the scheduler may then write them back and take their room first, and
+  // does at once when `write_through`).
+  Status release_states(const SubGroup& s, int acquired, bool dirty, bool done, bool write_through);
+  // Whether an update pass writes its sub-groups back at once (sched::optimizer_writes_through,
+  // for the registered parameters' states and the pinned pool).
+  bool writes_through() const;
   // Copies one state of one parameter out of (dst) or into (src) its sub-group tensors.
   Status copy_state(const Param& p, StateKind state, void* dst, const void* src);
   void worker_loop();
@@ -265,6 +272,7 @@ class TieredOptimizer {
   TieredOptimizerOptions options_;
   std::vector<GroupSettings> groups_;
   std::vector<Param> params_;
+  uint64_t state_bytes_ = 0;  // the three fp32 states of every parameter in params_
   int64_t step_ = 0;
   uint64_t announced_ = 0;        // grad_ready calls this step (Param::ready_order)
   double last_loss_scale_ = 1.0;  // what overlap updates divide by (static loss scale)

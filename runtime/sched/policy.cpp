@@ -67,6 +67,13 @@ uint32_t optimizer_lookahead(uint64_t pool_bytes, uint64_t held_pinned, uint64_t
       std::clamp<uint64_t>(fit > 3 ? fit - 3 : 1, 1, kMaxOptimizerLookahead));
 }
 
+bool optimizer_writes_through(uint64_t state_bytes, uint64_t pool_bytes, uint64_t held_pinned,
+                              uint64_t unit) {
+  if (state_bytes <= pool_bytes) return false;
+  if (unit == 0 || held_pinned >= pool_bytes) return true;
+  return (pool_bytes - held_pinned) / unit <= uint64_t{kMaxOptimizerLookahead} + 3;
+}
+
 bool wants_cleaning(uint64_t budget, uint64_t used, uint64_t droppable_bytes,
                     uint64_t cleaning_bytes, double headroom, uint64_t waiting_bytes) {
   if (headroom <= 0 || budget == 0) return false;

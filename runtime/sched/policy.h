@@ -88,6 +88,21 @@ struct PrefetchWindow {
 inline constexpr uint32_t kMaxOptimizerLookahead = 16;
 uint32_t optimizer_lookahead(uint64_t pool_bytes, uint64_t held_pinned, uint64_t unit);
 
+// Whether the optimizer writes each sub-group back as soon as it has updated it
+// (Scheduler::write_behind with kNow) rather than leaving it dirty until its room is needed.
+// Yes when its states, `state_bytes` in all, do not fit the pinned pool of `pool_bytes` and the
+// pool holds no more than the read-ahead window (optimizer_lookahead, of `unit`-byte sub-groups
+// beside `held_pinned`) and its three spare sub-groups: a step then writes out nearly every
+// sub-group anyway, and which few stayed dirty from one step to the next, unwritten, was a matter
+// of thread timing. Left to the room search, the main job's identical steps wrote up to 3.9 MB
+// apart, in the pinned pool's last partial sub-groups, and no plan could say which
+// (docs/planner.md, "Predicted against measured"); written through, every state is written once
+// per step, the same bytes every step. A larger pool keeps whole sub-groups dirty across steps
+// on purpose (tens of GB at 70B with 512 GiB of RAM), which writing through would give up: there
+// the room search decides, as before. The optimizer and the simulator's play of it both ask here.
+bool optimizer_writes_through(uint64_t state_bytes, uint64_t pool_bytes, uint64_t held_pinned,
+                              uint64_t unit);
+
 // Write-behind: whether a pool should start cleaning (writing out) dirty buffers so that an
 // eviction later finds clean victims instead of waiting for a write. The pool wants either
 // `headroom` x budget or the bytes that requests waiting for its room need (`waiting_bytes`),

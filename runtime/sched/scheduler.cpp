@@ -603,7 +603,7 @@ Status Scheduler::release(TensorHandle tensor, bool dirty, void* device_stream) 
   return Status::ok();
 }
 
-Status Scheduler::write_behind(TensorHandle tensor) {
+Status Scheduler::write_behind(TensorHandle tensor, WriteBack when) {
   std::lock_guard lock(mu_);
   STRATA_ASSIGN_OR_RETURN(uint32_t index, registry_.resolve(tensor));
   TensorRecord& r = registry_.at(index);
@@ -611,6 +611,10 @@ Status Scheduler::write_behind(TensorHandle tensor) {
     return Status::error(STRATA_E_STATE, "write_behind of " + label(r) + ": acquired");
   }
   if (set_done_for_now(r, true)) note_state(r);
+  if (when == WriteBack::kNow && r.residency.dirty() && !r.write_back_queued) {
+    write_back_queue_.push_back(r.handle);
+    r.write_back_queued = true;
+  }
   pump();
   return Status::ok();
 }
@@ -2091,7 +2095,29 @@ void Scheduler::walk_schedule(uint32_t blocked_pools) {
   }
 }
 
+void Scheduler::write_back_requested() {
+  while (write_back_head_ < write_back_queue_.size() && link_free(Link::kNvmeWrite)) {
+    Result<uint32_t> index = registry_.resolve(write_back_queue_[write_back_head_++]);
+    if (!index) continue;  // unregistered since
+    TensorRecord& r = registry_.at(*index);
+    r.write_back_queued = false;
+    // Still as write_behind left it: done with, dirty in pinned memory, nothing in flight. (An
+    // acquire since makes it the caller's again; a failed write-back waits to be reported.)
+    if (!r.done_for_now || r.uses > 0 || !r.residency.dirty() || r.residency.in_flight() ||
+        r.failed() || !r.residency.valid_on(Tier::kPinned) || r.home != Tier::kNvme) {
+      continue;
+    }
+    // With the link free, a refusal is a failure start_cleaning has noted on the tensor.
+    (void)start_cleaning(r, Tier::kPinned, kNeverUsed);
+  }
+  if (write_back_head_ == write_back_queue_.size()) {
+    write_back_queue_.clear();
+    write_back_head_ = 0;
+  }
+}
+
 void Scheduler::clean_ahead() {
+  write_back_requested();
   if (config_.clean_headroom <= 0) return;
   // A pool's droppable bytes leave out no tensor for being advanced: a pump runs outside any.
   STRATA_ASSERT(advancing_ == UINT32_MAX);

@@ -202,7 +202,12 @@ class Scheduler final : public CompletionSink {
   // modified again), and a prefetch may evict it (with no schedule, before any other tensor).
   // Holds until the tensor is acquired, hinted or read in again; never blocks. STRATA_E_STATE
   // while acquired.
-  Status write_behind(TensorHandle tensor);
+  // kNow: a dirty copy in pinned memory is written back as soon as the NVMe write link has a
+  // free slot, in the order of these calls, whatever the pool's headroom: the optimizer's
+  // write-through (policy.h, optimizer_writes_through), which makes the bytes a step writes one
+  // figure rather than a product of when each room was asked for.
+  enum class WriteBack : uint8_t { kWhenRoomIsNeeded, kNow };
+  Status write_behind(TensorHandle tensor, WriteBack when = WriteBack::kWhenRoomIsNeeded);
   // The contents are dead (e.g. gradients after the optimizer step): buffers freed, nothing
   // written back, the tensor becomes Unwritten. Deferred until a transfer in flight ends.
   Status discard(TensorHandle tensor);
@@ -504,6 +509,9 @@ class Scheduler final : public CompletionSink {
   void serve_hints_pass(uint32_t blocked_pools);
   void walk_schedule(uint32_t blocked_pools);
   void clean_ahead();
+  // Starts the write-backs that write_behind(kNow) asked for, oldest first, while the NVMe write
+  // link has room.
+  void write_back_requested();
   // Adds r's room on `tier` (the pool it is read into) to that pool's waiting bytes.
   void note_waiting(const TensorRecord& r, Tier tier);
   void flush_step();
@@ -538,6 +546,11 @@ class Scheduler final : public CompletionSink {
   uint32_t inflight_total_ = 0;
   uint32_t cleaning_inflight_ = 0;  // write-backs and cleaning copies in flight (sync waits)
   std::vector<Demand> demands_;
+  // write_behind(kNow)'s requests not yet started, oldest at write_back_head_ (a record's
+  // write_back_queued says it is here; an entry whose tensor changed since is skipped). Emptied
+  // whenever every entry is served, so its capacity is at most one optimizer window's states.
+  std::vector<TensorHandle> write_back_queue_;
+  size_t write_back_head_ = 0;
   std::vector<Demand> hints_;  // ring of max_prefetch_hints
   // Beside each hint, what its last look found, while its tensor's record is unchanged
   // (record_versions_): kept because a demand holds its pool (kPoolHeld), refused by a full link

@@ -149,6 +149,24 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
   const uint64_t state_pool_bytes =
       state_pool >= 0 ? plan.pools[static_cast<size_t>(state_pool)].budget_bytes : 0;
   const auto is_state = [](const StepAccess& a) { return a.done_after; };
+  // The optimizer's write-through, decided as TieredOptimizer::writes_through decides it: from
+  // all the states' bytes, the pool they stream through, the most an update holds there and the
+  // largest sub-group.
+  uint64_t state_bytes = 0, largest_held = 0;
+  for (const StepPhase& phase : step.phases) {
+    if (std::none_of(phase.accesses.begin(), phase.accesses.end(), is_state)) continue;
+    largest_held = std::max(largest_held, phase.held_pinned_bytes);
+    for (const StepAccess& a : phase.accesses) {
+      if (!is_state(a)) continue;
+      STRATA_ASSIGN_OR_RETURN(TensorInfo info, scheduler.describe(a.access.tensor));
+      state_bytes += info.bytes;
+    }
+  }
+  const Scheduler::WriteBack state_write_back =
+      optimizer_writes_through(state_bytes, state_pool_bytes, largest_held,
+                               step.optimizer_unit_bytes)
+          ? Scheduler::WriteBack::kNow
+          : Scheduler::WriteBack::kWhenRoomIsNeeded;
   // Per acquire group of a loader run: the run's end (one past its last group), else 0.
   std::vector<size_t> run_end(step.phases.size(), 0);
   if (step.optimizer_unit_bytes > 0) {
@@ -372,7 +390,7 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
       for (const StepAccess& a : phase.accesses) {
         Status released = scheduler.release(a.access.tensor, a.release_dirty);
         if (!released) return std::move(released).with_context("simulate");
-        if (a.done_after) STRATA_TRY(scheduler.write_behind(a.access.tensor));
+        if (a.done_after) STRATA_TRY(scheduler.write_behind(a.access.tensor, state_write_back));
       }
       for (const StepAccess& a : phase.accesses) {
         if (a.discard_after) STRATA_TRY(scheduler.discard(a.access.tensor));

@@ -119,6 +119,9 @@ struct TensorRecord {
   // Scheduler::write_behind: the caller is done with it until its next acquire, so write-behind
   // may clean it even while the schedule's current phase lists it.
   bool done_for_now = false;
+  // Scheduler::write_behind(kNow) queued it for a write-back (write_back_queue_); cleared when the
+  // queue serves or skips the entry.
+  bool write_back_queued = false;
   // Entries of the scheduler's prefetch-hint ring naming this tensor: a change of this record
   // may change what their memos say (Scheduler::note_state counts such changes).
   uint32_t hints_in_ring = 0;

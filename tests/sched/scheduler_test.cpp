@@ -379,6 +379,42 @@ TEST(Scheduler, WriteBehindCleansATensorTheCurrentPhaseStillListsOnlyWhenTold) {
   ASSERT_TRUE(s.end_step().is_ok());
 }
 
+// write_behind(kNow) (the optimizer's write-through) writes a dirty tensor back whatever the
+// pool's headroom, here none at all, in the order of the calls as the NVMe write link frees; an
+// entry whose tensor was acquired again before its turn is skipped, and a tensor told plain
+// write_behind stays dirty until its room is needed.
+TEST(Scheduler, WriteBehindNowWritesBackInCallOrderWithoutAnyoneNeedingTheRoom) {
+  Watchdog watchdog(30);
+  constexpr uint64_t kT = 64 << 10;
+  SchedulerConfig config = testing::small_config(8 * kT, 8 * kT, /*headroom=*/0.0);
+  config.max_inflight[static_cast<int>(Link::kNvmeWrite)] = 1;
+  Harness harness(config);
+  Scheduler& s = harness.s();
+  std::vector<TensorHandle> t;
+  for (const char* name : {"a", "b", "c", "d"}) {
+    t.push_back(s.register_tensor(testing::flat_spec(name, kT)).value());
+    testing::write_version(s, t.back(), Tier::kPinned, 1, kT);
+  }
+  harness.backend.pause(true);
+  using WriteBack = Scheduler::WriteBack;
+  for (int i : {0, 1, 2}) ASSERT_TRUE(s.write_behind(t[i], WriteBack::kNow).is_ok());
+  ASSERT_TRUE(s.write_behind(t[3], WriteBack::kWhenRoomIsNeeded).is_ok());
+  EXPECT_EQ(s.inflight_transfers(), 1u);  // a; b and c wait for the link
+  // c is the caller's again before its turn: its write-back is no longer asked for.
+  Result<Acquired> c = s.acquire(t[2], Tier::kPinned, AccessMode::kRead, testing::kWait);
+  ASSERT_TRUE(c.is_ok());
+  ASSERT_TRUE(s.release(t[2], /*dirty=*/false).is_ok());
+  harness.backend.pause(false);
+  ASSERT_TRUE(s.sync(testing::kWait).is_ok());
+  EXPECT_EQ(harness.backend.transfers(Link::kNvmeWrite), 2u);
+  for (int i : {0, 1}) {
+    EXPECT_TRUE(s.describe(t[i])->valid & kNvmeBit) << i;
+    EXPECT_TRUE(s.describe(t[i])->valid & kPinnedBit) << i;  // written back, still resident
+  }
+  for (int i : {2, 3}) EXPECT_FALSE(s.describe(t[i])->valid & kNvmeBit) << i;
+  for (TensorHandle h : t) testing::expect_version(s, h, Tier::kPinned, 1, kT);
+}
+
 // The optimizer's pipeline within its one long phase: it has updated the sub-groups that fill
 // the pool, says it is done with them for now (write_behind) and hints the next ones. A tensor
 // done with for now is next read in a later phase, so prefetch may take its room, and what the
