@@ -2228,10 +2228,18 @@ Status Scheduler::check_invariants_locked() const {
   std::vector<size_t> pool_victims(pools_.size(), 0);
   std::array<std::array<uint64_t, kTensorKindCount>, kMemoryTierCount> kind_bytes{};
   std::array<uint64_t, kTensorKindCount> nvme_kind_bytes{};
+  // Each record write_behind(kNow) has queued has one entry in the queue's unserved part (a
+  // record is queued again only once its entry has been served).
+  size_t queued_entries = 0, queued_records = 0;
+  for (size_t q = write_back_head_; q < write_back_queue_.size(); ++q) {
+    Result<uint32_t> index = registry_.resolve(write_back_queue_[q]);
+    if (index && registry_.at(*index).write_back_queued) ++queued_entries;
+  }
   for (uint32_t i = 0; i < registry_.slot_count(); ++i) {
     if (!registry_.live(i)) continue;
     const TensorRecord& r = registry_.at(i);
     const ResidencyState& res = r.residency;
+    if (r.write_back_queued) ++queued_records;
     if (r.extent.valid()) nvme_kind_bytes[static_cast<size_t>(r.spec.kind)] += r.extent.bytes;
     if (res.valid_on(Tier::kNvme) && !r.extent.valid()) {
       return broken(label(r) + " has a valid NVMe copy but no extent");
@@ -2484,6 +2492,10 @@ Status Scheduler::check_invariants_locked() const {
                     std::to_string(pools_[p].cleaning) + " bytes being cleaned; its transfers " +
                     "clean " + std::to_string(pool_cleaning[p]));
     }
+  }
+  if (queued_records != queued_entries) {
+    return broken(std::to_string(queued_records) + " tensors are queued for write-back, the " +
+                  "queue names " + std::to_string(queued_entries));
   }
   return Status::ok();
 }
