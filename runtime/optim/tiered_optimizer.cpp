@@ -27,17 +27,6 @@ bool is_float_dtype(DType d) {
   return d == DType::kFloat32 || d == DType::kBFloat16 || d == DType::kFloat16;
 }
 
-const char* state_name(int state) {
-  switch (state) {
-    case 0:
-      return "master";
-    case 1:
-      return "exp_avg";
-    default:
-      return "exp_avg_sq";
-  }
-}
-
 TensorKind state_kind(int state) {
   switch (state) {
     case 0:
@@ -47,6 +36,10 @@ TensorKind state_kind(int state) {
     default:
       return TensorKind::kAdamV;
   }
+}
+
+const char* state_name(int state) {
+  return optimizer_state_word(state_kind(state));
 }
 
 // Widens n parameter values to fp32 (exact for all three dtypes).
@@ -367,7 +360,7 @@ Status TieredOptimizer::add_param(uint32_t group, sched::TensorHandle param,
     s.elements = std::min(sub_elements, elements - offset);
     for (int k = 0; k < kStateKinds; ++k) {
       TensorSpec spec;
-      spec.name = name + "." + state_name(k) + "[" + std::to_string(p.sub_groups.size()) + "]";
+      spec.name = optimizer_state_name(name, state_kind(k), p.sub_groups.size());
       spec.dtype = DType::kFloat32;
       spec.kind = state_kind(k);
       spec.layer = pinfo.layer;

@@ -7,6 +7,7 @@
 #include "common/align.h"
 #include "common/assert.h"
 #include "sched/tensor_registry.h"
+#include "sched/training_step.h"
 #include "sched/transfer_label.h"
 
 namespace strata::sched {
@@ -216,10 +217,15 @@ void SimulatedBackend::count(Link link, uint64_t bytes, double start, double com
 
 void SimulatedBackend::trace_span(Link link, uint64_t bytes, double completion) const {
   if (trace_ == nullptr) return;
-  // As the runtime's link meter names them: the tensor's name, else the link's word.
+  // As the runtime's link meter names them: the tensor's name, else the link's word. The
+  // optimizer's state sub-groups go by the runtime's names ("w.exp_avg[3]" for the inventory's
+  // "w#adam_m@3"), so that a plan's trace and a run's compare name by name.
   const TransferLabel label = TransferLabel::current();
-  trace_->record_span(link_track(link), label.labelled() ? label.name : link_word(link),
-                      trace_us(now_), trace_us(completion), static_cast<int64_t>(bytes),
+  const std::string name =
+      label.labelled() ? runtime_state_name(label.name, static_cast<TensorKind>(label.tensor.kind))
+                       : std::string(link_word(link));
+  trace_->record_span(link_track(link), name, trace_us(now_), trace_us(completion),
+                      static_cast<int64_t>(bytes),
                       label.labelled() ? label.tensor : telemetry::SpanTensor{});
 }
 

@@ -1,6 +1,7 @@
 #include "sched/training_step.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string_view>
 #include <unordered_map>
 
@@ -20,6 +21,16 @@ std::string_view base_name(const std::string& name) {
 }
 
 }  // namespace
+
+std::string runtime_state_name(const std::string& inventory_name, TensorKind kind) {
+  const size_t hash = inventory_name.find('#');
+  if (optimizer_state_word(kind) == nullptr || hash == std::string::npos) return inventory_name;
+  // split_optimizer_states' "@<i>"; a state left whole is the runtime's one sub-group, 0.
+  const size_t at = inventory_name.find('@', hash);
+  const uint64_t sub_group =
+      at == std::string::npos ? 0 : std::strtoull(inventory_name.c_str() + at + 1, nullptr, 10);
+  return optimizer_state_name(inventory_name.substr(0, hash), kind, sub_group);
+}
 
 Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
                                         std::span<const TensorHandle> handles,

@@ -110,6 +110,11 @@ inline constexpr const char* kOptimizerPieceNames[4] = {
 std::vector<TensorSpec> split_optimizer_states(std::span<const TensorSpec> inventory,
                                                uint64_t sub_group_bytes);
 
+// The name the TieredOptimizer gives the tensor that `inventory_name`, a state of `kind` in the
+// inventory's convention ("w#master", "w#adam_m@3"), is in the runtime: "w.master[0]",
+// "w.exp_avg[3]" (optimizer_state_name). Any other name is returned as it is.
+std::string runtime_state_name(const std::string& inventory_name, TensorKind kind);
+
 // `handles[i]` is the registered handle of `inventory[i]`. States are matched to their parameter
 // by name prefix up to '#' ("w#grad", "w#master", "w#adam_m", "w#adam_v") and by kind; several
 // states of one kind are sub-groups, in inventory order, covering the parameter's elements.

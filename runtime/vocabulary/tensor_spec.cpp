@@ -18,6 +18,26 @@ const char* to_string(DType dtype) {
   return "?";
 }
 
+const char* optimizer_state_word(TensorKind kind) {
+  switch (kind) {
+    case TensorKind::kMasterWeight:
+      return "master";
+    case TensorKind::kAdamM:
+      return "exp_avg";
+    case TensorKind::kAdamV:
+      return "exp_avg_sq";
+    default:
+      return nullptr;
+  }
+}
+
+std::string optimizer_state_name(const std::string& parameter, TensorKind kind,
+                                 uint64_t sub_group) {
+  const char* word = optimizer_state_word(kind);
+  return parameter + "." + (word != nullptr ? word : to_string(kind)) + "[" +
+         std::to_string(sub_group) + "]";
+}
+
 const char* to_string(TensorKind kind) {
   switch (kind) {
     case TensorKind::kParameter:

@@ -40,6 +40,14 @@ constexpr uint32_t dtype_size(DType dtype) {
 const char* to_string(DType dtype);
 const char* to_string(TensorKind kind);
 
+// The optimizer's fp32 states of a parameter (kinds kMasterWeight, kAdamM, kAdamV) are tensors
+// of its own, one per sub-group, named "<parameter>.<word>[<sub-group>]" with the words of
+// torch.optim.AdamW's state: "master", "exp_avg", "exp_avg_sq". Its messages and traces use
+// these names, and so do the planner's simulated traces (sched::runtime_state_name). The word is
+// nullptr for another kind (whose name then takes to_string(kind) as its word).
+const char* optimizer_state_word(TensorKind kind);
+std::string optimizer_state_name(const std::string& parameter, TensorKind kind, uint64_t sub_group);
+
 struct TensorSpec {
   std::string name;             // "layers.3.mlp.up_proj.weight", "layers.3.mlp.up_proj.weight/m"
   std::vector<uint64_t> shape;  // empty for a flat buffer

@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -531,6 +532,29 @@ TEST(SplitOptimizerStates, SplitsEachStateInOrderAndAddsFourPieces) {
   EXPECT_EQ(pieces, 4);
   // 0: unchanged, no pieces.
   EXPECT_EQ(split_optimizer_states(whole, 0).size(), whole.size());
+}
+
+// The inventory's state names ("w#adam_m@3", a whole state "w#master") become the runtime
+// optimizer's ("w.exp_avg[3]", "w.master[0]"), as the plan's trace writes them; other names,
+// and a state name without the inventory's '#', stay as they are.
+TEST(SplitOptimizerStates, EachSubGroupHasTheNameTheRuntimesOptimizerGivesIt) {
+  EXPECT_EQ(runtime_state_name("layers.0.mlp.up_proj.weight#adam_m@3", TensorKind::kAdamM),
+            "layers.0.mlp.up_proj.weight.exp_avg[3]");
+  EXPECT_EQ(runtime_state_name("lm_head.weight#adam_v@12", TensorKind::kAdamV),
+            "lm_head.weight.exp_avg_sq[12]");
+  EXPECT_EQ(runtime_state_name("norm.weight#master", TensorKind::kMasterWeight),
+            "norm.weight.master[0]");
+  EXPECT_EQ(runtime_state_name("norm.weight#grad", TensorKind::kGradient), "norm.weight#grad");
+  EXPECT_EQ(runtime_state_name("w.exp_avg[1]", TensorKind::kAdamM), "w.exp_avg[1]");
+  // Every split state of the small model maps to a distinct runtime name.
+  std::set<std::string> names;
+  size_t states = 0;
+  for (const TensorSpec& s : split_optimizer_states(small_model(), kSubGroupBytes)) {
+    if (optimizer_state_word(s.kind) == nullptr) continue;
+    ++states;
+    names.insert(runtime_state_name(s.name, s.kind));
+  }
+  EXPECT_EQ(names.size(), states);
 }
 
 // One acquire group per sub-group, all in the one scheduler phase a framework's
