@@ -215,7 +215,6 @@ class TieredOptimizer {
   uint32_t lookahead() const;
   // The most any parameter's update holds in pinned memory (lookahead()'s assumption).
   uint64_t largest_held_pinned() const;
-
   // The largest sub-group's three states: the unit lookahead() counts in.
   uint64_t largest_sub_group_bytes() const;
   AdamWParams adam_params(uint32_t group, int64_t step, float grad_scale) const;

@@ -79,6 +79,24 @@ TEST(OptimizerLookahead, IsWhatFitsLessThreeBetweenOneAndTheLimit) {
   EXPECT_EQ(optimizer_lookahead(64 * 1024 * kMiB, 0, 24 * kMiB), kMaxOptimizerLookahead);
 }
 
+// The optimizer writes through when its states do not fit the pool and the pool holds no more
+// than the window at its limit and the three spare sub-groups beside what an update holds (19
+// sub-groups); states that fit, or a pool with room to keep whole sub-groups beyond that, are left
+// to the room search.
+TEST(OptimizerWritesThrough, OnlyWhereStatesStreamThroughAPoolLittleLargerThanTheWindow) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  constexpr uint64_t kUnit = 24 * kMiB;
+  const uint64_t limit = (kMaxOptimizerLookahead + 3) * kUnit;  // 19 sub-groups
+  EXPECT_TRUE(optimizer_writes_through(4096 * kMiB, 160 * kMiB, 0, kUnit));
+  EXPECT_TRUE(optimizer_writes_through(4096 * kMiB, limit, 0, kUnit));
+  EXPECT_TRUE(optimizer_writes_through(4096 * kMiB, limit + kUnit - 1, 0, kUnit));
+  EXPECT_FALSE(optimizer_writes_through(4096 * kMiB, limit + kUnit, 0, kUnit));  // 20 fit
+  EXPECT_TRUE(optimizer_writes_through(4096 * kMiB, limit + kUnit, 1, kUnit));   // 19 beside
+  EXPECT_FALSE(optimizer_writes_through(160 * kMiB, 160 * kMiB, 0, kUnit));      // they all fit
+  EXPECT_TRUE(optimizer_writes_through(4096 * kMiB, 160 * kMiB, 160 * kMiB, kUnit));
+  EXPECT_TRUE(optimizer_writes_through(4096 * kMiB, 160 * kMiB, 0, 0));
+}
+
 TEST(Belady, HandMadeSequenceMatchesTheOptimalMissCount) {
   // A cache of 2 over the reference string a b c a b d a, replayed through choose_victim.
   const std::vector<int> refs = {0, 1, 2, 0, 1, 3, 0};
