@@ -98,8 +98,9 @@ uint32_t optimizer_lookahead(uint64_t pool_bytes, uint64_t held_pinned, uint64_t
 // apart, in the pinned pool's last partial sub-groups, and no plan could say which
 // (docs/planner.md, "Predicted against measured"); written through, every state is written once
 // per step, the same bytes every step. A larger pool keeps whole sub-groups dirty across steps
-// on purpose (tens of GB at 70B with 512 GiB of RAM), which writing through would give up: there
-// the room search decides, as before. The optimizer and the simulator's play of it both ask here.
+// on purpose (about 440 GB a step at 70B with 512 GiB of RAM), which writing through gives up:
+// there the room search decides, as before. The optimizer and the simulator's play of it both ask
+// here.
 bool optimizer_writes_through(uint64_t state_bytes, uint64_t pool_bytes, uint64_t held_pinned,
                               uint64_t unit);
 
