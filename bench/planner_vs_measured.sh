@@ -23,7 +23,9 @@
 # measures here (ADAM_GPARAMS to give it). The run has four steps (STEPS): its first starts
 # from where loading left the pools and its second settles, so the table measures the steady
 # steps, the third on (all but the first for a saved run of three). Benchmarks run under flock
-# $LOCK so that they never overlap with another one.
+# $LOCK so that they never overlap with another one. Strata's last row plans the step once more
+# with the drive as the run's own transfers saw it while busy (its per-step busy times): the
+# disk's drift between the run and the `--mixed` measurement taken out, the plan's model left.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STRATA=${STRATA:-build/bin/strata}
@@ -96,7 +98,44 @@ plan_command=("$STRATA" plan --model "$MODEL" --scale "$scale" --layers "$layers
 "${plan_command[@]}" --json >"$work/plan.json" || [ $? -eq 3 ]
 echo "disk: $NVME_RATES GB/s read/write as a half-duplex drive (${NVME_SOURCE:-NVME_RATES as given}); Adam: $ADAM_GPARAMS Gparam/s" >&2
 
-python3 - "$measured" "$work/plan.json" "${plan_command[*]}" <<'PY'
+# The same plan with the drive as the run's own transfers saw it while busy (strata_stats'
+# busy times, per step in the run's JSON): the half-duplex drive that, given the steady steps'
+# bytes, is busy exactly as long as the run's drive was, each direction at the pace it kept
+# while in flight (both scaled by one factor: the directions' busy times over the drive's).
+# It takes the disk's variation between the run and the `--mixed` measurement out of the step
+# time, so that what is left is the plan's model of the step; it is no independent prediction.
+run_drive=$(python3 - "$measured" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+strata = next((x for x in j["strategies"] if x["name"] == "strata"), None)
+steps = strata["steps"] if strata else []
+steps = steps[2:] if len(steps) >= 4 else steps[1:] if len(steps) > 1 else steps
+if not steps or "nvme_busy_seconds" not in steps[0]:
+    sys.exit(0)  # a run saved before the busy times: nothing to replay
+read = sum(sum(s["nvme_read_by_kind"].values()) for s in steps)
+written = sum(sum(s["nvme_written_by_kind"].values()) for s in steps)
+busy = {k: sum(s["nvme_busy_seconds"][k] for s in steps) for k in ("read", "write", "either")}
+if min(busy.values()) <= 0 or not read or not written:
+    sys.exit(0)
+k = (busy["read"] + busy["write"]) / busy["either"]
+seconds = sum(s["seconds"] for s in steps)
+print("%.4f/%.4f %.4f %.4f %.4f" % (read / busy["read"] * k / 1e9, written / busy["write"] * k / 1e9,
+                                    busy["either"] / seconds, read / busy["read"] / 1e9,
+                                    written / busy["write"] / 1e9))
+PY
+)
+run_rates="" run_busy="" run_solo=""
+if [ -n "$run_drive" ]; then
+  read -r run_rates run_busy run_read run_write <<<"$run_drive"
+  run_solo="$run_read/$run_write"
+  run_plan=("${plan_command[@]}")
+  for i in "${!run_plan[@]}"; do [ "${run_plan[$i]}" = --nvme ] && run_plan[i+1]=$run_rates; done
+  "${run_plan[@]}" --json >"$work/plan-run-drive.json" || [ $? -eq 3 ]
+  echo "the drive as the run's transfers saw it: $run_rates GB/s read/write half duplex ($run_solo GB/s while each direction was in flight; busy $run_busy of the steady steps)" >&2
+fi
+
+python3 - "$measured" "$work/plan.json" "${plan_command[*]}" "$run_rates" "$run_busy" \
+  "$work/plan-run-drive.json" <<'PY'
 import json, sys
 measured = json.load(open(sys.argv[1]))
 plan = json.load(open(sys.argv[2]))
@@ -185,6 +224,15 @@ for name in ("strata", "deepspeed-defaults", "deepspeed-pinned", "deepspeed-tune
             m = sum(sum(s[run_key].get(k, 0) for k in kinds) for s in steps) / len(steps)
             ratio = p / m if m else float("nan")
             print(f"| {name} | NVMe {direction} / step: {group} | {p / 1e9:.6f} GB | {m / 1e9:.6f} GB | {ratio:.6f} | - |")
+    # The step time again, planned with the drive as this run's transfers saw it (above).
+    if name == "strata" and sys.argv[4]:
+        replay = json.load(open(sys.argv[6]))
+        p = float(replay["strata_nvme"]["step_seconds"])
+        m = mean(runs[name], "seconds")
+        verdict = "within 15%: " + ("met" if abs(p / m - 1) <= 0.15 else "missed")
+        print(f"| {name} | step time, the plan given the drive as the run saw it "
+              f"({sys.argv[4]} GB/s; busy {float(sys.argv[5]):.0%} of the step) | {p:.3f} s "
+              f"| {m:.3f} s | {p / m:.6f} | {verdict} |")
 print()
 for name, r in runs.items():
     print(f"{name}: measured disk {r.get('nvme_read_gbps', 0):.3f} GB/s read, "

@@ -143,6 +143,8 @@ class Worker {
   double frozen_read_rate_ = 0;  // bytes/s: the base read once through Strata, cold
   struct KindBytes {
     uint64_t read[STRATA_STATS_KIND_SLOTS] = {}, written[STRATA_STATS_KIND_SLOTS] = {};
+    // How long the step's NVMe transfers kept the drive busy (strata_stats' *_busy_us).
+    uint64_t read_busy_us = 0, write_busy_us = 0, busy_us = 0;
   };
   std::vector<KindBytes> step_kinds_;
 };
@@ -506,6 +508,9 @@ Status Worker::step(uint32_t index) {
     kinds.written[k] =
         stats_after.nvme_bytes_written_by_kind[k] - stats_before.nvme_bytes_written_by_kind[k];
   }
+  kinds.read_busy_us = stats_after.nvme_read_busy_us - stats_before.nvme_read_busy_us;
+  kinds.write_busy_us = stats_after.nvme_write_busy_us - stats_before.nvme_write_busy_us;
+  kinds.busy_us = stats_after.nvme_busy_us - stats_before.nvme_busy_us;
   step_kinds_.push_back(kinds);
   return Status::ok();
 }
@@ -618,6 +623,12 @@ void Worker::send_result() {
   for (size_t i = 0; i < step_kinds_.size() && i < totals.steps.size(); ++i) {
     totals.steps[i]["nvme_written_by_kind"] = bytes_by_kind(step_kinds_[i].written, true);
     totals.steps[i]["nvme_read_by_kind"] = bytes_by_kind(step_kinds_[i].read, true);
+    // The drive's busy time over the step: the rate it delivered to the runtime while busy is
+    // the by-kind bytes over these (planner_vs_measured.sh replays the run with that drive).
+    totals.steps[i]["nvme_busy_seconds"] = {
+        {"read", static_cast<double>(step_kinds_[i].read_busy_us) / 1e6},
+        {"write", static_cast<double>(step_kinds_[i].write_busy_us) / 1e6},
+        {"either", static_cast<double>(step_kinds_[i].busy_us) / 1e6}};
   }
   const std::vector<double>& measured = totals.measured;
   const uint64_t read = totals.read, written = totals.written;

@@ -63,6 +63,10 @@ strata_stats collect_stats(Runtime& runtime) {
   s.stream_chunk_bytes = streaming.chunk_bytes;
   s.stream_buffers = streaming.on() ? streaming.buffers : 0;
   s.optimizer_sub_group_bytes = runtime.optimizer_sub_group_bytes();
+  const datapath::LinkMeter::BusyTimes busy = runtime.backend().busy_times();
+  s.nvme_read_busy_us = busy.link_us[static_cast<int>(sched::Link::kNvmeRead)];
+  s.nvme_write_busy_us = busy.link_us[static_cast<int>(sched::Link::kNvmeWrite)];
+  s.nvme_busy_us = busy.drive_us;
   return s;
 }
 

@@ -9,7 +9,27 @@ namespace {
 constexpr const char* kLinkQueueNames[sched::kLinkCount] = {
     "nvme read in flight", "nvme write in flight", "h2d in flight", "d2h in flight"};
 
+bool on_drive(sched::Link link) {
+  return link == sched::Link::kNvmeRead || link == sched::Link::kNvmeWrite;
+}
+
 }  // namespace
+
+uint32_t LinkMeter::BusyClock::start(uint64_t now_us) {
+  if (inflight++ == 0) busy_since_us = now_us;
+  return inflight;
+}
+
+uint32_t LinkMeter::BusyClock::finish(uint64_t now_us) {
+  STRATA_ASSERT(inflight > 0);
+  STRATA_ASSERT(now_us >= busy_since_us);  // the time is read under the lock: it never runs back
+  if (--inflight == 0) busy_us += now_us - busy_since_us;
+  return inflight;
+}
+
+uint64_t LinkMeter::BusyClock::read(uint64_t now_us) const {
+  return inflight > 0 ? busy_us + (now_us - busy_since_us) : busy_us;
+}
 
 uint64_t LinkMeter::now_us() const {
   if (trace_ != nullptr) return trace_->now_us();
@@ -19,27 +39,28 @@ uint64_t LinkMeter::now_us() const {
 }
 
 void LinkMeter::started(sched::Link link) {
-  LinkState& state = links_[static_cast<int>(link)];
+  const int index = static_cast<int>(link);
   uint32_t inflight;
   {
-    std::lock_guard lock(state.mutex);
-    if (state.inflight++ == 0) state.busy_since_us = now_us();
-    inflight = state.inflight;
+    std::lock_guard lock(busy_mutex_);
+    const uint64_t now = now_us();
+    inflight = link_clocks_[index].start(now);
+    if (on_drive(link)) drive_clock_.start(now);
   }
-  if (trace_ != nullptr) trace_->record_counter(kLinkQueueNames[static_cast<int>(link)], inflight);
+  if (trace_ != nullptr) trace_->record_counter(kLinkQueueNames[index], inflight);
 }
 
 void LinkMeter::finished(sched::Link link, uint64_t bytes, uint64_t begin_us, const char* what,
                          const sched::TransferLabel* label) {
   const int index = static_cast<int>(link);
   LinkState& state = links_[index];
-  const uint64_t end_us = now_us();
+  uint64_t end_us;
   uint32_t inflight;
   {
-    std::lock_guard lock(state.mutex);
-    STRATA_ASSERT(state.inflight > 0);
-    if (--state.inflight == 0) state.busy_us += end_us - state.busy_since_us;
-    inflight = state.inflight;
+    std::lock_guard lock(busy_mutex_);
+    end_us = now_us();
+    inflight = link_clocks_[index].finish(end_us);
+    if (on_drive(link)) drive_clock_.finish(end_us);
   }
   if (trace_ != nullptr) trace_->record_counter(kLinkQueueNames[index], inflight);
   if (bytes > 0) {
@@ -61,10 +82,16 @@ sched::LinkCounters LinkMeter::counters(sched::Link link) const {
   sched::LinkCounters out;
   out.bytes = state.bytes.load(std::memory_order_relaxed);
   out.transfers = state.transfers.load(std::memory_order_relaxed);
-  std::lock_guard lock(state.mutex);
-  uint64_t busy = state.busy_us;
-  if (state.inflight > 0) busy += now_us() - state.busy_since_us;
-  out.busy_seconds = static_cast<double>(busy) / 1e6;
+  out.busy_seconds = static_cast<double>(busy_times().link_us[static_cast<int>(link)]) / 1e6;
+  return out;
+}
+
+LinkMeter::BusyTimes LinkMeter::busy_times() const {
+  BusyTimes out;
+  std::lock_guard lock(busy_mutex_);
+  const uint64_t now = now_us();
+  for (int i = 0; i < sched::kLinkCount; ++i) out.link_us[i] = link_clocks_[i].read(now);
+  out.drive_us = drive_clock_.read(now);
   return out;
 }
 

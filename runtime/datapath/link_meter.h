@@ -35,20 +35,43 @@ class LinkMeter {
 
   sched::LinkCounters counters(sched::Link link) const;
 
+  // Busy time in microseconds, all read at one moment: per link, and the drive's, during which
+  // at least one NVMe transfer, read or write, was in flight. Where reads and writes ran at once
+  // the drive's is less than the two NVMe links' sum; it is never less than the larger of them.
+  // Bytes over the drive's busy time are what it delivered as one half-duplex device
+  // (docs/telemetry.md).
+  struct BusyTimes {
+    std::array<uint64_t, sched::kLinkCount> link_us{};
+    uint64_t drive_us = 0;
+  };
+  BusyTimes busy_times() const;
+
  private:
-  struct LinkState {
-    std::atomic<uint64_t> bytes{0};
-    std::atomic<uint64_t> transfers{0};
-    // Busy time: the clock runs while at least one transfer is in flight on the link.
-    mutable std::mutex mutex;
+  // The clock runs while at least one transfer is in flight. Guarded by busy_mutex_.
+  struct BusyClock {
     uint32_t inflight = 0;
     uint64_t busy_since_us = 0;
     uint64_t busy_us = 0;
+
+    // Both return the transfers in flight after the event (the trace's queue track).
+    uint32_t start(uint64_t now_us);
+    uint32_t finish(uint64_t now_us);
+    uint64_t read(uint64_t now_us) const;
+  };
+  struct LinkState {
+    std::atomic<uint64_t> bytes{0};
+    std::atomic<uint64_t> transfers{0};
   };
 
   telemetry::TraceRecorder* const trace_;
   const std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   std::array<LinkState, sched::kLinkCount> links_;
+  // One lock for every clock, and the time read under it, so that each event and each snapshot
+  // has one moment: the drive's clock then never reads less than a link's. Transfers are whole
+  // buffers or chunks (4 KiB and up, thousands a second at most), so it is rarely contended.
+  mutable std::mutex busy_mutex_;
+  std::array<BusyClock, sched::kLinkCount> link_clocks_;
+  BusyClock drive_clock_;  // both NVMe links
 };
 
 }  // namespace strata::datapath

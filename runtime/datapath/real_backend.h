@@ -70,6 +70,8 @@ class RealBackend final : public sched::TierBackend {
                         sched::Completion done) override;
   void on_release(Tier tier, const sched::Buffer& buffer, void* device_stream) override;
   sched::LinkCounters link_counters(sched::Link link) const override;
+  // Each link's busy time and the drive's, at one moment (LinkMeter::busy_times).
+  LinkMeter::BusyTimes busy_times() const { return meter_.busy_times(); }
 
  private:
   // One NVMe transfer in flight: caller-owned storage for the extent store's request.

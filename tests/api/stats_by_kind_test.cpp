@@ -1,9 +1,14 @@
 // strata_get_stats counts every tensor under its own kind on every tier it occupies (issue 14:
 // a parameter used to be counted as "other"): one tensor of every kind, each of its own size,
-// acquired on the device and on the pinned tier and resting on NVMe, every counter checked.
+// acquired on the device and on the pinned tier and resting on NVMe, every counter checked. And
+// the drive's busy time over the same transfers (nvme_read_busy_us, nvme_write_busy_us,
+// nvme_busy_us) follows the header's rules.
 #include <gtest/gtest.h>
 #include <strata/strata.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -153,6 +158,84 @@ TEST_F(StatsByKind, ReservedComesFromTheArenasAndInUseStaysWithinIt) {
   EXPECT_EQ(st.pinned.in_use_bytes, kStaging);
   EXPECT_GE(st.pinned.peak_in_use_bytes, kStaging + 196 * kKiB);
   EXPECT_GE(st.pinned.peak_reserved_bytes, kStaging + 196 * kKiB);
+}
+
+// The busy times cover the transfers counted by kind: 20 MiB of parameters through the 12 MiB
+// pool, written, then read and written back. Each figure grows with its own direction's traffic
+// only; the drive's lies between the larger of the two and their sum; none grows by more than
+// the time that passed.
+TEST_F(StatsByKind, TheDrivesBusyTimeGrowsWithItsTransfersAndNoFasterThanTheClock) {
+  constexpr uint64_t kMiB = 1024 * kKiB;
+  std::vector<strata_tensor> tensors;
+  for (int i = 0; i < 20; ++i) {
+    const std::string name = "p" + std::to_string(i);
+    tensors.push_back(register_on_nvme(name.c_str(), kMiB, STRATA_KIND_PARAMETER));
+    ASSERT_NE(tensors.back(), STRATA_TENSOR_NONE);
+  }
+  // Each tensor once through the pinned tier, its contents read unless `fresh`, released dirty:
+  // the next ones' room needs it written back.
+  const auto pass = [&](bool fresh) {
+    for (strata_tensor t : tensors) {
+      strata_acquired a{};
+      a.struct_size = sizeof a;
+      ASSERT_EQ(strata_acquire(rt_, t, STRATA_TIER_PINNED, fresh ? STRATA_ACQUIRE_DISCARD : 0u, &a),
+                STRATA_OK)
+          << strata_last_error(rt_);
+      ASSERT_EQ(strata_release(rt_, t, STRATA_RELEASE_DIRTY, nullptr), STRATA_OK);
+    }
+    ASSERT_EQ(strata_sync(rt_), STRATA_OK) << strata_last_error(rt_);
+  };
+  const auto expect_rules = [](const strata_stats& st) {
+    EXPECT_GE(st.nvme_busy_us, std::max(st.nvme_read_busy_us, st.nvme_write_busy_us));
+    EXPECT_LE(st.nvme_busy_us, st.nvme_read_busy_us + st.nvme_write_busy_us);
+  };
+  const auto began = std::chrono::steady_clock::now();
+  const strata_stats start = stats();
+  expect_rules(start);
+
+  pass(/*fresh=*/true);  // written only: nothing to read yet
+  const strata_stats written = stats();
+  EXPECT_EQ(written.nvme_bytes_read_by_kind[STRATA_KIND_PARAMETER],
+            start.nvme_bytes_read_by_kind[STRATA_KIND_PARAMETER]);
+  EXPECT_GT(written.nvme_bytes_written_by_kind[STRATA_KIND_PARAMETER], 0u);
+  EXPECT_EQ(written.nvme_read_busy_us, start.nvme_read_busy_us);
+  EXPECT_GT(written.nvme_write_busy_us, start.nvme_write_busy_us);
+  // Writes alone: the drive was busy exactly when its write link was.
+  EXPECT_EQ(written.nvme_busy_us - start.nvme_busy_us,
+            written.nvme_write_busy_us - start.nvme_write_busy_us);
+  expect_rules(written);
+
+  pass(/*fresh=*/false);  // read back, and written back again
+  const strata_stats both = stats();
+  const auto passed_us =
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                std::chrono::steady_clock::now() - began)
+                                .count());
+  EXPECT_GT(both.nvme_bytes_read_by_kind[STRATA_KIND_PARAMETER], 0u);
+  EXPECT_GT(both.nvme_read_busy_us, written.nvme_read_busy_us);
+  EXPECT_GT(both.nvme_write_busy_us, written.nvme_write_busy_us);
+  EXPECT_GT(both.nvme_busy_us, written.nvme_busy_us);
+  expect_rules(both);
+  EXPECT_LE(both.nvme_busy_us - start.nvme_busy_us, passed_us);
+
+  // Nothing moves: nothing is added.
+  const strata_stats idle = stats();
+  EXPECT_EQ(idle.nvme_read_busy_us, both.nvme_read_busy_us);
+  EXPECT_EQ(idle.nvme_write_busy_us, both.nvme_write_busy_us);
+  EXPECT_EQ(idle.nvme_busy_us, both.nvme_busy_us);
+  for (strata_tensor t : tensors) ASSERT_EQ(strata_tensor_unregister(rt_, t), STRATA_OK);
+}
+
+// A caller built before the busy times (its struct ends at stream_buffers) gets what it knows,
+// and nothing past its struct_size is touched (docs/c-api.md).
+TEST_F(StatsByKind, AnOlderCallersStructEndsBeforeTheBusyTimesAndKeepsItsOwnBytes) {
+  strata_stats st;
+  std::fill_n(reinterpret_cast<unsigned char*>(&st), sizeof st, 0xAB);
+  st.struct_size = offsetof(strata_stats, nvme_read_busy_us);
+  ASSERT_EQ(strata_get_stats(rt_, &st), STRATA_OK) << strata_last_error(rt_);
+  EXPECT_EQ(st.pinned_budget_bytes, 16ull << 20);
+  EXPECT_EQ(st.nvme_read_busy_us, 0xABABABABABABABABull);
+  EXPECT_EQ(st.nvme_busy_us, 0xABABABABABABABABull);
 }
 
 }  // namespace

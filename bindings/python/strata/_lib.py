@@ -166,6 +166,9 @@ class StatsStruct(Structure):
         ("stream_chunk_bytes", c_uint64),
         ("optimizer_sub_group_bytes", c_uint64),
         ("stream_buffers", c_uint32),
+        ("nvme_read_busy_us", c_uint64),
+        ("nvme_write_busy_us", c_uint64),
+        ("nvme_busy_us", c_uint64),
     ]
 
 

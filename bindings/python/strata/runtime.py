@@ -344,7 +344,7 @@ class Runtime:
         self._call("strata_export_trace", str(path).encode())
 
     def stats(self):
-        """strata_get_stats as nested dicts (bytes)."""
+        """strata_get_stats as nested dicts (bytes; the *_busy_us fields in microseconds)."""
         s = _lib.StatsStruct()
         s.struct_size = ctypes.sizeof(_lib.StatsStruct)
         self._call("strata_get_stats", ctypes.byref(s))

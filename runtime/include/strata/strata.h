@@ -444,6 +444,14 @@ typedef struct strata_stats {
   uint64_t stream_chunk_bytes;
   uint64_t optimizer_sub_group_bytes;
   uint32_t stream_buffers;
+  /* How long the tensors' NVMe transfers (those counted by kind above) kept the drive busy, in
+   * microseconds since creation: with at least one read in flight, at least one write, and at
+   * least one of either. Where reads and writes ran at once, nvme_busy_us is less than the sum
+   * of the other two; it is never less than the larger. A kind's bytes over its direction's busy
+   * time is the rate the drive delivered to the runtime while busy (docs/telemetry.md). */
+  uint64_t nvme_read_busy_us;
+  uint64_t nvme_write_busy_us;
+  uint64_t nvme_busy_us;
 } strata_stats;
 
 /* Fills *out (set out->struct_size first). Any thread. */
