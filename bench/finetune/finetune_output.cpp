@@ -121,6 +121,7 @@ Result<json> project_full_scale(const FinetunePlan& plan) {
   c.memory = sched::strata_memory_plan(split.budget_bytes, device_budget, split.staging_bytes);
   c.step.optimizer_overlap = plan.options.optimizer_overlap == "on";
   c.step.optimizer_device_bytes = device_budget;
+  c.step.measure_gradients = !c.step.optimizer_overlap;  // the run's grad_ready, for its clipping
   const std::vector<TensorSpec> sub_grouped =
       sched::split_optimizer_states(inventory, split.sub_group_bytes);
   STRATA_ASSIGN_OR_RETURN(sched::SimulationResult r, sched::simulate(sub_grouped, c),

@@ -348,7 +348,7 @@ void print_text(const Plan& plan) {
   std::printf("  step           %s, %s tokens/s, bound by %s%s\n",
               human_seconds(p.step_seconds).c_str(), fixed(p.tokens_per_s, 0).c_str(),
               p.bottleneck.c_str(), st.model == "simulated" ? " (simulated)" : "");
-  std::printf("  busy           compute %s, PCIe %s, NVMe %s, CPU Adam %s",
+  std::printf("  busy           compute %s, PCIe %s, NVMe %s, CPU optimizer %s",
               human_seconds(st.compute_seconds).c_str(), human_seconds(st.pcie_seconds).c_str(),
               human_seconds(st.nvme_seconds).c_str(),
               human_seconds(st.cpu_optimizer_seconds).c_str());

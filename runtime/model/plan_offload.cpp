@@ -109,6 +109,9 @@ Result<sched::SimulationResult> simulate_step(const OffloadJob& job, const Strat
   config.warmup_steps = job.warmup_steps;
   config.measured_steps = 1;
   config.step.optimizer_device_bytes = layout.optimizer_device_bytes;
+  // Strata's optimizer runs after backward, with the global clipping that measures every
+  // gradient as backward finishes it (ZeRO-Infinity's layout has no pieces: no such groups).
+  config.step.measure_gradients = true;
   config.trace = trace;
   return sched::simulate(layout.inventory, config);
 }
@@ -289,6 +292,9 @@ sched::DeviceModel offload_device_model(const OffloadJob& job) {
   d.backward_seconds_per_layer = backward;
   d.cpu_optimizer_params_per_s = job.adam_params_per_s;
   d.host_overflow_check_elements_per_s = job.host_scan_gbps * kGB / (job.param_bytes + 1);
+  // The TieredOptimizer's measurement reads each gradient element once (one pass, no temporary).
+  d.host_gradient_scan_elements_per_s =
+      job.host_scan_gbps * kGB / std::max<uint32_t>(job.param_bytes, 1);
   return d;
 }
 

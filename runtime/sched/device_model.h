@@ -35,6 +35,9 @@ struct DeviceModel {
   double cpu_optimizer_params_per_s = 2.0e9;
   // A host-side overflow check (ZeRO-Infinity's isinf / isnan passes), elements per second.
   double host_overflow_check_elements_per_s = 7.0e9;
+  // The TieredOptimizer's measurement of a gradient as backward finishes it (one read-only pass:
+  // a non-finite check and the sum of squares), gradient elements per second.
+  double host_gradient_scan_elements_per_s = 10.0e9;
   // The framework's own time per phase outside compute and waits: releasing, bookkeeping,
   // launching (a Python training loop's hooks). Not a resource: nothing else waits for it.
   double phase_overhead_seconds = 0;

@@ -16,9 +16,13 @@ namespace strata::sched {
 // DeviceModel
 
 Status DeviceModel::validate() const {
-  const double rates[] = {nvme_read_bytes_per_s,      nvme_write_bytes_per_s,
-                          host_to_device_bytes_per_s, device_to_host_bytes_per_s,
-                          cpu_optimizer_params_per_s, host_overflow_check_elements_per_s};
+  const double rates[] = {nvme_read_bytes_per_s,
+                          nvme_write_bytes_per_s,
+                          host_to_device_bytes_per_s,
+                          device_to_host_bytes_per_s,
+                          cpu_optimizer_params_per_s,
+                          host_overflow_check_elements_per_s,
+                          host_gradient_scan_elements_per_s};
   for (double rate : rates) {
     if (!(rate > 0) || !std::isfinite(rate)) {
       return invalid_argument("device model: every rate must be a finite number above 0");

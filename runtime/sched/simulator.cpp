@@ -41,7 +41,7 @@ uint64_t total_transfers(const SimulatedBackend& backend) {
 
 // The step with its forward and backward phases repeated once per micro-batch before the
 // optimizer phases. Backward overwrites a gradient in the first micro-batch and accumulates into
-// it (reads, then writes) in the others.
+// it (reads, then writes) in the others; a gradient is measured once it is final, in the last.
 TrainingStep with_micro_batches(TrainingStep step, uint32_t micro_batches) {
   if (micro_batches <= 1) return step;
   std::vector<StepPhase> passes, optimizer;
@@ -52,6 +52,7 @@ TrainingStep with_micro_batches(TrainingStep step, uint32_t micro_batches) {
   step.phases.reserve(passes.size() * micro_batches + optimizer.size());
   for (uint32_t m = 0; m < micro_batches; ++m) {
     for (const StepPhase& phase : passes) {
+      if (phase.compute == ComputeKind::kGradientScan && m + 1 < micro_batches) continue;
       step.phases.push_back(phase);
       if (m == 0 || phase.compute != ComputeKind::kBackward) continue;
       for (StepAccess& a : step.phases.back().accesses) {
@@ -372,12 +373,20 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
           seconds = phase.compute_units / model.cpu_optimizer_params_per_s;
           resource = Resource::kCpuOptimizer;
           break;
+        case ComputeKind::kGradientScan:
+          seconds = phase.compute_units / model.host_gradient_scan_elements_per_s;
+          resource = Resource::kCpuOptimizer;
+          break;
       }
       if (measuring) busy[static_cast<int>(resource)] += seconds;
       if (config.trace != nullptr && seconds > 0) {
+        // A measurement by the name `strata bench finetune --trace` gives it.
+        const std::string label = phase.compute == ComputeKind::kGradientScan
+                                      ? "grad ready " + std::to_string(phase.key.layer)
+                                      : phase_label(phase.key);
         config.trace->record_span(
             resource == Resource::kCompute ? telemetry::kTrackCompute : telemetry::kTrackOptimizer,
-            phase_label(phase.key), us(backend.now()), us(backend.now() + seconds));
+            label, us(backend.now()), us(backend.now() + seconds));
       }
       // While it computes, the loader takes each state as its read completes, as the runtime's
       // thread does.

@@ -234,6 +234,48 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
     }
   };
 
+  // After a layer's backward, each of its gradients measured as strata_optimizer_grad_ready
+  // measures it (TieredOptimizer::measure_gradient), in the order it announces them (the
+  // updates' order), one group per gradient held for the whole pass: on the device, where
+  // backward made it, read through the two gradient pieces in turn a sub-group at a time; computed
+  // on the host, where it rests on pinned, whole. Groups within the backward phase, as the
+  // framework's grad_ready calls come before its strata_layer_end. The runtime scans each piece
+  // as it arrives while the next one's copy runs; here the copies come first and the scan after
+  // them, so the pass errs slow by up to its shorter half.
+  auto push_measure = [&](int32_t pl) {
+    const std::vector<size_t>& members = by_layer[pl + 1];
+    for (auto it = members.rbegin(); it != members.rend(); ++it) {
+      const ParamGroup& group = groups[*it];
+      if (group.grad < 0 || group.master.empty()) continue;  // frozen, or not the optimizer's
+      const TensorSpec& grad = inventory[group.grad];
+      StepPhase phase;
+      phase.key = {PhaseKind::kBackward, pl};
+      phase.compute = ComputeKind::kGradientScan;
+      phase.continues_phase = true;
+      phase.compute_units = static_cast<double>(grad.elements());
+      if (options.compute_tier != Tier::kDevice) {
+        phase.accesses.push_back(
+            access(group.grad, options.optimizer_tier, AccessMode::kRead, false, false));
+        step.phases.push_back(std::move(phase));
+        continue;
+      }
+      phase.accesses.push_back(access(group.grad, Tier::kDevice, AccessMode::kRead, false, false));
+      const size_t sub_groups = group.master.size();
+      for (size_t slot = 0; slot < std::min<size_t>(sub_groups, 2); ++slot) {
+        phase.accesses.push_back(
+            access(pieces[slot], Tier::kPinned, AccessMode::kOverwrite, false, false));
+      }
+      const uint64_t grad_width = dtype_size(grad.dtype);
+      uint64_t first = 0;
+      for (size_t k = 0; k < sub_groups; ++k) {
+        const uint64_t elements = inventory[group.master[k]].elements();
+        phase.copies.push_back({0, 1 + k % 2, first * grad_width, 0, elements * grad_width, false});
+        first += elements;
+      }
+      step.phases.push_back(std::move(phase));
+    }
+  };
+
   for (int32_t pl = -1; pl <= layers; ++pl) {
     const std::vector<size_t>& members = by_layer[pl + 1];
     if (members.empty()) continue;
@@ -267,6 +309,8 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
     if (options.optimizer_overlap) {
       run_started = false;
       push_optimizer(pl);
+    } else if (options.measure_gradients && have_pieces) {
+      push_measure(pl);
     }
   }
   run_started = false;

@@ -4,7 +4,10 @@
 //
 //   forward   pre (embedding), layers 0..N-1, post (final norm, LM head): parameters on device
 //   backward  post, layers N-1..0, pre: parameters on device again; gradients produced on device
-//             (acquired with DISCARD, released dirty)
+//             (acquired with DISCARD, released dirty); with measure_gradients, then each of the
+//             layer's gradients measured as strata_optimizer_grad_ready measures it: read once
+//             (from the device through the two gradient pieces, a sub-group at a time, or where
+//             it is on pinned) and scanned on the host, in acquire groups within the layer's phase
 //   optimizer one phase per parameter, in the order gradients became ready (post, N-1..0, pre),
 //             after the whole backward, or each right after its layer's backward (overlap):
 //             gradient read on pinned (then discarded), fp32 master / Adam m / v read and written
@@ -33,7 +36,15 @@
 
 namespace strata::sched {
 
-enum class ComputeKind : uint8_t { kNone = 0, kForward = 1, kBackward = 2, kOptimizer = 3 };
+// kGradientScan: the host's pass over a gradient that the TieredOptimizer makes as backward
+// finishes it (the overflow check and the norm global clipping needs).
+enum class ComputeKind : uint8_t {
+  kNone = 0,
+  kForward = 1,
+  kBackward = 2,
+  kOptimizer = 3,
+  kGradientScan = 4
+};
 
 struct StepAccess {
   Access access;
@@ -60,6 +71,7 @@ struct StepPhase {
   ComputeKind compute = ComputeKind::kNone;
   // Forward / backward: transformer-layer equivalents (1 per layer; the head by its parameters
   // relative to a layer's, the embedding lookup 0). Optimizer: parameter elements updated.
+  // Gradient scan: gradient elements measured.
   double compute_units = 0;
   // An acquire group within the scheduler phase the group before it began (the sub-grouped
   // optimizer's): no begin_phase / end_phase between the two, and one phase in the schedule.
@@ -95,6 +107,10 @@ struct TrainingStepOptions {
   // pieces (the TieredOptimizer with streaming on and room on the device); 0 or larger: held
   // whole on pinned.
   uint64_t optimizer_device_bytes = 0;
+  // Sub-grouped states without overlap: measure every gradient as its layer's backward ends, as
+  // the TieredOptimizer does for the step's overflow check and norm (kGradientScan groups after
+  // the backward phase, in the last micro-batch only). Off: the step has no such pass.
+  bool measure_gradients = false;
 };
 
 // The pinned pieces of the sub-grouped optimizer, in the inventory split_optimizer_states makes:

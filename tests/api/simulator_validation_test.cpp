@@ -170,6 +170,8 @@ Result<RealRun> play_real(api::Runtime& runtime, const std::vector<TensorSpec>& 
           optimizer_seconds += took;
           optimizer_params += phase.compute_units;
           break;
+        case sched::ComputeKind::kGradientScan:  // none: this step leaves measure_gradients off
+          return Status::error(STRATA_E_INTERNAL, "unexpected gradient scan in the validated step");
       }
       if (measuring) run.compute_seconds += took;
 

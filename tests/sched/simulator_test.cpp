@@ -630,6 +630,127 @@ TEST(TrainingStepOrder, SubGroupedStatesUpdateGroupByGroupInOnePhaseThroughThePi
   }
 }
 
+// With measure_gradients, each backward phase is followed, inside it, by the measurement
+// strata_optimizer_grad_ready makes of the layer's gradients (the overflow check and the norm
+// of global clipping): one group per gradient, held on the device for the whole pass, each
+// sub-group's bytes copied to a gradient piece, the two pieces in turn, then scanned; every
+// gradient byte once a step. Computed on the host, the gradient is read whole where it rests
+// on pinned. None with overlap (no global clipping) or without the option.
+TEST(TrainingStepOrder, EachGradientIsMeasuredOnceAsItsBackwardEnds) {
+  const std::vector<TensorSpec> inventory = split_optimizer_states(small_model(), kSubGroupBytes);
+  TrainingStepOptions options;
+  options.optimizer_device_bytes = uint64_t{1} << 40;
+  options.measure_gradients = true;
+  Result<TrainingStep> step = plan_training_step(inventory, handles_for(inventory), options);
+  ASSERT_TRUE(step.is_ok()) << step.status().message();
+  uint64_t scanned = 0, copied = 0;
+  size_t groups = 0;
+  const StepPhase* backward = nullptr;
+  for (const StepPhase& phase : step->phases) {
+    if (phase.compute == ComputeKind::kBackward) backward = &phase;
+    if (phase.compute != ComputeKind::kGradientScan) continue;
+    ++groups;
+    ASSERT_NE(backward, nullptr);
+    EXPECT_TRUE(phase.continues_phase);
+    EXPECT_EQ(phase.key.kind, PhaseKind::kBackward);
+    EXPECT_EQ(phase.key.layer, backward->key.layer);  // the layer just finished
+    ASSERT_GE(phase.accesses.size(), 2u);
+    ASSERT_LE(phase.accesses.size(), 3u);
+    EXPECT_EQ(phase.accesses[0].access.tier, Tier::kDevice);
+    EXPECT_EQ(phase.accesses[0].access.mode, AccessMode::kRead);
+    EXPECT_FALSE(phase.accesses[0].release_dirty);
+    EXPECT_FALSE(phase.accesses[0].discard_after);  // the update reads it next
+    for (size_t i = 1; i < phase.accesses.size(); ++i) {
+      EXPECT_EQ(phase.accesses[i].access.tier, Tier::kPinned);
+    }
+    ASSERT_FALSE(phase.copies.empty());
+    uint64_t group_bytes = 0;
+    for (size_t k = 0; k < phase.copies.size(); ++k) {
+      const StepCopy& copy = phase.copies[k];
+      EXPECT_EQ(copy.from, 0u);
+      EXPECT_EQ(copy.to, 1 + k % 2);  // the two pieces in turn
+      EXPECT_EQ(copy.from_offset, group_bytes);
+      EXPECT_FALSE(copy.after_compute);  // arrived before it is scanned
+      group_bytes += copy.bytes;
+    }
+    EXPECT_EQ(group_bytes, static_cast<uint64_t>(phase.compute_units) * 2);
+    scanned += static_cast<uint64_t>(phase.compute_units);
+    copied += group_bytes;
+  }
+  EXPECT_GT(groups, step->layers);
+  EXPECT_EQ(scanned, step->gradient_elements);
+  EXPECT_EQ(copied, step->gradient_elements * 2);
+  // No measurement among the optimizer's groups, which come after the whole backward pass.
+  bool optimizer_seen = false;
+  for (const StepPhase& phase : step->phases) {
+    optimizer_seen = optimizer_seen || phase.compute == ComputeKind::kOptimizer;
+    if (optimizer_seen) EXPECT_NE(phase.compute, ComputeKind::kGradientScan);
+  }
+
+  // Computed on the host: whole, on pinned, one group per gradient.
+  options.compute_tier = Tier::kPinned;
+  step = plan_training_step(inventory, handles_for(inventory), options);
+  ASSERT_TRUE(step.is_ok()) << step.status().message();
+  scanned = 0;
+  for (const StepPhase& phase : step->phases) {
+    if (phase.compute != ComputeKind::kGradientScan) continue;
+    ASSERT_EQ(phase.accesses.size(), 1u);
+    EXPECT_EQ(phase.accesses[0].access.tier, Tier::kPinned);
+    EXPECT_TRUE(phase.copies.empty());
+    scanned += static_cast<uint64_t>(phase.compute_units);
+  }
+  EXPECT_EQ(scanned, step->gradient_elements);
+
+  // Overlapped updates, or the option off: no measurement.
+  for (const bool overlap : {true, false}) {
+    TrainingStepOptions other;
+    other.optimizer_device_bytes = uint64_t{1} << 40;
+    other.optimizer_overlap = overlap;
+    other.measure_gradients = overlap;
+    step = plan_training_step(inventory, handles_for(inventory), other);
+    ASSERT_TRUE(step.is_ok()) << step.status().message();
+    for (const StepPhase& phase : step->phases) {
+      EXPECT_NE(phase.compute, ComputeKind::kGradientScan) << "overlap " << overlap;
+    }
+  }
+}
+
+// Simulated, the measurement moves every gradient byte once more from the device to the host
+// a step, whatever the micro-batches (once the gradient is final), and scans every element at
+// the model's rate on the host. (Not the NVMe bytes: in this pool, which keeps states across
+// steps, which ones it keeps follows the clock the measurement moves.)
+TEST(Simulator, MeasuringTheGradientsCopiesEachToTheHostOnceAStepAndScansIt) {
+  Watchdog watchdog(120);
+  const std::vector<TensorSpec> split = split_optimizer_states(small_model(), kSubGroupBytes);
+  uint64_t gradient_bytes = 0, gradient_elements = 0;
+  for (const TensorSpec& s : split) {
+    if (s.kind != TensorKind::kGradient) continue;
+    gradient_bytes += s.bytes();
+    gradient_elements += s.elements();
+  }
+  SimulationConfig config = small_config();
+  config.step.optimizer_device_bytes = 4 * GiB;
+  config.micro_batches = 2;
+  config.device.host_gradient_scan_elements_per_s = 1e9;
+  Result<SimulationResult> plain = simulate(split, config);
+  ASSERT_TRUE(plain.is_ok()) << plain.status().message();
+  config.step.measure_gradients = true;
+  Result<SimulationResult> measured = simulate(split, config);
+  ASSERT_TRUE(measured.is_ok()) << measured.status().message();
+
+  const auto link = [](const SimulationResult& r, Link l) {
+    return r.link_bytes[static_cast<int>(l)];
+  };
+  EXPECT_EQ(link(*measured, Link::kDeviceToHost),
+            link(*plain, Link::kDeviceToHost) + gradient_bytes);
+  EXPECT_EQ(link(*measured, Link::kHostToDevice), link(*plain, Link::kHostToDevice));
+  const auto cpu = [](const SimulationResult& r) {
+    return r.busy_seconds[static_cast<int>(Resource::kCpuOptimizer)];
+  };
+  EXPECT_NEAR(cpu(*measured) - cpu(*plain), static_cast<double>(gradient_elements) / 1e9, 1e-9);
+  EXPECT_GT(measured->step_seconds, plain->step_seconds);
+}
+
 TEST(TrainingStepOrder, SubGroupsThatDoNotCoverTheParameterAreInvalid) {
   std::vector<TensorSpec> inventory = split_optimizer_states(small_model(), kSubGroupBytes);
   for (auto it = inventory.begin(); it != inventory.end(); ++it) {
