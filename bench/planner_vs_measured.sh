@@ -104,7 +104,10 @@ echo "disk: $NVME_RATES GB/s read/write as a half-duplex drive (${NVME_SOURCE:-N
 # while in flight (both scaled by one factor: the directions' busy times over the drive's).
 # It takes the disk's variation between the run and the `--mixed` measurement out of the step
 # time, so that what is left is the plan's model of the step; it is no independent prediction.
-run_drive=$(python3 - "$measured" <<'PY'
+# Where the run reports its device copies too (`steps[].device_copies`), the plan gets their
+# rate as well (--pcie-efficiency: that rate over the GPU preset's host link): the emulated
+# device copies with memcpy, far below any PCIe preset.
+run_drive=$(python3 - "$measured" runtime/model/presets/gpus.json <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 strata = next((x for x in j["strategies"] if x["name"] == "strata"), None)
@@ -119,23 +122,37 @@ if min(busy.values()) <= 0 or not read or not written:
     sys.exit(0)
 k = (busy["read"] + busy["write"]) / busy["either"]
 seconds = sum(s["seconds"] for s in steps)
-print("%.4f/%.4f %.4f %.4f %.4f" % (read / busy["read"] * k / 1e9, written / busy["write"] * k / 1e9,
-                                    busy["either"] / seconds, read / busy["read"] / 1e9,
-                                    written / busy["write"] / 1e9))
+efficiency = 0.0
+if all("device_copies" in s for s in steps):
+    copied = sum(s["device_copies"]["host_to_device_bytes"] + s["device_copies"]["device_to_host_bytes"]
+                 for s in steps)
+    copy_busy = sum(s["device_copies"]["host_to_device_busy_seconds"]
+                    + s["device_copies"]["device_to_host_busy_seconds"] for s in steps)
+    link = json.load(open(sys.argv[2]))["gpus"][j["config"]["gpu"]]["host_link_gbps"]
+    if copied and copy_busy > 0:
+        efficiency = min(1.0, copied / copy_busy / 1e9 / link)
+print("%.4f/%.4f %.4f %.4f %.4f %.6f" % (read / busy["read"] * k / 1e9, written / busy["write"] * k / 1e9,
+                                          busy["either"] / seconds, read / busy["read"] / 1e9,
+                                          written / busy["write"] / 1e9, efficiency))
 PY
 )
 run_rates="" run_busy="" run_solo=""
 if [ -n "$run_drive" ]; then
-  read -r run_rates run_busy run_read run_write <<<"$run_drive"
+  read -r run_rates run_busy run_read run_write run_copy <<<"$run_drive"
   run_solo="$run_read/$run_write"
   run_plan=("${plan_command[@]}")
   for i in "${!run_plan[@]}"; do [ "${run_plan[$i]}" = --nvme ] && run_plan[i+1]=$run_rates; done
+  copy_note=""
+  if [ "$run_copy" != 0.000000 ]; then
+    run_plan+=(--pcie-efficiency "$run_copy")
+    copy_note="; device copies at $run_copy of the host link"
+  fi
   "${run_plan[@]}" --json >"$work/plan-run-drive.json" || [ $? -eq 3 ]
-  echo "the drive as the run's transfers saw it: $run_rates GB/s read/write half duplex ($run_solo GB/s while each direction was in flight; busy $run_busy of the steady steps)" >&2
+  echo "the drive as the run's transfers saw it: $run_rates GB/s read/write half duplex ($run_solo GB/s while each direction was in flight; busy $run_busy of the steady steps)$copy_note" >&2
 fi
 
 python3 - "$measured" "$work/plan.json" "${plan_command[*]}" "$run_rates" "$run_busy" \
-  "$work/plan-run-drive.json" <<'PY'
+  "$work/plan-run-drive.json" "${run_copy:-0}" <<'PY'
 import json, sys
 measured = json.load(open(sys.argv[1]))
 plan = json.load(open(sys.argv[2]))
@@ -230,8 +247,10 @@ for name in ("strata", "deepspeed-defaults", "deepspeed-pinned", "deepspeed-tune
         p = float(replay["strata_nvme"]["step_seconds"])
         m = mean(runs[name], "seconds")
         verdict = "within 15%: " + ("met" if abs(p / m - 1) <= 0.15 else "missed")
+        copies = (f"; device copies at {float(sys.argv[7]):.4f} of the host link"
+                  if float(sys.argv[7]) > 0 else "")
         print(f"| {name} | step time, the plan given the drive as the run saw it "
-              f"({sys.argv[4]} GB/s; busy {float(sys.argv[5]):.0%} of the step) | {p:.3f} s "
+              f"({sys.argv[4]} GB/s; busy {float(sys.argv[5]):.0%} of the step{copies}) | {p:.3f} s "
               f"| {m:.3f} s | {p / m:.6f} | {verdict} |")
 print()
 for name, r in runs.items():

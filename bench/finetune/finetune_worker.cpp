@@ -145,6 +145,8 @@ class Worker {
     uint64_t read[STRATA_STATS_KIND_SLOTS] = {}, written[STRATA_STATS_KIND_SLOTS] = {};
     // How long the step's NVMe transfers kept the drive busy (strata_stats' *_busy_us).
     uint64_t read_busy_us = 0, write_busy_us = 0, busy_us = 0;
+    // The copies between pinned memory and the device: bytes and busy time per direction.
+    uint64_t to_device_bytes = 0, to_host_bytes = 0, to_device_busy_us = 0, to_host_busy_us = 0;
   };
   std::vector<KindBytes> step_kinds_;
 };
@@ -511,6 +513,11 @@ Status Worker::step(uint32_t index) {
   kinds.read_busy_us = stats_after.nvme_read_busy_us - stats_before.nvme_read_busy_us;
   kinds.write_busy_us = stats_after.nvme_write_busy_us - stats_before.nvme_write_busy_us;
   kinds.busy_us = stats_after.nvme_busy_us - stats_before.nvme_busy_us;
+  kinds.to_device_bytes = stats_after.host_to_device_bytes - stats_before.host_to_device_bytes;
+  kinds.to_host_bytes = stats_after.device_to_host_bytes - stats_before.device_to_host_bytes;
+  kinds.to_device_busy_us =
+      stats_after.host_to_device_busy_us - stats_before.host_to_device_busy_us;
+  kinds.to_host_busy_us = stats_after.device_to_host_busy_us - stats_before.device_to_host_busy_us;
   step_kinds_.push_back(kinds);
   return Status::ok();
 }
@@ -629,6 +636,13 @@ void Worker::send_result() {
         {"read", static_cast<double>(step_kinds_[i].read_busy_us) / 1e6},
         {"write", static_cast<double>(step_kinds_[i].write_busy_us) / 1e6},
         {"either", static_cast<double>(step_kinds_[i].busy_us) / 1e6}};
+    // And the device copies' (the emulated device's run at memcpy speed beside everything else).
+    const KindBytes& k = step_kinds_[i];
+    totals.steps[i]["device_copies"] = {
+        {"host_to_device_bytes", k.to_device_bytes},
+        {"device_to_host_bytes", k.to_host_bytes},
+        {"host_to_device_busy_seconds", static_cast<double>(k.to_device_busy_us) / 1e6},
+        {"device_to_host_busy_seconds", static_cast<double>(k.to_host_busy_us) / 1e6}};
   }
   const std::vector<double>& measured = totals.measured;
   const uint64_t read = totals.read, written = totals.written;

@@ -67,6 +67,11 @@ strata_stats collect_stats(Runtime& runtime) {
   s.nvme_read_busy_us = busy.link_us[static_cast<int>(sched::Link::kNvmeRead)];
   s.nvme_write_busy_us = busy.link_us[static_cast<int>(sched::Link::kNvmeWrite)];
   s.nvme_busy_us = busy.drive_us;
+  const datapath::RealBackend& backend = runtime.backend();
+  s.host_to_device_bytes = backend.link_counters(sched::Link::kHostToDevice).bytes;
+  s.device_to_host_bytes = backend.link_counters(sched::Link::kDeviceToHost).bytes;
+  s.host_to_device_busy_us = busy.link_us[static_cast<int>(sched::Link::kHostToDevice)];
+  s.device_to_host_busy_us = busy.link_us[static_cast<int>(sched::Link::kDeviceToHost)];
   return s;
 }
 

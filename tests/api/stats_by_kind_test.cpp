@@ -226,6 +226,49 @@ TEST_F(StatsByKind, TheDrivesBusyTimeGrowsWithItsTransfersAndNoFasterThanTheCloc
   for (strata_tensor t : tensors) ASSERT_EQ(strata_tensor_unregister(rt_, t), STRATA_OK);
 }
 
+// The copies between pinned memory and the device are counted with their busy time: three 8 MiB
+// tensors written on the device through a 16 MiB device pool (the third evicts the first, a
+// copy back to the host), then the first read back onto the device (a copy to it).
+TEST_F(StatsByKind, DeviceCopiesAreCountedWithTheirBusyTime) {
+  constexpr uint64_t kBytes = 8 * 1024 * kKiB;
+  std::vector<strata_tensor> tensors;
+  for (const char* name : {"a", "b", "c"}) {
+    tensors.push_back(register_on_nvme(name, kBytes, STRATA_KIND_PARAMETER));
+    ASSERT_NE(tensors.back(), STRATA_TENSOR_NONE);
+  }
+  const auto began = std::chrono::steady_clock::now();
+  const strata_stats start = stats();
+  for (strata_tensor t : tensors) {
+    strata_acquired a{};
+    a.struct_size = sizeof a;
+    ASSERT_EQ(strata_acquire(rt_, t, STRATA_TIER_DEVICE, STRATA_ACQUIRE_DISCARD, &a), STRATA_OK)
+        << strata_last_error(rt_);
+    ASSERT_EQ(strata_release(rt_, t, STRATA_RELEASE_DIRTY, nullptr), STRATA_OK);
+  }
+  ASSERT_EQ(strata_sync(rt_), STRATA_OK) << strata_last_error(rt_);
+  const strata_stats written = stats();
+  EXPECT_GE(written.device_to_host_bytes - start.device_to_host_bytes, kBytes);
+  EXPECT_GT(written.device_to_host_busy_us, start.device_to_host_busy_us);
+  EXPECT_EQ(written.host_to_device_bytes, start.host_to_device_bytes);  // nothing read yet
+  EXPECT_EQ(written.host_to_device_busy_us, start.host_to_device_busy_us);
+
+  strata_acquired a{};
+  a.struct_size = sizeof a;
+  ASSERT_EQ(strata_acquire(rt_, tensors[0], STRATA_TIER_DEVICE, 0, &a), STRATA_OK)
+      << strata_last_error(rt_);
+  ASSERT_EQ(strata_release(rt_, tensors[0], 0u, nullptr), STRATA_OK);
+  const strata_stats read = stats();
+  const auto passed_us =
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                std::chrono::steady_clock::now() - began)
+                                .count());
+  EXPECT_GE(read.host_to_device_bytes - start.host_to_device_bytes, kBytes);
+  EXPECT_GT(read.host_to_device_busy_us, start.host_to_device_busy_us);
+  EXPECT_LE(read.host_to_device_busy_us - start.host_to_device_busy_us, passed_us);
+  EXPECT_LE(read.device_to_host_busy_us - start.device_to_host_busy_us, passed_us);
+  for (strata_tensor t : tensors) ASSERT_EQ(strata_tensor_unregister(rt_, t), STRATA_OK);
+}
+
 // A caller built before the busy times (its struct ends at stream_buffers) gets what it knows,
 // and nothing past its struct_size is touched (docs/c-api.md).
 TEST_F(StatsByKind, AnOlderCallersStructEndsBeforeTheBusyTimesAndKeepsItsOwnBytes) {

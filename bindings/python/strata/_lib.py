@@ -169,6 +169,10 @@ class StatsStruct(Structure):
         ("nvme_read_busy_us", c_uint64),
         ("nvme_write_busy_us", c_uint64),
         ("nvme_busy_us", c_uint64),
+        ("host_to_device_bytes", c_uint64),
+        ("device_to_host_bytes", c_uint64),
+        ("host_to_device_busy_us", c_uint64),
+        ("device_to_host_busy_us", c_uint64),
     ]
 
 

@@ -452,6 +452,14 @@ typedef struct strata_stats {
   uint64_t nvme_read_busy_us;
   uint64_t nvme_write_busy_us;
   uint64_t nvme_busy_us;
+  /* The copies between pinned host memory and the device (the emulated device's too: memcpy),
+   * whole buffers and stream chunks: bytes that arrived, and microseconds since creation with at
+   * least one copy in flight, per direction. Bytes over busy time is the rate the link delivered
+   * while busy (docs/telemetry.md). */
+  uint64_t host_to_device_bytes;
+  uint64_t device_to_host_bytes;
+  uint64_t host_to_device_busy_us;
+  uint64_t device_to_host_busy_us;
 } strata_stats;
 
 /* Fills *out (set out->struct_size first). Any thread. */
