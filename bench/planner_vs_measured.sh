@@ -112,6 +112,7 @@ import json, sys
 j = json.load(open(sys.argv[1]))
 strata = next((x for x in j["strategies"] if x["name"] == "strata"), None)
 steps = strata["steps"] if strata else []
+# The steady steps, by the rule of steady() in the table's script below (keep the two alike).
 steps = steps[2:] if len(steps) >= 4 else steps[1:] if len(steps) > 1 else steps
 if not steps or "nvme_busy_seconds" not in steps[0]:
     sys.exit(0)  # a run saved before the busy times: nothing to replay
@@ -166,7 +167,7 @@ for d in like["deepspeed"]:
 def steady(run):
     # The steps compared with the plan's steady step: the first starts from where loading left
     # the pools and the second settles, so from the third on when there are four or more; all
-    # but the first of a shorter run.
+    # but the first of a shorter run. (The run's drive above takes the same steps.)
     steps = run["steps"]
     return steps[2:] if len(steps) >= 4 else steps[1:] if len(steps) > 1 else steps
 

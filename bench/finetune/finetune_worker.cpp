@@ -137,18 +137,20 @@ class Worker {
   double done_units_ = 0;
 
   // LoRA: where the adapters and their gradients rest (their optimizer states follow: pinned
-  // memory when not NVMe), why, and the runtime's NVMe bytes by kind in each step.
+  // memory when not NVMe), and why.
   strata_tier adapter_home_ = STRATA_TIER_NVME;
   std::string adapter_home_why_;
   double frozen_read_rate_ = 0;  // bytes/s: the base read once through Strata, cold
-  struct KindBytes {
+  // The runtime's traffic in each step (strata_stats after it less before): NVMe bytes by kind
+  // (LoRA's adapter check and the JSON's), the drive's busy time and the device copies.
+  struct StepTraffic {
     uint64_t read[STRATA_STATS_KIND_SLOTS] = {}, written[STRATA_STATS_KIND_SLOTS] = {};
     // How long the step's NVMe transfers kept the drive busy (strata_stats' *_busy_us).
     uint64_t read_busy_us = 0, write_busy_us = 0, busy_us = 0;
     // The copies between pinned memory and the device: bytes and busy time per direction.
     uint64_t to_device_bytes = 0, to_host_bytes = 0, to_device_busy_us = 0, to_host_busy_us = 0;
   };
-  std::vector<KindBytes> step_kinds_;
+  std::vector<StepTraffic> step_traffic_;
 };
 
 Status Worker::create_runtime() {
@@ -503,22 +505,23 @@ Status Worker::step(uint32_t index) {
   r.written = io_after.written - io_before.written;
   r.skipped = skipped_;
   steps_.push_back(r);
-  KindBytes kinds;
+  StepTraffic traffic;
   for (int k = 0; k < STRATA_STATS_KIND_SLOTS; ++k) {
-    kinds.read[k] =
+    traffic.read[k] =
         stats_after.nvme_bytes_read_by_kind[k] - stats_before.nvme_bytes_read_by_kind[k];
-    kinds.written[k] =
+    traffic.written[k] =
         stats_after.nvme_bytes_written_by_kind[k] - stats_before.nvme_bytes_written_by_kind[k];
   }
-  kinds.read_busy_us = stats_after.nvme_read_busy_us - stats_before.nvme_read_busy_us;
-  kinds.write_busy_us = stats_after.nvme_write_busy_us - stats_before.nvme_write_busy_us;
-  kinds.busy_us = stats_after.nvme_busy_us - stats_before.nvme_busy_us;
-  kinds.to_device_bytes = stats_after.host_to_device_bytes - stats_before.host_to_device_bytes;
-  kinds.to_host_bytes = stats_after.device_to_host_bytes - stats_before.device_to_host_bytes;
-  kinds.to_device_busy_us =
+  traffic.read_busy_us = stats_after.nvme_read_busy_us - stats_before.nvme_read_busy_us;
+  traffic.write_busy_us = stats_after.nvme_write_busy_us - stats_before.nvme_write_busy_us;
+  traffic.busy_us = stats_after.nvme_busy_us - stats_before.nvme_busy_us;
+  traffic.to_device_bytes = stats_after.host_to_device_bytes - stats_before.host_to_device_bytes;
+  traffic.to_host_bytes = stats_after.device_to_host_bytes - stats_before.device_to_host_bytes;
+  traffic.to_device_busy_us =
       stats_after.host_to_device_busy_us - stats_before.host_to_device_busy_us;
-  kinds.to_host_busy_us = stats_after.device_to_host_busy_us - stats_before.device_to_host_busy_us;
-  step_kinds_.push_back(kinds);
+  traffic.to_host_busy_us =
+      stats_after.device_to_host_busy_us - stats_before.device_to_host_busy_us;
+  step_traffic_.push_back(traffic);
   return Status::ok();
 }
 
@@ -585,7 +588,7 @@ json Worker::lora_result() const {
   std::vector<double> ratios, computes;
   json per_step = json::array();
   for (size_t i = 0; i < steps_.size(); ++i) {
-    const KindBytes& k = step_kinds_[i];
+    const StepTraffic& k = step_traffic_[i];
     uint64_t total = 0;
     for (int kind = 0; kind < kTensorKindCount; ++kind) total += k.written[kind];
     per_step.push_back({{"nvme_written_by_kind", bytes_by_kind(k.written, false)},
@@ -627,17 +630,16 @@ void Worker::send_result() {
   StepTotals totals = summarize_steps(steps_);
   // What each step moved per tensor kind (the runtime's count), as `strata plan` reports its
   // simulated step's: bench/planner_vs_measured.sh compares the two kind by kind.
-  for (size_t i = 0; i < step_kinds_.size() && i < totals.steps.size(); ++i) {
-    totals.steps[i]["nvme_written_by_kind"] = bytes_by_kind(step_kinds_[i].written, true);
-    totals.steps[i]["nvme_read_by_kind"] = bytes_by_kind(step_kinds_[i].read, true);
+  for (size_t i = 0; i < step_traffic_.size() && i < totals.steps.size(); ++i) {
+    const StepTraffic& k = step_traffic_[i];
+    totals.steps[i]["nvme_written_by_kind"] = bytes_by_kind(k.written, true);
+    totals.steps[i]["nvme_read_by_kind"] = bytes_by_kind(k.read, true);
     // The drive's busy time over the step: the rate it delivered to the runtime while busy is
     // the by-kind bytes over these (planner_vs_measured.sh replays the run with that drive).
-    totals.steps[i]["nvme_busy_seconds"] = {
-        {"read", static_cast<double>(step_kinds_[i].read_busy_us) / 1e6},
-        {"write", static_cast<double>(step_kinds_[i].write_busy_us) / 1e6},
-        {"either", static_cast<double>(step_kinds_[i].busy_us) / 1e6}};
+    totals.steps[i]["nvme_busy_seconds"] = {{"read", static_cast<double>(k.read_busy_us) / 1e6},
+                                            {"write", static_cast<double>(k.write_busy_us) / 1e6},
+                                            {"either", static_cast<double>(k.busy_us) / 1e6}};
     // And the device copies' (the emulated device's run at memcpy speed beside everything else).
-    const KindBytes& k = step_kinds_[i];
     totals.steps[i]["device_copies"] = {
         {"host_to_device_bytes", k.to_device_bytes},
         {"device_to_host_bytes", k.to_host_bytes},
