@@ -26,6 +26,7 @@ int run(int argc, char** argv) {
   strata::bench::add_pinned_map_command(*bench);
   strata::bench::add_adam_command(*bench);
   strata::bench::add_optimizer_command(*bench);
+  strata::bench::add_copy_command(*bench);
   strata::bench::add_finetune_command(*bench);
 
   try {

@@ -23,6 +23,10 @@ void add_pool_command(CLI::App& bench);
 // small ones).
 void add_pinned_map_command(CLI::App& bench);
 
+// Adds `bench copy` (copies between pinned host memory and the device, emulated or CUDA, each
+// direction alone and both at once, beside memcpy).
+void add_copy_command(CLI::App& bench);
+
 // Adds `bench finetune` (training steps through the C API: Strata against ZeRO-Infinity, each in
 // its own process; peak host memory and step time).
 void add_finetune_command(CLI::App& bench);
