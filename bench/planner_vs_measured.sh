@@ -5,8 +5,8 @@
 #
 #   bash bench/planner_vs_measured.sh                # runs the main job (about 6 min), then plans
 #   bash bench/planner_vs_measured.sh measured.json  # plans against a saved `--json` run
-#   SAVE=DIR bash bench/planner_vs_measured.sh       # also keeps the run's, the disk's, Adam's
-#                                                    # and the plan's JSON in DIR
+#   SAVE=DIR bash bench/planner_vs_measured.sh       # also keeps the run's, the disk's, the
+#                                                    # copies', Adam's and the plans' JSON in DIR
 #
 # The plan gets what the run had: the scaled model (--scale/--layers, which also scales
 # DeepSpeed's element-count knobs as the benchmark does), seq, batch, MFU and GPU preset of the
@@ -18,9 +18,12 @@
 # (--device-budget), two simulated warm-up steps (--warmup-steps 2: the plan measures the steady
 # step), the disk as `strata bench io --mixed` measures it on the run's directory right after the
 # run (the half-duplex drive that moves what the disk moved reading and writing at once, over two
-# files each half the most NVMe bytes one of the run's steps read; NVME_RATES=READ/WRITE to give the
-# rates instead) and the CPU Adam rate `strata bench adam`
-# measures here (ADAM_GPARAMS to give it). The run has four steps (STEPS): its first starts
+# files each half the most NVMe bytes one of the run's steps read, the median of IO_ROUNDS rounds;
+# NVME_RATES=READ/WRITE to give the rates instead), the device's copies as `strata bench copy`
+# measures them (--pcie-efficiency; COPY_GBPS to give the rate) and the CPU Adam rate `strata
+# bench adam` measures here (ADAM_GPARAMS to give it). A second Strata step-time row plans with
+# the disk and the copies measured again beside CPU AdamW on every CPU (a step's transfers share
+# the cores with its computing). The run has four steps (STEPS): its first starts
 # from where loading left the pools and its second settles, so the table measures the steady
 # steps, the third on (all but the first for a saved run of three). Benchmarks run under flock
 # $LOCK so that they never overlap with another one. Strata's last row plans the step once more
@@ -49,7 +52,9 @@ if [ -z "${NVME_RATES:-}" ]; then
   # half-duplex rates that move what the disk moved with both directions at once (solo rates
   # alone overstated this virtual disk by about 1.4x, docs/planner.md). Each file is half the
   # most bytes one of the run's steps read, rounded up to whole GiB, so a host cache behind the
-  # disk holds as little of them as of the run's.
+  # disk holds as little of them as of the run's. Each rate is the median of IO_ROUNDS rounds
+  # (3): on this virtual disk one round's write alone moved between 2.7 and 10 GB/s (a host
+  # cache behind it that the run's last writes may or may not have filled).
   io_size=$(python3 -c '
 import json, math, sys
 j = json.load(open(sys.argv[1]))
@@ -57,7 +62,7 @@ strata = next(x for x in j["strategies"] if x["name"] == "strata")
 per_step = max(s["runtime_nvme_read_bytes"] for s in strata["steps"])
 print(max(1, math.ceil(per_step / 2 / 2**30)))' "$measured")
   flock "$LOCK" "$STRATA" bench io --path "$NVME_DIR" --size "${io_size}G" --block 1M --qd 8 \
-    --rounds 1 --mixed --json >"$work/io.json"
+    --rounds "${IO_ROUNDS:-3}" --mixed --json >"$work/io.json"
   { read -r NVME_RATES; read -r io_figures; } < <(python3 -c '
 import json, sys
 j = json.load(open(sys.argv[1]))
@@ -65,6 +70,35 @@ print("%.4f/%.4f" % (j["half_duplex_read_gbps"], j["half_duplex_write_gbps"]))
 print("alone %.3f / %.3f, at once %.3f / %.3f GB/s read / write"
       % (j["read_gbps"], j["write_gbps"], j["mixed_read_gbps"], j["mixed_write_gbps"]))' "$work/io.json")
   NVME_SOURCE="strata bench io --size ${io_size}G --block 1M --qd 8 --mixed: $io_figures"
+  # The disk and the device's copies once more while CPU AdamW (`strata bench adam`, one thread
+  # per CPU, the main job's gradient and weight dtypes) keeps every CPU busy: on a machine with
+  # few cores the drive's rate falls when the CPU computes (virtio and io_uring completions,
+  # checksums and the runtime's copies share the cores with the optimizer), and so do the
+  # emulated device's copies (memcpy), which the plan does not model. A second set of
+  # independent figures: the drive and the device with no core to spare.
+  flock "$LOCK" bash -c '
+    ( while :; do "$1" bench adam --params 50M --steps 1000 --grad-dtype bf16 --param-out bf16 \
+        --no-torch --json >/dev/null 2>&1 || exit; done ) &
+    load=$!
+    sleep 2  # the load past its start-up (allocating and touching its arrays)
+    "$1" bench io --path "$2" --size "$3" --block 1M --qd 8 --rounds "$5" --mixed --json >"$4" &&
+      "$1" bench copy --json >"$6"
+    status=$?
+    pkill -P "$load"; kill "$load"; wait "$load" 2>/dev/null
+    exit $status' _ "$STRATA" "$NVME_DIR" "${io_size}G" "$work/io-loaded.json" "${IO_ROUNDS:-3}" \
+    "$work/copy-loaded.json"
+  read -r LOADED_RATES < <(python3 -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+print("%.4f/%.4f" % (j["half_duplex_read_gbps"], j["half_duplex_write_gbps"]))' "$work/io-loaded.json")
+fi
+# The device the run had, its copies between pinned memory and device memory: `strata bench copy`
+# (256 MiB each way in the runtime's 4 MiB stream chunks, both directions at once as in a step's
+# backward; on a machine without a GPU the emulated device, a memcpy per copy stream). COPY_GBPS
+# to give the rate instead. The plan takes it as --pcie-efficiency, its ratio to the host link of
+# the run's GPU preset (the H100's 63 GB/s), so that it models the device the run copied to.
+if [ -z "${COPY_GBPS:-}" ]; then
+  flock "$LOCK" "$STRATA" bench copy --json >"$work/copy.json"
 fi
 if [ -z "${ADAM_GPARAMS:-}" ]; then
   flock "$LOCK" "$STRATA" bench adam --params 50M --grad-dtype bf16 \
@@ -89,14 +123,54 @@ PY
 split_options=()
 [ "$chunk" != 0 ] && split_options+=(--stream-chunk "$chunk" --stream-buffers "$buffers")
 [ "$sub_group" != 0 ] && split_options+=(--sub-group-bytes "$sub_group")
-plan_command=("$STRATA" plan --model "$MODEL" --scale "$scale" --layers "$layers" --method full
+# A copy benchmark's rate, both directions at once (their harmonic mean: bytes over busy time, as
+# the run's own rate below), over the host link of the run's GPU preset.
+copy_efficiency() {
+  python3 - "$1" "$gpu" runtime/model/presets/gpus.json <<'PY'
+import json, sys
+source, gpu, presets = sys.argv[1:4]
+if source.endswith(".json"):
+    j = json.load(open(source))
+    a, b = j["at_once_host_to_device_gbps"], j["at_once_device_to_host_gbps"]
+    rate = 2 / (1 / a + 1 / b)
+else:
+    rate = float(source)
+link = json.load(open(presets))["gpus"][gpu]["host_link_gbps"]
+print("%.6f %.3f" % (min(1.0, rate / link), rate))
+PY
+}
+read -r copy_eff copy_rate < <(copy_efficiency "${COPY_GBPS:-$work/copy.json}")
+plan_base=("$STRATA" plan --model "$MODEL" --scale "$scale" --layers "$layers" --method full
   --seq "$seq" --batch "$batch" --checkpointing none --gpu "$gpu" --mfu "$mfu" --offload nvme
   --nvme "$NVME_RATES" --adam-rate "$ADAM_GPARAMS" --host-ram "$budget" --host-headroom 0
   --host-reserve 0 --pinned-budget "$budget" --device-budget "$device_budget" --warmup-steps 2
   "${split_options[@]}")
+# Each plan below sets the same options with its own disk and device copies.
+with_rates() {  # NVME_RATES COPY_EFFICIENCY: the plan command with these two
+  local i
+  planned=("${plan_base[@]}" --pcie-efficiency "$2")
+  for i in "${!planned[@]}"; do [ "${planned[$i]}" = --nvme ] && planned[i+1]=$1; done
+  return 0
+}
 # Exit 3 (the plan does not fit the RAM given) still prints the plan: the table says why.
+with_rates "$NVME_RATES" "$copy_eff"
+plan_command=("${planned[@]}")
 "${plan_command[@]}" --json >"$work/plan.json" || [ $? -eq 3 ]
-echo "disk: $NVME_RATES GB/s read/write as a half-duplex drive (${NVME_SOURCE:-NVME_RATES as given}); Adam: $ADAM_GPARAMS Gparam/s" >&2
+copy_source="strata bench copy"
+[ -n "${COPY_GBPS:-}" ] && copy_source="COPY_GBPS as given"
+echo "disk: $NVME_RATES GB/s read/write as a half-duplex drive (${NVME_SOURCE:-NVME_RATES as given}); Adam: $ADAM_GPARAMS Gparam/s; device copies: $copy_rate GB/s each way at once ($copy_source), $copy_eff of the host link" >&2
+
+# The same plan with the disk and the device's copies measured while CPU AdamW kept every CPU
+# busy (above; not when NVME_RATES was given): a step's transfers share the cores with its
+# computing for part of the step, not for none of it (the first plan) and not for all (this one).
+loaded_figures=""
+if [ -n "${LOADED_RATES:-}" ]; then
+  read -r loaded_eff loaded_copy_rate < <(copy_efficiency "$work/copy-loaded.json")
+  with_rates "$LOADED_RATES" "$loaded_eff"
+  "${planned[@]}" --json >"$work/plan-loaded.json" || [ $? -eq 3 ]
+  loaded_figures="$LOADED_RATES GB/s read/write half duplex; device copies $loaded_copy_rate GB/s"
+  echo "beside CPU AdamW on every CPU: the disk $loaded_figures each way at once" >&2
+fi
 
 # The same plan with the drive as the run's own transfers saw it while busy (strata_stats'
 # busy times, per step in the run's JSON): the half-duplex drive that, given the steady steps'
@@ -141,19 +215,19 @@ run_rates="" run_busy="" run_solo=""
 if [ -n "$run_drive" ]; then
   read -r run_rates run_busy run_read run_write run_copy <<<"$run_drive"
   run_solo="$run_read/$run_write"
-  run_plan=("${plan_command[@]}")
-  for i in "${!run_plan[@]}"; do [ "${run_plan[$i]}" = --nvme ] && run_plan[i+1]=$run_rates; done
   copy_note=""
   if [ "$run_copy" != 0.000000 ]; then
-    run_plan+=(--pcie-efficiency "$run_copy")
     copy_note="; device copies at $run_copy of the host link"
+  else
+    run_copy=$copy_eff  # a run saved before its copies were counted: the benchmark's rate
   fi
-  "${run_plan[@]}" --json >"$work/plan-run-drive.json" || [ $? -eq 3 ]
+  with_rates "$run_rates" "$run_copy"
+  "${planned[@]}" --json >"$work/plan-run-drive.json" || [ $? -eq 3 ]
   echo "the drive as the run's transfers saw it: $run_rates GB/s read/write half duplex ($run_solo GB/s while each direction was in flight; busy $run_busy of the steady steps)$copy_note" >&2
 fi
 
 python3 - "$measured" "$work/plan.json" "${plan_command[*]}" "$run_rates" "$run_busy" \
-  "$work/plan-run-drive.json" "${run_copy:-0}" <<'PY'
+  "$work/plan-run-drive.json" "${copy_note:+$run_copy}" "$loaded_figures" "$work/plan-loaded.json" <<'PY'
 import json, sys
 measured = json.load(open(sys.argv[1]))
 plan = json.load(open(sys.argv[2]))
@@ -242,6 +316,16 @@ for name in ("strata", "deepspeed-defaults", "deepspeed-pinned", "deepspeed-tune
             m = sum(sum(s[run_key].get(k, 0) for k in kinds) for s in steps) / len(steps)
             ratio = p / m if m else float("nan")
             print(f"| {name} | NVMe {direction} / step: {group} | {p / 1e9:.6f} GB | {m / 1e9:.6f} GB | {ratio:.6f} | - |")
+    # The step time again, planned with the disk and the device's copies measured beside CPU
+    # AdamW on every CPU (above): the other end from the plain step time row.
+    if name == "strata" and sys.argv[8]:
+        loaded = json.load(open(sys.argv[9]))
+        p = float(loaded["strata_nvme"]["step_seconds"])
+        m = mean(runs[name], "seconds")
+        verdict = "within 15%: " + ("met" if abs(p / m - 1) <= 0.15 else "missed")
+        print(f"| {name} | step time, the plan given the disk and the device copies measured beside "
+              f"CPU AdamW on every CPU ({sys.argv[8]}) | {p:.3f} s | {m:.3f} s | {p / m:.6f} "
+              f"| {verdict} |")
     # The step time again, planned with the drive as this run's transfers saw it (above).
     if name == "strata" and sys.argv[4]:
         replay = json.load(open(sys.argv[6]))
@@ -249,7 +333,7 @@ for name in ("strata", "deepspeed-defaults", "deepspeed-pinned", "deepspeed-tune
         m = mean(runs[name], "seconds")
         verdict = "within 15%: " + ("met" if abs(p / m - 1) <= 0.15 else "missed")
         copies = (f"; device copies at {float(sys.argv[7]):.4f} of the host link"
-                  if float(sys.argv[7]) > 0 else "")
+                  if sys.argv[7] else "")
         print(f"| {name} | step time, the plan given the drive as the run saw it "
               f"({sys.argv[4]} GB/s; busy {float(sys.argv[5]):.0%} of the step{copies}) | {p:.3f} s "
               f"| {m:.3f} s | {p / m:.6f} | {verdict} |")

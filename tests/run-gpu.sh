@@ -15,9 +15,10 @@
 #            take conftest's DEVICE (LoRA, QLoRA, activation offload) once more on the GPU
 #            (STRATA_TEST_DEVICE=cuda); each file with a 150 s limit
 #   measure  the main job on the GPU (`strata bench finetune --strategy strata --compute gpu`),
-#            then bench/planner_vs_measured.sh on its JSON: the disk (`strata bench io --mixed`)
-#            and the CPU Adam rate measured right after it on the same directory, and the plan
-#            of the same shape against the run (docs/planner.md); then LoRA and QLoRA on the GPU
+#            then bench/planner_vs_measured.sh on its JSON: the disk (`strata bench io --mixed`),
+#            the copies over PCIe (`strata bench copy`) and the CPU Adam rate measured right
+#            after it, each once more beside CPU AdamW on every core, and the plan of the same
+#            shape against the run (docs/planner.md); then LoRA and QLoRA on the GPU
 # tests and python run side by side; measure runs alone after them. Logs and JSON go to OUT_DIR;
 # the last lines printed are one line per check: PASS or FAIL and the tallies. Exit 1 when a check
 # failed.
@@ -151,10 +152,11 @@ print("; ".join(s["name"] + " steps " + " ".join("%.3f" % x["seconds"] for x in 
 
 if wants measure; then
   if finetune finetune-gpu --strategy strata; then
-    # The disk (bench io --mixed, sized from the run) and Adam measured right after the run on
-    # the same directory, and the plan of the same shape against it: the script of
-    # docs/planner.md, which keeps io.json, adam.json and plan.json in OUT_DIR.
-    if STRATA=$BUILD/bin/strata NVME_DIR=$scratch LOCK=$scratch/bench.lock SAVE=$OUT_DIR \
+    # The disk (bench io --mixed, sized from the run; one round each, for the device's time),
+    # the PCIe copies and Adam measured right after the run on the same directory, and the plan
+    # of the same shape against it: the script of docs/planner.md, which keeps io.json,
+    # copy.json, adam.json and plan.json in OUT_DIR.
+    if IO_ROUNDS=1 STRATA=$BUILD/bin/strata NVME_DIR=$scratch LOCK=$scratch/bench.lock SAVE=$OUT_DIR \
       timeout 200 bash bench/planner_vs_measured.sh "$OUT_DIR/finetune-gpu.json" \
       >"$OUT_DIR/planner_vs_measured.md" 2>"$OUT_DIR/planner_vs_measured.log"; then
       record PASS planner-vs-measured "$(grep -h -E '^disk: |\| strata \| step time ' \
