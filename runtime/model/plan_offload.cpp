@@ -255,7 +255,14 @@ OffloadEstimate estimate_cpu_offload(const OffloadJob& job) {
   if (job.optimizer_on_host) {
     add("gradients", trainable_grad_bytes);
     add("optimizer states", job.trainable_params * optimizer_state_bytes_per_param(job));
-    e.cpu_optimizer_seconds = static_cast<double>(job.trainable_params) / job.adam_params_per_s;
+    // Adam, and before it the optimizer's measurement of each gradient (the overflow check and
+    // the norm global clipping needs, strata_optimizer_grad_ready: one host pass over it, once a
+    // step), as the simulated step counts the CPU (sched::TrainingStepOptions::measure_gradients).
+    const double trainable = static_cast<double>(job.trainable_params);
+    e.cpu_optimizer_seconds = trainable / job.adam_params_per_s;
+    if (job.host_scan_gbps > 0) {
+      e.cpu_optimizer_seconds += trainable * job.param_bytes / (job.host_scan_gbps * kGB);
+    }
   }
   auto [step, name] = slowest({{e.compute_seconds, "compute"},
                                {e.pcie_seconds, "pcie"},

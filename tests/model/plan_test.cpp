@@ -549,6 +549,23 @@ TEST(Plan, Llama70bFitsWhereExpected) {
   EXPECT_EQ(must_plan(r).gpus[0].offload, Offload::kNone);
 }
 
+TEST(StepTime, CpuOffloadsOptimizerIsAdamAndOneMeasurementOfEachGradient) {
+  // The closed form counts the CPU as the simulated step does: Adam over the trainable
+  // parameters at --adam-rate, and one pass over each bf16 gradient at the host scan rate.
+  PlanRequest r = request("llama-2-13b", FinetuneMethod::kFull);
+  r.offload = Offload::kCpu;
+  r.gpus = {gpu("h100-sxm")};
+  r.host_ram_bytes = 512ull << 30;
+  const Plan plan = must_plan(r);
+  const GpuPlan& g = plan.gpus[0];
+  ASSERT_EQ(g.offload, Offload::kCpu);
+  const double p = static_cast<double>(plan.states.trainable_params);
+  EXPECT_NEAR(g.stages.cpu_optimizer_seconds, p / 2e9 + p * 2 / 20e9, 1e-9);
+  // A faster scan leaves Adam's share alone.
+  r.assume.host_scan_gbps = 40;
+  EXPECT_NEAR(must_plan(r).gpus[0].stages.cpu_optimizer_seconds, p / 2e9 + p * 2 / 40e9, 1e-9);
+}
+
 TEST(Plan, ForcedOffloadThatCannotFitSaysWhy) {
   PlanRequest r = request("llama-2-70b", FinetuneMethod::kFull);
   r.offload = Offload::kNone;
