@@ -985,7 +985,7 @@ Status DeepSpeedWorker::run() {
   startup_seconds_ = std::chrono::duration<double>(Clock::now() - startup).count();
   sampler_->start_window();
   for (uint32_t s = 0; s < plan_.options.steps; ++s) STRATA_TRY(step(s));
-  sampler_->sample_now();
+  sampler_->sample_now(/*report=*/true);  // the live metrics end at the run's totals
   sampler_->stop();
   if (!trace_path_.empty()) STRATA_TRY(write_trace());
   send_result();

@@ -107,6 +107,31 @@ class LiveMetrics {
                                       1.0,
                                       {},
                                       /*with_peak=*/false}));
+      // The runtime's own busy times and device copies (strata_stats): Strata's workers only;
+      // DeepSpeed's move their bytes through DeepSpeed's aio, which reports neither, and a series
+      // that stayed 0 for them would read as an idle drive.
+      if (c.kind != ContenderKind::kStrata) continue;
+      const char* kBusy = "strata_finetune_nvme_busy_seconds_total";
+      const char* kBusyHelp =
+          "Time a worker's NVMe transfers kept the drive busy: with a read, a write, either in "
+          "flight";
+      for (size_t d = 0; d < kBusyDirections.size(); ++d) {
+        STRATA_TRY(
+            counter(&set.busy_us[d],
+                    {kBusy, kBusyHelp, "seconds", 1e-6, {{"direction", kBusyDirections[d]}}}));
+      }
+      const char* kCopy = "strata_finetune_device_copy_bytes_total";
+      const char* kCopyHelp = "Bytes a worker copied between pinned memory and the device";
+      const char* kCopyBusy = "strata_finetune_device_copy_busy_seconds_total";
+      const char* kCopyBusyHelp =
+          "Time a worker had at least one copy between pinned memory and the device in flight";
+      for (size_t d = 0; d < kCopyDirections.size(); ++d) {
+        STRATA_TRY(counter(&set.copy_bytes[d],
+                           {kCopy, kCopyHelp, "bytes", 1.0, {{"direction", kCopyDirections[d]}}}));
+        STRATA_TRY(counter(
+            &set.copy_busy_us[d],
+            {kCopyBusy, kCopyBusyHelp, "seconds", 1e-6, {{"direction", kCopyDirections[d]}}}));
+      }
     }
     return m;
   }
@@ -135,18 +160,47 @@ class LiveMetrics {
     set.last_written = written;
     set.last_stall_us = stall_us;
     set.last_t = t;
+    // Counters from the runtime's totals so far (Strata's workers, once the runtime exists).
+    auto advance = [](Counter* counter, uint64_t now, uint64_t& last) {
+      if (counter != nullptr && now >= last) counter->add(now - last);
+      last = now;
+    };
+    if (const auto busy = m.find("nvme_busy_us"); busy != m.end()) {
+      for (size_t d = 0; d < kBusyDirections.size(); ++d) {
+        advance(set.busy_us[d], busy->value(kBusyDirections[d], uint64_t{0}), set.last_busy_us[d]);
+      }
+    }
+    if (const auto copies = m.find("device_copies"); copies != m.end()) {
+      for (size_t d = 0; d < kCopyDirections.size(); ++d) {
+        const std::string direction = kCopyDirections[d];
+        advance(set.copy_bytes[d], copies->value(direction + "_bytes", uint64_t{0}),
+                set.last_copy_bytes[d]);
+        advance(set.copy_busy_us[d], copies->value(direction + "_busy_us", uint64_t{0}),
+                set.last_copy_busy_us[d]);
+      }
+    }
   }
   void running(const Contender& c, bool on) { sets_[c.index].running->set(on ? 1 : 0); }
 
  private:
   using Gauge = telemetry::Gauge;
   using Counter = telemetry::Counter;
+  // The label values of the busy-time and copy families, in the order of Set's arrays; the
+  // copies' are also the prefixes of the worker's keys ("host_to_device_bytes").
+  static constexpr std::array<const char*, 3> kBusyDirections = {"read", "write", "either"};
+  static constexpr std::array<const char*, 2> kCopyDirections = {"host_to_device",
+                                                                 "device_to_host"};
   struct Set {
     Gauge *host = nullptr, *pinned = nullptr, *device = nullptr;
     Counter *read = nullptr, *written = nullptr, *stall_us = nullptr;
     Gauge *read_rate = nullptr, *write_rate = nullptr, *running = nullptr;
     uint64_t last_read = 0, last_written = 0, last_stall_us = 0;
     double last_t = 0;
+    // Strata's workers only (nullptr for DeepSpeed's).
+    std::array<Counter*, 3> busy_us = {};
+    std::array<Counter*, 2> copy_bytes = {}, copy_busy_us = {};
+    std::array<uint64_t, 3> last_busy_us = {};
+    std::array<uint64_t, 2> last_copy_bytes = {}, last_copy_busy_us = {};
   };
   LiveMetrics() = default;
   telemetry::MetricsRegistry registry_;

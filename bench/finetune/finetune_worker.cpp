@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -112,6 +113,9 @@ class Worker {
 
   std::unique_ptr<MemorySampler> sampler_;
   strata_runtime* rt_ = nullptr;
+  // rt_ for the sampler's thread once it exists (strata_get_stats may run on any thread; the
+  // destructor stops the sampler before it destroys the runtime).
+  std::atomic<strata_runtime*> live_runtime_{nullptr};
   std::vector<strata_tensor_desc> descs_;
   std::vector<strata_tensor> handles_;
   std::unique_ptr<LayerCompute> compute_;
@@ -177,6 +181,7 @@ Status Worker::create_runtime() {
   if (rc != STRATA_OK) {
     return Status::error(rc, std::string("strata_runtime_create: ") + strata_last_error(nullptr));
   }
+  live_runtime_.store(rt_, std::memory_order_release);
   // The runtime's trace clock starts while it is being created; its spans are placed on this
   // worker's clock with the creation's end as their zero (the recorder is among the last things
   // built, so the error is the creation's tail, well under a millisecond).
@@ -720,7 +725,21 @@ void Worker::send_result() {
 }
 
 Status Worker::run() {
-  sampler_ = start_sampler(channel_, contender_.name, stall_us_total_);
+  // The live metrics also carry the runtime's busy times and device copies so far (the parent
+  // serves them as counters; docs/telemetry.md).
+  sampler_ = start_sampler(channel_, contender_.name, stall_us_total_, [this](json& event) {
+    strata_runtime* rt = live_runtime_.load(std::memory_order_acquire);
+    strata_stats st{};
+    st.struct_size = sizeof st;
+    if (rt == nullptr || strata_get_stats(rt, &st) != STRATA_OK) return;
+    event["nvme_busy_us"] = {{"read", st.nvme_read_busy_us},
+                             {"write", st.nvme_write_busy_us},
+                             {"either", st.nvme_busy_us}};
+    event["device_copies"] = {{"host_to_device_bytes", st.host_to_device_bytes},
+                              {"device_to_host_bytes", st.device_to_host_bytes},
+                              {"host_to_device_busy_us", st.host_to_device_busy_us},
+                              {"device_to_host_busy_us", st.device_to_host_busy_us}};
+  });
   // Descriptors: every tensor's home is NVMe.
   for (const TensorSpec& t : plan_.inventory) {
     strata_tensor_desc d{};
@@ -765,7 +784,7 @@ Status Worker::run() {
   const auto sync_start = Clock::now();
   STRATA_TRY(check(strata_sync(rt_), "strata_sync"));
   final_sync_seconds_ = std::chrono::duration<double>(Clock::now() - sync_start).count();
-  sampler_->sample_now();
+  sampler_->sample_now(/*report=*/true);  // the live metrics end at the run's totals
   sampler_->stop();
 
   if (!trace_path_.empty()) {

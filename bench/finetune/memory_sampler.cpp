@@ -88,11 +88,10 @@ Result<MemoryReading> MemorySampler::read() const {
   return r;
 }
 
-void MemorySampler::sample_now() {
+void MemorySampler::sample_now(bool report) {
   Result<MemoryReading> reading = read();
   if (!reading) return;  // no /proc: peaks stay 0, which the report shows as unknown
   const MemoryReading& r = *reading;
-  bool report = false;
   {
     std::lock_guard lock(mutex_);
     for (MemoryPeaks* p : {&peaks_, &window_}) {
@@ -107,12 +106,12 @@ void MemorySampler::sample_now() {
     last_ = r;
     if (samples_++ % series_every_ == 0 && series_.size() < kMaxSeries) series_.push_back(r);
     const auto now = std::chrono::steady_clock::now();
-    if (on_sample_ && now - last_report_ >= report_interval_) {
+    if (report || now - last_report_ >= report_interval_) {
       last_report_ = now;
       report = true;
     }
   }
-  if (report) on_sample_(r);
+  if (report && on_sample_) on_sample_(r);
 }
 
 void MemorySampler::run() {

@@ -57,8 +57,10 @@ class MemorySampler {
   void set_moment(const char* moment) { moment_.store(moment, std::memory_order_relaxed); }
 
   // Takes a sample now (callers that know when a spike peaks, e.g. an overflow-check temporary
-  // at its fullest, call this there: the thread's interval would miss short spikes).
-  void sample_now();
+  // at its fullest, call this there: the thread's interval would miss short spikes). It is
+  // reported when the report interval has passed, or with `report` (a run's last sample, so that
+  // the live metrics end at the run's totals).
+  void sample_now(bool report = false);
   void stop();
 
   MemoryPeaks peaks() const;

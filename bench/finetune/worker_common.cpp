@@ -141,21 +141,25 @@ json memory_series_json(const MemorySampler& sampler) {
 }
 
 std::unique_ptr<MemorySampler> start_sampler(Channel& channel, std::string name,
-                                             const std::atomic<uint64_t>& stall_us) {
+                                             const std::atomic<uint64_t>& stall_us,
+                                             std::function<void(json&)> add) {
   return std::make_unique<MemorySampler>(
       std::chrono::duration_cast<std::chrono::microseconds>(kSampleInterval), kSeriesEvery,
-      kMetricsInterval, [&channel, &stall_us, name = std::move(name)](const MemoryReading& m) {
+      kMetricsInterval,
+      [&channel, &stall_us, name = std::move(name), add = std::move(add)](const MemoryReading& m) {
         const ProcIo io = read_proc_io();
-        channel.send(
-            {{"event", "metrics"},
-             {"strategy", name},
-             {"host_bytes", m.host},
-             {"pinned_bytes", m.pinned},
-             {"device_bytes", m.device},
-             {"nvme_read_bytes", io.read},
-             {"nvme_write_bytes", io.written},
-             {"stall_seconds", static_cast<double>(stall_us.load(std::memory_order_relaxed)) / 1e6},
-             {"seconds", m.seconds}});
+        json event = {
+            {"event", "metrics"},
+            {"strategy", name},
+            {"host_bytes", m.host},
+            {"pinned_bytes", m.pinned},
+            {"device_bytes", m.device},
+            {"nvme_read_bytes", io.read},
+            {"nvme_write_bytes", io.written},
+            {"stall_seconds", static_cast<double>(stall_us.load(std::memory_order_relaxed)) / 1e6},
+            {"seconds", m.seconds}};
+        if (add) add(event);
+        channel.send(event);
       });
 }
 

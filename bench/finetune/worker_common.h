@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -148,8 +149,11 @@ class MemorySampler;
 json memory_series_json(const MemorySampler& sampler);
 // A worker's sampler: a sample every kSampleInterval, and every kMetricsInterval a "metrics"
 // event on `channel` (what the parent's Prometheus endpoint serves) with the stall so far.
+// `add` (may be empty) puts a worker's own live figures into each "metrics" event, on the
+// sampler's thread.
 std::unique_ptr<MemorySampler> start_sampler(Channel& channel, std::string name,
-                                             const std::atomic<uint64_t>& stall_us);
+                                             const std::atomic<uint64_t>& stall_us,
+                                             std::function<void(json&)> add = {});
 // The "error" event a failed worker sends instead of its result.
 json error_event(const std::string& name, const Status& status);
 

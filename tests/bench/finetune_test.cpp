@@ -246,6 +246,7 @@ TEST(FinetuneBench, MetricsEndpointIsScrapedWhileItRuns) {
   const auto dir = testing::scratch_dir("finetune-metrics");
   std::atomic<int> port{0};
   std::atomic<bool> done{false}, seen_strata{false}, seen_zero{false}, bad_exposition{false};
+  std::atomic<bool> seen_busy{false}, seen_copies{false};
   // seen_zero: the DeepSpeed baseline's worker.
   std::thread scraper;
   auto on_stderr = [&](const std::string& err, pid_t) {
@@ -275,6 +276,22 @@ TEST(FinetuneBench, MetricsEndpointIsScrapedWhileItRuns) {
                   0) {
             seen_zero = true;
           }
+          // The runtime's busy times and copies: Strata's worker counts them; DeepSpeed's has no
+          // such series at all (its aio reports none: a 0 would read as an idle drive).
+          if (value("strata_finetune_nvme_busy_seconds_total{strategy=\"strata\",direction="
+                    "\"either\"}") > 0) {
+            seen_busy = true;
+          }
+          if (value("strata_finetune_device_copy_bytes_total{strategy=\"strata\",direction="
+                    "\"host_to_device\"}") > 0 &&
+              value("strata_finetune_device_copy_busy_seconds_total{strategy=\"strata\","
+                    "direction=\"host_to_device\"}") > 0) {
+            seen_copies = true;
+          }
+          if (r.body.find("_busy_seconds_total{strategy=\"deepspeed") != std::string::npos ||
+              r.body.find("copy_bytes_total{strategy=\"deepspeed") != std::string::npos) {
+            bad_exposition = true;
+          }
           // `running` is a flag: no peak; memory keeps one.
           if (r.body.find("strata_finetune_running_peak") != std::string::npos ||
               r.body.find("strata_finetune_memory_bytes_peak{") == std::string::npos ||
@@ -297,6 +314,8 @@ TEST(FinetuneBench, MetricsEndpointIsScrapedWhileItRuns) {
   ASSERT_NE(port.load(), 0) << r.err;
   EXPECT_TRUE(seen_strata.load());
   EXPECT_TRUE(seen_zero.load());
+  EXPECT_TRUE(seen_busy.load());
+  EXPECT_TRUE(seen_copies.load());
   EXPECT_FALSE(bad_exposition.load());
 }
 
