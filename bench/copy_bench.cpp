@@ -74,8 +74,9 @@ class CopyBench {
   CopyBench(memory::Device& device, Buffers& buffers, uint64_t bytes, uint64_t chunk)
       : device_(device), b_(buffers), bytes_(bytes), chunk_(chunk) {}
 
-  // Queues the whole buffer on one stream in chunks and waits for it: seconds.
-  double one_direction(memory::CopyStream stream) {
+  // Queues the whole buffer on one stream in chunks and waits for it: seconds. Returns its
+  // failure rather than failing the run: it also runs on a thread of its own (both_at_once).
+  Result<double> one_direction(memory::CopyStream stream) {
     const auto start = Clock::now();
     const bool to_device = stream == memory::CopyStream::kHostToDevice;
     auto* dst = static_cast<std::byte*>(to_device ? b_.device_destination.data()
@@ -83,20 +84,20 @@ class CopyBench {
     const auto* src = static_cast<const std::byte*>(
         to_device ? static_cast<const void*>(b_.host_source.data()) : b_.device_source.data());
     for (uint64_t off = 0; off < bytes_; off += chunk_) {
-      check(device_.copy_async(stream, dst + off, src + off, std::min(chunk_, bytes_ - off)));
+      STRATA_TRY(device_.copy_async(stream, dst + off, src + off, std::min(chunk_, bytes_ - off)));
     }
-    check(device_.synchronize(stream));
+    STRATA_TRY(device_.synchronize(stream));
     return std::chrono::duration<double>(Clock::now() - start).count();
   }
 
   // Both streams at once, each queued from its own thread (copy_async blocks while a stream's
   // queue is full, which one thread queuing both would turn into turns): each direction's seconds.
   std::pair<double, double> both_at_once() {
-    double to_device = 0;
+    Result<double> to_device = 0.0;
     std::thread other([&] { to_device = one_direction(memory::CopyStream::kHostToDevice); });
-    const double to_host = one_direction(memory::CopyStream::kDeviceToHost);
-    other.join();
-    return {to_device, to_host};
+    Result<double> to_host = one_direction(memory::CopyStream::kDeviceToHost);
+    other.join();  // before anything can fail the run
+    return {take(std::move(to_device)), take(std::move(to_host))};
   }
 
   // The same bytes between the two host buffers on this thread, in the same chunks.
@@ -154,17 +155,17 @@ void run_copy_bench(const CopyArgs& args) {
   for (uint64_t i = 0; i < bytes; ++i) buffers.host_source.data()[i] = std::byte(i * 131 >> 8);
   std::memset(buffers.host_destination.data(), 0, bytes);
   CopyBench bench(*device, buffers, bytes, chunk_bytes);
-  (void)bench.one_direction(memory::CopyStream::kHostToDevice);
+  (void)take(bench.one_direction(memory::CopyStream::kHostToDevice));
   check(device->copy_async(memory::CopyStream::kHostToDevice, buffers.device_source.data(),
                            buffers.host_source.data(), bytes));
   check(device->synchronize(memory::CopyStream::kHostToDevice));
-  (void)bench.one_direction(memory::CopyStream::kDeviceToHost);
+  (void)take(bench.one_direction(memory::CopyStream::kDeviceToHost));
 
   std::vector<double> memcpy_rates, to_device, to_host, at_once_to_device, at_once_to_host;
   for (uint32_t round = 0; round < args.rounds; ++round) {
     memcpy_rates.push_back(gbps(bytes, bench.host_memcpy()));
-    to_device.push_back(gbps(bytes, bench.one_direction(memory::CopyStream::kHostToDevice)));
-    to_host.push_back(gbps(bytes, bench.one_direction(memory::CopyStream::kDeviceToHost)));
+    to_device.push_back(gbps(bytes, take(bench.one_direction(memory::CopyStream::kHostToDevice))));
+    to_host.push_back(gbps(bytes, take(bench.one_direction(memory::CopyStream::kDeviceToHost))));
     const auto [d, h] = bench.both_at_once();
     at_once_to_device.push_back(gbps(bytes, d));
     at_once_to_host.push_back(gbps(bytes, h));
@@ -178,7 +179,7 @@ void run_copy_bench(const CopyArgs& args) {
   const bool to_device_ok =
       std::memcmp(buffers.host_destination.data(), buffers.host_source.data(), bytes) == 0;
   std::memset(buffers.host_destination.data(), 0, bytes);
-  (void)bench.one_direction(memory::CopyStream::kDeviceToHost);
+  (void)take(bench.one_direction(memory::CopyStream::kDeviceToHost));
   const bool to_host_ok =
       std::memcmp(buffers.host_destination.data(), buffers.host_source.data(), bytes) == 0;
   if (!to_device_ok || !to_host_ok) {

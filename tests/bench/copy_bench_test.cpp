@@ -35,6 +35,18 @@ TEST(CopyBench, AChunkLargerThanTheSizeCopiesTheSizeInOnePiece) {
   EXPECT_EQ(nlohmann::json::parse(r.out)["chunk_bytes"], 3u << 20);
 }
 
+TEST(CopyBench, TheCudaBackendRunsOnAGpuAndSaysWhyNotElsewhere) {
+  const testing::CliRun r =
+      run_cli({"bench", "copy", "--backend", "cuda", "--size", "8M", "--rounds", "1", "--json"});
+  if (r.code == 0) {
+    EXPECT_EQ(nlohmann::json::parse(r.out)["backend"], "cuda");
+  } else {
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(r.err.find("strata bench copy: "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("CUDA"), std::string::npos) << r.err;
+  }
+}
+
 TEST(CopyBench, BadSizesAreRefusedWithTheirReason) {
   testing::CliRun r = run_cli({"bench", "copy", "--size", "lots"});
   EXPECT_EQ(r.code, 1);
