@@ -77,14 +77,21 @@ print("alone %.3f / %.3f, at once %.3f / %.3f GB/s read / write"
   # emulated device's copies (memcpy), which the plan does not model. A second set of
   # independent figures: the drive and the device with no core to spare.
   flock "$LOCK" bash -c '
-    ( while :; do "$1" bench adam --params 50M --steps 1000 --grad-dtype bf16 --param-out bf16 \
-        --no-torch --json >/dev/null 2>&1 || exit; done ) &
+    (  # the load: Adam again and again until TERM, which ends the one running too
+      trap '\''kill "$adam" 2>/dev/null; exit 0'\'' TERM
+      while :; do
+        "$1" bench adam --params 50M --steps 1000 --grad-dtype bf16 --param-out bf16 \
+          --no-torch --json >/dev/null 2>&1 &
+        adam=$!
+        wait "$adam" || exit 1
+      done ) &
     load=$!
     sleep 2  # the load past its start-up (allocating and touching its arrays)
     "$1" bench io --path "$2" --size "$3" --block 1M --qd 8 --rounds "$5" --mixed --json >"$4" &&
       "$1" bench copy --json >"$6"
     status=$?
-    pkill -P "$load"; kill "$load"; wait "$load" 2>/dev/null
+    kill "$load" 2>/dev/null
+    if ! wait "$load"; then echo "the CPU load (strata bench adam) failed" >&2; exit 1; fi
     exit $status' _ "$STRATA" "$NVME_DIR" "${io_size}G" "$work/io-loaded.json" "${IO_ROUNDS:-3}" \
     "$work/copy-loaded.json"
   read -r LOADED_RATES < <(python3 -c '
