@@ -44,6 +44,7 @@ struct PlanOptions {
   std::optional<double> nvme_tbw;
   std::string offload;
   std::string attention = "flash";
+  std::string activation_offload = "none";
   std::optional<double> tokens;
   std::optional<double> epochs;
   std::optional<double> dataset_tokens;
@@ -150,6 +151,7 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
   Result<Attention> attention = parse_attention(o.attention);
   if (!attention) return std::move(attention).take_status();
   r.attention = *attention;
+  STRATA_ASSIGN_OR_RETURN(r.activation_offload, parse_activation_offload(o.activation_offload));
   STRATA_ASSIGN_OR_RETURN(std::optional<double> tokens,
                           job_tokens(o.tokens, o.epochs, o.dataset_tokens));
   r.job_tokens = tokens;
@@ -208,8 +210,9 @@ void print_host(const Plan& plan, const GpuPlan& p) {
     }
   }
   if (p.offload != Offload::kNone) {
-    std::printf("  full speed     %s of states in RAM, nothing on NVMe: recommended %s\n",
+    std::printf("  full speed     %s of states%s in RAM, nothing on NVMe: recommended %s\n",
                 format_bytes(p.host.full_speed_bytes).c_str(),
+                p.activations_offloaded_bytes != 0 ? " and activations" : "",
                 format_bytes(p.host.full_speed_recommended_bytes).c_str());
   }
   if (p.more_ram) {
@@ -222,7 +225,7 @@ void print_host(const Plan& plan, const GpuPlan& p) {
 }
 
 void print_wear(const Plan& plan, const GpuPlan& p) {
-  if (p.offload != Offload::kNvme) return;
+  if (p.offload != Offload::kNvme && p.nvme_wear.write_bytes_per_step == 0) return;
   const PlanRequest& r = plan.request;
   const NvmeWear& w = p.nvme_wear;
   std::printf("  SSD wear       %s TB written per step; %u x %s (%s TBW each) rated for %s steps\n",
@@ -244,8 +247,11 @@ void print_comparison(const Plan& plan, const GpuPlan& p) {
   const OffloadComparison& c = plan.like_for_like;
   std::printf(
       "\nNVMe offload of this job on %s, Strata (simulated step) vs DeepSpeed ZeRO-3's labelled "
-      "configurations (its buffers and requests, analytic; docs/planner.md):\n",
-      p.choice.gpu.name.c_str());
+      "configurations (its buffers and requests, analytic; docs/planner.md)%s:\n",
+      p.choice.gpu.name.c_str(),
+      r.activation_offload == ActivationOffload::kNone
+          ? ""
+          : ", the model states only (neither side offloads activations here)");
   std::vector<std::string> header = {"", "Strata least RAM"};
   std::vector<const OffloadEstimate*> columns = {&c.strata_least};
   if (r.host_ram_bytes) header.push_back("Strata given RAM"), columns.push_back(&plan.strata_nvme);
@@ -312,11 +318,15 @@ void print_text(const Plan& plan) {
   }
   std::printf(
       "strata plan: %s, %s, %s, seq %llu x batch %llu x accum %llu, %s checkpointing, %s "
-      "attention\n\n",
+      "attention%s\n\n",
       r.model.name.c_str(), method.c_str(), to_string(r.precision),
       static_cast<unsigned long long>(r.seq_len), static_cast<unsigned long long>(r.micro_batch),
       static_cast<unsigned long long>(r.grad_accum), to_string(r.checkpointing),
-      to_string(r.attention));
+      to_string(r.attention),
+      r.activation_offload == ActivationOffload::kNone ? ""
+      : r.activation_offload == ActivationOffload::kNvme
+          ? ", activations offloaded to NVMe"
+          : ", activations offloaded to pinned memory");
   std::printf("  parameters     %s (trainable %s)\n", grouped(s.params).c_str(),
               grouped(s.trainable_params).c_str());
   std::printf("  model states   %s (%s B/param)\n", format_bytes(s.model_state_bytes).c_str(),
@@ -340,6 +350,15 @@ void print_text(const Plan& plan) {
       format_bytes(m.optimizer).c_str(), format_bytes(m.activations).c_str(),
       format_bytes(m.logits).c_str(), format_bytes(m.buffers).c_str(),
       format_bytes(m.cuda_context).c_str());
+  if (p.activations_offloaded_bytes != 0) {
+    std::printf(
+        "  activations    %s a micro-batch move off each GPU to %s and back (the GPU keeps %s: "
+        "one layer's)\n",
+        format_bytes(p.activations_offloaded_bytes).c_str(),
+        r.activation_offload == ActivationOffload::kNvme ? "NVMe, through pinned memory"
+                                                         : "pinned memory",
+        format_bytes(m.activations).c_str());
+  }
   print_host(plan, p);
   std::printf("  NVMe           %s (%s: %s / %s GB/s)\n", format_bytes(p.nvme_bytes).c_str(),
               r.nvme.label.c_str(), fixed(r.nvme.read_gbps, 1).c_str(),
@@ -539,6 +558,10 @@ void add_plan_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--attention", options->attention,
                   "flash (scores never stored) | eager (scores stored unless recomputed)")
+      ->capture_default_str();
+  cmd->add_option("--activation-offload", options->activation_offload,
+                  "none | pinned | nvme: the tensors saved for backward leave the GPU in forward "
+                  "(strata.torch.offload's activations=); with --offload none or cpu")
       ->capture_default_str();
   cmd->add_option("--tokens", options->tokens, "Training tokens of the whole job");
   cmd->add_option("--epochs", options->epochs,

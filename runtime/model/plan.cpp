@@ -188,6 +188,27 @@ Result<Attention> parse_attention(std::string_view text) {
   return invalid_argument("unknown attention \"" + std::string(text) + "\"; use flash or eager");
 }
 
+const char* to_string(ActivationOffload offload) {
+  switch (offload) {
+    case ActivationOffload::kNone:
+      return "none";
+    case ActivationOffload::kPinned:
+      return "pinned";
+    case ActivationOffload::kNvme:
+      return "nvme";
+  }
+  return "?";
+}
+
+Result<ActivationOffload> parse_activation_offload(std::string_view text) {
+  const std::string s = lower(text);
+  if (s == "none") return ActivationOffload::kNone;
+  if (s == "pinned") return ActivationOffload::kPinned;
+  if (s == "nvme") return ActivationOffload::kNvme;
+  return invalid_argument("unknown activation offload \"" + std::string(text) +
+                          "\"; use none, pinned or nvme");
+}
+
 Result<FinetuneMethod> parse_method(std::string_view text) {
   const std::string s = lower(text);
   if (s == "full") return FinetuneMethod::kFull;
@@ -328,6 +349,11 @@ Result<GpuChoice> parse_gpu_choice(std::string_view text) {
 
 Status validate(const PlanRequest& r) {
   STRATA_TRY(validate(r.model));
+  if (r.activation_offload != ActivationOffload::kNone && r.offload == Offload::kNvme) {
+    return invalid_argument(
+        "activation offload is planned with --offload none or cpu: the simulated NVMe-offload "
+        "step has no activation tensors");
+  }
   if (r.seq_len == 0 || r.seq_len > (uint64_t{1} << 24)) {
     return invalid_argument("sequence length must be between 1 and 16M tokens");
   }
@@ -472,6 +498,22 @@ uint64_t activation_bytes(const ModelConfig& m, uint64_t seq, uint64_t batch,
       const uint64_t input = seq * batch * m.hidden_size * bytes_of(precision);
       return layers * input + activation_bytes_per_layer(m, seq, batch, precision, eager);
     }
+  }
+  return 0;
+}
+
+uint64_t activation_working_set_bytes(const ModelConfig& m, uint64_t seq, uint64_t batch,
+                                      Checkpointing checkpointing, DType precision,
+                                      Attention attention) {
+  const bool eager = attention == Attention::kEager;
+  switch (checkpointing) {
+    case Checkpointing::kNone:
+      return activation_bytes_per_layer(m, seq, batch, precision, eager);
+    case Checkpointing::kSelective:
+      return activation_bytes_per_layer(m, seq, batch, precision, false);
+    case Checkpointing::kFull:
+      return seq * batch * m.hidden_size * bytes_of(precision) +
+             activation_bytes_per_layer(m, seq, batch, precision, eager);
   }
   return 0;
 }
@@ -708,7 +750,10 @@ GpuMemory gpu_memory(const PlanRequest& r, const ModelStates& s, const GpuChoice
   const bool full = r.method == FinetuneMethod::kFull;
   GpuMemory mem;
   mem.activations =
-      activation_bytes(m, r.seq_len, r.micro_batch, r.checkpointing, r.precision, r.attention);
+      r.activation_offload == ActivationOffload::kNone
+          ? activation_bytes(m, r.seq_len, r.micro_batch, r.checkpointing, r.precision, r.attention)
+          : activation_working_set_bytes(m, r.seq_len, r.micro_batch, r.checkpointing, r.precision,
+                                         r.attention);
   mem.logits = logits_bytes(m, r.seq_len, r.micro_batch, r.precision);
   mem.cuda_context = r.assume.cuda_context_bytes;
 
@@ -779,6 +824,16 @@ GpuPlan plan_with_offload(const PlanRequest& r, const ModelStates& s, const GpuC
     case Offload::kNvme:
       break;  // simulated later, once per GPU that needs it
   }
+  if (r.activation_offload != ActivationOffload::kNone) {
+    const ModelConfig& m = r.model;
+    plan.activations_offloaded_bytes =
+        activation_bytes(m, r.seq_len, r.micro_batch, r.checkpointing, r.precision, r.attention) -
+        plan.memory.activations;
+    if (offload != Offload::kNvme) {
+      add_activation_offload(plan.job, plan.activations_offloaded_bytes,
+                             r.activation_offload == ActivationOffload::kNvme, plan.stages);
+    }
+  }
   plan.fits_gpu = plan.memory.total() <= gpu_capacity;
   return plan;
 }
@@ -816,13 +871,20 @@ void finish_plan(const PlanRequest& r, GpuPlan& plan) {
                       format_gib(plan.host_bytes) + ") of " + format_gib(*r.host_ram_bytes);
     }
   }
+  if (r.activation_offload != ActivationOffload::kNone && plan.offload == Offload::kNvme) {
+    // The simulated step has no activation tensors: a plan of both would be the states' alone.
+    plan.modelled = false;
+    plan.why_not += std::string(plan.why_not.empty() ? "" : "; ") +
+                    "activation offload is planned with --offload none or cpu, not with NVMe "
+                    "offload of the states";
+  }
   plan.job_cost.reset();
   if (r.job_tokens && plan.fits()) {
     plan.job_cost = job_cost(*r.job_tokens, plan.tokens_per_step, plan.step_seconds,
                              g.gpu.price_usd_per_hour, g.count);
   }
   plan.nvme_wear = {};
-  if (plan.offload == Offload::kNvme) {
+  if (plan.offload == Offload::kNvme || plan.stages.nvme_write_bytes != 0) {
     std::optional<uint64_t> steps;
     if (r.job_tokens) {
       steps = static_cast<uint64_t>(std::ceil(*r.job_tokens / plan.tokens_per_step));
@@ -833,13 +895,17 @@ void finish_plan(const PlanRequest& r, GpuPlan& plan) {
 }
 
 // The least host RAM for full speed: every state the GPU does not hold in RAM, nothing on NVMe
-// (CPU offload's exact-size copies); none when nothing is offloaded.
+// (CPU offload's exact-size copies; offloaded activations in pinned memory, not on NVMe); none
+// when nothing is offloaded.
 void set_full_speed_host(const PlanRequest& r, const ModelStates& s, GpuPlan& plan) {
   uint64_t bytes = 0;
   if (plan.offload == Offload::kCpu) {
     bytes = plan.host_bytes;
   } else if (plan.offload == Offload::kNvme) {
     bytes = plan_with_offload(r, s, plan.choice, Offload::kCpu).stages.host_bytes;
+  }
+  if (plan.offload != Offload::kNone && r.activation_offload == ActivationOffload::kNvme) {
+    bytes += align_up(plan.activations_offloaded_bytes * plan.choice.count, kPageSize);
   }
   plan.host.full_speed_bytes = bytes;
   plan.host.full_speed_recommended_bytes = recommended_host_bytes(bytes, r.assume.host_headroom);

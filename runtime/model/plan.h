@@ -33,16 +33,22 @@ enum class Offload : uint8_t { kNone, kCpu, kNvme };
 // How attention is computed. Flash (FlashAttention-style kernels, the default of current
 // frameworks) never stores the s x s scores, with or without checkpointing; eager stores them.
 enum class Attention : uint8_t { kFlash, kEager };
+// Where the tensors autograd saves for backward go during forward (strata.torch.offload's
+// `activations=`, docs/pytorch.md): they stay on the GPU, or move to pinned memory, or to
+// pinned memory spilling to NVMe, and come back as backward unpacks them.
+enum class ActivationOffload : uint8_t { kNone, kPinned, kNvme };
 
 const char* to_string(FinetuneMethod method);
 const char* to_string(Checkpointing checkpointing);
 const char* to_string(Offload offload);
 const char* to_string(Attention attention);
+const char* to_string(ActivationOffload offload);
 Result<FinetuneMethod> parse_method(std::string_view text);        // full | lora | qlora
 Result<Checkpointing> parse_checkpointing(std::string_view text);  // none | selective | full
 Result<Offload> parse_offload(std::string_view text);              // none | cpu | nvme
 Result<DType> parse_precision(std::string_view text);              // bf16 | fp16 | fp32
 Result<Attention> parse_attention(std::string_view text);          // flash | eager
+Result<ActivationOffload> parse_activation_offload(std::string_view text);  // none|pinned|nvme
 
 // Which linear layers get LoRA adapters. For MoE experts gate/up/down mean w1/w3/w2.
 struct LoraTargets {
@@ -106,6 +112,7 @@ struct PlanRequest {
   NvmeArray nvme;        // used by nvme offload; default 1 x gen4
   NvmeDrive nvme_drive;  // endurance per drive; no name: the NVMe generation's default drive
   Attention attention = Attention::kFlash;
+  ActivationOffload activation_offload = ActivationOffload::kNone;
   std::optional<double> job_tokens;  // --tokens, or --epochs x --dataset-tokens
   std::vector<GpuChoice> gpus;       // empty: every shipped preset, one of each
   PlanAssumptions assume;
@@ -172,6 +179,14 @@ uint64_t activation_bytes_per_layer(const ModelConfig& model, uint64_t seq, uint
                                     DType precision, bool keep_attention_scores);
 uint64_t activation_bytes(const ModelConfig& model, uint64_t seq, uint64_t batch,
                           Checkpointing checkpointing, DType precision, Attention attention);
+// With activation offload, what stays on the GPU: one layer's saved activations while it
+// computes (its forward before they leave, its backward once they are back), and under full
+// checkpointing the layer's input beside the layer recomputed in backward (the recomputation
+// runs outside forward, where the offload hooks are not). What moves per micro-batch is
+// activation_bytes less this (docs/planner.md, "Activation offload").
+uint64_t activation_working_set_bytes(const ModelConfig& model, uint64_t seq, uint64_t batch,
+                                      Checkpointing checkpointing, DType precision,
+                                      Attention attention);
 
 // Attention's score and context matmuls (QK^T and AV), which the 6N convention leaves out:
 // 12 * L * (heads * head_dim) * s FLOPs per token for forward and backward (PaLM, Chowdhery et
@@ -240,6 +255,8 @@ struct GpuPlan {
   Offload offload = Offload::kNone;
   bool params_resident = true;  // weights stay on the GPU (else streamed per layer)
   GpuMemory memory;             // per GPU
+  // Activation offload: the saved activations one micro-batch moves off each GPU and back.
+  uint64_t activations_offloaded_bytes = 0;
   uint64_t host_bytes = 0;
   uint64_t nvme_bytes = 0;
   OffloadEstimate stages;  // traffic and stage times of this plan
@@ -249,7 +266,9 @@ struct GpuPlan {
   std::string bottleneck;
   bool fits_gpu = false;
   bool fits_host = true;  // true when --host-ram was not given
-  bool fits() const { return fits_gpu && fits_host; }
+  // false where the plan cannot model what was asked (why_not says what): it does not fit.
+  bool modelled = true;
+  bool fits() const { return fits_gpu && fits_host && modelled; }
   std::string why_not;  // empty when it fits
   double hours_per_mtok = 0;
   std::array<double, 3> usd_per_mtok{};  // low, typical, high
@@ -264,7 +283,7 @@ struct GpuPlan {
   // The job (--tokens): optimizer steps, hours and USD per tier; unset without --tokens or when
   // the plan does not fit (a job that cannot run has no price).
   std::optional<JobCost> job_cost;
-  NvmeWear nvme_wear;  // NVMe offload only (bytes 0 otherwise)
+  NvmeWear nvme_wear;  // NVMe offload, or activations offloaded to NVMe (bytes 0 otherwise)
 };
 
 struct CheapestOption {

@@ -272,6 +272,43 @@ OffloadEstimate estimate_cpu_offload(const OffloadJob& job) {
   return e;
 }
 
+void add_activation_offload(const OffloadJob& job, uint64_t bytes_per_micro_batch, bool to_nvme,
+                            OffloadEstimate& e) {
+  if (bytes_per_micro_batch == 0) return;
+  // Each GPU moves its own micro-batches' saved activations out over its link in forward and
+  // back in backward; the node holds one micro-batch's of every GPU at the end of a forward.
+  const uint64_t per_gpu = uint64_t{job.grad_accum} * bytes_per_micro_batch;
+  const uint64_t held = align_up(bytes_per_micro_batch * job.gpus, kPageSize);
+  e.pcie_h2d_bytes += per_gpu;
+  e.pcie_d2h_bytes += per_gpu;
+  e.pcie_seconds =
+      std::max(seconds(e.pcie_h2d_bytes, job.pcie_gbps), seconds(e.pcie_d2h_bytes, job.pcie_gbps));
+  if (to_nvme) {
+    // At most: the runtime keeps in its pinned pool what the pool holds and spills the rest, so
+    // every byte written once and read once is the most a micro-batch costs the drives.
+    const uint64_t node = per_gpu * job.gpus;
+    const auto kind = static_cast<size_t>(TensorKind::kActivationCheckpoint);
+    e.nvme_write_bytes += node;
+    e.nvme_read_bytes += node;
+    e.nvme_write_by_kind[kind] += node;
+    e.nvme_read_by_kind[kind] += node;
+    e.nvme_bytes += held;
+    e.nvme_seconds = seconds(e.nvme_read_bytes, job.nvme_read_gbps) +
+                     seconds(e.nvme_write_bytes, job.nvme_write_gbps);
+  } else {
+    e.host_breakdown.push_back({"activations", held});
+    e.host_bytes += held;
+  }
+  const bool writes_longer = seconds(e.nvme_write_bytes, job.nvme_write_gbps) >
+                             seconds(e.nvme_read_bytes, job.nvme_read_gbps);
+  auto [step, name] = slowest({{e.compute_seconds, "compute"},
+                               {e.pcie_seconds, "pcie"},
+                               {e.cpu_optimizer_seconds, "cpu-optimizer"},
+                               {e.nvme_seconds, writes_longer ? "nvme-write" : "nvme-read"}});
+  e.step_seconds = step;
+  e.bottleneck = name;
+}
+
 sched::PinnedSizing strata_pinned_sizing(double read_gbps, double write_gbps,
                                          uint32_t optimizer_threads, uint32_t drive_queue_depth) {
   sched::DriveFigures drive;

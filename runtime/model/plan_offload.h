@@ -117,6 +117,14 @@ struct OffloadEstimate {
 // states of the trainable parameters.
 OffloadEstimate estimate_cpu_offload(const OffloadJob& job);
 
+// Activation offload added to a closed-form estimate (no or CPU offload of the states): one
+// micro-batch's saved activations (`bytes_per_micro_batch`, per GPU) cross PCIe out and back per
+// micro-batch, and rest in host RAM (pinned) or on NVMe (`to_nvme`: written and read once per
+// micro-batch, the most the runtime's spilling moves); the step is the slowest of compute,
+// PCIe, the CPU optimizer and the drives.
+void add_activation_offload(const OffloadJob& job, uint64_t bytes_per_micro_batch, bool to_nvme,
+                            OffloadEstimate& e);
+
 // Explicit limit: micro-batches played per simulated step (the scheduler's cost grows with the
 // phases of a step; 70B at 4 micro-batches takes about a second). Beyond it the step is
 // extended linearly at the rate micro-batches kMax/2 + 1 .. kMax added, which a second

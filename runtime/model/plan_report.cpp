@@ -61,7 +61,7 @@ json optional_json(const std::optional<double>& v) {
 }
 
 json wear_json(const GpuPlan& g) {
-  if (g.offload != Offload::kNvme) return nullptr;
+  if (g.offload != Offload::kNvme && g.nvme_wear.write_bytes_per_step == 0) return nullptr;
   const NvmeWear& w = g.nvme_wear;
   return {
       {"tb_written_per_step", static_cast<double>(w.write_bytes_per_step) / 1e12},
@@ -99,6 +99,7 @@ json gpu_json(const GpuPlan& g) {
           {"why_not", g.why_not},
           {"offload", to_string(g.offload)},
           {"weights_streamed", !g.params_resident},
+          {"activations_offloaded_bytes", g.activations_offloaded_bytes},
           {"gpu_bytes", g.memory.total()},
           {"gpu_capacity_bytes", g.choice.gpu.memory_bytes()},
           {"host_bytes", g.host_bytes},
@@ -262,6 +263,8 @@ json plan_to_json(const Plan& plan) {
       {"bottleneck", p.bottleneck},
       {"attention", to_string(r.attention)},
       {"attention_flops_per_token", attention_flops_per_token(r.model, r.seq_len, r.checkpointing)},
+      {"activation_offload", to_string(r.activation_offload)},
+      {"activations_offloaded_bytes", p.activations_offloaded_bytes},
       {"job", job_json(p.job_cost)},
       {"nvme_wear", wear_json(p)},
       {"advice", advice},

@@ -610,12 +610,15 @@ TEST(Plan, JsonHasTheDocumentedFields) {
   PlanRequest r = request("llama-2-70b", FinetuneMethod::kQLora);
   r.gpus = {gpu("rtx-4090"), gpu("h100-sxm")};
   const nlohmann::json j = plan_to_json(must_compare(r));
-  for (const char* key : {"model", "method", "params", "trainable_params", "model_state_bytes",
-                          "gpu_bytes", "host_bytes", "nvme_bytes", "step_seconds", "tokens_per_s",
-                          "bottleneck", "zero_infinity", "like_for_like", "gpus"}) {
+  for (const char* key :
+       {"model", "method", "params", "trainable_params", "model_state_bytes", "gpu_bytes",
+        "host_bytes", "nvme_bytes", "step_seconds", "tokens_per_s", "bottleneck", "zero_infinity",
+        "like_for_like", "gpus", "activation_offload", "activations_offloaded_bytes"}) {
     EXPECT_TRUE(j.contains(key)) << key;
   }
   EXPECT_EQ(j["model"], "llama-2-70b");
+  EXPECT_EQ(j["activation_offload"], "none");
+  EXPECT_EQ(j["activations_offloaded_bytes"], 0);
   EXPECT_EQ(j["method"], "qlora");
   EXPECT_EQ(j["gpu"], "rtx-4090");  // the first --gpu
   // QLoRA: the labelled DeepSpeed configurations train every parameter; the JSON says why.
@@ -624,8 +627,8 @@ TEST(Plan, JsonHasTheDocumentedFields) {
   EXPECT_TRUE(j["like_for_like"]["deepspeed_why_not"].is_string());
   ASSERT_EQ(j["gpus"].size(), 2u);
   for (const auto& g : j["gpus"]) {
-    for (const char* key :
-         {"gpu", "fits", "usd_per_mtok_low", "usd_per_mtok_typical", "usd_per_mtok_high"}) {
+    for (const char* key : {"gpu", "fits", "usd_per_mtok_low", "usd_per_mtok_typical",
+                            "usd_per_mtok_high", "activations_offloaded_bytes"}) {
       EXPECT_TRUE(g.contains(key)) << key;
     }
   }

@@ -1,0 +1,120 @@
+// Activation offload (`--activation-offload pinned|nvme`): the GPU keeps one layer's saved
+// activations, the rest cross PCIe out and back each micro-batch and rest in pinned memory or on
+// NVMe, where they count for the drives' time and wear.
+#include <gtest/gtest.h>
+
+#include "common/align.h"
+#include "model/plan.h"
+
+namespace strata {
+namespace {
+
+// An 8B QLoRA at 8K on a 4090 without checkpointing: 34 GB of saved activations, which do not
+// fit the GPU unless they leave it.
+PlanRequest qlora_8b_at_8k(ActivationOffload home) {
+  PlanRequest r;
+  r.model = *load_model("llama-3.1-8b");
+  r.method = FinetuneMethod::kQLora;
+  r.seq_len = 8192;
+  r.grad_accum = 2;
+  r.checkpointing = Checkpointing::kNone;
+  r.activation_offload = home;
+  r.offload = Offload::kNone;
+  r.gpus = {*parse_gpu_choice("rtx-4090")};
+  r.nvme = *parse_nvme("1:gen4");
+  return r;
+}
+
+GpuPlan plan_of(const PlanRequest& r) {
+  Result<Plan> p = make_gpu_plans(r);
+  EXPECT_TRUE(p.is_ok()) << p.status().message();
+  return p.is_ok() ? p->gpus[0] : GpuPlan{};
+}
+
+TEST(ActivationOffload, TheGpuKeepsOneLayersActivationsAndTheRestCrossPcieEachMicroBatch) {
+  const PlanRequest r = qlora_8b_at_8k(ActivationOffload::kPinned);
+  const ModelConfig& m = r.model;
+  const uint64_t all =
+      activation_bytes(m, 8192, 1, Checkpointing::kNone, DType::kBFloat16, Attention::kFlash);
+  const uint64_t layer = activation_bytes_per_layer(m, 8192, 1, DType::kBFloat16, false);
+  EXPECT_EQ(all, m.num_hidden_layers * layer);
+
+  EXPECT_FALSE(plan_of(qlora_8b_at_8k(ActivationOffload::kNone)).fits_gpu);
+  const GpuPlan g = plan_of(r);
+  EXPECT_TRUE(g.fits());
+  EXPECT_EQ(g.memory.activations, layer);
+  EXPECT_EQ(g.activations_offloaded_bytes, all - layer);
+  // Out in forward and back in backward, per micro-batch.
+  EXPECT_EQ(g.stages.pcie_d2h_bytes, 2 * (all - layer));
+  EXPECT_EQ(g.stages.pcie_h2d_bytes, 2 * (all - layer));
+  EXPECT_GT(g.stages.pcie_seconds, 0);
+  // One micro-batch's rest in pinned memory; nothing touches the drives.
+  EXPECT_EQ(g.host_bytes, align_up(all - layer, kPageSize));
+  ASSERT_EQ(g.stages.host_breakdown.size(), 1u);
+  EXPECT_EQ(g.stages.host_breakdown[0].what, "activations");
+  EXPECT_EQ(g.stages.nvme_write_bytes, 0u);
+  EXPECT_EQ(g.nvme_wear.write_bytes_per_step, 0u);
+  EXPECT_GE(g.step_seconds, std::max(g.stages.compute_seconds, g.stages.pcie_seconds));
+}
+
+TEST(ActivationOffload, ToNvmeTheyAreWrittenAndReadOnceAMicroBatchAndWearTheDrive) {
+  const GpuPlan g = plan_of(qlora_8b_at_8k(ActivationOffload::kNvme));
+  ASSERT_TRUE(g.fits()) << g.why_not;
+  const uint64_t moved = g.activations_offloaded_bytes;
+  ASSERT_GT(moved, 0u);
+  EXPECT_EQ(g.host_bytes, 0u);  // they pass through the runtime's pinned pool
+  EXPECT_EQ(g.stages.nvme_write_bytes, 2 * moved);
+  EXPECT_EQ(g.stages.nvme_read_bytes, 2 * moved);
+  EXPECT_EQ(g.stages.nvme_write_by_kind[static_cast<size_t>(TensorKind::kActivationCheckpoint)],
+            2 * moved);
+  EXPECT_EQ(g.nvme_bytes, align_up(moved, kPageSize));
+  // The drive serves one direction at a time: 1 x Gen4 reads 7 and writes 4.3 GB/s.
+  EXPECT_NEAR(g.stages.nvme_seconds, 2.0 * moved / 7e9 + 2.0 * moved / 4.3e9, 1e-9);
+  EXPECT_DOUBLE_EQ(g.step_seconds, g.stages.nvme_seconds);
+  EXPECT_EQ(g.bottleneck, "nvme-write");
+  EXPECT_EQ(g.nvme_wear.write_bytes_per_step, 2 * moved);
+}
+
+TEST(ActivationOffload, UnderFullCheckpointingTheLayerInputsMove) {
+  PlanRequest r = qlora_8b_at_8k(ActivationOffload::kPinned);
+  r.checkpointing = Checkpointing::kFull;
+  const ModelConfig& m = r.model;
+  const uint64_t input = 8192ull * m.hidden_size * 2;
+  const uint64_t layer = activation_bytes_per_layer(m, 8192, 1, DType::kBFloat16, false);
+  const GpuPlan g = plan_of(r);
+  // The recomputed layer stays on the GPU beside its input; every other input leaves.
+  EXPECT_EQ(g.memory.activations, input + layer);
+  EXPECT_EQ(g.activations_offloaded_bytes, (m.num_hidden_layers - 1) * input);
+}
+
+TEST(ActivationOffload, IsPlannedWithNoOrCpuOffloadOfTheStatesOnly) {
+  PlanRequest r = qlora_8b_at_8k(ActivationOffload::kNvme);
+  r.offload = Offload::kNvme;
+  const Result<Plan> refused = make_gpu_plans(r);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), STRATA_E_INVALID);
+  EXPECT_NE(refused.status().message().find("--offload none or cpu"), std::string::npos);
+  // Chosen automatically, NVMe offload of the states is not modelled with it: the row says so.
+  r = qlora_8b_at_8k(ActivationOffload::kNvme);
+  r.model = *load_model("llama-2-70b");
+  r.method = FinetuneMethod::kFull;
+  r.offload.reset();
+  const GpuPlan g = plan_of(r);
+  EXPECT_EQ(g.offload, Offload::kNvme);
+  EXPECT_FALSE(g.fits());
+  EXPECT_NE(g.why_not.find("activation offload is planned with --offload none or cpu"),
+            std::string::npos)
+      << g.why_not;
+}
+
+TEST(ActivationOffload, ParsesItsThreeHomes) {
+  EXPECT_EQ(*parse_activation_offload("none"), ActivationOffload::kNone);
+  EXPECT_EQ(*parse_activation_offload("Pinned"), ActivationOffload::kPinned);
+  EXPECT_EQ(*parse_activation_offload("nvme"), ActivationOffload::kNvme);
+  const Result<ActivationOffload> bad = parse_activation_offload("gpu");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("use none, pinned or nvme"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace strata
