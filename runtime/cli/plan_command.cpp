@@ -350,6 +350,16 @@ void print_text(const Plan& plan) {
       format_bytes(m.optimizer).c_str(), format_bytes(m.activations).c_str(),
       format_bytes(m.logits).c_str(), format_bytes(m.buffers).c_str(),
       format_bytes(m.cuda_context).c_str());
+  if (p.with_activation_offload) {
+    const ActivationUpgrade& a = *p.with_activation_offload;
+    std::printf(
+        "  activations    with --activation-offload pinned: offload %s, GPU %s, host %s "
+        "recommended%s, %s, %s tokens/s, %s/Mtok typical\n",
+        to_string(a.offload), format_bytes(a.gpu_bytes).c_str(),
+        format_bytes(a.host_recommended_bytes).c_str(),
+        a.fits_host ? "" : " (more than the RAM given)", human_seconds(a.step_seconds).c_str(),
+        fixed(a.tokens_per_s, 0).c_str(), money(a.usd_per_mtok[1]).c_str());
+  }
   if (p.activations_offloaded_bytes != 0) {
     std::printf(
         "  activations    %s a micro-batch move off each GPU to %s and back (the GPU keeps %s: "

@@ -926,6 +926,29 @@ std::optional<RamUpgrade> more_ram_option(const PlanRequest& r, const ModelState
   return RamUpgrade{*with_ram.host_ram_bytes, cpu.step_seconds, cpu.tokens_per_s, cpu.usd_per_mtok};
 }
 
+// A plan whose GPU memory does not fit, planned again with the saved activations moved to pinned
+// memory: the first of no and CPU offload of the states (or the --offload given, unless nvme,
+// which activation offload is not planned with) whose GPU memory then fits.
+std::optional<ActivationUpgrade> activation_offload_option(const PlanRequest& r,
+                                                           const ModelStates& s,
+                                                           const GpuPlan& plan) {
+  if (plan.fits_gpu || r.activation_offload != ActivationOffload::kNone) return std::nullopt;
+  if (r.offload == Offload::kNvme) return std::nullopt;
+  PlanRequest with = r;
+  with.activation_offload = ActivationOffload::kPinned;
+  with.job_tokens.reset();
+  for (const Offload offload : {Offload::kNone, Offload::kCpu}) {
+    if (r.offload && *r.offload != offload) continue;
+    GpuPlan moved = plan_with_offload(with, s, plan.choice, offload);
+    if (!moved.fits_gpu) continue;
+    finish_plan(with, moved);
+    return ActivationUpgrade{offload,           moved.memory.total(), moved.host.recommended_bytes,
+                             moved.fits_host,   moved.step_seconds,   moved.tokens_per_s,
+                             moved.usd_per_mtok};
+  }
+  return std::nullopt;
+}
+
 // No offload asked for: the first that fits of none and cpu, else nvme (simulated afterwards).
 // CPU offload is only chosen when --host-ram says the states fit in RAM; without it, NVMe offload
 // is the choice that needs the least RAM.
@@ -1106,6 +1129,7 @@ Result<Plan> finish_gpu_plans(GpuPlansUnderway underway) {
     finish_plan(request, g);
     set_full_speed_host(request, plan.states, g);
     g.more_ram = more_ram_option(request, plan.states, g);
+    g.with_activation_offload = activation_offload_option(request, plan.states, g);
     if (g.choice.auto_count && !g.fits()) {
       g.why_not = "no count 1.." + std::to_string(kMaxGpusPerNode) + " fits; at " +
                   std::to_string(g.choice.count) + ": " + g.why_not;

@@ -250,6 +250,19 @@ struct RamUpgrade {
   std::array<double, 3> usd_per_mtok{};  // low, typical, high
 };
 
+// What moving the saved activations off the GPU (`--activation-offload pinned`) gives a plan that
+// does not fit the GPU: the first of no and CPU offload of the states (or the --offload given)
+// whose GPU memory then fits.
+struct ActivationUpgrade {
+  Offload offload = Offload::kNone;
+  uint64_t gpu_bytes = 0;               // per GPU
+  uint64_t host_recommended_bytes = 0;  // with headroom, the activations included
+  bool fits_host = true;                // within --host-ram (true when it was not given)
+  double step_seconds = 0;
+  double tokens_per_s = 0;
+  std::array<double, 3> usd_per_mtok{};  // low, typical, high
+};
+
 struct GpuPlan {
   GpuChoice choice;
   Offload offload = Offload::kNone;
@@ -280,6 +293,8 @@ struct GpuPlan {
   // What more RAM would buy when NVMe offload was chosen: the CPU-offload plan, if it fits the
   // GPU (unset otherwise).
   std::optional<RamUpgrade> more_ram;
+  // When the GPU does not fit without activation offload: what it would give (unset otherwise).
+  std::optional<ActivationUpgrade> with_activation_offload;
   // The job (--tokens): optimizer steps, hours and USD per tier; unset without --tokens or when
   // the plan does not fit (a job that cannot run has no price).
   std::optional<JobCost> job_cost;

@@ -87,6 +87,14 @@ json more_ram_json(const std::optional<RamUpgrade>& m) {
           {"usd_per_mtok", tiers_json(m->usd_per_mtok)}};
 }
 
+json activation_offload_json(const std::optional<ActivationUpgrade>& a) {
+  if (!a) return nullptr;
+  return {{"activation_offload", "pinned"},  {"offload", to_string(a->offload)},
+          {"gpu_bytes", a->gpu_bytes},       {"host_recommended_bytes", a->host_recommended_bytes},
+          {"fits_host", a->fits_host},       {"step_seconds", a->step_seconds},
+          {"tokens_per_s", a->tokens_per_s}, {"usd_per_mtok", tiers_json(a->usd_per_mtok)}};
+}
+
 json gpu_json(const GpuPlan& g) {
   // Rows that do not fit are not priced: a job that cannot run has no cost.
   const auto price = [&](double usd) { return g.fits() ? json(usd) : json(nullptr); };
@@ -113,6 +121,7 @@ json gpu_json(const GpuPlan& g) {
           {"usd_per_mtok_high", price(g.usd_per_mtok[2])},
           {"host", host_json(g.host)},
           {"with_more_ram", more_ram_json(g.more_ram)},
+          {"with_activation_offload", activation_offload_json(g.with_activation_offload)},
           {"job", job_json(g.job_cost)},
           {"nvme_wear", wear_json(g)}};
 }
@@ -256,6 +265,7 @@ json plan_to_json(const Plan& plan) {
       {"host", host_json(p.host)},
       {"host_ram_assumed", !r.host_ram_bytes},
       {"with_more_ram", more_ram_json(p.more_ram)},
+      {"with_activation_offload", activation_offload_json(p.with_activation_offload)},
       {"nvme_bytes", p.nvme_bytes},
       {"step_seconds", p.step_seconds},
       {"tokens_per_step", p.tokens_per_step},

@@ -107,6 +107,31 @@ TEST(ActivationOffload, IsPlannedWithNoOrCpuOffloadOfTheStatesOnly) {
       << g.why_not;
 }
 
+TEST(ActivationOffload, APlanThatDoesNotFitTheGpuSaysWhatMovingThemWouldGive) {
+  PlanRequest r = qlora_8b_at_8k(ActivationOffload::kNone);
+  r.offload.reset();  // chosen: NVMe offload, which still does not fit the 4090
+  const GpuPlan without = plan_of(r);
+  ASSERT_FALSE(without.fits_gpu);
+  ASSERT_TRUE(without.with_activation_offload.has_value());
+  const ActivationUpgrade& a = *without.with_activation_offload;
+  // The plan of the same job with --activation-offload pinned and no offload of the states.
+  const GpuPlan moved = plan_of(qlora_8b_at_8k(ActivationOffload::kPinned));
+  EXPECT_EQ(a.offload, Offload::kNone);
+  EXPECT_EQ(a.gpu_bytes, moved.memory.total());
+  EXPECT_EQ(a.host_recommended_bytes, moved.host.recommended_bytes);
+  EXPECT_TRUE(a.fits_host);
+  EXPECT_DOUBLE_EQ(a.tokens_per_s, moved.tokens_per_s);
+  EXPECT_DOUBLE_EQ(a.usd_per_mtok[1], moved.usd_per_mtok[1]);
+  // Nothing to say where the GPU fits, where activation offload was asked for, or where the
+  // states are to go to NVMe (activation offload is not planned with that).
+  r.seq_len = 1024;
+  EXPECT_FALSE(plan_of(r).with_activation_offload.has_value());
+  EXPECT_FALSE(plan_of(qlora_8b_at_8k(ActivationOffload::kNvme)).with_activation_offload);
+  r = qlora_8b_at_8k(ActivationOffload::kNone);
+  r.offload = Offload::kNvme;
+  EXPECT_FALSE(plan_of(r).with_activation_offload.has_value());
+}
+
 TEST(ActivationOffload, ParsesItsThreeHomes) {
   EXPECT_EQ(*parse_activation_offload("none"), ActivationOffload::kNone);
   EXPECT_EQ(*parse_activation_offload("Pinned"), ActivationOffload::kPinned);

@@ -613,7 +613,8 @@ TEST(Plan, JsonHasTheDocumentedFields) {
   for (const char* key :
        {"model", "method", "params", "trainable_params", "model_state_bytes", "gpu_bytes",
         "host_bytes", "nvme_bytes", "step_seconds", "tokens_per_s", "bottleneck", "zero_infinity",
-        "like_for_like", "gpus", "activation_offload", "activations_offloaded_bytes"}) {
+        "like_for_like", "gpus", "activation_offload", "activations_offloaded_bytes",
+        "with_activation_offload"}) {
     EXPECT_TRUE(j.contains(key)) << key;
   }
   EXPECT_EQ(j["model"], "llama-2-70b");
