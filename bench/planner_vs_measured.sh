@@ -188,7 +188,7 @@ fi
 # Where the run reports its device copies too (`steps[].device_copies`), the plan gets their
 # rate as well (--pcie-efficiency: that rate over the GPU preset's host link): the emulated
 # device copies with memcpy, far below any PCIe preset.
-run_drive=$(python3 - "$measured" runtime/model/presets/gpus.json <<'PY'
+run_drive=$(python3 - "$measured" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 strata = next((x for x in j["strategies"] if x["name"] == "strata"), None)
@@ -204,26 +204,26 @@ if min(busy.values()) <= 0 or not read or not written:
     sys.exit(0)
 k = (busy["read"] + busy["write"]) / busy["either"]
 seconds = sum(s["seconds"] for s in steps)
-efficiency = 0.0
+copy_rate = 0.0  # GB/s, both directions: bytes over busy time
 if all("device_copies" in s for s in steps):
     copied = sum(s["device_copies"]["host_to_device_bytes"] + s["device_copies"]["device_to_host_bytes"]
                  for s in steps)
     copy_busy = sum(s["device_copies"]["host_to_device_busy_seconds"]
                     + s["device_copies"]["device_to_host_busy_seconds"] for s in steps)
-    link = json.load(open(sys.argv[2]))["gpus"][j["config"]["gpu"]]["host_link_gbps"]
     if copied and copy_busy > 0:
-        efficiency = min(1.0, copied / copy_busy / 1e9 / link)
+        copy_rate = copied / copy_busy / 1e9
 print("%.4f/%.4f %.4f %.4f %.4f %.6f" % (read / busy["read"] * k / 1e9, written / busy["write"] * k / 1e9,
                                           busy["either"] / seconds, read / busy["read"] / 1e9,
-                                          written / busy["write"] / 1e9, efficiency))
+                                          written / busy["write"] / 1e9, copy_rate))
 PY
 )
 run_rates="" run_busy="" run_solo=""
 if [ -n "$run_drive" ]; then
-  read -r run_rates run_busy run_read run_write run_copy <<<"$run_drive"
+  read -r run_rates run_busy run_read run_write run_copy_rate <<<"$run_drive"
   run_solo="$run_read/$run_write"
   copy_note=""
-  if [ "$run_copy" != 0.000000 ]; then
+  if [ "$run_copy_rate" != 0.000000 ]; then
+    read -r run_copy _ < <(copy_efficiency "$run_copy_rate")
     copy_note="; device copies at $run_copy of the host link"
   else
     run_copy=$copy_eff  # a run saved before its copies were counted: the benchmark's rate

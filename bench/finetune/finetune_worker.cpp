@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,15 +51,20 @@ json bytes_by_kind(const uint64_t (&bytes)[STRATA_STATS_KIND_SLOTS], bool zeros)
 
 class Worker {
  public:
-  // The runtime's own accounting (strata_get_stats), zeroed when it cannot be had.
-  strata_stats runtime_stats() const {
+  // The runtime's own accounting (strata_get_stats, any thread): none before the runtime exists
+  // or when it cannot be had.
+  std::optional<strata_stats> runtime_stats_if_any() const {
+    strata_runtime* rt = live_runtime_.load(std::memory_order_acquire);
     strata_stats st{};
     st.struct_size = sizeof st;
-    if (rt_ == nullptr || strata_get_stats(rt_, &st) != STRATA_OK) {
-      st = strata_stats{};
-      st.struct_size = sizeof st;
-    }
+    if (rt == nullptr || strata_get_stats(rt, &st) != STRATA_OK) return std::nullopt;
     return st;
+  }
+  // The same, zeroed when it cannot be had.
+  strata_stats runtime_stats() const {
+    strata_stats zeroed{};
+    zeroed.struct_size = sizeof zeroed;
+    return runtime_stats_if_any().value_or(zeroed);
   }
 
   Worker(const FinetunePlan& plan, const Contender& contender, int fd, std::string trace_path)
@@ -728,10 +734,9 @@ Status Worker::run() {
   // The live metrics also carry the runtime's busy times and device copies so far (the parent
   // serves them as counters; docs/telemetry.md).
   sampler_ = start_sampler(channel_, contender_.name, stall_us_total_, [this](json& event) {
-    strata_runtime* rt = live_runtime_.load(std::memory_order_acquire);
-    strata_stats st{};
-    st.struct_size = sizeof st;
-    if (rt == nullptr || strata_get_stats(rt, &st) != STRATA_OK) return;
+    const std::optional<strata_stats> stats = runtime_stats_if_any();
+    if (!stats) return;
+    const strata_stats& st = *stats;
     event["nvme_busy_us"] = {{"read", st.nvme_read_busy_us},
                              {"write", st.nvme_write_busy_us},
                              {"either", st.nvme_busy_us}};

@@ -505,17 +505,11 @@ uint64_t activation_bytes(const ModelConfig& m, uint64_t seq, uint64_t batch,
 uint64_t activation_working_set_bytes(const ModelConfig& m, uint64_t seq, uint64_t batch,
                                       Checkpointing checkpointing, DType precision,
                                       Attention attention) {
-  const bool eager = attention == Attention::kEager;
-  switch (checkpointing) {
-    case Checkpointing::kNone:
-      return activation_bytes_per_layer(m, seq, batch, precision, eager);
-    case Checkpointing::kSelective:
-      return activation_bytes_per_layer(m, seq, batch, precision, false);
-    case Checkpointing::kFull:
-      return seq * batch * m.hidden_size * bytes_of(precision) +
-             activation_bytes_per_layer(m, seq, batch, precision, eager);
-  }
-  return 0;
+  // One layer's share of activation_bytes, whatever the checkpointing: its activations, or under
+  // full checkpointing its input beside the recomputed layer.
+  ModelConfig one_layer = m;
+  one_layer.num_hidden_layers = 1;
+  return activation_bytes(one_layer, seq, batch, checkpointing, precision, attention);
 }
 
 double attention_flops_per_token(const ModelConfig& m, uint64_t seq, Checkpointing checkpointing) {
