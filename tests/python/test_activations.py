@@ -46,6 +46,7 @@ def test_gradients_with_activations_offloaded_are_exactly_those_without(nvme_dir
             assert torch.equal(g[name], e[name]), f"step {step}: gradient of {name}"
     acts = offloaded.activations
     assert acts.packed_bytes > 0 and acts.held_bytes == 0  # everything saved came back and went
+    assert acts.shared_bytes > 0  # q, k and v saved one input: packed once
     stats = offloaded.runtime.stats()
     assert stats["pinned"]["kinds"]["activation_checkpoint"] == 0
     assert stats["nvme"]["kinds"]["activation_checkpoint"] == 0
@@ -104,3 +105,48 @@ def test_a_saved_tensor_larger_than_the_pinned_budget_moves_in_chunks(nvme_dir):
     assert torch.equal(acts.unpack(saved), scores)
     del saved
     assert handle.runtime.stats()["nvme"]["kinds"]["activation_checkpoint"] == 0
+
+
+def test_a_tensor_saved_again_shares_the_bytes_packed_the_first_time(nvme_dir):
+    handle = st.offload(llama(hidden=64, layers=1), nvme_path=nvme_dir, device=DEVICE,
+                        activations="pinned", nvme_capacity_bytes=64 << 20,
+                        pinned_budget_bytes=16 << 20)
+    acts = handle.activations
+    x = torch.randn(2, 128, 256, device=DEVICE)  # the input of q, k and v's projections
+    nbytes = x.numel() * 4
+    first, second = acts.pack(x), acts.pack(x)
+    flat = acts.pack(x.view(256, 256))  # the 2-D view matmul saves: the same bytes
+    assert acts.packed_bytes == nbytes and acts.shared_bytes == 2 * nbytes
+    assert acts.held_bytes == nbytes and acts.saves == 3
+    a, b, c = acts.unpack(first), acts.unpack(second), acts.unpack(flat)
+    assert torch.equal(a, x) and torch.equal(b, x) and torch.equal(c, x.view(256, 256))
+    before = x.clone()
+    x.add_(1)  # an in-place write between saves: the next save is new values
+    after = acts.pack(x)
+    assert acts.packed_bytes == 2 * nbytes
+    assert torch.equal(acts.unpack(after), x) and torch.equal(acts.unpack(first), before)
+    del first, second, flat, a, b, c
+    assert acts.held_bytes == nbytes  # the first values went with their last save
+    del after
+    assert acts.held_bytes == 0
+    assert handle.runtime.stats()["pinned"]["kinds"]["activation_checkpoint"] == 0
+
+
+def test_the_same_address_in_a_new_storage_is_not_taken_for_the_old_values(nvme_dir):
+    np = pytest.importorskip("numpy")
+    if DEVICE.type != "cpu":
+        pytest.skip("numpy memory is host memory")
+    handle = st.offload(llama(hidden=64, layers=1), nvme_path=nvme_dir, device=DEVICE,
+                        activations="pinned", nvme_capacity_bytes=64 << 20,
+                        pinned_budget_bytes=16 << 20)
+    acts = handle.activations
+    memory = np.zeros(1 << 16, dtype=np.float32)
+    old = torch.from_numpy(memory)  # version 0, as a fresh tensor at a reused address is
+    saved_old = acts.pack(old)
+    del old  # its storage goes; the address now holds other values
+    memory[:] = 5
+    new = torch.from_numpy(memory)
+    saved_new = acts.pack(new)
+    assert acts.shared_bytes == 0 and acts.packed_bytes == 2 * new.numel() * 4
+    assert torch.equal(acts.unpack(saved_new), new)
+    assert not acts.unpack(saved_old).any()

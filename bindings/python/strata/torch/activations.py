@@ -10,11 +10,18 @@ not a parameter's memory. A saved tensor smaller than min_bytes, one whose eleme
 or leave gaps (an expanded or sliced view: its bytes are not its values), or a parameter stays
 with torch. A dense tensor in another layout (a transposed q or k) comes back in its own
 strides.
+
+A tensor saved again with the same values (one input saved by each of q, k and v's projections,
+or a view of it that starts at the same address) shares the bytes packed the first time, as
+torch shares them when it keeps the tensor itself: the same address, size and layout, the same
+version (no in-place write between the saves), and a storage still alive (a freed one's address
+can hold other values by the second save). The second save copies nothing.
 """
 
 import weakref
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import _lib
 from ..errors import StrataError
@@ -25,16 +32,51 @@ from . import _views
 DEFAULT_MIN_BYTES = 64 << 10
 
 
+class _SavedBytes:
+    """The values of one saved tensor, in logical order, held by Strata in chunks (Strata
+    tensors of at most chunk_bytes each); shared by every save of those values, and gone when
+    the last of them is."""
+
+    __slots__ = ("chunks", "nbytes", "index", "__weakref__")
+
+    def __init__(self, chunks, nbytes, index):
+        self.chunks, self.nbytes, self.index = chunks, nbytes, index
+
+
 class SavedActivation:
-    """A saved tensor held by Strata in chunks (Strata tensors of at most chunk_bytes each),
-    which go when autograd drops this."""
+    """One saved tensor as autograd holds it: its bytes (shared with other saves of the same
+    values) and its own shape, strides and dtype."""
 
-    __slots__ = ("chunks", "nbytes", "shape", "stride", "dtype", "device", "index",
-                 "__weakref__")
+    __slots__ = ("saved_bytes", "shape", "stride", "dtype", "device", "__weakref__")
 
-    def __init__(self, chunks, nbytes, shape, stride, dtype, device, index):
-        self.chunks, self.nbytes, self.shape, self.stride = chunks, nbytes, shape, stride
-        self.dtype, self.device, self.index = dtype, device, index
+    def __init__(self, saved_bytes, shape, stride, dtype, device):
+        self.saved_bytes, self.shape, self.stride = saved_bytes, shape, stride
+        self.dtype, self.device = dtype, device
+
+    @property
+    def chunks(self):
+        return self.saved_bytes.chunks
+
+    @property
+    def nbytes(self):
+        return self.saved_bytes.nbytes
+
+    @property
+    def index(self):
+        return self.saved_bytes.index
+
+
+def _storage(t):
+    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+
+
+def _values_key(t, nbytes):
+    """Saves with equal keys and a live storage hold equal values: the same first byte, size and
+    dtype, the same logical order (any shape of a contiguous tensor, else the same strides),
+    and the same version counter (views share their base's: an in-place write to either
+    changes it)."""
+    layout = None if t.is_contiguous() else (tuple(t.shape), tuple(t.stride()))
+    return (t.data_ptr(), nbytes, t.dtype, layout, t._version)
 
 
 def _dense(t):
@@ -70,8 +112,12 @@ class ActivationOffload:
         budget = runtime.stats()["pinned_budget_bytes"]
         self.chunk_bytes = max(64 << 10, min(16 << 20, budget // 8 // 4096 * 4096))
         self._count = 0
-        self._live = {}  # index -> weakref to SavedActivation, in packing order
-        self.packed_bytes = 0  # since creation
+        self._live = {}  # index -> weakref to _SavedBytes, in packing order
+        # values key -> (StorageWeakRef of the source, weakref to its _SavedBytes)
+        self._by_values = {}
+        self.saves = 0  # tensors packed since creation, shared ones included
+        self.packed_bytes = 0  # since creation: bytes copied into Strata
+        self.shared_bytes = 0  # since creation: bytes of saves that shared bytes packed before
         self.held_bytes = 0  # now: packed and not yet collected by autograd
         self.peak_held_bytes = 0
 
@@ -90,6 +136,22 @@ class ActivationOffload:
 
     def pack(self, t):
         nbytes = t.numel() * t.element_size()
+        key = _values_key(t, nbytes)
+        self.saves += 1
+        known = self._by_values.get(key)
+        if known is not None:
+            source, saved_bytes = known[0], known[1]()
+            if saved_bytes is not None and not source.expired():
+                self.shared_bytes += nbytes
+                return SavedActivation(saved_bytes, tuple(t.shape), tuple(t.stride()), t.dtype,
+                                       t.device)
+        saved_bytes = self._copy_in(t, nbytes)
+        weakref.finalize(saved_bytes, self._dropped, saved_bytes.index, nbytes,
+                         saved_bytes.chunks, key)
+        self._by_values[key] = (StorageWeakRef(_storage(t)), weakref.ref(saved_bytes))
+        return SavedActivation(saved_bytes, tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+
+    def _copy_in(self, t, nbytes):
         index = self._count
         self._count += 1
         # A permuted layout is copied in logical order; unpack restores its strides.
@@ -110,26 +172,37 @@ class ActivationOffload:
         except BaseException:
             _forget(chunks)
             raise
-        saved = SavedActivation(chunks, nbytes, tuple(t.shape), tuple(t.stride()), t.dtype,
-                                t.device, index)
-        weakref.finalize(saved, self._dropped, index, nbytes, chunks)
-        self._live[index] = weakref.ref(saved)
+        saved_bytes = _SavedBytes(chunks, nbytes, index)
+        self._live[index] = weakref.ref(saved_bytes)
         self.packed_bytes += nbytes
         self.held_bytes += nbytes
         self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)
-        return saved
+        return saved_bytes
 
-    def _dropped(self, index, nbytes, chunks):
+    def _dropped(self, index, nbytes, chunks, key):
         _forget(chunks)
         self._live.pop(index, None)
+        known = self._by_values.get(key)
+        if known is not None and known[1]() is None:
+            del self._by_values[key]
         self.held_bytes -= nbytes
 
     def unpack(self, saved):
-        self._prefetch_before(saved.index)
-        logical = torch.empty(saved.shape, dtype=saved.dtype, device=saved.device)
-        flat = logical.reshape(-1).view(torch.uint8)
+        # Each save comes back as a tensor of its own, even one that shares its bytes: backward
+        # runs q, k and v's nodes one after the other, and each drops its copy before the next.
+        flat = self._copy_out(saved.saved_bytes, saved.device)
+        logical = flat.view(saved.dtype).view(saved.shape)
+        if saved.stride == logical.stride():
+            return logical
+        out = torch.empty_strided(saved.shape, saved.stride, dtype=saved.dtype,
+                                  device=saved.device)
+        return out.copy_(logical)
+
+    def _copy_out(self, stored, device):
+        self._prefetch_before(stored.index)
+        flat = torch.empty(stored.nbytes, dtype=torch.uint8, device=device)
         offset = 0
-        for tensor in saved.chunks:
+        for tensor in stored.chunks:
             acq = tensor.acquire("pinned")
             try:
                 view = _views.as_tensor(acq, torch.uint8, (tensor.nbytes,), torch.device("cpu"))
@@ -137,19 +210,15 @@ class ActivationOffload:
             finally:
                 acq.release()
             offset += tensor.nbytes
-        if saved.stride == logical.stride():
-            return logical
-        out = torch.empty_strided(saved.shape, saved.stride, dtype=saved.dtype,
-                                  device=saved.device)
-        return out.copy_(logical)
+        return flat
 
     def _prefetch_before(self, index):
         """Backward unpacks in about the reverse of packing order: bring the activation packed
         just before this one toward pinned memory while this one is used."""
         for earlier in range(index - 1, max(-1, index - 8), -1):
             ref = self._live.get(earlier)
-            saved = ref() if ref is not None else None
-            if saved is not None:
-                for tensor in saved.chunks:
+            saved_bytes = ref() if ref is not None else None
+            if saved_bytes is not None:
+                for tensor in saved_bytes.chunks:
                     tensor.prefetch("pinned")
                 return

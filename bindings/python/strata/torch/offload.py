@@ -833,8 +833,8 @@ class OffloadedModel:
         pinned memory, spilled to NVMe under pressure; "pinned": pinned only) and brings them
         back in backward, prefetching in reverse order; home None turns it off (tensors packed
         already still come back). Gradients are exactly those without it. Returns the
-        ActivationOffload (its packed_bytes / held_bytes / peak_held_bytes count what it
-        moved)."""
+        ActivationOffload (its saves / packed_bytes / shared_bytes / held_bytes /
+        peak_held_bytes count what it moved)."""
         with self._lock:
             if home is None:
                 if self.activations is not None:
