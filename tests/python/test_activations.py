@@ -150,3 +150,23 @@ def test_the_same_address_in_a_new_storage_is_not_taken_for_the_old_values(nvme_
     assert acts.shared_bytes == 0 and acts.packed_bytes == 2 * new.numel() * 4
     assert torch.equal(acts.unpack(saved_new), new)
     assert not acts.unpack(saved_old).any()
+
+
+def test_a_step_saves_each_attention_score_once_and_every_layer_alike(nvme_dir):
+    # docs/planner.md, "Activations measured": softmax and the product with v save one tensor,
+    # which offload then holds once (4 bytes per score in fp32), whatever the sequence.
+    if DEVICE.type != "cpu":
+        pytest.skip("the measurement runs on the CPU")
+    import argparse
+
+    import lora_offload
+
+    args = argparse.Namespace(hidden=128, layers=2, rank=4, seq=64, batch=1, method="full",
+                              pinned_mib=64, nvme=nvme_dir, nvme_capacity_mib=256)
+    heads = lora_offload.model_config(args).num_attention_heads
+    short, long = (lora_offload.saved_bytes_of_one_step(args, s) for s in (64, 128))
+    assert len(short) == 2 and short[0] == short[1] and long[0] == long[1]
+    # bytes(s) = c + a*s + 4*heads*s^2: twice the sequence doubles a*s and quadruples the scores;
+    # c is a few 0-dim tensors (the 1/sqrt(d) divisor: 8 bytes a layer under torch 1.13)
+    scores_grown = long[0] - 2 * short[0]
+    assert abs(scores_grown - 4 * heads * (128 * 128 - 2 * 64 * 64)) <= 64

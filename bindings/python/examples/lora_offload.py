@@ -18,6 +18,11 @@
     /usr/bin/python3 bindings/python/examples/lora_offload.py longest-seq --budget-mib 1024 \
         --nvme /var/tmp
 
+    # The bytes autograd saves per layer in one step, at --seq and twice it, against strata
+    # plan's activation formula for the same shapes (docs/planner.md, "Activations measured")
+    /usr/bin/python3 bindings/python/examples/lora_offload.py saved-bytes --method full \
+        --hidden 256 --layers 2 --seq 256 --nvme /var/tmp
+
 Each line printed is one JSON object.
 """
 import argparse
@@ -36,16 +41,24 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def build(args):
+def model_config(args):
+    from tiny_llama import PRESETS
+
+    return PRESETS["llama-2-7b"].scaled(args.hidden, args.layers, vocab_size=256,
+                                        max_positions=max(args.seq, 64))
+
+
+def build(args, method="lora"):
     import torch
 
     from strata.torch import lora
-    from tiny_llama import PRESETS, Llama
+    from tiny_llama import Llama
 
     torch.manual_seed(0)
-    config = PRESETS["llama-2-7b"].scaled(args.hidden, args.layers, vocab_size=256,
-                                          max_positions=max(args.seq, 64))
-    return lora.apply(Llama(config), rank=args.rank, alpha=2 * args.rank, targets=TARGETS)
+    model = Llama(model_config(args))
+    if method == "full":
+        return model
+    return lora.apply(model, rank=args.rank, alpha=2 * args.rank, targets=TARGETS)
 
 
 def nbytes(params):
@@ -179,6 +192,77 @@ def peak_run(args):
                       "peak_above_base": peak - base}))
 
 
+def saved_bytes_of_one_step(args, seq):
+    """The bytes of every tensor autograd saves inside each layer in one training step at seq
+    (activation offload with min_bytes=1 packs them all; a tensor saved twice counts once, as
+    torch holds it once)."""
+    import torch
+
+    import strata.torch as st
+    from tiny_llama import loss_fn
+
+    model = build(argparse.Namespace(**dict(vars(args), seq=seq)), args.method)
+    torch.manual_seed(1)
+    tokens = torch.randint(0, 256, (args.batch, seq + 1))
+    per_layer = []
+    with tempfile.TemporaryDirectory(dir=args.nvme) as d:
+        handle = st.offload(model, nvme_path=d, device="cpu", activations="pinned",
+                            nvme_capacity_bytes=args.nvme_capacity_mib << 20,
+                            pinned_budget_bytes=args.pinned_mib << 20)
+        acts = handle.offload_activations("pinned", min_bytes=1)
+        for layer in model.layers:
+            layer.register_forward_pre_hook(lambda m, i: per_layer.append(acts.packed_bytes))
+            layer.register_forward_hook(
+                lambda m, i, o: per_layer.append(acts.packed_bytes - per_layer.pop()))
+        loss_fn(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+        handle.close()
+    return per_layer
+
+
+def planned_activation_bytes(args, seq):
+    """strata plan's activations for the same model and step: fp32, eager attention, no
+    checkpointing, everything on the GPU (its "activations" line of GPU memory)."""
+    from dataclasses import asdict
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        config = asdict(model_config(args))
+        config["model_type"] = "llama"
+        json.dump(config, f)
+        f.flush()
+        out = subprocess.run([args.strata, "plan", "--model", f.name, "--method", args.method,
+                              "--lora-rank", str(args.rank), "--precision", "fp32", "--seq",
+                              str(seq), "--batch", str(args.batch), "--checkpointing", "none",
+                              "--attention", "eager", "--offload", "none", "--gpu", "h100-sxm",
+                              "--json"], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)["gpu_memory"]["activations"]
+
+
+def saved_bytes(args):
+    """One JSON line: per layer, the bytes saved at --seq and at twice it, measured and planned,
+    and each split into the bytes that grow with s (per s*b*h, in 16-bit units as the formula
+    counts them) and those that grow with s^2 (per heads*s^2*b, the attention scores)."""
+    heads = model_config(args).num_attention_heads
+    rows, fits = [], {}
+    for seq in (args.seq, 2 * args.seq):
+        measured = saved_bytes_of_one_step(args, seq)
+        planned = planned_activation_bytes(args, seq) / args.layers
+        rows.append({"seq": seq, "measured_per_layer": measured[0],
+                     "planned_per_layer": planned, "planned_over_measured":
+                     round(planned / measured[0], 3), "layers_equal": len(set(measured)) == 1})
+    for key in ("measured_per_layer", "planned_per_layer"):
+        # bytes(s) = c1 * s*b*h * 2 + c2 * heads*s^2*b * 2 at fp32 (4 bytes, twice 16-bit units)
+        s1, s2 = rows[0]["seq"], rows[1]["seq"]
+        y1, y2 = rows[0][key], rows[1][key]
+        b, h = args.batch, args.hidden
+        c2 = (y2 - 2 * y1) / (2 * heads * b * (s2 * s2 - 2 * s1 * s1))
+        c1 = (y1 - c2 * 2 * heads * s1 * s1 * b) / (2 * s1 * b * h)
+        fits[key.split("_")[0]] = {"per_sbh": round(c1, 2), "per_scores": round(c2, 2)}
+    print(json.dumps({"mode": "saved-bytes", "method": args.method, "hidden": args.hidden,
+                      "heads": heads, "intermediate": model_config(args).intermediate_size,
+                      "layers": args.layers, "batch": args.batch, "rows": rows,
+                      "coefficients_16bit": fits}))
+
+
 def longest_seq(args):
     """Doubles the sequence from --seq until a step's peak passes the budget, without and with
     activation offload, each try in a fresh interpreter."""
@@ -217,7 +301,12 @@ def longest_seq(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("lora", "longest-seq", "peak-run"))
+    parser.add_argument("mode", choices=("lora", "longest-seq", "peak-run", "saved-bytes"))
+    parser.add_argument("--method", choices=("full", "lora"), default="lora",
+                        help="saved-bytes: the model fine-tuned in full or through adapters")
+    parser.add_argument("--strata", default=os.path.join(HERE, "..", "..", "..", "build", "bin",
+                                                         "strata"),
+                        help="saved-bytes: the strata binary whose plan is compared")
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--rank", type=int, default=16)
@@ -234,7 +323,8 @@ def main():
     parser.add_argument("--max-seq", type=int, default=65536)
     parser.add_argument("--offload-activations", action="store_true")
     args = parser.parse_args()
-    {"lora": lora_step_figures, "longest-seq": longest_seq, "peak-run": peak_run}[args.mode](args)
+    {"lora": lora_step_figures, "longest-seq": longest_seq, "peak-run": peak_run,
+     "saved-bytes": saved_bytes}[args.mode](args)
 
 
 if __name__ == "__main__":
