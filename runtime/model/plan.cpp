@@ -470,33 +470,90 @@ uint64_t matmul_parameters_per_token(const ModelConfig& m) {
   return uint64_t{m.num_hidden_layers} * layer + head;
 }
 
+SavedInputs saved_inputs(FinetuneMethod method, const LoraTargets& t, uint32_t lora_rank) {
+  if (method == FinetuneMethod::kFull) return SavedInputs{};
+  // Adapters: the base (norms and router included) is frozen; a targeted linear's adapter keeps
+  // the linear's input, and B keeps A's output.
+  const auto count = [](std::initializer_list<bool> flags) {
+    return static_cast<uint32_t>(std::count(flags.begin(), flags.end(), true));
+  };
+  return SavedInputs{.norms = false,
+                     .qkv = t.q || t.k || t.v,
+                     .o = t.o,
+                     .gate_up = t.gate || t.up,
+                     .down = t.down,
+                     .router = false,
+                     .lora_rank = lora_rank,
+                     .adapted_attention_linears = count({t.q, t.k, t.v, t.o}),
+                     .adapted_mlp_linears = count({t.gate, t.up, t.down})};
+}
+
 uint64_t activation_bytes_per_layer(const ModelConfig& m, uint64_t seq, uint64_t batch,
-                                    DType precision, bool keep_attention_scores) {
-  // Korthikanti et al. eq. 1/2: attention 11sbh + 5as^2b, MLP 19sbh, norms 4sbh (16-bit).
-  const double sbh = static_cast<double>(seq) * batch * m.hidden_size;
-  const double mlp_copies = m.active_experts();
-  double bytes = (15.0 + 19.0 * mlp_copies) * sbh;
-  if (keep_attention_scores) {
-    bytes += 5.0 * m.num_attention_heads * static_cast<double>(seq) * seq * batch;
+                                    DType precision, Attention attention,
+                                    bool keep_attention_scores, const SavedInputs& saved) {
+  // Bytes per token; each tensor once, as autograd holds a tensor saved by two nodes once.
+  const double p = static_cast<double>(bytes_of(precision));
+  const double fp32 = 4;
+  const auto h = static_cast<double>(m.hidden_size);
+  const auto q = static_cast<double>(m.q_dim());
+  const auto kv = static_cast<double>(m.kv_dim());
+  const auto inter = static_cast<double>(m.intermediate_size);
+  const auto heads = static_cast<double>(m.num_attention_heads);
+  // Two RMSNorms (LlamaRMSNorm.forward): the input's fp32 copy, which pow and the product both
+  // keep, 1/rms (one fp32 a token), and the normalised input in the compute dtype when the
+  // weight trains (under fp32 the product's fp32 result: the same size).
+  double per_token = 2 * (fp32 * h + fp32 + (saved.norms ? p * h : 0));
+  // Attention: q, k and v's shared input, RoPE's cos and sin (head_dim each: q * cos and
+  // rotate_half(q) * sin keep them; k's products keep the same two).
+  per_token += (saved.qkv ? p * h : 0) + 2 * p * static_cast<double>(m.head_dim);
+  if (attention == Attention::kFlash) {
+    // FlashAttention keeps q, k and v as given (k and v at the KV heads), its output (o_proj's
+    // input, the same tensor) and the log-sum-exp, one fp32 per head.
+    per_token += p * (2 * q + 2 * kv) + fp32 * heads;
+  } else {
+    // Eager: the two matmuls keep q and k, the attention weights and v, k and v repeated to
+    // every head (repeat_kv copies them under grouped-query attention); o_proj's input is a
+    // contiguous copy of the output.
+    per_token += 3 * p * q + (saved.o ? p * q : 0);
+    if (keep_attention_scores) {
+      // softmax(dtype=float32) keeps its fp32 output; .to(dtype) makes the copy the product
+      // with v keeps (the same tensor under fp32). Dropout at p = 0 keeps nothing.
+      per_token += (fp32 + (p == fp32 ? 0 : p)) * heads * static_cast<double>(seq);
+    }
   }
-  return static_cast<uint64_t>(bytes * bytes_of(precision) / 2.0);
+  // The gated MLP: its input, the gate's output (SiLU's input), SiLU's output and up's output
+  // (the product's two factors), and the product (down's input).
+  const double rank = saved.lora_rank;
+  per_token += p * rank * saved.adapted_attention_linears;
+  const double expert = (saved.gate_up ? p * h : 0) + 3 * p * inter + (saved.down ? p * inter : 0) +
+                        p * rank * saved.adapted_mlp_linears;
+  if (m.is_moe()) {
+    // Mixtral's sparse block: the router's input and its fp32 probabilities (one per expert);
+    // per routed expert the token's gathered input (a copy), the MLP's intermediates, and its
+    // output, which the routing weight's product keeps.
+    per_token += (saved.router ? p * h : 0) + fp32 * static_cast<double>(m.num_local_experts) +
+                 static_cast<double>(m.active_experts()) * (expert + p * h);
+  } else {
+    per_token += expert;
+  }
+  return static_cast<uint64_t>(per_token * static_cast<double>(seq * batch));
 }
 
 uint64_t activation_bytes(const ModelConfig& m, uint64_t seq, uint64_t batch,
-                          Checkpointing checkpointing, DType precision, Attention attention) {
+                          Checkpointing checkpointing, DType precision, Attention attention,
+                          const SavedInputs& saved) {
   const uint64_t layers = m.num_hidden_layers;
-  // FlashAttention keeps only the softmax statistics (s per head, in the 11sbh term's order) and
-  // recomputes the scores in backward: the 5as^2b term never exists, checkpointed or not.
   const bool eager = attention == Attention::kEager;
   switch (checkpointing) {
     case Checkpointing::kNone:
-      return layers * activation_bytes_per_layer(m, seq, batch, precision, eager);
+      return layers * activation_bytes_per_layer(m, seq, batch, precision, attention, eager, saved);
     case Checkpointing::kSelective:
-      return layers * activation_bytes_per_layer(m, seq, batch, precision, false);
+      return layers * activation_bytes_per_layer(m, seq, batch, precision, attention, false, saved);
     case Checkpointing::kFull: {
       // Each layer's input stays; during backward one layer at a time is recomputed in full.
       const uint64_t input = seq * batch * m.hidden_size * bytes_of(precision);
-      return layers * input + activation_bytes_per_layer(m, seq, batch, precision, eager);
+      return layers * input +
+             activation_bytes_per_layer(m, seq, batch, precision, attention, eager, saved);
     }
   }
   return 0;
@@ -504,12 +561,12 @@ uint64_t activation_bytes(const ModelConfig& m, uint64_t seq, uint64_t batch,
 
 uint64_t activation_working_set_bytes(const ModelConfig& m, uint64_t seq, uint64_t batch,
                                       Checkpointing checkpointing, DType precision,
-                                      Attention attention) {
+                                      Attention attention, const SavedInputs& saved) {
   // One layer's share of activation_bytes, whatever the checkpointing: its activations, or under
   // full checkpointing its input beside the recomputed layer.
   ModelConfig one_layer = m;
   one_layer.num_hidden_layers = 1;
-  return activation_bytes(one_layer, seq, batch, checkpointing, precision, attention);
+  return activation_bytes(one_layer, seq, batch, checkpointing, precision, attention, saved);
 }
 
 double attention_flops_per_token(const ModelConfig& m, uint64_t seq, Checkpointing checkpointing) {
@@ -745,9 +802,11 @@ GpuMemory gpu_memory(const PlanRequest& r, const ModelStates& s, const GpuChoice
   GpuMemory mem;
   mem.activations =
       r.activation_offload == ActivationOffload::kNone
-          ? activation_bytes(m, r.seq_len, r.micro_batch, r.checkpointing, r.precision, r.attention)
+          ? activation_bytes(m, r.seq_len, r.micro_batch, r.checkpointing, r.precision, r.attention,
+                             saved_inputs(r.method, r.lora_targets, r.lora_rank))
           : activation_working_set_bytes(m, r.seq_len, r.micro_batch, r.checkpointing, r.precision,
-                                         r.attention);
+                                         r.attention,
+                                         saved_inputs(r.method, r.lora_targets, r.lora_rank));
   mem.logits = logits_bytes(m, r.seq_len, r.micro_batch, r.precision);
   mem.cuda_context = r.assume.cuda_context_bytes;
 
@@ -821,7 +880,8 @@ GpuPlan plan_with_offload(const PlanRequest& r, const ModelStates& s, const GpuC
   if (r.activation_offload != ActivationOffload::kNone) {
     const ModelConfig& m = r.model;
     plan.activations_offloaded_bytes =
-        activation_bytes(m, r.seq_len, r.micro_batch, r.checkpointing, r.precision, r.attention) -
+        activation_bytes(m, r.seq_len, r.micro_batch, r.checkpointing, r.precision, r.attention,
+                         saved_inputs(r.method, r.lora_targets, r.lora_rank)) -
         plan.memory.activations;
     if (offload != Offload::kNvme) {
       add_activation_offload(plan.job, plan.activations_offloaded_bytes,

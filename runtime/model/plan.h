@@ -169,16 +169,43 @@ uint64_t qlora_quantized_parameters(const ModelConfig& model);
 // the norms (elementwise).
 uint64_t matmul_parameters_per_token(const ModelConfig& model);
 
-// Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
-// eq. 2, no tensor parallelism: per layer s*b*h*(34 + 5*a*s/h) bytes with 16-bit activations.
-// Selective recomputation drops the 5*a*s^2*b attention term; full checkpointing keeps only each
-// layer's input (2*s*b*h) plus one layer's activations while it is recomputed. Flash attention
-// never stores the scores (in any mode). MoE layers store the MLP part (19*s*b*h) once per
-// routed expert. Scaled by bytes/2 for fp32.
+// What autograd keeps of a layer depends on what trains. A linear layer keeps its input only for
+// its weight's gradient: in full fine-tuning, or through its LoRA adapter (A's input is the same
+// tensor); a frozen one keeps its weight, which is no activation. A norm keeps its normalised
+// input only for its own weight (full fine-tuning). q, k and v share one input, as do gate and up.
+struct SavedInputs {
+  bool norms = true;    // the norms' weights train
+  bool qkv = true;      // q, k or v trains or is adapted
+  bool o = true;        // o_proj (eager attention only: flash keeps its output, o's input, anyway)
+  bool gate_up = true;  // gate or up (per routed expert in MoE)
+  bool down = true;     // down_proj (its input, the gated product)
+  bool router = true;   // MoE: the router trains (it keeps the MLP's input)
+  // Adapters: each adapted linear's A output (rank values a token), which B keeps. LoRA dropout
+  // is taken as PEFT's default, 0 (an identity: no mask, no dropped copy of the input).
+  uint32_t lora_rank = 0;
+  uint32_t adapted_attention_linears = 0;  // of q, k, v, o
+  uint32_t adapted_mlp_linears = 0;        // of gate, up, down (per routed expert in MoE)
+};
+SavedInputs saved_inputs(FinetuneMethod method, const LoraTargets& targets, uint32_t lora_rank);
+
+// The tensors one Llama-family decoder layer (transformers' Llama, Mistral, Qwen2 and Mixtral
+// layers, whose presets the planner ships) saves for backward under torch 2.x autograd, per
+// token, counted tensor by tensor (docs/planner.md, "Activations"): the norms' fp32 copies, RoPE's
+// cos and sin, the attention's inputs and outputs (flash: q, k, v, output and log-sum-exp; eager:
+// q with k and v repeated to every head, the softmax's fp32 output and its copy in the compute
+// dtype, s per head each), the gated MLP's four intermediates (per routed expert in MoE, with the
+// router's fp32 probabilities). keep_attention_scores adds eager attention's scores (selective
+// recomputation drops them; flash never has them). Measured against a run in
+// `lora_offload.py saved-bytes` (docs/planner.md, "Activations measured").
 uint64_t activation_bytes_per_layer(const ModelConfig& model, uint64_t seq, uint64_t batch,
-                                    DType precision, bool keep_attention_scores);
+                                    DType precision, Attention attention,
+                                    bool keep_attention_scores, const SavedInputs& saved = {});
+// Every layer's, by checkpointing: none keeps all (eager scores included), selective all
+// without the scores, full each layer's input (s*b*h in the compute dtype) plus one layer's while
+// it is recomputed in backward.
 uint64_t activation_bytes(const ModelConfig& model, uint64_t seq, uint64_t batch,
-                          Checkpointing checkpointing, DType precision, Attention attention);
+                          Checkpointing checkpointing, DType precision, Attention attention,
+                          const SavedInputs& saved = {});
 // With activation offload, what stays on the GPU: one layer's saved activations while it
 // computes (its forward before they leave, its backward once they are back), and under full
 // checkpointing the layer's input beside the layer recomputed in backward (the recomputation
@@ -186,7 +213,7 @@ uint64_t activation_bytes(const ModelConfig& model, uint64_t seq, uint64_t batch
 // activation_bytes less this (docs/planner.md, "Activation offload").
 uint64_t activation_working_set_bytes(const ModelConfig& model, uint64_t seq, uint64_t batch,
                                       Checkpointing checkpointing, DType precision,
-                                      Attention attention);
+                                      Attention attention, const SavedInputs& saved = {});
 
 // Attention's score and context matmuls (QK^T and AV), which the 6N convention leaves out:
 // 12 * L * (heads * head_dim) * s FLOPs per token for forward and backward (PaLM, Chowdhery et

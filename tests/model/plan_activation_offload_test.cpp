@@ -9,7 +9,7 @@
 namespace strata {
 namespace {
 
-// An 8B QLoRA at 8K on a 4090 without checkpointing: 34 GB of saved activations, which do not
+// An 8B QLoRA at 8K on a 4090 without checkpointing: 48 GB of saved activations, which do not
 // fit the GPU unless they leave it.
 PlanRequest qlora_8b_at_8k(ActivationOffload home) {
   PlanRequest r;
@@ -34,9 +34,11 @@ GpuPlan plan_of(const PlanRequest& r) {
 TEST(ActivationOffload, TheGpuKeepsOneLayersActivationsAndTheRestCrossPcieEachMicroBatch) {
   const PlanRequest r = qlora_8b_at_8k(ActivationOffload::kPinned);
   const ModelConfig& m = r.model;
-  const uint64_t all =
-      activation_bytes(m, 8192, 1, Checkpointing::kNone, DType::kBFloat16, Attention::kFlash);
-  const uint64_t layer = activation_bytes_per_layer(m, 8192, 1, DType::kBFloat16, false);
+  const SavedInputs adapters = saved_inputs(r.method, r.lora_targets, r.lora_rank);
+  const uint64_t all = activation_bytes(m, 8192, 1, Checkpointing::kNone, DType::kBFloat16,
+                                        Attention::kFlash, adapters);
+  const uint64_t layer =
+      activation_bytes_per_layer(m, 8192, 1, DType::kBFloat16, Attention::kFlash, false, adapters);
   EXPECT_EQ(all, m.num_hidden_layers * layer);
 
   EXPECT_FALSE(plan_of(qlora_8b_at_8k(ActivationOffload::kNone)).fits_gpu);
@@ -80,7 +82,9 @@ TEST(ActivationOffload, UnderFullCheckpointingTheLayerInputsMove) {
   r.checkpointing = Checkpointing::kFull;
   const ModelConfig& m = r.model;
   const uint64_t input = 8192ull * m.hidden_size * 2;
-  const uint64_t layer = activation_bytes_per_layer(m, 8192, 1, DType::kBFloat16, false);
+  const uint64_t layer =
+      activation_bytes_per_layer(m, 8192, 1, DType::kBFloat16, Attention::kFlash, false,
+                                 saved_inputs(r.method, r.lora_targets, r.lora_rank));
   const GpuPlan g = plan_of(r);
   // The recomputed layer stays on the GPU beside its input; every other input leaves.
   EXPECT_EQ(g.memory.activations, input + layer);

@@ -26,16 +26,21 @@ TEST(LongContext, FlashAttentionUnderCheckpointingStoresNoScores) {
       activation_bytes(m, s, 1, Checkpointing::kFull, DType::kBFloat16, Attention::kEager);
   const uint64_t flash =
       activation_bytes(m, s, 1, Checkpointing::kFull, DType::kBFloat16, Attention::kFlash);
-  // The recomputed layer's 5 x a x s^2 x b bytes of scores: 10.7 GB for 32 heads at 8K.
-  EXPECT_EQ(eager - flash, 5ull * 32 * s * s);
-  // Without checkpointing too; selective recomputation drops them either way.
+  // The recomputed layer's scores, 6 bytes each (the softmax's fp32 output and its bf16 copy):
+  // 12.9 GB for 32 heads at 8K. Beside them eager keeps k and v repeated to 32 heads and
+  // o_proj's input, flash the log-sum-exp: per token 2 x (4096 x 4 - (4096 + 2 x 1024 + 4096))
+  // - 4 x 32 = 12,160 bytes more.
+  const uint64_t scores = 6ull * 32 * s * s;
+  EXPECT_EQ(eager - flash, scores + 12'160 * s);
+  // Without checkpointing, in every layer; selective recomputation drops the scores either way.
   EXPECT_EQ(
       activation_bytes(m, s, 1, Checkpointing::kNone, DType::kBFloat16, Attention::kEager) -
           activation_bytes(m, s, 1, Checkpointing::kNone, DType::kBFloat16, Attention::kFlash),
-      32 * 5ull * 32 * s * s);
+      32 * (scores + 12'160 * s));
   EXPECT_EQ(
-      activation_bytes(m, s, 1, Checkpointing::kSelective, DType::kBFloat16, Attention::kEager),
-      activation_bytes(m, s, 1, Checkpointing::kSelective, DType::kBFloat16, Attention::kFlash));
+      activation_bytes(m, s, 1, Checkpointing::kSelective, DType::kBFloat16, Attention::kEager) -
+          activation_bytes(m, s, 1, Checkpointing::kSelective, DType::kBFloat16, Attention::kFlash),
+      32 * 12'160 * s);
 }
 
 TEST(LongContext, An8bQloraAt8kFitsA4090WithFlashAttentionOnly) {

@@ -113,46 +113,87 @@ TEST(QloraWeights, AreHalfAByteAParameterPlusQuantizationConstants) {
 
 // ---- Activations -----------------------------------------------------------------------------
 
-ModelConfig gpt3_175b() {
-  ModelConfig m;
-  m.name = "gpt3-175b";
-  m.hidden_size = 12288;
-  m.intermediate_size = 4 * 12288;
-  m.num_hidden_layers = 96;
-  m.num_attention_heads = 96;
-  m.num_key_value_heads = 96;
-  m.head_dim = 128;
-  m.vocab_size = 51200;
-  return m;
+// Llama-3.1-8B: h 4096, 32 heads of 128, 8 KV heads (kv 1024), intermediate 14336; bf16.
+constexpr uint64_t kH = 4096, kKv = 1024, kInter = 14336, kHeads = 32, kHeadDim = 128;
+// The two norms' fp32 input copies and 1/rms, and their bf16 outputs when the weights train.
+constexpr uint64_t kNormsFull = 2 * (4 * kH + 4 + 2 * kH);
+constexpr uint64_t kNormsFrozen = 2 * (4 * kH + 4);
+// q, k and v's input, RoPE's cos and sin.
+constexpr uint64_t kAttentionInputs = 2 * kH + 2 * 2 * kHeadDim;
+// Flash: q, k, v, the output, the log-sum-exp.
+constexpr uint64_t kFlash = 2 * (kH + kKv + kKv + kH) + 4 * kHeads;
+// The gated MLP's input and four intermediates.
+constexpr uint64_t kMlp = 2 * kH + 4 * 2 * kInter;
+
+TEST(Activations, ALlamaLayerKeepsEachSavedTensorOnce) {
+  const ModelConfig m = preset("llama-3.1-8b");
+  const uint64_t s = 4096;
+  EXPECT_EQ(activation_bytes_per_layer(m, s, 1, DType::kBFloat16, Attention::kFlash, false),
+            s * (kNormsFull + kAttentionInputs + kFlash + kMlp));
+  EXPECT_EQ(activation_bytes_per_layer(m, s, 1, DType::kBFloat16, Attention::kFlash, false),
+            824'737'792u);  // 201,352 bytes a token: 49 x h, against GPT's 34 x h
+  // Batch scales linearly.
+  EXPECT_EQ(activation_bytes_per_layer(m, s, 3, DType::kBFloat16, Attention::kFlash, false),
+            3 * 824'737'792ull);
+  // Eager: q, k and v repeated to 32 heads, o_proj's input copied, and with the scores the
+  // softmax's fp32 output beside its bf16 copy: 6 bytes a score against Korthikanti's 5.
+  const uint64_t eager = s * (kNormsFull + kAttentionInputs + 4 * 2 * kH + kMlp);
+  EXPECT_EQ(activation_bytes_per_layer(m, s, 1, DType::kBFloat16, Attention::kEager, false), eager);
+  EXPECT_EQ(activation_bytes_per_layer(m, s, 1, DType::kBFloat16, Attention::kEager, true),
+            eager + (4 + 2) * kHeads * s * s);
+  // fp32: the softmax's output is the tensor the product keeps: 4 bytes a score.
+  const uint64_t eager32 =
+      activation_bytes_per_layer(m, s, 1, DType::kFloat32, Attention::kEager, true) -
+      activation_bytes_per_layer(m, s, 1, DType::kFloat32, Attention::kEager, false);
+  EXPECT_EQ(eager32, 4 * kHeads * s * s);
 }
 
-TEST(Activations, FollowKorthikantiPerLayerFormulas) {
-  const ModelConfig m = gpt3_175b();
-  const uint64_t s = 2048, b = 1, h = 12288, a = 96;
-  // sbh(34 + 5as/h) with 16-bit activations.
-  EXPECT_EQ(activation_bytes_per_layer(m, s, b, DType::kBFloat16, true),
-            34 * s * b * h + 5 * a * s * s * b);
-  EXPECT_EQ(activation_bytes_per_layer(m, s, b, DType::kBFloat16, true), 2'868'903'936u);
-  EXPECT_EQ(activation_bytes(m, s, b, Checkpointing::kNone, DType::kBFloat16, Attention::kEager),
-            96 * 2'868'903'936ull);
-  // Selective recomputation removes the 5as^2b term.
+TEST(Activations, FollowTheCheckpointingMode) {
+  const ModelConfig m = preset("llama-3.1-8b");
+  const uint64_t s = 2048;
+  const uint64_t layer_eager =
+      activation_bytes_per_layer(m, s, 1, DType::kBFloat16, Attention::kEager, true);
+  const uint64_t layer_no_scores =
+      activation_bytes_per_layer(m, s, 1, DType::kBFloat16, Attention::kEager, false);
+  EXPECT_EQ(activation_bytes(m, s, 1, Checkpointing::kNone, DType::kBFloat16, Attention::kEager),
+            32 * layer_eager);
+  // Selective recomputation drops the scores.
   EXPECT_EQ(
-      activation_bytes(m, s, b, Checkpointing::kSelective, DType::kBFloat16, Attention::kEager),
-      96 * 34 * s * b * h);
-  // Full checkpointing: 2sbh per layer input, plus one layer being recomputed.
-  EXPECT_EQ(activation_bytes(m, s, b, Checkpointing::kFull, DType::kBFloat16, Attention::kEager),
-            96 * 2 * s * b * h + 2'868'903'936ull);
-  // fp32 activations take twice the bytes; batch scales linearly.
-  EXPECT_EQ(
-      activation_bytes(m, s, 2, Checkpointing::kSelective, DType::kFloat32, Attention::kEager),
-      4 * activation_bytes(m, s, 1, Checkpointing::kSelective, DType::kBFloat16,
-                           Attention::kEager));
+      activation_bytes(m, s, 1, Checkpointing::kSelective, DType::kBFloat16, Attention::kEager),
+      32 * layer_no_scores);
+  // Full checkpointing: each layer's bf16 input, plus one layer being recomputed.
+  EXPECT_EQ(activation_bytes(m, s, 1, Checkpointing::kFull, DType::kBFloat16, Attention::kEager),
+            32 * 2 * s * kH + layer_eager);
+}
+
+TEST(Activations, AdaptersKeepOnlyTheInputsOfTheLinearsTheyAdapt) {
+  const ModelConfig m = preset("llama-3.1-8b");
+  const uint64_t s = 4096;
+  // All linears adapted at rank 16: the frozen norms keep no bf16 output; every input stays
+  // (A's), and B keeps A's 16 outputs a token for each of the 7.
+  const SavedInputs all = saved_inputs(FinetuneMethod::kLora, LoraTargets{}, 16);
+  EXPECT_EQ(activation_bytes_per_layer(m, s, 1, DType::kBFloat16, Attention::kFlash, false, all),
+            s * (kNormsFrozen + kAttentionInputs + kFlash + kMlp + 7 * 2 * 16));
+  // PEFT's Llama default, q and v: the MLP keeps its intermediates only (SiLU's input and the
+  // product's factors), not its input nor down's.
+  const SavedInputs qv =
+      saved_inputs(FinetuneMethod::kQLora, *parse_lora_targets("q_proj,v_proj"), 16);
+  EXPECT_EQ(activation_bytes_per_layer(m, s, 1, DType::kBFloat16, Attention::kFlash, false, qv),
+            s * (kNormsFrozen + kAttentionInputs + kFlash + 3 * 2 * kInter + 2 * 2 * 16));
+  // Eager attention keeps o_proj's input only when o is adapted.
+  EXPECT_EQ(activation_bytes_per_layer(m, s, 1, DType::kBFloat16, Attention::kEager, false, all) -
+                activation_bytes_per_layer(m, s, 1, DType::kBFloat16, Attention::kEager, false, qv),
+            s * (2 * kH + 2 * kH + 2 * kInter + 5 * 2 * 16));  // o's, the MLP's, down's inputs
 }
 
 TEST(Activations, MoeLayersStoreTheMlpPartPerRoutedExpert) {
-  ModelConfig m = preset("mixtral-8x7b");
-  const uint64_t sbh = 4096ull * 4096;
-  EXPECT_EQ(activation_bytes_per_layer(m, 4096, 1, DType::kBFloat16, false), (15 + 2 * 19) * sbh);
+  ModelConfig m = preset("mixtral-8x7b");  // the same attention and MLP shapes, 8 experts, top 2
+  const uint64_t s = 4096;
+  // The router's input and fp32 probabilities; per routed expert the gathered input's copy, the
+  // MLP and its output kept by the routing weight's product.
+  const uint64_t moe = 2 * kH + 4 * 8 + 2 * (kMlp + 2 * kH);
+  EXPECT_EQ(activation_bytes_per_layer(m, s, 1, DType::kBFloat16, Attention::kFlash, false),
+            s * (kNormsFull + kAttentionInputs + kFlash + moe));
   EXPECT_EQ(logits_bytes(m, 4096, 1, DType::kBFloat16), 4096ull * 32000 * 10);
 }
 
