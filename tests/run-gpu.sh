@@ -13,7 +13,8 @@
 #   python   every tests/python file under this machine's python3 and torch, where test_torch.py
 #            and the allocator's test compute on the GPU; then the files whose training tests
 #            take conftest's DEVICE (LoRA, QLoRA, activation offload) once more on the GPU
-#            (STRATA_TEST_DEVICE=cuda); each file with a 150 s limit
+#            (STRATA_TEST_DEVICE=cuda); each file with a 150 s limit; and the bytes a training
+#            step saves per layer under this torch against the plan (lora_offload.py saved-bytes)
 #   measure  the main job on the GPU (`strata bench finetune --strategy strata --compute gpu`),
 #            then bench/planner_vs_measured.sh on its JSON: the disk (`strata bench io --mixed`),
 #            the copies over PCIe (`strata bench copy`) and the CPU Adam rate measured right
@@ -102,6 +103,15 @@ if wants python; then
       "$file" >"$OUT_DIR/python-$name.log" 2>&1 &
     pids+=("$!:python-$name")
   done
+  # The bytes autograd saves per layer in one step under this machine's torch (2.x), beside the
+  # plan's formula for the same shapes (docs/planner.md, "Activations measured"; on the CPU).
+  for method in full lora; do
+    OMP_NUM_THREADS=2 STRATA_LIBRARY=$BUILD/runtime/libstrata.so timeout 150 "$PYTHON" \
+      bindings/python/examples/lora_offload.py saved-bytes --method "$method" --hidden 256 \
+      --layers 3 --seq 256 --pinned-mib 256 --nvme "$scratch/python" --strata "$BUILD/bin/strata" \
+      >"$OUT_DIR/saved-bytes-$method.log" 2>&1 &
+    pids+=("$!:saved-bytes-$method")
+  done
 fi
 failed=0
 for entry in "${pids[@]}"; do
@@ -114,6 +124,15 @@ for entry in "${pids[@]}"; do
   # "N passed, M skipped in Ts".
   tally=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test|[0-9]+ (passed|failed|errors?)\b' "$log" |
     tr '\n' ' ')
+  case $name in saved-bytes-*)
+    tally=$("$PYTHON" -c '
+import json, sys
+d = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+print("torch", d["torch"], "; ".join("seq %d: measured %d, planned %d, planned + this torch'"'"'s extra - measured %+d"
+      % (r["seq"], r["measured_per_layer"], r["planned_per_layer"],
+         r["planned_with_this_torch_minus_measured"]) for r in d["rows"]))' "$log" 2>/dev/null ||
+      tail -2 "$log" | tr '\n' ' ') ;;
+  esac
   if [ "$rc" -eq 0 ]; then
     record PASS "$name" "$tally"
   else
