@@ -107,8 +107,9 @@ if wants python; then
   # plan's formula for the same shapes (docs/planner.md, "Activations measured"; on the CPU).
   for method in full lora; do
     OMP_NUM_THREADS=2 STRATA_LIBRARY=$BUILD/runtime/libstrata.so timeout 150 "$PYTHON" \
-      bindings/python/examples/lora_offload.py saved-bytes --method "$method" --hidden 256 \
-      --layers 3 --seq 256 --pinned-mib 256 --nvme "$scratch/python" --strata "$BUILD/bin/strata" \
+      bindings/python/examples/lora_offload.py saved-bytes --method "$method" --dtype bf16 \
+      --hidden 256 --layers 3 --seq 256 --pinned-mib 256 --nvme "$scratch/python" \
+      --strata "$BUILD/bin/strata" \
       >"$OUT_DIR/saved-bytes-$method.log" 2>&1 &
     pids+=("$!:saved-bytes-$method")
   done

@@ -162,7 +162,7 @@ def test_a_step_saves_each_attention_score_once_and_every_layer_alike(nvme_dir):
     import lora_offload
 
     args = argparse.Namespace(hidden=128, layers=2, rank=4, seq=64, batch=1, method="full",
-                              pinned_mib=64, nvme=nvme_dir, nvme_capacity_mib=256)
+                              dtype="fp32", pinned_mib=64, nvme=nvme_dir, nvme_capacity_mib=256)
     heads = lora_offload.model_config(args).num_attention_heads
     short, long = (lora_offload.saved_bytes_of_one_step(args, s) for s in (64, 128))
     assert len(short) == 2 and short[0] == short[1] and long[0] == long[1]

@@ -21,7 +21,7 @@
     # The bytes autograd saves per layer in one step, at --seq and twice it, against strata
     # plan's activation formula for the same shapes (docs/planner.md, "Activations measured")
     /usr/bin/python3 bindings/python/examples/lora_offload.py saved-bytes --method full \
-        --hidden 256 --layers 2 --seq 256 --nvme /var/tmp
+        --dtype bf16 --hidden 256 --layers 3 --seq 256 --pinned-mib 256 --nvme /var/tmp
 
 Each line printed is one JSON object.
 """
@@ -202,6 +202,7 @@ def saved_bytes_of_one_step(args, seq):
     from tiny_llama import loss_fn
 
     model = build(argparse.Namespace(**dict(vars(args), seq=seq)), args.method)
+    model.to(getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[args.dtype]))
     torch.manual_seed(1)
     tokens = torch.randint(0, 256, (args.batch, seq + 1))
     per_layer = []
@@ -220,7 +221,7 @@ def saved_bytes_of_one_step(args, seq):
 
 
 def planned_activation_bytes(args, seq):
-    """strata plan's activations for the same model and step: fp32, eager attention, no
+    """strata plan's activations for the same model and step: --dtype, eager attention, no
     checkpointing, everything on the GPU (its "activations" line of GPU memory)."""
     from dataclasses import asdict
 
@@ -230,7 +231,7 @@ def planned_activation_bytes(args, seq):
         json.dump(config, f)
         f.flush()
         out = subprocess.run([args.strata, "plan", "--model", f.name, "--method", args.method,
-                              "--lora-rank", str(args.rank), "--precision", "fp32", "--seq",
+                              "--lora-rank", str(args.rank), "--precision", args.dtype, "--seq",
                               str(seq), "--batch", str(args.batch), "--checkpointing", "none",
                               "--attention", "eager", "--offload", "none", "--gpu", "h100-sxm",
                               "--json"], capture_output=True, text=True, check=True)
@@ -262,15 +263,17 @@ def saved_bytes(args):
                      "planned_with_this_torch_minus_measured": planned + torch_extra - measured[-1],
                      "layers_equal": len(set(measured)) == 1})
     for key in ("measured_per_layer", "planned_per_layer"):
-        # bytes(s) = c1 * s*b*h * 2 + c2 * heads*s^2*b * 2 at fp32 (4 bytes, twice 16-bit units)
+        # bytes(s) = (c1 * s*b*h + c2 * heads*s^2*b) * x, c1 and c2 in 16-bit units (Korthikanti's
+        # 34 and 5): x = 2 at fp32, whose every tensor is twice its 16-bit size, 1 at bf16
         s1, s2 = rows[0]["seq"], rows[1]["seq"]
         y1, y2 = rows[0][key], rows[1][key]
         b, h = args.batch, args.hidden
-        c2 = (y2 - 2 * y1) / (2 * heads * b * (s2 * s2 - 2 * s1 * s1))
-        c1 = (y1 - c2 * 2 * heads * s1 * s1 * b) / (2 * s1 * b * h)
+        x = 2 if args.dtype == "fp32" else 1
+        c2 = (y2 - 2 * y1) / (x * heads * b * (s2 * s2 - 2 * s1 * s1))
+        c1 = (y1 - c2 * x * heads * s1 * s1 * b) / (x * s1 * b * h)
         fits[key.split("_")[0]] = {"per_sbh": round(c1, 2), "per_scores": round(c2, 2)}
     print(json.dumps({"mode": "saved-bytes", "torch": torch.__version__, "method": args.method,
-                      "preset": args.preset, "hidden": args.hidden,
+                      "preset": args.preset, "dtype": args.dtype, "hidden": args.hidden,
                       "kv_heads": model_config(args).num_key_value_heads,
                       "heads": heads, "intermediate": model_config(args).intermediate_size,
                       "layers": args.layers, "batch": args.batch, "rows": rows,
@@ -318,6 +321,8 @@ def main():
     parser.add_argument("mode", choices=("lora", "longest-seq", "peak-run", "saved-bytes"))
     parser.add_argument("--preset", choices=("llama-2-7b", "tinyllama-1.1b"), default="llama-2-7b",
                         help="the shapes scaled to --hidden (tinyllama: grouped-query attention)")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="saved-bytes: the model's and the plan's precision")
     parser.add_argument("--method", choices=("full", "lora"), default="lora",
                         help="saved-bytes: the model fine-tuned in full or through adapters")
     parser.add_argument("--strata", default=os.path.join(HERE, "..", "..", "..", "build", "bin",

@@ -59,8 +59,11 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
     def forward(self, x):
+        # As transformers' LlamaRMSNorm: the statistics in fp32 (the same tensor when x is fp32).
+        dtype = x.dtype
+        x = x.to(torch.float32)
         variance = x.pow(2).mean(-1, keepdim=True)
-        return self.weight * (x * torch.rsqrt(variance + self.eps))
+        return self.weight * (x * torch.rsqrt(variance + self.eps)).to(dtype)
 
 
 def _rotate_half(x):
@@ -98,8 +101,9 @@ class Attention(nn.Module):
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-        mask = torch.full((t, t), float("-inf"), device=x.device).triu(1)
-        attn = F.softmax(scores + mask, dim=-1)
+        mask = torch.full((t, t), float("-inf"), device=x.device, dtype=scores.dtype).triu(1)
+        # As transformers' eager attention: the softmax in fp32, then back to the compute dtype.
+        attn = F.softmax(scores + mask, dim=-1, dtype=torch.float32).to(q.dtype)
         out = (attn @ v).transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
         return self.o_proj(out)
 
