@@ -47,7 +47,7 @@ class SavedActivation:
     """One saved tensor as autograd holds it: its bytes (shared with other saves of the same
     values) and its own shape, strides and dtype."""
 
-    __slots__ = ("saved_bytes", "shape", "stride", "dtype", "device", "__weakref__")
+    __slots__ = ("saved_bytes", "shape", "stride", "dtype", "device")
 
     def __init__(self, saved_bytes, shape, stride, dtype, device):
         self.saved_bytes, self.shape, self.stride = saved_bytes, shape, stride
