@@ -529,10 +529,15 @@ uint64_t activation_bytes_per_layer(const ModelConfig& m, uint64_t seq, uint64_t
                         p * rank * saved.adapted_mlp_linears;
   if (m.is_moe()) {
     // Mixtral's sparse block: the router's input and its fp32 probabilities (one per expert);
-    // per routed expert the token's gathered input (a copy), the MLP's intermediates, and its
-    // output, which the routing weight's product keeps.
+    // per routed expert the token's gathered input (a copy), the MLP's intermediates, its output,
+    // which the routing weight's product keeps, and that product, which index_add_ keeps (its
+    // derivative expands the gradient as the source). The routing's bookkeeping per routed
+    // expert: topk's int64 index, the token and slot indices the gathers keep (int64 each), the
+    // top-k probability the renormalisation keeps (fp32) and the weight in the compute dtype;
+    // and the renormalisation's sum, one fp32 a token.
+    const auto routed = static_cast<double>(m.active_experts());
     per_token += (saved.router ? p * h : 0) + fp32 * static_cast<double>(m.num_local_experts) +
-                 static_cast<double>(m.active_experts()) * (expert + p * h);
+                 routed * (expert + 2 * p * h) + routed * (3 * 8 + fp32 + p) + fp32;
   } else {
     per_token += expert;
   }

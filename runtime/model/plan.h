@@ -193,10 +193,10 @@ SavedInputs saved_inputs(FinetuneMethod method, const LoraTargets& targets, uint
 // token, counted tensor by tensor (docs/planner.md, "Activations"): the norms' fp32 copies, RoPE's
 // cos and sin, the attention's inputs and outputs (flash: q, k, v, output and log-sum-exp; eager:
 // q with k and v repeated to every head, the softmax's fp32 output and its copy in the compute
-// dtype, s per head each), the gated MLP's four intermediates (per routed expert in MoE, with the
-// router's fp32 probabilities). keep_attention_scores adds eager attention's scores (selective
-// recomputation drops them; flash never has them). Measured against a run in
-// `lora_offload.py saved-bytes` (docs/planner.md, "Activations measured").
+// dtype, s per head each), the gated MLP's four intermediates (per routed expert in MoE, with
+// its output twice and the router's fp32 probabilities). keep_attention_scores adds eager
+// attention's scores (selective recomputation drops them; flash never has them). Measured
+// against a run in `lora_offload.py saved-bytes` (docs/planner.md, "Activations measured").
 uint64_t activation_bytes_per_layer(const ModelConfig& model, uint64_t seq, uint64_t batch,
                                     DType precision, Attention attention,
                                     bool keep_attention_scores, const SavedInputs& saved = {});

@@ -190,8 +190,9 @@ TEST(Activations, MoeLayersStoreTheMlpPartPerRoutedExpert) {
   ModelConfig m = preset("mixtral-8x7b");  // the same attention and MLP shapes, 8 experts, top 2
   const uint64_t s = 4096;
   // The router's input and fp32 probabilities; per routed expert the gathered input's copy, the
-  // MLP and its output kept by the routing weight's product.
-  const uint64_t moe = 2 * kH + 4 * 8 + 2 * (kMlp + 2 * kH);
+  // MLP, its output kept by the routing weight's product, the product kept by index_add_, and
+  // the routing's three int64 indices, fp32 probability and bf16 weight; the renormalising sum.
+  const uint64_t moe = 2 * kH + 4 * 8 + 2 * (kMlp + 2 * kH + 2 * kH) + 2 * (3 * 8 + 4 + 2) + 4;
   EXPECT_EQ(activation_bytes_per_layer(m, s, 1, DType::kBFloat16, Attention::kFlash, false),
             s * (kNormsFull + kAttentionInputs + kFlash + moe));
   EXPECT_EQ(logits_bytes(m, 4096, 1, DType::kBFloat16), 4096ull * 32000 * 10);

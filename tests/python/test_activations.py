@@ -12,9 +12,9 @@ from conftest import DEVICE, paired_step
 from tiny_llama import PRESETS, Llama, batches, corpus_bytes, loss_fn
 
 
-def llama(seed=0, hidden=128, layers=2):
+def llama(seed=0, hidden=128, layers=2, preset="tinyllama-1.1b"):
     torch.manual_seed(seed)
-    c = PRESETS["tinyllama-1.1b"].scaled(hidden, layers, vocab_size=256, max_positions=128)
+    c = PRESETS[preset].scaled(hidden, layers, vocab_size=256, max_positions=128)
     return Llama(c)
 
 
@@ -30,9 +30,10 @@ def run(model, handle, opt, data):
     return losses, grads
 
 
-@pytest.mark.parametrize("home", ["pinned", "nvme"])
-def test_gradients_with_activations_offloaded_are_exactly_those_without(nvme_dir, home):
-    reference = llama(seed=7)
+@pytest.mark.parametrize("home,preset", [("pinned", "tinyllama-1.1b"), ("nvme", "tinyllama-1.1b"),
+                                         ("pinned", "mixtral-8x7b")])
+def test_gradients_with_activations_offloaded_are_exactly_those_without(nvme_dir, home, preset):
+    reference = llama(seed=7, preset=preset)
     ours = copy.deepcopy(reference)
     data = batches(corpus_bytes(), 3, batch=2, seq=96, seed=4)
     budgets = dict(nvme_capacity_bytes=256 << 20, pinned_budget_bytes=16 << 20)

@@ -227,7 +227,7 @@ def planned_activation_bytes(args, seq):
 
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
         config = asdict(model_config(args))
-        config["model_type"] = "llama"
+        config["model_type"] = "mixtral" if config["num_local_experts"] > 1 else "llama"
         json.dump(config, f)
         f.flush()
         out = subprocess.run([args.strata, "plan", "--model", f.name, "--method", args.method,
@@ -319,8 +319,9 @@ def longest_seq(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("lora", "longest-seq", "peak-run", "saved-bytes"))
-    parser.add_argument("--preset", choices=("llama-2-7b", "tinyllama-1.1b"), default="llama-2-7b",
-                        help="the shapes scaled to --hidden (tinyllama: grouped-query attention)")
+    parser.add_argument("--preset", choices=("llama-2-7b", "tinyllama-1.1b", "mixtral-8x7b"),
+                        default="llama-2-7b", help="the shapes scaled to --hidden (tinyllama: "
+                        "grouped-query attention; mixtral: 8 experts, 2 a token)")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                         help="saved-bytes: the model's and the plan's precision")
     parser.add_argument("--method", choices=("full", "lora"), default="lora",

@@ -1,5 +1,5 @@
 """A Llama-architecture decoder in plain PyTorch (RMSNorm, rotary attention with grouped KV heads,
-SwiGLU MLP), built from a config with random weights. No downloads.
+SwiGLU MLP, or Mixtral's routed experts), built from a config with random weights. No downloads.
 
 PRESETS holds Hugging Face configs (the keys of config.json); scaled() shrinks one while keeping
 its proportions, so the example trains tinyllama-1.1b's architecture on a laptop CPU.
@@ -23,6 +23,8 @@ class LlamaConfig:
     max_position_embeddings: int = 2048
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    num_local_experts: int = 0  # > 1: Mixtral's sparse MLP
+    num_experts_per_tok: int = 0
 
     def scaled(self, hidden_size, num_hidden_layers, vocab_size=None, max_positions=None):
         """The same architecture at hidden_size: heads keep their size ratio, the MLP its width
@@ -46,6 +48,11 @@ PRESETS = {
     "llama-2-7b": LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                               num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
                               max_position_embeddings=4096, rms_norm_eps=1e-5),
+    # mistralai/Mixtral-8x7B-v0.1 config.json
+    "mixtral-8x7b": LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
+                                max_position_embeddings=32768, rms_norm_eps=1e-5,
+                                rope_theta=1e6, num_local_experts=8, num_experts_per_tok=2),
 }
 
 
@@ -120,13 +127,37 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class SparseMoE(nn.Module):
+    """As transformers' MixtralSparseMoeBlock: a router sends each token to num_experts_per_tok
+    experts (gated MLPs), whose outputs it weighs by its renormalised probabilities."""
+
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.top_k = c.num_experts_per_tok
+        self.gate = nn.Linear(c.hidden_size, c.num_local_experts, bias=False, device=device)
+        self.experts = nn.ModuleList(MLP(c, device) for _ in range(c.num_local_experts))
+
+    def forward(self, x):
+        b, t, h = x.shape
+        x = x.reshape(-1, h)
+        probs = F.softmax(self.gate(x), dim=1, dtype=torch.float32)
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
+        out = torch.zeros_like(x)
+        routed = F.one_hot(chosen, num_classes=len(self.experts)).permute(2, 1, 0)
+        for index, expert in enumerate(self.experts):
+            slot, token = torch.where(routed[index])
+            out = out.index_add(0, token, expert(x[token]) * weights[token, slot, None])
+        return out.reshape(b, t, h)
+
+
 class Block(nn.Module):
     def __init__(self, c, device=None):
         super().__init__()
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, device)
         self.self_attn = Attention(c, device)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, device)
-        self.mlp = MLP(c, device)
+        self.mlp = SparseMoE(c, device) if c.num_local_experts > 1 else MLP(c, device)
 
     def forward(self, x):
         x = x + self.self_attn(self.input_layernorm(x))
