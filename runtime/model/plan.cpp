@@ -521,10 +521,11 @@ uint64_t activation_bytes_per_layer(const ModelConfig& m, uint64_t seq, uint64_t
       per_token += (fp32 + (p == fp32 ? 0 : p)) * heads * static_cast<double>(seq);
     }
   }
-  // The gated MLP: its input, the gate's output (SiLU's input), SiLU's output and up's output
-  // (the product's two factors), and the product (down's input).
+  // LoRA: B keeps A's rank outputs, for each adapted linear (the MLP's below, per expert).
   const double rank = saved.lora_rank;
   per_token += p * rank * saved.adapted_attention_linears;
+  // The gated MLP: its input, the gate's output (SiLU's input), SiLU's output and up's output
+  // (the product's two factors), and the product (down's input).
   const double expert = (saved.gate_up ? p * h : 0) + 3 * p * inter + (saved.down ? p * inter : 0) +
                         p * rank * saved.adapted_mlp_linears;
   if (m.is_moe()) {
