@@ -800,19 +800,23 @@ OffloadJob offload_job(const PlanRequest& r, const ModelStates& s, const GpuChoi
   return job;
 }
 
+// Every layer's activations of one micro-batch of the request.
+uint64_t request_activation_bytes(const PlanRequest& r) {
+  return activation_bytes(r.model, r.seq_len, r.micro_batch, r.checkpointing, r.precision,
+                          r.attention, saved_inputs(r.method, r.lora_targets, r.lora_rank));
+}
+
 GpuMemory gpu_memory(const PlanRequest& r, const ModelStates& s, const GpuChoice& g,
                      Offload offload, bool params_resident) {
   const ModelConfig& m = r.model;
   const uint64_t b = bytes_of(r.precision);
   const bool full = r.method == FinetuneMethod::kFull;
   GpuMemory mem;
-  mem.activations =
-      r.activation_offload == ActivationOffload::kNone
-          ? activation_bytes(m, r.seq_len, r.micro_batch, r.checkpointing, r.precision, r.attention,
-                             saved_inputs(r.method, r.lora_targets, r.lora_rank))
-          : activation_working_set_bytes(m, r.seq_len, r.micro_batch, r.checkpointing, r.precision,
-                                         r.attention,
-                                         saved_inputs(r.method, r.lora_targets, r.lora_rank));
+  mem.activations = r.activation_offload == ActivationOffload::kNone
+                        ? request_activation_bytes(r)
+                        : activation_working_set_bytes(
+                              m, r.seq_len, r.micro_batch, r.checkpointing, r.precision,
+                              r.attention, saved_inputs(r.method, r.lora_targets, r.lora_rank));
   mem.logits = logits_bytes(m, r.seq_len, r.micro_batch, r.precision);
   mem.cuda_context = r.assume.cuda_context_bytes;
 
@@ -884,11 +888,7 @@ GpuPlan plan_with_offload(const PlanRequest& r, const ModelStates& s, const GpuC
       break;  // simulated later, once per GPU that needs it
   }
   if (r.activation_offload != ActivationOffload::kNone) {
-    const ModelConfig& m = r.model;
-    plan.activations_offloaded_bytes =
-        activation_bytes(m, r.seq_len, r.micro_batch, r.checkpointing, r.precision, r.attention,
-                         saved_inputs(r.method, r.lora_targets, r.lora_rank)) -
-        plan.memory.activations;
+    plan.activations_offloaded_bytes = request_activation_bytes(r) - plan.memory.activations;
     if (offload != Offload::kNvme) {
       add_activation_offload(plan.job, plan.activations_offloaded_bytes,
                              r.activation_offload == ActivationOffload::kNvme, plan.stages);

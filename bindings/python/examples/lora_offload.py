@@ -207,7 +207,7 @@ def saved_bytes_of_one_step(args, seq):
     tokens = torch.randint(0, 256, (args.batch, seq + 1))
     per_layer = []
     with tempfile.TemporaryDirectory(dir=args.nvme) as d:
-        handle = st.offload(model, nvme_path=d, device="cpu", activations="pinned",
+        handle = st.offload(model, nvme_path=d, device="cpu",
                             nvme_capacity_bytes=args.nvme_capacity_mib << 20,
                             pinned_budget_bytes=args.pinned_mib << 20)
         acts = handle.offload_activations("pinned", min_bytes=1)
@@ -244,7 +244,8 @@ def saved_bytes(args):
     counts them) and those that grow with s^2 (per heads*s^2*b, the attention scores)."""
     import torch
 
-    heads = model_config(args).num_attention_heads
+    config = model_config(args)
+    heads = config.num_attention_heads
     # The planner counts torch 2.x's saves. torch 1.13's mean(dim) also keeps its input (the
     # norm's squared fp32 input: generated MeanBackward1 has self_), 4 bytes a token and hidden
     # unit in each of a layer's two norms: counted here when this torch does it.
@@ -261,7 +262,7 @@ def saved_bytes(args):
                      "planned_per_layer": planned, "planned_over_measured":
                      round(planned / measured[-1], 4), "this_torch_extra_per_layer": torch_extra,
                      "planned_with_this_torch_minus_measured": planned + torch_extra - measured[-1],
-                     "layers_equal": len(set(measured)) == 1})
+                     "later_layers_equal": len(set(measured[1:])) <= 1})
     for key in ("measured_per_layer", "planned_per_layer"):
         # bytes(s) = (c1 * s*b*h + c2 * heads*s^2*b) * x, c1 and c2 in 16-bit units (Korthikanti's
         # 34 and 5): x = 2 at fp32, whose every tensor is twice its 16-bit size, 1 at bf16
@@ -274,8 +275,8 @@ def saved_bytes(args):
         fits[key.split("_")[0]] = {"per_sbh": round(c1, 2), "per_scores": round(c2, 2)}
     print(json.dumps({"mode": "saved-bytes", "torch": torch.__version__, "method": args.method,
                       "preset": args.preset, "dtype": args.dtype, "hidden": args.hidden,
-                      "kv_heads": model_config(args).num_key_value_heads,
-                      "heads": heads, "intermediate": model_config(args).intermediate_size,
+                      "kv_heads": config.num_key_value_heads,
+                      "heads": heads, "intermediate": config.intermediate_size,
                       "layers": args.layers, "batch": args.batch, "rows": rows,
                       "coefficients_16bit": fits}))
 

@@ -57,14 +57,6 @@ class SavedActivation:
     def chunks(self):
         return self.saved_bytes.chunks
 
-    @property
-    def nbytes(self):
-        return self.saved_bytes.nbytes
-
-    @property
-    def index(self):
-        return self.saved_bytes.index
-
 
 def _storage(t):
     return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
@@ -198,11 +190,11 @@ class ActivationOffload:
                                   device=saved.device)
         return out.copy_(logical)
 
-    def _copy_out(self, stored, device):
-        self._prefetch_before(stored.index)
-        flat = torch.empty(stored.nbytes, dtype=torch.uint8, device=device)
+    def _copy_out(self, saved_bytes, device):
+        self._prefetch_before(saved_bytes.index)
+        flat = torch.empty(saved_bytes.nbytes, dtype=torch.uint8, device=device)
         offset = 0
-        for tensor in stored.chunks:
+        for tensor in saved_bytes.chunks:
             acq = tensor.acquire("pinned")
             try:
                 view = _views.as_tensor(acq, torch.uint8, (tensor.nbytes,), torch.device("cpu"))
