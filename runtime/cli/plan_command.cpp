@@ -374,12 +374,16 @@ void print_text(const Plan& plan) {
               r.nvme.label.c_str(), fixed(r.nvme.read_gbps, 1).c_str(),
               fixed(r.nvme.write_gbps, 1).c_str());
   const OffloadEstimate& st = p.stages;
-  std::printf("  step           %s, %s tokens/s, bound by %s%s\n",
+  const bool copies = st.activation_copy_seconds > 0;
+  std::printf("  step           %s, %s tokens/s, bound by %s%s%s\n",
               human_seconds(p.step_seconds).c_str(), fixed(p.tokens_per_s, 0).c_str(),
-              p.bottleneck.c_str(), st.model == "simulated" ? " (simulated)" : "");
-  std::printf("  busy           compute %s, PCIe %s, NVMe %s, CPU optimizer %s",
-              human_seconds(st.compute_seconds).c_str(), human_seconds(st.pcie_seconds).c_str(),
-              human_seconds(st.nvme_seconds).c_str(),
+              p.bottleneck.c_str(),
+              copies && p.bottleneck == "compute" ? " and the activation copies on its stream" : "",
+              st.model == "simulated" ? " (simulated)" : "");
+  std::printf("  busy           compute %s%s%s, PCIe %s, NVMe %s, CPU optimizer %s",
+              human_seconds(st.compute_seconds).c_str(), copies ? " + activation copies " : "",
+              copies ? human_seconds(st.activation_copy_seconds).c_str() : "",
+              human_seconds(st.pcie_seconds).c_str(), human_seconds(st.nvme_seconds).c_str(),
               human_seconds(st.cpu_optimizer_seconds).c_str());
   if (st.model == "simulated") {
     std::printf(", GPU stalled %s", human_seconds(st.stall_seconds).c_str());

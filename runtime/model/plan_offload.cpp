@@ -299,9 +299,14 @@ void add_activation_offload(const OffloadJob& job, uint64_t bytes_per_micro_batc
     e.host_breakdown.push_back({"activations", held});
     e.host_bytes += held;
   }
+  // strata.torch's pack and unpack copy each saved tensor with a plain copy_ (activations.py):
+  // blocking, on the stream the layers compute on, as torch's own save_on_cpu copies. The GPU
+  // computes nothing while one crosses, so the copies add to compute's time; they also occupy the
+  // link, where the states' transfers overlap them.
+  e.activation_copy_seconds = 2 * seconds(per_gpu, job.pcie_gbps);
   const bool writes_longer = seconds(e.nvme_write_bytes, job.nvme_write_gbps) >
                              seconds(e.nvme_read_bytes, job.nvme_read_gbps);
-  auto [step, name] = slowest({{e.compute_seconds, "compute"},
+  auto [step, name] = slowest({{e.compute_seconds + e.activation_copy_seconds, "compute"},
                                {e.pcie_seconds, "pcie"},
                                {e.cpu_optimizer_seconds, "cpu-optimizer"},
                                {e.nvme_seconds, writes_longer ? "nvme-write" : "nvme-read"}});

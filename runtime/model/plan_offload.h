@@ -100,6 +100,9 @@ struct OffloadEstimate {
   double nvme_seconds = 0;           // read + write (a drive serves one direction at a time)
   double cpu_optimizer_seconds = 0;  // CPU Adam and, for ZeRO-Infinity, its overflow check
   double stall_seconds = 0;          // the GPU waiting for data (simulated)
+  // The compute stream copying saved activations out and back (activation offload): blocking
+  // copies that compute waits for, so the stream is busy compute_seconds plus this.
+  double activation_copy_seconds = 0;
   double step_seconds = 0;
   std::string bottleneck;  // "compute", "pcie", "nvme-read", "nvme-write", "cpu-optimizer"
   // Simulated runs: the budgets the scheduler ran under and the peaks it reached.
@@ -120,8 +123,9 @@ OffloadEstimate estimate_cpu_offload(const OffloadJob& job);
 // Activation offload added to a closed-form estimate (no or CPU offload of the states): one
 // micro-batch's saved activations (`bytes_per_micro_batch`, per GPU) cross PCIe out and back per
 // micro-batch, and rest in host RAM (pinned) or on NVMe (`to_nvme`: written and read once per
-// micro-batch, the most the runtime's spilling moves); the step is the slowest of compute,
-// PCIe, the CPU optimizer and the drives.
+// micro-batch, the most the runtime's spilling moves). The copies are blocking ones on the
+// compute stream, as the runtime makes them (activation_copy_seconds); the step is the slowest of
+// compute with them, PCIe, the CPU optimizer and the drives.
 void add_activation_offload(const OffloadJob& job, uint64_t bytes_per_micro_batch, bool to_nvme,
                             OffloadEstimate& e);
 

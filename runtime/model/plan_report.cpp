@@ -17,6 +17,7 @@ json offload_json(const OffloadEstimate& e) {
               {"step_seconds", e.step_seconds},
               {"bottleneck", e.bottleneck},
               {"compute_seconds", e.compute_seconds},
+              {"activation_copy_seconds", e.activation_copy_seconds},
               {"pcie_seconds", e.pcie_seconds},
               {"nvme_seconds", e.nvme_seconds},
               {"cpu_optimizer_seconds", e.cpu_optimizer_seconds},
