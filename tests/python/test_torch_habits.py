@@ -192,6 +192,104 @@ def test_failed_adamw_leaves_nothing_registered(data, nvme_dir):
     assert opt.runtime.optimizer_get_step() == 1
 
 
+def test_adamw_refuses_the_options_it_would_otherwise_ignore(data, nvme_dir, tmp_path):
+    """torch.optim.AdamW's signature: an option that changes torch's numbers and that Strata's
+    update does not compute is refused, never dropped; runtime settings given with offloaded
+    parameters (whose model's runtime is used) likewise. Then a plain AdamW works."""
+    model = tied_llama(seed=2)
+    st.offload(model, nvme_path=nvme_dir, device="cpu", **SMALL)
+    for option in ("amsgrad", "maximize", "capturable", "differentiable"):
+        with pytest.raises(strata.StrataError) as e:
+            st.AdamW(model.parameters(), **{option: True})
+        assert e.value.name == "STRATA_E_UNSUPPORTED" and option in e.value.message
+    with pytest.raises(strata.StrataError) as e:
+        st.AdamW(model.parameters(), 1e-3, (0.9, 0.999), 1e-8, 1e-2, True)  # amsgrad, positional
+    assert e.value.name == "STRATA_E_UNSUPPORTED"
+    for extra in ({"nvme_path": str(tmp_path)}, {"pinned_budget_bytes": 1 << 20},
+                  {"weight_decy": 0.5}):
+        with pytest.raises(strata.StrataError) as e:
+            st.AdamW(model.parameters(), **extra)
+        assert e.value.name == "STRATA_E_INVALID" and next(iter(extra)) in e.value.message
+    opt = st.AdamW(model.parameters(), lr=1e-3, foreach=True, fused=False)
+    x, y = data[0]
+    loss_fn(model(x), y).backward()
+    opt.step()
+    assert opt.runtime.optimizer_get_step() == 1
+    plain = torch.nn.Linear(4, 4)
+    with pytest.raises(strata.StrataError) as e:
+        st.AdamW(plain.parameters(), nvme_path=str(tmp_path), maximize=True, **SMALL)
+    assert e.value.name == "STRATA_E_UNSUPPORTED"
+
+
+def test_weights_loaded_after_the_optimizer_exists_are_where_the_next_step_starts(data,
+                                                                                  nvme_dir):
+    """torch.optim.AdamW steps from the parameter as it is: weights loaded between steps (a
+    checkpoint's, a merged adapter's) are updated from there, with the moments kept. Strata's
+    fp32 master takes them, so the losses go on equal to torch's."""
+    reference, ref_opt, ours, opt, _ = pair(nvme_dir, seed=5, lr=3e-3)
+    losses = [[], []]
+    train_both([(reference, ref_opt), (ours, opt)], data[:3], losses)
+    new = tied_llama(seed=6).state_dict()
+    reference.load_state_dict(new)
+    ours.load_state_dict(new)
+    train_both([(reference, ref_opt), (ours, opt)], data[3:8], losses)
+    assert_close(losses[1], losses[0])
+    expected = reference.state_dict()
+    for name, value in ours.state_dict().items():
+        assert torch.allclose(value, expected[name], rtol=1e-5, atol=1e-6), name
+
+
+def test_a_standalone_parameter_edited_between_steps_is_stepped_from_the_edit(data, nvme_dir):
+    """The standalone AdamW (parameters not offloaded) copies the new weights into each
+    parameter after a step; an edit made afterwards, even through .data (which no version
+    counter sees), is where its next step starts, as in torch."""
+    torch.manual_seed(7)
+    reference = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
+                                    torch.nn.Linear(32, 4))
+    ours = copy.deepcopy(reference)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    opt = st.AdamW(ours.parameters(), lr=1e-2, nvme_path=nvme_dir, **SMALL)
+    x = torch.randn(8, 16)
+    y = torch.randn(8, 4)
+
+    def step(model, o):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss.item()
+
+    losses = [[], []]
+    for k in range(6):
+        if k == 3:
+            for model in (reference, ours):
+                model[0].weight.data.mul_(0.5)  # not seen by the version counter
+                with torch.no_grad():
+                    model[2].bias.copy_(torch.ones(4))
+        for i, (m, o) in enumerate(((reference, ref_opt), (ours, opt))):
+            losses[i].append(step(m, o))
+    assert_close(losses[1], losses[0])
+    for a, b in zip(ours.parameters(), reference.parameters()):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_deepcopy_of_an_offloaded_model_is_refused_until_it_is_closed(data, nvme_dir):
+    """A copy would hold NaN placeholders and hooks driving the original's Strata tensors:
+    copy.deepcopy of the model, a submodule or the handle raises at once, naming what to do;
+    after close(restore=True) the model is plain again and copies as torch copies it."""
+    model = tied_llama(seed=8)
+    handle = st.offload(model, nvme_path=nvme_dir, device="cpu", **SMALL)
+    x, _ = data[0]
+    before = model(x).detach()
+    for what in (model, model.layers[0], handle):
+        with pytest.raises(strata.StrataError) as e:
+            copy.deepcopy(what)
+        assert e.value.name == "STRATA_E_UNSUPPORTED" and "state_dict()" in e.value.message
+    handle.close()
+    twin = copy.deepcopy(model)
+    assert torch.equal(twin(x), before)
+
+
 # 3 ----------------------------------------------------------------------------------------------
 def decay_groups(model):
     """The model files' own configure_optimizers: weight decay on 2-D weights only."""
@@ -364,8 +462,12 @@ def test_state_dict_with_tied_weights_loads_strictly_into_plain_model(data, nvme
     st.offload(again, nvme_path=nvme_dir, device="cpu", **SMALL)
     again.load_state_dict(ref_sd, strict=True)
     assert_close([loss_fn(again(x), y).item()], [loss_fn(reference(x), y).item()])
-    with pytest.raises(RuntimeError, match="size mismatch"):
-        again.load_state_dict({**ref_sd, "norm.weight": torch.ones(3)})
+    bad = {**ref_sd, "norm.weight": torch.ones(3)}
+    with pytest.raises(RuntimeError, match="size mismatch") as ours:
+        again.load_state_dict(bad)
+    with pytest.raises(RuntimeError) as torchs:
+        tied_llama(seed=78).load_state_dict(bad)
+    assert str(ours.value) == str(torchs.value)  # torch's words, torch.Size and all
 
 
 # 5 ----------------------------------------------------------------------------------------------

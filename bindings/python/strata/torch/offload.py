@@ -411,6 +411,8 @@ class OffloadedModel:
         for sub in module.modules():
             # torch's Module.zero_grad only sees p.grad, which Strata's parameters never keep.
             sub.zero_grad = functools.partial(_module_zero_grad, owner, sub)
+            # copy.deepcopy looks for the instance's own __deepcopy__ first.
+            sub.__deepcopy__ = _refuse_deepcopy
         for unit in self.units:
             # model.state_dict() / load_state_dict() read and write the values in Strata.
             unit.hooks.append(unit.module._register_state_dict_hook(
@@ -539,8 +541,8 @@ class OffloadedModel:
         contents (Strata refuses to let backward or the optimizer write a read-only tensor)."""
         if rec.pins:
             raise StrataError(_lib.E_STATE, f"parameter {rec.name!r} was unfrozen while in use "
-                                            "(between its module's forward and backward): "
-                                            "unfreeze it between steps")
+                                            "(its module holds it, inside its forward or "
+                                            "backward): unfreeze it between steps")
         value = self._read_value(rec)
         old = rec.tensor
         rec.tensor = self.runtime.register(rec.name, rec.numel * value.element_size(),
@@ -567,6 +569,9 @@ class OffloadedModel:
             rec.tensor.write(_nf4.quantize(value, repr(rec.name)).numpy())
         else:
             rec.tensor.write(_views.host_numpy(value))
+        if self.optimizer is not None:
+            # Its next step starts from the new value, as torch.optim.AdamW's would.
+            self.optimizer._take_new_value(rec, value)
 
     # -- residency ------------------------------------------------------------------------------
     def _pin(self, rec):
@@ -799,6 +804,9 @@ class OffloadedModel:
             rec.grad_zero = False
             p.grad = None
 
+    def __deepcopy__(self, memo):
+        _refuse_deepcopy(memo)
+
     # saved tensors that alias a parameter's memory
     def _pack(self, t):
         if self._fetched and isinstance(t, torch.Tensor) and t.device == self.device:
@@ -875,9 +883,10 @@ class OffloadedModel:
         return self.module.state_dict()
 
     def load_state_dict(self, state, strict=True):
-        """Writes parameter values into Strata (model.load_state_dict does the same). Before
-        creating the optimizer, whose fp32 masters start from them; afterwards the optimizer's
-        masters keep their own values (load its state_dict too)."""
+        """Writes parameter values into Strata (model.load_state_dict does the same). The
+        optimizer's fp32 masters take them too, before or after it exists, so that its next step
+        starts from them as torch.optim.AdamW's would; its moments stay (load its state_dict
+        for those)."""
         return self.module.load_state_dict(state, strict=strict)
 
     def zero_grad(self, set_to_none=True):
@@ -970,6 +979,7 @@ class OffloadedModel:
             for sub in self.module.modules():
                 sub.__dict__.pop("zero_grad", None)
                 sub.__dict__.pop("_load_from_state_dict", None)
+                sub.__dict__.pop("__deepcopy__", None)
             for rec in self.params:
                 for h in rec.hooks:
                     h.remove()
@@ -1041,6 +1051,16 @@ def _state_dict_hook(owner_ref, unit, module, destination, prefix, local_metadat
     return destination
 
 
+def _refuse_deepcopy(memo):
+    """copy.deepcopy of an offloaded module (or of its handle): a copy would hold the
+    placeholders, whose clones are NaN, and hooks that drive the original's Strata tensors."""
+    raise StrataError(_lib.E_UNSUPPORTED,
+                      "copy.deepcopy of a model offloaded by strata.torch.offload: its weights are "
+                      "in Strata and a copy's hooks would drive the original's tensors; copy the "
+                      "model before offload, or load offloaded.state_dict() (or model.state_dict()) "
+                      "into a fresh one")
+
+
 def _load_from_state_dict(owner_ref, unit, state_dict, prefix, local_metadata, strict,
                           missing_keys, unexpected_keys, error_msgs):
     """module._load_from_state_dict of a unit: its parameters' values go into Strata; the rest
@@ -1058,8 +1078,8 @@ def _load_from_state_dict(owner_ref, unit, state_dict, prefix, local_metadata, s
             handled.append((name, value))
             if tuple(value.shape) != rec.shape:
                 error_msgs.append(f"size mismatch for {name}: copying a param with shape "
-                                  f"{tuple(value.shape)} from checkpoint, the shape in current "
-                                  f"model is {rec.shape}.")
+                                  f"{value.shape} from checkpoint, the shape in current "
+                                  f"model is {torch.Size(rec.shape)}.")
                 continue
             owner._write_value(rec, value)
     try:

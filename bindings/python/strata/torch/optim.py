@@ -126,27 +126,47 @@ class _Standalone:
         self.tensor.write(_views.host_numpy(param))
         self.grad = runtime.register(name + ".grad", nbytes, dtype, "gradient", layer, "nvme")
         self.grad_written = False
+        # What the last step wrote into the parameter (a host copy): a parameter that differs
+        # from it at the next step was edited, and the step starts from the edit, as torch's.
+        self.written = None
 
 
 class AdamW(torch.optim.Optimizer):
     """AdamW (or Adam with decoupled_weight_decay=False) run by Strata.
 
-    AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
-          max_grad_norm=0.0, check_overflow=True, sub_group_bytes=0,
-          nvme_path=None, config=None, deepspeed_config=None, **config_fields)
+    AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+          maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
+          decoupled_weight_decay=True, max_grad_norm=0.0, check_overflow=True,
+          sub_group_bytes=0, nvme_path=None, config=None, deepspeed_config=None,
+          **config_fields)
 
-    The defaults are torch.optim.AdamW's. max_grad_norm clips the global gradient norm (0: off);
+    The signature and defaults are torch.optim.AdamW's. amsgrad, maximize, capturable and
+    differentiable set True are refused (STRATA_E_UNSUPPORTED); foreach and fused pick torch's
+    kernels and change nothing here. max_grad_norm clips the global gradient norm (0: off);
     check_overflow skips a step whose gradients hold inf or nan (step() then returns without
-    changing anything; see last_result). nvme_path / config / deepspeed_config / config_fields
-    configure the runtime the optimizer creates for parameters that are not offloaded; a
-    deepspeed_config's "optimizer" and "gradient_clipping" also set the defaults above.
+    changing anything; see last_result). nvme_path / config / config_fields configure the
+    runtime the optimizer creates for parameters that are not offloaded (given with offloaded
+    parameters they are STRATA_E_INVALID: the model's runtime is used); a deepspeed_config's
+    "optimizer" and "gradient_clipping" also set the defaults above.
+
+    A parameter given a new value between steps (model.load_state_dict on an offloaded model;
+    any write to a standalone parameter, .data included) is where the next step starts from, as
+    in torch: the fp32 master takes the new value; the moments stay.
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
-                 decoupled_weight_decay=True, max_grad_norm=0.0, check_overflow=True,
-                 sub_group_bytes=0, nvme_path=None, config=None, deepspeed_config=None,
-                 **config_fields):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, *, maximize=False, foreach=None, capturable=False,
+                 differentiable=False, fused=None, decoupled_weight_decay=True,
+                 max_grad_norm=0.0, check_overflow=True, sub_group_bytes=0, nvme_path=None,
+                 config=None, deepspeed_config=None, **config_fields):
         self._ready = False
+        # torch.optim.AdamW's own options: those that change the numbers Strata's update does not
+        # compute are refused, never dropped; foreach and fused choose torch's kernels only.
+        for name, value in (("amsgrad", amsgrad), ("maximize", maximize),
+                            ("capturable", capturable), ("differentiable", differentiable)):
+            if value:
+                raise StrataError(_lib.E_UNSUPPORTED, f"AdamW({name}=True): Strata's optimizer "
+                                                      f"has no {name}; torch.optim.AdamW does")
         mapped = None
         if deepspeed_config is not None:
             from ..deepspeed import from_deepspeed
@@ -180,6 +200,14 @@ class AdamW(torch.optim.Optimizer):
                                               "strata.torch.offload and some are not; give "
                                               "AdamW one kind")
         if offloaded:
+            ignored = sorted(config_fields) + [n for n, v in (("nvme_path", nvme_path),
+                                                              ("config", config)) if v is not None]
+            if ignored:
+                raise StrataError(_lib.E_INVALID, f"AdamW({', '.join(ignored)}): these configure "
+                                                  "the runtime a standalone AdamW creates; the "
+                                                  "parameters are offloaded, so the optimizer "
+                                                  "uses their model's runtime (configure it at "
+                                                  "strata.torch.offload)")
             if len(owners) != 1:
                 raise StrataError(_lib.E_INVALID, "parameters of several strata.torch.offload "
                                                   "models: create one AdamW per model")
@@ -312,7 +340,10 @@ class AdamW(torch.optim.Optimizer):
             self._require_grads(missing)
             for p in params:
                 rec = self._records[id(p)]
-                rec.tensor.write(_views.host_numpy(p.detach()))
+                current = p.detach().to("cpu")
+                if rec.written is not None and not torch.equal(current, rec.written):
+                    self._take_new_value(rec, current)
+                rec.tensor.write(_views.host_numpy(current))
                 rec.grad.write(_views.host_numpy(p.grad))
         else:
             self._model._check_not_stale([self._records[id(p)] for p in params])
@@ -348,10 +379,21 @@ class AdamW(torch.optim.Optimizer):
         if self._model is None:
             for p in params:
                 rec = self._records[id(p)]
-                out = torch.empty(rec.shape, dtype=rec.dtype)
+                out = rec.written if rec.written is not None else torch.empty(rec.shape,
+                                                                                dtype=rec.dtype)
                 rec.tensor.read(_np_view(out))
                 p.data.copy_(out)
+                rec.written = out
         return loss
+
+    def _take_new_value(self, rec, value):
+        """A parameter this optimizer updates got a new value outside step(): torch's AdamW
+        would step from it, so the fp32 master becomes it (as the parameter's dtype holds it);
+        the moments and the step count stay, as torch's state does."""
+        if self._records.get(id(rec.param)) is not rec:
+            return  # not one of this optimizer's (frozen, or not added)
+        master = value.detach().to(rec.dtype).to("cpu", torch.float32).contiguous()
+        self.runtime.optimizer_write_state(rec.tensor, _lib.OPTIMIZER_MASTER, _np_view(master))
 
     def _require_grads(self, missing):
         if missing:
