@@ -1057,8 +1057,8 @@ def _refuse_deepcopy(memo):
     raise StrataError(_lib.E_UNSUPPORTED,
                       "copy.deepcopy of a model offloaded by strata.torch.offload: its weights are "
                       "in Strata and a copy's hooks would drive the original's tensors; copy the "
-                      "model before offload, or load offloaded.state_dict() (or model.state_dict()) "
-                      "into a fresh one")
+                      "model before offload, or load offloaded.state_dict() (or "
+                      "model.state_dict()) into a fresh one")
 
 
 def _load_from_state_dict(owner_ref, unit, state_dict, prefix, local_metadata, strict,
