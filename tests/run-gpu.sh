@@ -19,7 +19,8 @@
 #            then bench/planner_vs_measured.sh on its JSON: the disk (`strata bench io --mixed`),
 #            the copies over PCIe (`strata bench copy`) and the CPU Adam rate measured right
 #            after it, each once more beside CPU AdamW on every core, and the plan of the same
-#            shape against the run (docs/planner.md); then LoRA and QLoRA on the GPU
+#            shape against the run (docs/planner.md); then LoRA and QLoRA on the GPU; then
+#            activation offload's step time against the plan's (lora_offload.py copy-time)
 # tests and python run side by side; measure runs alone after them. Logs and JSON go to OUT_DIR;
 # the last lines printed are one line per check: PASS or FAIL and the tallies. Exit 1 when a check
 # failed.
@@ -191,6 +192,24 @@ if wants measure; then
   for method in lora qlora; do
     finetune "finetune-gpu-$method" --method "$method" || true
   done
+  # Activation offload's copies on the GPU: the step's extra time with it against the plan's
+  # (packed bytes over each one-way rate of `strata bench copy`, added to compute's time:
+  # docs/planner.md, "Activation offload"). An extra_over_planned near 1 confirms that the
+  # copies block the compute stream; near 0, that they overlap it.
+  if timeout 60 "$BUILD/bin/strata" bench copy --backend cuda --json >"$OUT_DIR/copy-cuda.json" \
+    2>"$OUT_DIR/copy-cuda.log" &&
+    rates=$("$PYTHON" -c 'import json, sys; d = json.load(open(sys.argv[1]))
+print("%s,%s" % (d["device_to_host_gbps"], d["host_to_device_gbps"]))' "$OUT_DIR/copy-cuda.json") &&
+    STRATA_LIBRARY=$BUILD/runtime/libstrata.so timeout 150 "$PYTHON" \
+      bindings/python/examples/lora_offload.py copy-time --device cuda --dtype bf16 \
+      --hidden 1024 --layers 8 --seq 2048 --pinned-mib 8192 --nvme "$scratch" \
+      --copy-gbps "$rates" >"$OUT_DIR/copy-time.log" 2>&1; then
+    record PASS activation-copy-time "$(tail -1 "$OUT_DIR/copy-time.log")"
+  else
+    record FAIL activation-copy-time "$(tail -2 "$OUT_DIR/copy-time.log" "$OUT_DIR/copy-cuda.log" \
+      2>/dev/null | tr '\n' ' ')"
+    failed=1
+  fi
 fi
 echo "== summary ($OUT_DIR/summary.txt)"
 cat "$summary"

@@ -23,6 +23,12 @@
     /usr/bin/python3 bindings/python/examples/lora_offload.py saved-bytes --method full \
         --dtype bf16 --hidden 256 --layers 3 --seq 256 --pinned-mib 256 --nvme /var/tmp
 
+    # Activation offload's cost in step time: the same step timed without and with it
+    # (alternating), and the bytes it packed; the extra time over the bytes is the rate its
+    # copies ran at, against the plan's (--copy-gbps: strata bench copy's one-way rates)
+    /usr/bin/python3 bindings/python/examples/lora_offload.py copy-time --device cpu \
+        --dtype bf16 --hidden 256 --layers 4 --seq 512 --pinned-mib 1024 --nvme /var/tmp
+
 Each line printed is one JSON object.
 """
 import argparse
@@ -281,6 +287,71 @@ def saved_bytes(args):
                       "coefficients_16bit": fits}))
 
 
+def copy_time(args):
+    """One JSON line: a full fine-tuning forward and backward of the example model (--dtype, on
+    --device, no checkpointing, no optimizer) timed without and with activation offload to
+    pinned memory, alternating step by step after one warm-up of each; the medians, the bytes
+    packed a step, and the extra time's rate: strata.torch copies a saved tensor out in forward
+    and back in backward, blocking on the compute stream, so the plan adds packed / rate for
+    each direction to compute's time (docs/planner.md, "Activation offload"). --copy-gbps (the
+    two one-way rates of `strata bench copy`, D2H,H2D) gives the plan's extra time beside it."""
+    import statistics
+
+    import torch
+
+    import strata.torch as st
+    from tiny_llama import loss_fn
+
+    device = torch.device(args.device)
+    model = build(args, "full")
+    model.to(getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[args.dtype]))
+    torch.manual_seed(1)
+    tokens = torch.randint(0, 256, (args.batch, args.seq + 1), device=device)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def synchronize():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    seconds = {False: [], True: []}
+    packed = []
+    with tempfile.TemporaryDirectory(dir=args.nvme) as d:
+        handle = st.offload(model, nvme_path=d, device=args.device,
+                            nvme_capacity_bytes=args.nvme_capacity_mib << 20,
+                            pinned_budget_bytes=args.pinned_mib << 20)
+        acts = handle.offload_activations("pinned")
+        for k in range(2 * (args.steps + 1)):
+            offloaded = k % 2 == 1
+            handle.offload_activations("pinned" if offloaded else None)
+            before = acts.packed_bytes
+            synchronize()
+            start = time.perf_counter()
+            loss_fn(model(x), y).backward()
+            synchronize()
+            elapsed = time.perf_counter() - start
+            handle.zero_grad()
+            if k >= 2:
+                seconds[offloaded].append(elapsed)
+                if offloaded:
+                    packed.append(acts.packed_bytes - before)
+        handle.close()
+    without, with_offload = statistics.median(seconds[False]), statistics.median(seconds[True])
+    extra = with_offload - without
+    per_step = max(packed) if packed else 0
+    result = {"mode": "copy-time", "torch": torch.__version__, "device": str(device),
+              "dtype": args.dtype, "hidden": args.hidden, "layers": args.layers, "seq": args.seq,
+              "batch": args.batch, "steps_each": args.steps, "seconds_without": without,
+              "seconds_with": with_offload, "packed_bytes_per_step": per_step,
+              "packed_bytes_steps": sorted(set(packed)), "extra_seconds": extra,
+              "extra_gbps_both_ways": 2 * per_step / extra / 1e9 if extra > 0 else None}
+    if args.copy_gbps:
+        d2h, h2d = (float(v) for v in args.copy_gbps.split(","))
+        planned = per_step / (d2h * 1e9) + per_step / (h2d * 1e9)
+        result.update({"copy_gbps_d2h_h2d": [d2h, h2d], "planned_extra_seconds": planned,
+                       "extra_over_planned": extra / planned if planned > 0 else None})
+    print(json.dumps(result))
+
+
 def longest_seq(args):
     """Doubles the sequence from --seq until a step's peak passes the budget, without and with
     activation offload, each try in a fresh interpreter."""
@@ -319,7 +390,8 @@ def longest_seq(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("lora", "longest-seq", "peak-run", "saved-bytes"))
+    parser.add_argument("mode", choices=("lora", "longest-seq", "peak-run", "saved-bytes",
+                                         "copy-time"))
     parser.add_argument("--preset", choices=("llama-2-7b", "tinyllama-1.1b", "mixtral-8x7b"),
                         default="llama-2-7b", help="the shapes scaled to --hidden (tinyllama: "
                         "grouped-query attention; mixtral: 8 experts, 2 a token)")
@@ -345,9 +417,12 @@ def main():
     parser.add_argument("--budget-mib", type=int, default=1024)
     parser.add_argument("--max-seq", type=int, default=65536)
     parser.add_argument("--offload-activations", action="store_true")
+    parser.add_argument("--device", default="cpu", help="copy-time: where the model computes")
+    parser.add_argument("--copy-gbps", default=None,
+                        help="copy-time: the plan's one-way copy rates D2H,H2D in GB/s")
     args = parser.parse_args()
     {"lora": lora_step_figures, "longest-seq": longest_seq, "peak-run": peak_run,
-     "saved-bytes": saved_bytes}[args.mode](args)
+     "saved-bytes": saved_bytes, "copy-time": copy_time}[args.mode](args)
 
 
 if __name__ == "__main__":
