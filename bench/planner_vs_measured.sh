@@ -314,7 +314,7 @@ for name in ("strata", "deepspeed-defaults", "deepspeed-pinned", "deepspeed-tune
     # Strata's NVMe bytes by tensor kind: the simulated step's and the runtime's own counts.
     if name != "strata" or not steps or "nvme_written_by_kind" not in steps[0]:
         continue
-    groups = (("optimizer states", ("fp32_master", "adam_m", "adam_v")),
+    groups = (("optimizer states", ("master_weight", "adam_m", "adam_v")),
               ("parameters", ("parameter",)), ("gradients", ("gradient",)))
     for direction, plan_key, run_key in (("read", "nvme_read_bytes_per_step_by_kind", "nvme_read_by_kind"),
                                          ("written", "nvme_write_bytes_per_step_by_kind", "nvme_written_by_kind")):

@@ -396,6 +396,9 @@ std::string results_table(const FinetunePlan& plan, const std::vector<StrategyRe
 
 Status merge_traces(const std::vector<StrategyResult>& results, const std::string& path) {
   json events = json::array();
+  // Per worker, its runtime recorder's own otherData (capacity, exported and dropped events):
+  // whether that part of the trace was cut short.
+  json workers = json::array();
   int pid = 0;
   for (const StrategyResult& r : results) {
     ++pid;
@@ -418,6 +421,8 @@ Status merge_traces(const std::vector<StrategyResult>& results, const std::strin
     if (!runtime_path.empty()) {
       const int64_t offset = (worker)["runtime_epoch_us"].get<int64_t>();
       STRATA_ASSIGN_OR_RETURN(json runtime, read_json_file(runtime_path));
+      workers.push_back(
+          {{"name", name}, {"pid", pid}, {"runtime", runtime.value("otherData", json::object())}});
       for (json& e : (runtime)["traceEvents"]) {
         if (e.value("ph", "") == "M" && e.value("name", "") == "process_name") continue;
         e["pid"] = pid;
@@ -451,7 +456,7 @@ Status merge_traces(const std::vector<StrategyResult>& results, const std::strin
     std::remove(r.trace_path.c_str());
   }
   const json out = {{"displayTimeUnit", "ms"},
-                    {"otherData", {{"producer", "strata bench finetune"}}},
+                    {"otherData", {{"producer", "strata bench finetune"}, {"workers", workers}}},
                     {"traceEvents", std::move(events)}};
   return write_text_file(path, out.dump());
 }

@@ -237,7 +237,10 @@ std::string MetricsRegistry::render_prometheus() const {
     for (const Entry* e : family) render_sample(out, head.info.name, e->info, e->gauge->value());
     if (!head.info.with_peak) continue;
     const std::string peak = head.info.name + "_peak";
-    render_header(out, peak, head.info, " Highest value seen.", "gauge");
+    // The peak's help is the gauge's, as a sentence, then what the peak adds.
+    const bool sentence = head.info.help.empty() || head.info.help.ends_with('.');
+    render_header(out, peak, head.info, sentence ? " Highest value seen." : ". Highest value seen.",
+                  "gauge");
     for (const Entry* e : family) render_sample(out, peak, e->info, e->gauge->peak());
   }
   return out;

@@ -45,7 +45,7 @@ const char* to_string(TensorKind kind) {
     case TensorKind::kGradient:
       return "gradient";
     case TensorKind::kMasterWeight:
-      return "fp32_master";
+      return "master_weight";  // STRATA_KIND_MASTER_WEIGHT, as traces and Python name it
     case TensorKind::kAdamM:
       return "adam_m";
     case TensorKind::kAdamV:
