@@ -34,6 +34,18 @@ TEST(MetricsRegistry, RendersPrometheusTextWithHelpTypeAndUnit) {
             "strata_pinned_bytes_peak 1000\n");
 }
 
+TEST(MetricsRegistry, APeaksHelpIsTheGaugesAsASentenceThenWhatThePeakAdds) {
+  MetricsRegistry registry;
+  ASSERT_TRUE(
+      registry.add_gauge({"strata_host_bytes", "Host bytes (emulated device excluded)", "bytes"})
+          .is_ok());
+  const std::string text = registry.render_prometheus();
+  EXPECT_NE(text.find("# HELP strata_host_bytes_peak Host bytes (emulated device excluded). "
+                      "Highest value seen. (unit: bytes)\n"),
+            std::string::npos)
+      << text;
+}
+
 TEST(MetricsRegistry, LabelledSeriesFormOneFamilyWithOneHelpAndType) {
   MetricsRegistry registry;
   const MetricInfo reads{"strata_nvme_bytes_total",
