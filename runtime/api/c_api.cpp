@@ -365,6 +365,14 @@ int strata_tensor_unregister(strata_runtime* rt, strata_tensor tensor) {
                                                " is a strata_malloc allocation: free it with "
                                                "strata_free");
     }
+    if (optim::TieredOptimizer* optimizer = r.optimizer_if_made();
+        optimizer != nullptr && optimizer->holds(handle)) {
+      // Unregistered, it would leave every later step failing on the missing tensor.
+      return Status::error(STRATA_E_STATE, "tensor '" + info.name +
+                                               "' is a parameter or gradient under the "
+                                               "optimizer: it stays registered until the "
+                                               "runtime is destroyed");
+    }
     return r.scheduler().unregister_tensor(handle);
   });
 }

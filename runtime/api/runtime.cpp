@@ -52,23 +52,18 @@ memory::DeviceBackend device_backend(strata_device_backend backend) {
   return memory::DeviceBackend::kAuto;
 }
 
-// DeepSpeed's buffers are sized from the model, so this policy needs the planned tensors.
-Result<sched::MemoryPlan> zero_infinity_plan(const strata_config& c) {
-  if (c.planned_tensors == nullptr || c.planned_tensor_count == 0) {
-    return invalid_argument(
-        "set config.planned_tensors: ZeRO-Infinity sizes its uniform slots "
-        "for the largest tensor, as DeepSpeed's buffer_size must be");
-  }
+// config.planned_tensors as specs, each element read by the in-struct rule and checked, under
+// every policy (only ZeRO-Infinity's sizes its buffers from them, but a bad array is the caller's
+// bug whichever policy reads it).
+Result<std::vector<TensorSpec>> planned_inventory(const strata_config& c) {
   // Sizes past these are typos, and the plan's byte arithmetic (and its rounding up to powers
-  // of two) would overflow on them; a swap-buffer size near 2^64 made creation loop forever
-  // (found by tests/fuzz/config_fuzz).
+  // of two) would overflow on them.
   constexpr uint64_t kMaxPlannedBytes = uint64_t{1} << 56;
-  constexpr uint64_t kMaxZeroElements = uint64_t{1} << 40;
-  if (c.zero_sub_group_elements > kMaxZeroElements ||
-      c.zero_param_buffer_elements > kMaxZeroElements) {
-    return invalid_argument(
-        "zero_sub_group_elements and zero_param_buffer_elements are limited to " +
-        std::to_string(kMaxZeroElements));
+  // No more than the tensors a runtime can have registered at once.
+  if (c.planned_tensor_count > size_t{sched::kMaxHandleIndex} + 1) {
+    return invalid_argument("config.planned_tensor_count is limited to " +
+                            std::to_string(size_t{sched::kMaxHandleIndex} + 1) +
+                            " (the most tensors a runtime registers)");
   }
   std::vector<TensorSpec> inventory;
   inventory.reserve(c.planned_tensor_count);
@@ -91,6 +86,25 @@ Result<sched::MemoryPlan> zero_infinity_plan(const strata_config& c) {
     spec.shape = {(d.bytes + dtype_size(spec.dtype) - 1) / dtype_size(spec.dtype)};
     inventory.push_back(std::move(spec));
   }
+  return inventory;
+}
+
+// DeepSpeed's buffers are sized from the model, so this policy needs the planned tensors.
+Result<sched::MemoryPlan> zero_infinity_plan(const strata_config& c) {
+  if (c.planned_tensors == nullptr || c.planned_tensor_count == 0) {
+    return invalid_argument(
+        "set config.planned_tensors: ZeRO-Infinity sizes its uniform slots "
+        "for the largest tensor, as DeepSpeed's buffer_size must be");
+  }
+  // A swap-buffer size near 2^64 made creation loop forever (found by tests/fuzz/config_fuzz).
+  constexpr uint64_t kMaxZeroElements = uint64_t{1} << 40;
+  if (c.zero_sub_group_elements > kMaxZeroElements ||
+      c.zero_param_buffer_elements > kMaxZeroElements) {
+    return invalid_argument(
+        "zero_sub_group_elements and zero_param_buffer_elements are limited to " +
+        std::to_string(kMaxZeroElements));
+  }
+  STRATA_ASSIGN_OR_RETURN(std::vector<TensorSpec> inventory, planned_inventory(c));
   sched::ZeroInfinityOptions options;
   if (c.zero_sub_group_elements != 0) options.sub_group_elements = c.zero_sub_group_elements;
   if (c.zero_param_buffer_elements != 0) {
@@ -156,6 +170,7 @@ Result<strata_config> normalize_config(const strata_config* in) {
   if (c.planned_tensor_count != 0 && c.planned_tensors == nullptr) {
     return invalid_argument("config.planned_tensor_count is set but planned_tensors is NULL");
   }
+  STRATA_TRY(planned_inventory(c).status());
   if (c.trace_events > kMaxTraceEvents) {
     return invalid_argument("config.trace_events is limited to " + std::to_string(kMaxTraceEvents));
   }
@@ -436,6 +451,11 @@ Result<optim::TieredOptimizer*> Runtime::optimizer() {
                             optim::TieredOptimizer::create(*scheduler_, optimizer_config()));
     optimizer_ = std::move(made);
   }
+  return optimizer_.get();
+}
+
+optim::TieredOptimizer* Runtime::optimizer_if_made() {
+  std::lock_guard lock(optimizer_mutex_);
   return optimizer_.get();
 }
 

@@ -59,6 +59,8 @@ class Runtime {
   memory::HostMemorySampler& sampler() { return *sampler_; }
   // The optimizer, made on first use: its CPU threads exist only for runtimes that train.
   Result<optim::TieredOptimizer*> optimizer();
+  // The optimizer if a call made it already, else nullptr (never makes one).
+  optim::TieredOptimizer* optimizer_if_made();
   // The optimizer's sub-group per state tensor: its own once it exists (options included), else
   // what it would be made with.
   uint64_t optimizer_sub_group_bytes();

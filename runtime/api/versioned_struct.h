@@ -58,6 +58,15 @@ template <>
 inline constexpr size_t kFirstVersionSize<strata_stats> = offsetof(strata_stats,
                                                                    nvme_bytes_read_by_kind);
 
+// Where the first version's fields end. A struct of exactly its first version's size is read up
+// to there: strata_config's numa_node ends 4 bytes short of the 8-byte boundary, and a first
+// version's padding there is no field, though trace_events now lies in those bytes.
+template <VersionedStruct T>
+inline constexpr size_t kFirstVersionFieldsEnd = kFirstVersionSize<T>;
+template <>
+inline constexpr size_t kFirstVersionFieldsEnd<strata_config> = offsetof(strata_config, numa_node) +
+                                                                sizeof(int);
+
 template <VersionedStruct T>
 Status check_struct_size(size_t struct_size, const char* what) {
   constexpr size_t kMin = kFirstVersionSize<T>;
@@ -84,7 +93,9 @@ Result<T> read_struct_in(const T* in, T defaults, const char* what) {
                          ") does not know; use a newer libstrata");
     }
   }
-  std::memcpy(&defaults, in, std::min(size, sizeof(T)));
+  const size_t fields =
+      size == kFirstVersionSize<T> ? kFirstVersionFieldsEnd<T> : std::min(size, sizeof(T));
+  std::memcpy(&defaults, in, fields);
   defaults.struct_size = sizeof(T);
   return defaults;
 }

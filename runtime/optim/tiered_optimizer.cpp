@@ -252,10 +252,12 @@ AdamWParams TieredOptimizer::adam_params(uint32_t group, int64_t step, float gra
 // Parameters
 
 Result<uint32_t> TieredOptimizer::find_param(sched::TensorHandle param) {
+  // An unknown or unregistered handle is STRATA_E_BAD_HANDLE before anything else, as for every
+  // call that takes a tensor.
+  STRATA_ASSIGN_OR_RETURN(auto info, scheduler_.describe(param));
   for (uint32_t i = 0; i < params_.size(); ++i) {
     if (params_[i].param == param) return i;
   }
-  STRATA_ASSIGN_OR_RETURN(auto info, scheduler_.describe(param));
   return Status::error(STRATA_E_STATE, "tensor '" + info.name +
                                            "' is not under the optimizer "
                                            "(strata_optimizer_add_param)");
@@ -1173,6 +1175,12 @@ Status TieredOptimizer::copy_state(const Param& p, StateKind state, void* dst, c
     if (!released.is_ok()) return state_error(released, p.name, i);
   }
   return Status::ok();
+}
+
+bool TieredOptimizer::holds(sched::TensorHandle tensor) {
+  std::unique_lock lock(mu_);
+  return std::any_of(params_.begin(), params_.end(),
+                     [&](const Param& p) { return p.param == tensor || p.grad == tensor; });
 }
 
 Status TieredOptimizer::read_state(sched::TensorHandle param, StateKind state, void* dst,

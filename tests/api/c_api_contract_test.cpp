@@ -287,6 +287,54 @@ TEST_F(Contract, AnOlderConfigWithoutTheLayoutFieldGetsTheDefaultLayout) {
   EXPECT_EQ(rt_->impl->config().nvme_layout, STRATA_NVME_EXTENTS);
 }
 
+TEST_F(Contract, AFirstVersionConfigsPaddingAfterNumaNodeIsNotReadAsTraceEvents) {
+  // The first version ended with numa_node, 4 bytes short of its 8-byte size; trace_events lies
+  // in those bytes now. A first-version caller's padding is whatever its stack held.
+  strata_config first = config_;
+  first.struct_size = offsetof(strata_config, numa_node) + 8;
+  ASSERT_EQ(first.struct_size % 8, 0u);
+  first.trace_events = 0xffffffffu;  // past the limit, were it read
+  ASSERT_EQ(strata_runtime_create(&first, &rt_), STRATA_OK) << strata_last_error(nullptr);
+  EXPECT_EQ(rt_->impl->config().trace_events, 0u);
+  EXPECT_EQ(strata_export_trace(rt_, (dir_ + "/trace.json").c_str()), STRATA_E_STATE);
+  // One size up, the field is read.
+  strata_config second = config_;
+  second.struct_size = offsetof(strata_config, planned_tensors) + 8;
+  second.trace_events = 0xffffffffu;
+  EXPECT_EQ(strata_runtime_create(&second, &other_), STRATA_E_INVALID);
+}
+
+TEST_F(Contract, PlannedTensorsAreCheckedUnderEveryPolicy) {
+  // The default policy sizes nothing from them, but a bad array is still the caller's bug.
+  strata_tensor_desc planned[2] = {desc(4096, "a"), desc(4096, "b")};
+  config_.planned_tensors = planned;
+  config_.planned_tensor_count = 2;
+  for (int bad = 0; bad < 4; ++bad) {
+    planned[0] = desc(4096, "a");
+    planned[1] = desc(4096, "b");
+    switch (bad) {
+      case 0:
+        planned[1].bytes = 0;
+        break;
+      case 1:
+        planned[1].dtype = static_cast<strata_dtype>(77);
+        break;
+      case 2:
+        planned[1].kind = static_cast<strata_tensor_kind>(77);
+        break;
+      case 3:
+        planned[0].struct_size = 8;  // below the first version
+        break;
+    }
+    EXPECT_EQ(strata_runtime_create(&config_, &rt_), STRATA_E_INVALID) << "case " << bad;
+    EXPECT_NE(std::string(strata_last_error(nullptr)).find("planned_tensors"), std::string::npos)
+        << strata_last_error(nullptr);
+  }
+  planned[0] = desc(4096, "a");
+  planned[1] = desc(4096, "b");
+  ASSERT_EQ(strata_runtime_create(&config_, &rt_), STRATA_OK) << strata_last_error(nullptr);
+}
+
 TEST_F(Contract, AStructSizeThatIsNotAMultipleOfEightOrIsTooSmallIsInvalid) {
   create();
   strata_tensor_desc d = desc(4096);
@@ -467,6 +515,42 @@ TEST_F(Contract, AnAcquireBlockedByAFailedUnreportedWriteBackFailsAtOnceWithItsC
 }
 
 // ---- 9. Optimizer options --------------------------------------------------------------------
+
+TEST_F(Contract, TensorsUnderTheOptimizerStayRegisteredAndAStaleHandleIsABadHandle) {
+  create();
+  strata_optimizer_group g;
+  strata_optimizer_group_init(&g);
+  uint32_t index = 0;
+  ASSERT_EQ(strata_optimizer_add_group(rt_, &g, &index), STRATA_OK);
+  const strata_tensor p = register_tensor(rt_, 16 * 1024, "p");
+  write_pattern(p, 16 * 1024, 0);
+  strata_tensor_desc gd = desc(16 * 1024, "p.grad");
+  gd.kind = STRATA_KIND_GRADIENT;
+  strata_tensor grad = STRATA_TENSOR_NONE;
+  ASSERT_EQ(strata_tensor_register(rt_, &gd, &grad), STRATA_OK);
+  ASSERT_EQ(strata_optimizer_add_param(rt_, index, p, grad), STRATA_OK) << error();
+  // Unregistered, either would leave every later step failing on it.
+  for (strata_tensor t : {p, grad}) {
+    EXPECT_EQ(strata_tensor_unregister(rt_, t), STRATA_E_STATE);
+    EXPECT_NE(error().find("under the optimizer"), std::string::npos) << error();
+  }
+  std::vector<float> master(4096);
+  EXPECT_EQ(strata_optimizer_read_state(rt_, p, STRATA_OPTIMIZER_MASTER, master.data(),
+                                        master.size() * sizeof(float)),
+            STRATA_OK)
+      << error();
+  // A tensor that is not under the optimizer, once unregistered, is a bad handle to every
+  // optimizer call that takes a tensor, as to every other call.
+  const strata_tensor other = register_tensor(rt_, 16 * 1024, "other");
+  ASSERT_EQ(strata_tensor_unregister(rt_, other), STRATA_OK) << error();
+  EXPECT_EQ(strata_optimizer_read_state(rt_, other, STRATA_OPTIMIZER_MASTER, master.data(),
+                                        master.size() * sizeof(float)),
+            STRATA_E_BAD_HANDLE);
+  EXPECT_EQ(strata_optimizer_write_state(rt_, other, STRATA_OPTIMIZER_MASTER, master.data(),
+                                         master.size() * sizeof(float)),
+            STRATA_E_BAD_HANDLE);
+  EXPECT_EQ(strata_optimizer_grad_ready(rt_, other), STRATA_E_BAD_HANDLE);
+}
 
 TEST_F(Contract, OptimizerOptionsChangeAfterAddParamExceptTheSubGroupSize) {
   create();

@@ -450,6 +450,9 @@ class Program {
     check(rc, "strata_tensor_unregister");
     if (rc != STRATA_OK) return;
     if (t == nullptr || t->holds > 0) fail("strata_tensor_unregister", "accepted a bad handle");
+    if (t->optimized) {
+      fail("strata_tensor_unregister", "unregistered a parameter or gradient under the optimizer");
+    }
     dead_.push_back(h);
     tensors_.erase(tensors_.begin() + (t - tensors_.data()));
   }

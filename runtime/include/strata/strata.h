@@ -147,8 +147,10 @@ typedef struct strata_config {
   uint32_t trace_events;
 
   /* The tensors the framework will register, when it knows them up front (read only during
-   * strata_runtime_create). Policy ZERO_INFINITY needs them: like DeepSpeed's buffer_size, its
-   * uniform slots and optimizer buffers are sized for the largest tensor and sub-group. */
+   * strata_runtime_create, and checked under every policy: STRATA_E_INVALID for an element
+   * with bytes 0, an unknown dtype or kind, or a struct_size unlike element 0's; at most 2^24).
+   * Policy ZERO_INFINITY needs them: like DeepSpeed's buffer_size, its uniform slots and
+   * optimizer buffers are sized for the largest tensor and sub-group. */
   const struct strata_tensor_desc* planned_tensors;
   size_t planned_tensor_count;
 
@@ -316,6 +318,8 @@ typedef enum strata_phase {
 } strata_phase;
 
 STRATA_API int strata_step_begin(strata_runtime* rt);
+/* Ends the step; returns the earliest unreported write-back failure that has happened by now.
+ * It writes nothing back: strata_sync does, and reports a failure of those writes. */
 STRATA_API int strata_step_end(strata_runtime* rt);
 /* STRATA_E_STATE outside a step (before strata_step_begin, after strata_step_end). */
 STRATA_API int strata_layer_begin(strata_runtime* rt, strata_phase phase, int32_t layer);

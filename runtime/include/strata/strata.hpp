@@ -527,8 +527,9 @@ class Runtime;
 
 // strata_step_begin now, strata_step_end when the scope dies, so that a step left by an
 // exception still ends and the next step can begin. The destructor ignores a failed end (a
-// write-back failure of the step is retried, and reported by sync() if it fails again); end()
-// throws. Not movable: it belongs to the block that opened it.
+// failed write-back is retried, and reported by sync() if it fails again); end() throws for a
+// failure that has happened by then; sync() writes back what is dirty and throws if that fails.
+// Not movable: it belongs to the block that opened it.
 class StepScope {
  public:
   explicit StepScope(Runtime& runtime);
