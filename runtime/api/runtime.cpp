@@ -164,6 +164,13 @@ Result<strata_config> normalize_config(const strata_config* in) {
     return invalid_argument("config.device_backend " + std::to_string(c.device_backend) +
                             " is unknown");
   }
+  if (c.host_budget_bytes != 0) {
+    // Accepting it would promise a limit nothing enforces.
+    return Status::error(STRATA_E_UNSUPPORTED,
+                         "config.host_budget_bytes " + std::to_string(c.host_budget_bytes) +
+                             ": Strata holds no pageable host memory of its own (its host "
+                             "buffers are pinned, bounded by pinned_budget_bytes); leave it 0");
+  }
   if (c.numa_node < -1 || c.numa_node > 4095) {
     return invalid_argument("config.numa_node " + std::to_string(c.numa_node) + " is invalid");
   }

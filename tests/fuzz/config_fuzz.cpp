@@ -161,7 +161,8 @@ void fuzz_runtime_create(FuzzedDataProvider& in) {
   c->verify_checksums = in.ConsumeIntegral<int>();
   c->pinned_budget_bytes = pick_size(in, 4096, 8ull << 20);
   c->device_budget_bytes = pick_size(in, 4096, 8ull << 20);
-  c->host_budget_bytes = in.ConsumeIntegral<uint64_t>();
+  // Non-zero is refused (STRATA_E_UNSUPPORTED): mostly 0, so that the rest gets explored.
+  c->host_budget_bytes = in.ConsumeIntegralInRange(0, 7) == 0 ? in.ConsumeIntegral<uint64_t>() : 0;
   c->io_engine = static_cast<strata_io_engine>(pick(in, 0, 2));
   c->queue_depth = pick(in, 1u, 64u);
   c->block_size =

@@ -81,3 +81,33 @@ def test_settings_without_effect_are_warned_about():
                                                                 "pin_memory": False}}})
     text = " ".join(str(w.message) for w in caught)
     assert "overlap_comm" in text and "pin_memory" in text
+
+
+def test_precision_sections_take_deepspeeds_keys_and_a_real_boolean():
+    """DeepSpeed's DeepSpeedFP16Config / DeepSpeedBF16Config refuse other keys; "auto" is the
+    Hugging Face Trainer's placeholder, filled in before DeepSpeed reads the config."""
+    for ds, word in (({"fp16": {"enabeld": True}}, "enabled"),
+                     ({"bf16": {"enabled": False, "bogus": 1}}, "bogus"),
+                     ({"fp16": {"enabled": "auto"}}, "auto")):
+        with pytest.raises(DeepSpeedConfigError) as e:
+            from_deepspeed(ds, warn=False)
+        assert word in str(e.value), ds
+    m = from_deepspeed({"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16},
+                        "bf16": {"enabled": False, "immediate_grad_update": True}}, warn=False)
+    assert m.param_dtype == "float16"
+
+
+def test_stage_and_parameter_home_default_as_in_deepspeed():
+    """No stage is stage 0, where DeepSpeed offloads no parameters; no offload_param keeps them
+    on the device, as an offload_param with device none does."""
+    with pytest.raises(DeepSpeedConfigError) as e:
+        from_deepspeed({"zero_optimization": {"offload_param": {"device": "nvme",
+                                                                "nvme_path": NVME}}}, warn=False)
+    assert "stage 3" in str(e.value) and "it is 0" in str(e.value)
+    with pytest.raises(DeepSpeedConfigError):
+        from_deepspeed({"zero_optimization": {"stage": True}}, warn=False)
+    for ds in ({}, {"zero_optimization": {"stage": 3}},
+               {"zero_optimization": {"stage": 3, "offload_param": {"device": "none"}}}):
+        m = from_deepspeed(ds, warn=False)
+        assert m.param_home == "device", ds
+    assert any("offload_param" in note for note in from_deepspeed({}, warn=False).notes)

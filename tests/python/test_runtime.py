@@ -72,6 +72,49 @@ def test_config_refuses_unknown_fields_and_names():
         strata.Config(io_engine="aio")
 
 
+def test_config_refuses_integers_its_c_field_would_wrap_and_names_the_layout(nvme_dir):
+    """ctypes would store 2**32 + 32 in a uint32 as 32, -1 as 4294967295: refused instead."""
+    for field, value in (("queue_depth", 2**32 + 32), ("queue_depth", -1),
+                         ("block_size", 2**32 + 4096), ("numa_node", 2**32 - 1),
+                         ("stream_chunk_bytes", -1), ("pinned_budget_bytes", 2**64)):
+        with pytest.raises(strata.StrataError) as e:
+            strata.Config(**{field: value})
+        assert e.value.name == "STRATA_E_INVALID" and field in e.value.message, (field, value)
+    c = strata.Config(stream_chunk_bytes=strata._lib.STREAMING_OFF, numa_node=-1,
+                      nvme_layout="file-per-tensor")
+    assert c.stream_chunk_bytes == (1 << 64) - 1
+    assert strata.Config().nvme_layout == "extents"
+    with pytest.raises(strata.StrataError):
+        strata.Config(nvme_layout=1)  # a name, as every enum
+
+
+def test_a_host_budget_is_refused_since_nothing_would_enforce_it(nvme_dir):
+    with pytest.raises(strata.StrataError) as e:
+        strata.Runtime(nvme_path=nvme_dir, host_budget_bytes=1, **SMALL)
+    assert e.value.name == "STRATA_E_UNSUPPORTED" and "pinned" in e.value.message
+
+
+def test_reads_and_writes_never_reinterpret_or_drop_bytes(rt):
+    t = rt.register("w", 16, dtype="f32")
+    with pytest.raises(strata.StrataError) as e:
+        t.write(np.array([1.0, 2.0]))  # float64: its bytes would read back as other floats
+    assert e.value.name == "STRATA_E_INVALID" and "float64" in e.value.message
+    t.write(np.arange(4, dtype=np.float32))
+    for kwargs in ({"nbytes": 6}, {"offset": 2}):
+        with pytest.raises(strata.StrataError) as e:
+            t.read(**kwargs)  # not whole elements: fewer bytes than asked, before
+        assert e.value.name == "STRATA_E_INVALID"
+    raw = np.empty(6, dtype=np.uint8)
+    t.read(out=raw, offset=2)
+    assert raw.tobytes() == np.arange(4, dtype=np.float32).tobytes()[2:8]
+    with pytest.raises(strata.StrataError):
+        t.read(out=np.empty(2, dtype=np.float64))
+    odd = rt.register("odd", 4002, dtype="f32")
+    odd.write(np.zeros(4002, dtype=np.uint8))  # raw bytes: accepted
+    with pytest.raises(strata.StrataError):
+        odd.read()
+
+
 def test_stats_count_the_tiers(rt):
     t = rt.register("w", 1 << 20)
     t.write(np.zeros(1 << 18, dtype=np.float32))

@@ -1,8 +1,11 @@
 """Config: strata_config as Python keyword arguments.
 
-Every field of strata_config is an attribute with the library's default (strata_config_init);
-enums take names ("uring", "zero-infinity", "cuda"). Unknown names are refused with StrataError
-(STRATA_E_INVALID) rather than ignored.
+Every field of strata_config but planned_tensors (a C array: the C API's) is an attribute with the
+library's default (strata_config_init), except device_backend, "emulated" unless named (Python
+must know whether device-tier pointers are GPU memory; strata.torch names it from the device).
+Enums take names ("uring", "zero-infinity", "cuda", "file-per-tensor"). Unknown names, and
+integers outside their C field's range (which ctypes would wrap: 2**32 + 32 into 32), are refused
+with StrataError (STRATA_E_INVALID) rather than ignored.
 """
 import ctypes
 import difflib
@@ -19,7 +22,11 @@ POLICIES = {"strata": _lib.POLICY_STRATA, "zero-infinity": _lib.POLICY_ZERO_INFI
 DEVICE_BACKENDS = {"cuda": _lib.DEVICE_CUDA, "emulated": _lib.DEVICE_EMULATED,
                    "cpu": _lib.DEVICE_EMULATED}
 
-_ENUMS = {"io_engine": IO_ENGINES, "policy": POLICIES, "device_backend": DEVICE_BACKENDS}
+NVME_LAYOUTS = {"extents": _lib.NVME_EXTENTS, "file-per-tensor": _lib.NVME_FILE_PER_TENSOR,
+                "file_per_tensor": _lib.NVME_FILE_PER_TENSOR}
+
+_ENUMS = {"io_engine": IO_ENGINES, "policy": POLICIES, "device_backend": DEVICE_BACKENDS,
+          "nvme_layout": NVME_LAYOUTS}
 _STRINGS = ("nvme_path", "raw_device")
 _HIDDEN = ("struct_size", "planned_tensors", "planned_tensor_count")
 
@@ -38,10 +45,21 @@ def _library_defaults():
     out["device_backend"] = "emulated"
     out["io_engine"] = {v: k for k, v in IO_ENGINES.items()}[out["io_engine"]]
     out["policy"] = {v: k for k, v in POLICIES.items()}[out["policy"]]
+    out["nvme_layout"] = {v: k for k, v in NVME_LAYOUTS.items()}[out["nvme_layout"]]
     return out
 
 
+def _integer_range(ctype):
+    bits = 8 * ctypes.sizeof(ctype)
+    if ctype(-1).value == -1:
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1
+
+
 FIELDS = tuple(name for name, _ in _lib.ConfigStruct._fields_ if name not in _HIDDEN)
+# The integer fields' C ranges (stream_chunk_bytes' STREAMING_OFF is its largest value).
+_RANGES = {name: _integer_range(ctype) for name, ctype in _lib.ConfigStruct._fields_
+           if name in FIELDS and name not in _ENUMS and name not in _STRINGS}
 
 
 class Config:
@@ -74,6 +92,11 @@ class Config:
             value = int(value)  # DeepSpeed configs write sizes as 1e8
         elif not isinstance(value, int):
             raise StrataError(_lib.E_INVALID, f"{name} must be an integer, not {value!r}")
+        if name in _RANGES:
+            low, high = _RANGES[name]
+            if not low <= value <= high:
+                raise StrataError(_lib.E_INVALID, f"{name} {value} is outside {low}..{high}, the "
+                                                  "range of its C field")
         self._values[name] = value
 
     def __getattr__(self, name):

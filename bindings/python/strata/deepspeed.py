@@ -60,6 +60,12 @@ _AIO_KEYS = {"block_size", "queue_depth", "thread_count", "intra_op_parallelism"
              "single_submit", "overlap_events", "use_gds"}
 _TOP_KEYS = {"zero_optimization", "aio", "optimizer", "gradient_clipping", "fp16", "bf16",
              "strata"} | _LOOP_KEYS
+# DeepSpeed's own (runtime/precision_config.py: DeepSpeedFP16Config, DeepSpeedBF16Config, which
+# refuse any other key).
+_FP16_KEYS = {"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window",
+              "hysteresis", "consecutive_hysteresis", "min_loss_scale",
+              "fp16_master_weights_and_grads"}
+_BF16_KEYS = {"enabled", "immediate_grad_update", "check_grad_overflow"}
 _ADAM_PARAMS = {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction",
                 "torch_adam", "amsgrad"}
 
@@ -151,8 +157,9 @@ def from_deepspeed(ds, warn=True, **strata_overrides):
     for key in sorted(set(zero) & _ZERO_COMM_KEYS):
         out.notes.append(f"zero_optimization.{key}: communication and partitioning are "
                          "torch.distributed's; Strata has no collectives")
-    stage = zero.get("stage", 3 if zero else None)
-    if stage is not None and stage not in (0, 1, 2, 3):
+    # DeepSpeed's default stage is 0 (DeepSpeedZeroConfig.stage): no parameter offload there.
+    stage = zero.get("stage", 0)
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
         problems.append(f"zero_optimization.stage {stage!r} is not 0-3")
 
     param = zero.get("offload_param")
@@ -164,19 +171,33 @@ def from_deepspeed(ds, warn=True, **strata_overrides):
     for name, section in (("fp16", fp16), ("bf16", bf16)):
         if not isinstance(section, dict):
             problems.append(f"{name} must be a dict")
-        elif section.get("enabled", False):
+            continue
+        _unknown(section, _FP16_KEYS if name == "fp16" else _BF16_KEYS, f"{name}.", problems)
+        enabled = section.get("enabled", False)
+        if not isinstance(enabled, bool):
+            problems.append(f"{name}.enabled {enabled!r} must be true or false (\"auto\" is the "
+                            "Hugging Face Trainer's, which fills it in before DeepSpeed reads it)")
+        elif enabled:
             out.param_dtype = {"fp16": "float16", "bf16": "bfloat16"}[name]
             elem_bytes = 2
             extra = set(section) - {"enabled"}
-            if extra:
+            if extra and name == "fp16":
                 out.notes.append(f"{name}.{sorted(extra)}: loss scaling is the caller's; pass "
                                  "loss_scale to strata.torch.AdamW.step")
+            elif extra:
+                out.notes.append(f"{name}.{sorted(extra)}: DeepSpeed's bf16 optimizer settings; "
+                                 "strata.torch.AdamW checks overflow itself (check_overflow)")
     if isinstance(fp16, dict) and isinstance(bf16, dict) and fp16.get("enabled") and \
             bf16.get("enabled"):
         problems.append("fp16.enabled and bf16.enabled are both true")
 
     pinned_budget = 0
-    if param is not None:
+    if param is None:
+        # DeepSpeed without offload_param keeps the parameters on the GPU.
+        out.param_home = "device"
+        out.notes.append("no zero_optimization.offload_param: the parameters stay on the device, "
+                         "as in DeepSpeed (offload_param.device nvme or cpu offloads them)")
+    else:
         where = "zero_optimization.offload_param."
         if not isinstance(param, dict):
             problems.append("zero_optimization.offload_param must be a dict")

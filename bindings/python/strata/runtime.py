@@ -116,19 +116,39 @@ class Tensor:
     def numel(self):
         return self.nbytes // _lib.DTYPE_BYTES[self.dtype]
 
+    def _check_values(self, arr, what):
+        """A floating-point array of another dtype than the tensor's would be copied as raw bytes,
+        its values reinterpreted (float64 [1.0, 2.0] into f32 reads back [0, 1.875, 0, 2]):
+        refused. Integer and byte arrays are raw bytes by intent (bf16 travels as int16)."""
+        expected = np.dtype(NUMPY_DTYPES[self.dtype])
+        if arr.dtype.kind in "fc" and arr.dtype != expected:
+            raise StrataError(_lib.E_INVALID, f"{what} {arr.dtype} values for tensor "
+                                              f"{self.name!r} of {expected}: convert them "
+                                              f"(astype({expected.name})), or pass raw bytes "
+                                              "(.view(np.uint8))")
+
     def write(self, src, offset=0):
-        """Copies a host buffer (numpy array, bytes) into the tensor at byte offset."""
+        """Copies a host buffer (numpy array, bytes) into the tensor at byte offset. A
+        floating-point array must have the tensor's dtype (STRATA_E_INVALID otherwise)."""
         keep, address, nbytes = _buffer_address(src, None)
+        self._check_values(keep, "writing")
         self.runtime._call("strata_tensor_write", self.handle, address, offset, nbytes)
         del keep
 
     def read(self, out=None, offset=0, nbytes=None):
-        """Copies the tensor (or [offset, offset + nbytes)) into out or a new numpy array."""
+        """Copies the tensor (or [offset, offset + nbytes)) into out or a new numpy array of the
+        tensor's dtype; a range that is not whole elements needs out (a uint8 array for raw
+        bytes): STRATA_E_INVALID rather than fewer bytes than asked."""
         if out is None:
             count = (self.nbytes - offset) if nbytes is None else nbytes
-            out = np.empty(count // np.dtype(NUMPY_DTYPES[self.dtype]).itemsize,
-                           dtype=NUMPY_DTYPES[self.dtype])
+            itemsize = np.dtype(NUMPY_DTYPES[self.dtype]).itemsize
+            if count % itemsize != 0:
+                raise StrataError(_lib.E_INVALID, f"reading {count} bytes of tensor {self.name!r}: "
+                                                  f"not whole {itemsize}-byte elements; pass out= "
+                                                  "(np.empty(n, np.uint8) for raw bytes)")
+            out = np.empty(count // itemsize, dtype=NUMPY_DTYPES[self.dtype])
         keep, address, size = _buffer_address(out, None)
+        self._check_values(keep, "reading into")
         self.runtime._call("strata_tensor_read", self.handle, address, offset, size)
         return out
 

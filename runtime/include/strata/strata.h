@@ -115,8 +115,9 @@ typedef struct strata_config {
   int keep_swap_file;           /* nonzero: leave the swap file in place on destroy */
   int verify_checksums;         /* nonzero (default): checksum every extent, verify every read */
 
-  /* Budgets per tier, in bytes. 0 means "no limit" only for host_budget_bytes. 0 (the default)
-   * for pinned_budget_bytes is automatic: the least pinned memory that keeps the drive and the
+  /* Budgets per tier, in bytes. host_budget_bytes must be 0 (STRATA_E_UNSUPPORTED otherwise):
+   * Strata holds no pageable host memory of its own, every host buffer being pinned and bounded
+   * by pinned_budget_bytes. 0 (the default) for pinned_budget_bytes is automatic: the least pinned memory that keeps the drive and the
    * CPU optimizer at full speed, sized at creation from the drive (measured on the NVMe tier by a
    * probe of a few hundred milliseconds, or declared with drive_read_bytes_per_s and
    * drive_write_bytes_per_s) and not from the model: streaming staging buffers for the bytes the
