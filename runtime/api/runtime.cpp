@@ -110,7 +110,25 @@ Result<sched::MemoryPlan> zero_infinity_plan(const strata_config& c) {
   if (c.zero_param_buffer_elements != 0) {
     options.param_buffer_elements = c.zero_param_buffer_elements;
   }
-  return sched::zero_infinity_memory_plan(inventory, options, c.device_budget_bytes);
+  STRATA_ASSIGN_OR_RETURN(sched::MemoryPlan plan, sched::zero_infinity_memory_plan(
+                                                      inventory, options, c.device_budget_bytes));
+  // DeepSpeed allocates its pinned buffers when its engine starts, and fails there when they do
+  // not fit; so does this policy. Otherwise its pools would promise room the pinned arena, held
+  // to pinned_budget_bytes, does not have, and a write-back would fail later.
+  uint64_t pinned = 0;
+  for (const sched::PoolSpec& pool : plan.pools) {
+    if (pool.tier == Tier::kPinned) pinned += std::max(pool.budget_bytes, pool.reserved_bytes);
+  }
+  if (pinned > c.pinned_budget_bytes) {
+    return Status::error(STRATA_E_PINNED_BUDGET,
+                         "ZeRO-Infinity's pinned buffers for these planned tensors take " +
+                             format_bytes(pinned) + " (" + std::to_string(pinned) +
+                             " B), more than pinned_budget_bytes (" +
+                             format_bytes(c.pinned_budget_bytes) +
+                             "): raise it, or lower zero_param_buffer_elements / "
+                             "zero_sub_group_elements");
+  }
+  return plan;
 }
 
 }  // namespace

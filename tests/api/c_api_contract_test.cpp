@@ -335,6 +335,40 @@ TEST_F(Contract, PlannedTensorsAreCheckedUnderEveryPolicy) {
   ASSERT_EQ(strata_runtime_create(&config_, &rt_), STRATA_OK) << strata_last_error(nullptr);
 }
 
+TEST_F(Contract, ZeroInfinityBuffersThatDoNotFitThePinnedBudgetFailAtCreation) {
+  // Slots of 100,000 f32 elements (400 KB) for 300 KiB tensors: DeepSpeed's buffer_size rule.
+  // Five such slots do not fit 1 MiB, so creation fails as DeepSpeed's engine does at start,
+  // instead of charging pools past the arena's budget and failing a write-back later.
+  strata_tensor_desc planned[4] = {desc(300 * 1024, "z0"), desc(300 * 1024, "z1"),
+                                   desc(300 * 1024, "z2"), desc(300 * 1024, "z3")};
+  config_.policy = STRATA_POLICY_ZERO_INFINITY;
+  config_.stream_chunk_bytes = STRATA_STREAMING_OFF;
+  config_.planned_tensors = planned;
+  config_.planned_tensor_count = 4;
+  config_.zero_sub_group_elements = 100000;
+  config_.zero_param_buffer_elements = 100000;
+  config_.pinned_budget_bytes = 1 * kMiB;
+  EXPECT_EQ(strata_runtime_create(&config_, &rt_), STRATA_E_PINNED_BUDGET);
+  EXPECT_NE(std::string(strata_last_error(nullptr)).find("ZeRO-Infinity's pinned buffers"),
+            std::string::npos)
+      << strata_last_error(nullptr);
+  // With room for them, every write and write-back fits, and the stats stay within the budget.
+  config_.pinned_budget_bytes = 16 * kMiB;
+  ASSERT_EQ(strata_runtime_create(&config_, &rt_), STRATA_OK) << strata_last_error(nullptr);
+  std::vector<unsigned char> bytes(300 * 1024, 7);
+  for (const strata_tensor_desc& d : planned) {
+    strata_tensor t = STRATA_TENSOR_NONE;
+    ASSERT_EQ(strata_tensor_register(rt_, &d, &t), STRATA_OK) << error();
+    ASSERT_EQ(strata_tensor_write(rt_, t, bytes.data(), 0, bytes.size()), STRATA_OK) << error();
+  }
+  ASSERT_EQ(strata_sync(rt_), STRATA_OK) << error();
+  strata_stats s{};
+  s.struct_size = sizeof s;
+  ASSERT_EQ(strata_get_stats(rt_, &s), STRATA_OK);
+  EXPECT_LE(s.pinned.peak_in_use_bytes, s.pinned_budget_bytes);
+  EXPECT_LE(s.pinned.peak_reserved_bytes, s.pinned_budget_bytes);
+}
+
 TEST_F(Contract, AStructSizeThatIsNotAMultipleOfEightOrIsTooSmallIsInvalid) {
   create();
   strata_tensor_desc d = desc(4096);

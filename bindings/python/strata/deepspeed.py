@@ -93,6 +93,15 @@ class Mapped:
                 f"param_dtype={self.param_dtype!r}, notes={self.notes!r})")
 
 
+def _assign(out, field, value, source, problems):
+    """out.config.field = value, where a value the field cannot hold (out of its C range) is one
+    of the config's problems, reported with the others, not an exception of its own."""
+    try:
+        setattr(out.config, field, value)
+    except StrataError as e:
+        problems.append(f"{source}: {e.message}")
+
+
 def _unknown(keys, known, where, problems):
     # A JSON file has only string keys; a dict built in Python may not (found by
     # tests/python/test_deepspeed_fuzz.py: sorting mixed keys raised TypeError).
@@ -228,7 +237,7 @@ def from_deepspeed(ds, warn=True, **strata_overrides):
             # DeepSpeed pins buffer_count buffers of buffer_size elements for parameters; Strata
             # takes the same bytes as a cap on its pinned arena and sizes buffers exactly in it.
             pinned_budget += (count or 5) * (size or 100_000_000) * elem_bytes
-            out.config.zero_param_buffer_elements = size or 0
+            _assign(out, "zero_param_buffer_elements", size or 0, where + "buffer_size", problems)
         if "max_in_cpu" in param:
             limit = _number(param, "max_in_cpu", where, problems, 0)
             if device == "cpu" and limit is not None:
@@ -274,7 +283,8 @@ def from_deepspeed(ds, warn=True, **strata_overrides):
         sub = _number(zero, "sub_group_size", "zero_optimization.", problems, 1)
         if sub is not None:
             out.optimizer_options["sub_group_bytes"] = sub * 4
-            out.config.zero_sub_group_elements = sub
+            _assign(out, "zero_sub_group_elements", sub, "zero_optimization.sub_group_size",
+                    problems)
 
     distinct = set(paths.values())
     if len(distinct) > 1:
@@ -282,9 +292,9 @@ def from_deepspeed(ds, warn=True, **strata_overrides):
                         f"({', '.join(f'{k}={v!r}' for k, v in paths.items())}): a Strata "
                         "runtime has one swap file")
     elif distinct:
-        out.config.nvme_path = distinct.pop()
+        _assign(out, "nvme_path", distinct.pop(), "nvme_path", problems)
     if pinned_budget:
-        out.config.pinned_budget_bytes = pinned_budget
+        _assign(out, "pinned_budget_bytes", pinned_budget, "the buffers' pinned bytes", problems)
 
     aio = ds.get("aio")
     if aio is not None:
@@ -298,11 +308,11 @@ def from_deepspeed(ds, warn=True, **strata_overrides):
             if block is not None and block % 4096:
                 problems.append(f"aio.block_size {block} is not a multiple of 4096 (O_DIRECT)")
             elif block is not None:
-                out.config.block_size = block
+                _assign(out, "block_size", block, "aio.block_size", problems)
         if "queue_depth" in aio:
             qd = _number(aio, "queue_depth", where, problems, 1)
             if qd is not None:
-                out.config.queue_depth = qd
+                _assign(out, "queue_depth", qd, "aio.queue_depth", problems)
         threads = {}
         for key in ("thread_count", "intra_op_parallelism"):
             if key in aio:
@@ -312,7 +322,7 @@ def from_deepspeed(ds, warn=True, **strata_overrides):
         if len(set(threads.values())) > 1:
             problems.append(f"aio.thread_count and aio.intra_op_parallelism differ ({threads})")
         elif threads:
-            out.config.worker_threads = next(iter(threads.values()))
+            _assign(out, "worker_threads", next(iter(threads.values())), "aio threads", problems)
         if "single_submit" in aio and _flag(aio, "single_submit", where, problems):
             out.notes.append("aio.single_submit true: Strata's io_uring engine submits in "
                              "batches regardless")
