@@ -117,13 +117,13 @@ typedef struct strata_config {
 
   /* Budgets per tier, in bytes. host_budget_bytes must be 0 (STRATA_E_UNSUPPORTED otherwise):
    * Strata holds no pageable host memory of its own, every host buffer being pinned and bounded
-   * by pinned_budget_bytes. 0 (the default) for pinned_budget_bytes is automatic: the least pinned memory that keeps the drive and the
-   * CPU optimizer at full speed, sized at creation from the drive (measured on the NVMe tier by a
-   * probe of a few hundred milliseconds, or declared with drive_read_bytes_per_s and
-   * drive_write_bytes_per_s) and not from the model: streaming staging buffers for the bytes the
-   * drive needs in flight, plus the optimizer's read-ahead (docs/tuning.md has the formula).
-   * strata_get_stats reports the budget in force. Automatic needs streaming (policy STRATA,
-   * STRATA_NVME_EXTENTS, not STRATA_STREAMING_OFF). */
+   * by pinned_budget_bytes. 0 (the default) for pinned_budget_bytes is automatic: the least pinned
+   * memory that keeps the drive and the CPU optimizer at full speed, sized at creation from the
+   * drive (measured on the NVMe tier by a probe of a few hundred milliseconds, or declared with
+   * drive_read_bytes_per_s and drive_write_bytes_per_s) and not from the model: streaming staging
+   * buffers for the bytes the drive needs in flight, plus the optimizer's read-ahead
+   * (docs/tuning.md has the formula). strata_get_stats reports the budget in force. Automatic needs
+   * streaming (policy STRATA, STRATA_NVME_EXTENTS, not STRATA_STREAMING_OFF). */
   uint64_t pinned_budget_bytes;
   uint64_t device_budget_bytes;
   uint64_t host_budget_bytes;
