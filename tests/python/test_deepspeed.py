@@ -111,3 +111,9 @@ def test_stage_and_parameter_home_default_as_in_deepspeed():
         m = from_deepspeed(ds, warn=False)
         assert m.param_home == "device", ds
     assert any("offload_param" in note for note in from_deepspeed({}, warn=False).notes)
+
+
+def test_bfloat16_is_read_as_deepspeed_reads_its_older_name_for_bf16():
+    assert from_deepspeed({"bfloat16": {"enabled": True}}, warn=False).param_dtype == "bfloat16"
+    m = from_deepspeed({"bf16": {"enabled": False}, "bfloat16": {"enabled": True}}, warn=False)
+    assert m.param_dtype is None and any("bfloat16" in note for note in m.notes)

@@ -59,7 +59,7 @@ _OPTIM_KEYS = {"device", "nvme_path", "pin_memory", "buffer_count", "fast_init",
 _AIO_KEYS = {"block_size", "queue_depth", "thread_count", "intra_op_parallelism",
              "single_submit", "overlap_events", "use_gds"}
 _TOP_KEYS = {"zero_optimization", "aio", "optimizer", "gradient_clipping", "fp16", "bf16",
-             "strata"} | _LOOP_KEYS
+             "bfloat16", "strata"} | _LOOP_KEYS
 # DeepSpeed's own (runtime/precision_config.py: DeepSpeedFP16Config, DeepSpeedBF16Config, which
 # refuse any other key).
 _FP16_KEYS = {"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window",
@@ -176,7 +176,10 @@ def from_deepspeed(ds, warn=True, **strata_overrides):
     paths = {}
     elem_bytes = 4
     fp16 = ds.get("fp16", {})
-    bf16 = ds.get("bf16", {})
+    # DeepSpeed reads "bf16", else its older name "bfloat16" (precision_config.get_bfloat16_config).
+    bf16 = ds["bf16"] if "bf16" in ds else ds.get("bfloat16", {})
+    if "bf16" in ds and "bfloat16" in ds:
+        out.notes.append("bfloat16: DeepSpeed's older name for bf16, which is given too and wins")
     for name, section in (("fp16", fp16), ("bf16", bf16)):
         if not isinstance(section, dict):
             problems.append(f"{name} must be a dict")
