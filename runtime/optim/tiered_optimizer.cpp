@@ -1177,12 +1177,6 @@ Status TieredOptimizer::copy_state(const Param& p, StateKind state, void* dst, c
   return Status::ok();
 }
 
-bool TieredOptimizer::holds(sched::TensorHandle tensor) {
-  std::unique_lock lock(mu_);
-  return std::any_of(params_.begin(), params_.end(),
-                     [&](const Param& p) { return p.param == tensor || p.grad == tensor; });
-}
-
 Status TieredOptimizer::read_state(sched::TensorHandle param, StateKind state, void* dst,
                                    uint64_t bytes) {
   std::unique_lock lock(mu_);
@@ -1209,6 +1203,12 @@ Status TieredOptimizer::write_state(sched::TensorHandle param, StateKind state, 
                             std::to_string(p.elements * sizeof(float)) + " bytes");
   }
   return copy_state(p, state, nullptr, src);
+}
+
+bool TieredOptimizer::holds(sched::TensorHandle tensor) {
+  std::unique_lock lock(mu_);
+  return std::any_of(params_.begin(), params_.end(),
+                     [&](const Param& p) { return p.param == tensor || p.grad == tensor; });
 }
 
 // ---------------------------------------------------------------------------------------------

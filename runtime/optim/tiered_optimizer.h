@@ -124,10 +124,10 @@ class TieredOptimizer {
   Status set_step_count(int64_t step);
 
   Status read_state(sched::TensorHandle param, StateKind state, void* dst, uint64_t bytes);
+  Status write_state(sched::TensorHandle param, StateKind state, const void* src, uint64_t bytes);
   // Whether `tensor` is a parameter or gradient under the optimizer (it updates or reads them at
   // every step, so they must stay registered).
   bool holds(sched::TensorHandle tensor);
-  Status write_state(sched::TensorHandle param, StateKind state, const void* src, uint64_t bytes);
 
   Status export_checkpoint(const std::string& path);
   Status import_checkpoint(const std::string& path);

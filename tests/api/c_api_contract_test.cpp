@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "api/runtime_handle.h"
@@ -89,6 +90,27 @@ class Contract : public ::testing::Test {
     const int rc = strata_acquire(rt_, t, tier, flags, &a);
     if (data != nullptr) *data = a.data;
     return rc;
+  }
+
+  // A new optimizer group with the defaults; its index.
+  uint32_t add_group() {
+    strata_optimizer_group g;
+    strata_optimizer_group_init(&g);
+    uint32_t index = 0;
+    EXPECT_EQ(strata_optimizer_add_group(rt_, &g, &index), STRATA_OK) << error();
+    return index;
+  }
+
+  // A written 16 KiB parameter "p" and its gradient "p.grad", put under the optimizer in `group`.
+  std::pair<strata_tensor, strata_tensor> add_param(uint32_t group) {
+    const strata_tensor p = register_tensor(rt_, 16 * 1024, "p");
+    write_pattern(p, 16 * 1024, 0);
+    strata_tensor_desc gd = desc(16 * 1024, "p.grad");
+    gd.kind = STRATA_KIND_GRADIENT;
+    strata_tensor grad = STRATA_TENSOR_NONE;
+    EXPECT_EQ(strata_tensor_register(rt_, &gd, &grad), STRATA_OK) << error();
+    EXPECT_EQ(strata_optimizer_add_param(rt_, group, p, grad), STRATA_OK) << error();
+    return {p, grad};
   }
 
   // Waits (bounded) until the tensor carries an asynchronous failure.
@@ -552,17 +574,8 @@ TEST_F(Contract, AnAcquireBlockedByAFailedUnreportedWriteBackFailsAtOnceWithItsC
 
 TEST_F(Contract, TensorsUnderTheOptimizerStayRegisteredAndAStaleHandleIsABadHandle) {
   create();
-  strata_optimizer_group g;
-  strata_optimizer_group_init(&g);
-  uint32_t index = 0;
-  ASSERT_EQ(strata_optimizer_add_group(rt_, &g, &index), STRATA_OK);
-  const strata_tensor p = register_tensor(rt_, 16 * 1024, "p");
-  write_pattern(p, 16 * 1024, 0);
-  strata_tensor_desc gd = desc(16 * 1024, "p.grad");
-  gd.kind = STRATA_KIND_GRADIENT;
-  strata_tensor grad = STRATA_TENSOR_NONE;
-  ASSERT_EQ(strata_tensor_register(rt_, &gd, &grad), STRATA_OK);
-  ASSERT_EQ(strata_optimizer_add_param(rt_, index, p, grad), STRATA_OK) << error();
+  const auto [p, grad] = add_param(add_group());
+  ASSERT_FALSE(HasFailure());
   // Unregistered, either would leave every later step failing on it.
   for (strata_tensor t : {p, grad}) {
     EXPECT_EQ(strata_tensor_unregister(rt_, t), STRATA_E_STATE);
@@ -588,23 +601,13 @@ TEST_F(Contract, TensorsUnderTheOptimizerStayRegisteredAndAStaleHandleIsABadHand
 
 TEST_F(Contract, OptimizerOptionsChangeAfterAddParamExceptTheSubGroupSize) {
   create();
-  strata_optimizer_group g;
-  strata_optimizer_group_init(&g);
-  uint32_t index = 0;
-  ASSERT_EQ(strata_optimizer_add_group(rt_, &g, &index), STRATA_OK);
+  const uint32_t index = add_group();
   strata_optimizer_options o;
   strata_optimizer_options_init(&o);
   o.sub_group_bytes = 64 * 1024;
   ASSERT_EQ(strata_optimizer_configure(rt_, &o), STRATA_OK) << error();
-  strata_tensor_desc pd = desc(16 * 1024, "p");
-  strata_tensor p = STRATA_TENSOR_NONE;
-  ASSERT_EQ(strata_tensor_register(rt_, &pd, &p), STRATA_OK);
-  write_pattern(p, 16 * 1024, 0);
-  strata_tensor_desc gd = desc(16 * 1024, "p.grad");
-  gd.kind = STRATA_KIND_GRADIENT;
-  strata_tensor grad = STRATA_TENSOR_NONE;
-  ASSERT_EQ(strata_tensor_register(rt_, &gd, &grad), STRATA_OK);
-  ASSERT_EQ(strata_optimizer_add_param(rt_, index, p, grad), STRATA_OK) << error();
+  add_param(index);
+  ASSERT_FALSE(HasFailure());
 
   // Read, change one field, write back: allowed.
   strata_optimizer_options now{};

@@ -177,28 +177,30 @@ def from_deepspeed(ds, warn=True, **strata_overrides):
     elem_bytes = 4
     fp16 = ds.get("fp16", {})
     # DeepSpeed reads "bf16", else its older name "bfloat16" (precision_config.get_bfloat16_config).
-    bf16 = ds["bf16"] if "bf16" in ds else ds.get("bfloat16", {})
+    bf16_key = "bf16" if "bf16" in ds else "bfloat16"
+    bf16 = ds.get(bf16_key, {})
     if "bf16" in ds and "bfloat16" in ds:
         out.notes.append("bfloat16: DeepSpeed's older name for bf16, which is given too and wins")
-    for name, section in (("fp16", fp16), ("bf16", bf16)):
+    precisions = (
+        ("fp16", fp16, _FP16_KEYS, "float16", "loss scaling is the caller's; pass loss_scale to "
+         "strata.torch.AdamW.step"),
+        (bf16_key, bf16, _BF16_KEYS, "bfloat16", "DeepSpeed's bf16 optimizer settings; "
+         "strata.torch.AdamW checks overflow itself (check_overflow)"))
+    for name, section, keys, dtype, extra_note in precisions:
         if not isinstance(section, dict):
             problems.append(f"{name} must be a dict")
             continue
-        _unknown(section, _FP16_KEYS if name == "fp16" else _BF16_KEYS, f"{name}.", problems)
+        _unknown(section, keys, f"{name}.", problems)
         enabled = section.get("enabled", False)
         if not isinstance(enabled, bool):
             problems.append(f"{name}.enabled {enabled!r} must be true or false (\"auto\" is the "
                             "Hugging Face Trainer's, which fills it in before DeepSpeed reads it)")
         elif enabled:
-            out.param_dtype = {"fp16": "float16", "bf16": "bfloat16"}[name]
+            out.param_dtype = dtype
             elem_bytes = 2
             extra = set(section) - {"enabled"}
-            if extra and name == "fp16":
-                out.notes.append(f"{name}.{sorted(extra)}: loss scaling is the caller's; pass "
-                                 "loss_scale to strata.torch.AdamW.step")
-            elif extra:
-                out.notes.append(f"{name}.{sorted(extra)}: DeepSpeed's bf16 optimizer settings; "
-                                 "strata.torch.AdamW checks overflow itself (check_overflow)")
+            if extra:
+                out.notes.append(f"{name}.{sorted(extra)}: {extra_note}")
     if isinstance(fp16, dict) and isinstance(bf16, dict) and fp16.get("enabled") and \
             bf16.get("enabled"):
         problems.append("fp16.enabled and bf16.enabled are both true")
