@@ -564,6 +564,7 @@ Result<AcquireAttempt> Scheduler::attempt_locked(uint32_t index, Tier tier, Acce
   STRATA_ASSERT(r.buffer[mi].valid() && r.residency.valid_on(tier));
   ++r.uses;
   (void)set_done_for_now(r, false);  // re-listed by note_state below
+  (void)set_awaited(r, false);
   r.use_tier = tier;
   r.last_use_tick = ++tick_;
   r.polled[mi] = false;
@@ -622,6 +623,13 @@ Status Scheduler::write_behind(TensorHandle tensor, WriteBack when) {
 bool Scheduler::set_done_for_now(TensorRecord& r, bool done) {
   if (r.done_for_now == done) return false;
   r.done_for_now = done;
+  for (uint64_t& epoch : r.next_use_epoch) epoch = 0;  // the remembered next uses are stale
+  return true;
+}
+
+bool Scheduler::set_awaited(TensorRecord& r, bool awaited) {
+  if (r.awaited == awaited) return false;
+  r.awaited = awaited;
   for (uint64_t& epoch : r.next_use_epoch) epoch = 0;  // the remembered next uses are stale
   return true;
 }
@@ -798,6 +806,7 @@ Status Scheduler::prefetch(TensorHandle tensor, Tier tier) {
   // for the next read ahead.
   TensorRecord& r = registry_.at(index);
   bool changed = set_done_for_now(r, false);
+  changed = set_awaited(r, true) || changed;
   if (!schedule_) {
     r.last_use_tick = ++tick_;
     changed = true;
@@ -1798,6 +1807,8 @@ void Scheduler::drop_copy(TensorRecord& r, Tier tier) {
 }
 
 void Scheduler::apply_discard(TensorRecord& r) {
+  // No contents: a read ahead of them has nothing to bring.
+  if (set_awaited(r, false)) note_state(r);
   if (r.residency.state() == Residency::kUnwritten) return;  // nothing to forget
   Status discarded = r.residency.discard(r.spec.name);
   STRATA_ASSERT(discarded.is_ok());

@@ -427,11 +427,18 @@ class Scheduler final : public CompletionSink {
   // until the tensor is touched again, also in the next step's optimizer phase: there the ones
   // left from the step before are the ones its read-ahead may push out (move_cursor re-keys
   // them when the cursor reaches that phase, where their rank jumps by the skipped read).
+  // A hinted tensor the schedule never reads (TensorRecord::awaited) is needed in the current
+  // phase: a prefetch does not evict it, a demand only when nothing else can go.
   uint64_t schedule_next_use(const TensorRecord& r, Tier tier) const {
-    if (!r.done_for_now) return schedule_->next_read(r.handle, use_filter(r, tier), cursor_);
-    const uint32_t after = (cursor_ + 1) % schedule_->phase_count();
-    const uint64_t next = schedule_->next_read(r.handle, use_filter(r, tier), after);
-    return next == kNeverUsed ? kNeverUsed : next + 1;
+    uint64_t next = 0;
+    if (!r.done_for_now) {
+      next = schedule_->next_read(r.handle, use_filter(r, tier), cursor_);
+    } else {
+      const uint32_t after = (cursor_ + 1) % schedule_->phase_count();
+      next = schedule_->next_read(r.handle, use_filter(r, tier), after);
+      if (next != kNeverUsed) ++next;
+    }
+    return next == kNeverUsed && r.awaited ? 0 : next;
   }
   // Without a schedule, the LRU order as a distance: what write_behind said is done with for
   // now goes before everything else (the optimizer's updated sub-groups before the ones it read
@@ -443,6 +450,8 @@ class Scheduler final : public CompletionSink {
   // Sets r.done_for_now; its next use (and so its rank as a victim) changes with it: the caller
   // re-lists r (note_state) when this returns true (it changed).
   bool set_done_for_now(TensorRecord& r, bool done);
+  // The same for r.awaited.
+  bool set_awaited(TensorRecord& r, bool awaited);
   // Every cursor change goes through here: it ends the remembered next uses and re-keys the
   // eviction candidates whose next read the cursor passed.
   void move_cursor(uint32_t phase);

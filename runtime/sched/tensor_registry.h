@@ -119,6 +119,11 @@ struct TensorRecord {
   // Scheduler::write_behind: the caller is done with it until its next acquire, so write-behind
   // may clean it even while the schedule's current phase lists it.
   bool done_for_now = false;
+  // Scheduler::prefetch hinted it and no acquire has used it since: the framework will ask for
+  // it soon. A tensor the schedule does not name (registered afresh each step, as strata.torch's
+  // offloaded activations are) then ranks as needed in the current phase, not never, so that the
+  // room the hint's read took is not the first to go (Scheduler::schedule_next_use).
+  bool awaited = false;
   // Scheduler::write_behind(kNow) queued it for a write-back (write_back_queue_); cleared when the
   // queue serves or skips the entry.
   bool write_back_queued = false;

@@ -237,6 +237,38 @@ TEST(Scheduler, EvictsTheTensorUsedFarthestInTheFuture) {
   ASSERT_TRUE(s.end_phase({PhaseKind::kForward, 1}).is_ok());
 }
 
+// A tensor the schedule does not name (strata.torch registers its offloaded activations afresh
+// each step) ranks as never needed again, but a hint says it is needed soon: until it is
+// acquired, a demand takes the room of another unnamed tensor first. y sits in the lower slot,
+// which wins a tie between two "never" ranks, so without the hint counting y would go.
+TEST(Scheduler, AHintedTensorTheScheduleDoesNotNameKeepsItsRoomUntilItIsAcquired) {
+  Watchdog watchdog(30);
+  Harness harness(small_config(2 * kT, 2 * kT));
+  Scheduler& s = harness.s();
+  const TensorHandle y = s.register_tensor(flat_spec("y", kT)).value();
+  const TensorHandle w = s.register_tensor(flat_spec("w", kT)).value();
+  const TensorHandle z = s.register_tensor(flat_spec("z", kT)).value();
+  const TensorHandle named = s.register_tensor(flat_spec("named", kT)).value();
+  AccessSchedule::Builder builder;
+  builder.begin_phase({PhaseKind::kForward, 0});
+  ASSERT_TRUE(builder.add({named, Tier::kDevice, AccessMode::kRead}).is_ok());
+  ASSERT_TRUE(s.declare_schedule(std::move(builder).build().value()).is_ok());
+  write_version(s, y, Tier::kPinned, 1, kT);
+  write_version(s, w, Tier::kPinned, 2, kT);
+  ASSERT_TRUE(s.flush(kWait).is_ok());  // both clean in a full pool
+  ASSERT_TRUE(s.prefetch(y, Tier::kPinned).is_ok());
+
+  Result<Acquired> room = s.acquire(z, Tier::kPinned, AccessMode::kOverwrite, kWait);
+  ASSERT_TRUE(room.is_ok()) << room.status().message();
+  EXPECT_TRUE(s.describe(y)->valid & kPinnedBit);
+  EXPECT_FALSE(s.describe(w)->valid & kPinnedBit);
+  ASSERT_TRUE(s.release(z, false).is_ok());
+  // Acquired, y is an unnamed tensor like any other again: the next demand may take its room.
+  expect_version(s, y, Tier::kPinned, 1, kT);
+  expect_version(s, w, Tier::kPinned, 2, kT);
+  EXPECT_FALSE(s.describe(y)->valid & kPinnedBit);
+}
+
 // The first step is recorded; in the second, entering phase 0 prefetches phase 0's and phase 1's
 // tensors onto the device, pushing out a tensor the schedule never reads.
 TEST(Scheduler, RecordedStepDrivesPrefetchInTheNextStep) {

@@ -23,6 +23,11 @@
     /usr/bin/python3 bindings/python/examples/lora_offload.py saved-bytes --method full \
         --dtype bf16 --hidden 256 --layers 3 --seq 256 --pinned-mib 256 --nvme /var/tmp
 
+    # Activation offload to NVMe under a pinned budget smaller than a step's saved activations:
+    # the bytes packed, shared and the runtime's activation bytes written and read back
+    /usr/bin/python3 bindings/python/examples/lora_offload.py spill --preset tinyllama-1.1b \
+        --hidden 128 --layers 3 --batch 4 --seq 128 --steps 2 --pinned-mib 12 --nvme /var/tmp
+
     # Activation offload's cost in step time: the same step timed without and with it
     # (alternating), and the bytes it packed; the extra time over the bytes is the rate its
     # copies ran at, against the plan's (--copy-gbps: strata bench copy's one-way rates)
@@ -352,6 +357,43 @@ def copy_time(args):
     print(json.dumps(result))
 
 
+def spill(args):
+    """One JSON line: full fine-tuning with activation offload to NVMe under a pinned budget too
+    small for one step's saved activations (--pinned-mib), --steps steps with strata.torch's
+    AdamW; the bytes packed and shared by saves (handle.activations) and the runtime's NVMe bytes
+    of kind activation_checkpoint written and read. Each spilled chunk comes back once for each
+    save of its bytes: read <= written + shared (docs/scheduling.md, a hinted tensor the
+    schedule does not name)."""
+    import torch
+
+    import strata.torch as st
+    from tiny_llama import loss_fn
+
+    model = build(args, "full")
+    torch.manual_seed(1)
+    with tempfile.TemporaryDirectory(dir=args.nvme) as d:
+        handle = st.offload(model, nvme_path=d, device="cpu", activations="nvme",
+                            nvme_capacity_bytes=args.nvme_capacity_mib << 20,
+                            pinned_budget_bytes=args.pinned_mib << 20)
+        opt = st.AdamW(model.parameters(), lr=1e-3)
+        for _ in range(args.steps):
+            tokens = torch.randint(0, 256, (args.batch, args.seq + 1))
+            loss_fn(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+            opt.step()
+            opt.zero_grad()
+        stats = handle.runtime.stats()
+        acts = handle.activations
+        result = {"mode": "spill", "preset": args.preset, "hidden": args.hidden,
+                  "layers": args.layers, "batch": args.batch, "seq": args.seq,
+                  "steps": args.steps, "pinned_mib": args.pinned_mib,
+                  "packed_bytes": acts.packed_bytes, "shared_bytes": acts.shared_bytes,
+                  "peak_held_bytes": acts.peak_held_bytes,
+                  "nvme_written_bytes": stats["nvme_bytes_written_by_kind"]["activation_checkpoint"],
+                  "nvme_read_bytes": stats["nvme_bytes_read_by_kind"]["activation_checkpoint"]}
+        handle.close()
+    print(json.dumps(result))
+
+
 def longest_seq(args):
     """Doubles the sequence from --seq until a step's peak passes the budget, without and with
     activation offload, each try in a fresh interpreter."""
@@ -391,7 +433,7 @@ def longest_seq(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("lora", "longest-seq", "peak-run", "saved-bytes",
-                                         "copy-time"))
+                                         "copy-time", "spill"))
     parser.add_argument("--preset", choices=("llama-2-7b", "tinyllama-1.1b", "mixtral-8x7b"),
                         default="llama-2-7b", help="the shapes scaled to --hidden (tinyllama: "
                         "grouped-query attention; mixtral: 8 experts, 2 a token)")
@@ -422,7 +464,7 @@ def main():
                         help="copy-time: the plan's one-way copy rates D2H,H2D in GB/s")
     args = parser.parse_args()
     {"lora": lora_step_figures, "longest-seq": longest_seq, "peak-run": peak_run,
-     "saved-bytes": saved_bytes, "copy-time": copy_time}[args.mode](args)
+     "saved-bytes": saved_bytes, "copy-time": copy_time, "spill": spill}[args.mode](args)
 
 
 if __name__ == "__main__":
