@@ -8,6 +8,7 @@
 #include "common/assert.h"
 #include "common/units.h"
 #include "sched/simulated_backend.h"
+#include "sched/transfer_label.h"
 
 namespace strata::sched {
 
@@ -64,6 +65,44 @@ TrainingStep with_micro_batches(TrainingStep step, uint32_t micro_batches) {
   }
   for (StepPhase& phase : optimizer) step.phases.push_back(std::move(phase));
   return step;
+}
+
+// Completions of the copies the modelled framework makes itself (offloaded activations), one
+// at a time: it waits for each, as a blocking copy_ does.
+class FrameworkCopy final : public CompletionSink {
+ public:
+  explicit FrameworkCopy(boost::asio::io_context& io) : io_(io) {}
+  Completion start() {
+    done_ = false;
+    status_ = Status::ok();
+    return Completion{this, 0};
+  }
+  bool done() const { return done_; }
+  const Status& status() const { return status_; }
+  void on_transfer_complete(uint32_t /*op*/, Status status) override {
+    done_ = true;
+    status_ = std::move(status);
+  }
+  boost::asio::any_io_executor completion_executor() const override { return io_.get_executor(); }
+
+ private:
+  boost::asio::io_context& io_;
+  bool done_ = true;
+  Status status_;
+};
+
+// Per phase: the chunk backward unpacks after the phase's last one, within the same backward pass
+// (activations.py hints only tensors still packed); invalid when none.
+std::vector<TensorHandle> next_unpacks(const TrainingStep& step) {
+  std::vector<TensorHandle> next(step.phases.size());
+  TensorHandle following;
+  for (size_t i = step.phases.size(); i-- > 0;) {
+    const StepPhase& phase = step.phases[i];
+    if (!phase.packs.empty()) following = TensorHandle{};  // a forward pass: another pass's
+    next[i] = following;
+    if (!phase.unpacks.empty()) following = phase.unpacks.front();
+  }
+  return next;
 }
 
 std::string phase_label(const PhaseKey& key) {
@@ -224,10 +263,62 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
     return Status::error(STRATA_E_LIMIT, "simulate: more than " +
                                              std::to_string(config.max_transfers) + " transfers");
   };
+  // Offloaded activations (StepPhase::packs / unpacks): one chunk at a time, acquired on pinned,
+  // copied over the link with the compute stream waiting, released. Waiting for the chunk (its
+  // read back, or room for it) is a stall like any acquire's; the copy is activation time.
+  FrameworkCopy framework_copy(backend.context());
+  const std::vector<TensorHandle> next_unpack = next_unpacks(step);
+  double stall = 0, activation_seconds = 0;
+  bool measuring = false;
+  const auto move_saved = [&](const StepPhase& phase, TensorHandle chunk, bool pack) -> Status {
+    const std::string where = "simulate, phase " + phase_label(phase.key);
+    const double asked = backend.now();
+    for (;;) {
+      Result<AcquireAttempt> attempt = scheduler.try_acquire(
+          chunk, Tier::kPinned, pack ? AccessMode::kOverwrite : AccessMode::kRead);
+      if (!attempt) return std::move(attempt).take_status().with_context(where);
+      if (attempt->state == AcquireState::kReady) break;
+      STRATA_TRY(within_transfer_limit());
+      if (!backend.deliver_next()) {
+        Result<TensorInfo> info = scheduler.describe(chunk);
+        return Status::error(STRATA_E_PINNED_BUDGET,
+                             "simulate: phase " + phase_label(phase.key) +
+                                 " cannot fit activation chunk '" +
+                                 (info ? info->name : std::string("?")) +
+                                 "' on pinned beside the tensors it already holds");
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(TensorInfo info, scheduler.describe(chunk), where);
+    const double acquired = backend.now();
+    if (config.trace != nullptr && acquired > asked) {
+      config.trace->record_span(telemetry::kTrackWait, info.name, us(asked), us(acquired));
+    }
+    const Buffer device{nullptr, info.bytes, 0};
+    const Buffer pinned{nullptr, info.bytes, 0};
+    const Completion done = framework_copy.start();
+    {
+      // A trace names the copy by its chunk (the framework's copy: a run's trace has no span).
+      const TensorSpec spec{info.name, {info.bytes}, info.dtype, info.kind, info.layer};
+      const ScopedTransferLabel label(spec);
+      STRATA_TRY(pack ? backend.copy_to_host(device, pinned, info.bytes, done)
+                      : backend.copy_to_device(pinned, device, info.bytes, done),
+                 where);
+    }
+    while (!framework_copy.done()) {
+      const bool delivered = backend.deliver_next();
+      STRATA_ASSERT(delivered);  // the copy is in flight: its completion is due
+    }
+    STRATA_TRY(framework_copy.status(), where);
+    if (measuring) {
+      stall += acquired - asked;
+      activation_seconds += backend.now() - acquired;
+    }
+    return scheduler.release(chunk, pack).with_context(where);
+  };
   std::array<double, kResourceCount> busy{};
   std::array<LinkCounters, kLinkCount> links_before{};
   SchedulerStats stats_before;
-  double stall = 0, measure_start = 0;
+  double measure_start = 0;
   uint64_t check_host_peak = 0;
   const uint32_t total_steps = config.warmup_steps + config.measured_steps;
 
@@ -238,7 +329,7 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
     if (track) step_track = *track;
   }
   for (uint32_t s = 0; s < total_steps; ++s) {
-    const bool measuring = s >= config.warmup_steps;
+    measuring = s >= config.warmup_steps;
     const double step_start = backend.now();
     if (s == config.warmup_steps) {
       for (int i = 0; i < kLinkCount; ++i)
@@ -357,6 +448,13 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
         config.trace->record_span(telemetry::kTrackWait, phase_label(phase.key), us(phase_start),
                                   us(backend.now()));
       }
+      // Backward's saved activations come back before it computes, each hinting the next.
+      for (size_t k = 0; k < phase.unpacks.size(); ++k) {
+        const TensorHandle next =
+            k + 1 < phase.unpacks.size() ? phase.unpacks[k + 1] : next_unpack[index];
+        if (next.generation != 0) STRATA_TRY(scheduler.prefetch(next, Tier::kPinned));
+        STRATA_TRY(move_saved(phase, phase.unpacks[k], false));
+      }
 
       double seconds = 0;
       Resource resource = Resource::kCompute;
@@ -404,6 +502,9 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
       for (const StepAccess& a : phase.accesses) {
         if (a.discard_after) STRATA_TRY(scheduler.discard(a.access.tensor));
       }
+      // Autograd drops what backward unpacked; forward's saved activations leave after it.
+      for (const TensorHandle chunk : phase.unpacks) STRATA_TRY(scheduler.discard(chunk));
+      for (const TensorHandle chunk : phase.packs) STRATA_TRY(move_saved(phase, chunk, true));
       if (loaded) held_ahead[index] = 0;
       const bool continued =
           index + 1 < step.phases.size() && step.phases[index + 1].continues_phase;
@@ -423,6 +524,7 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
   const double steps = config.measured_steps;
   result.step_seconds = (backend.now() - measure_start) / steps;
   result.stall_seconds = stall / steps;
+  result.activation_seconds = activation_seconds / steps;
   for (int i = 0; i < kLinkCount; ++i) {
     const LinkCounters after = backend.link_counters(static_cast<Link>(i));
     result.link_bytes[i] = (after.bytes - links_before[i].bytes) / config.measured_steps;
@@ -490,6 +592,7 @@ std::string format_result(const SimulationResult& r) {
   };
   add("policy            %s\n", r.policy.c_str());
   add("step              %.3f s (stalled %.3f s)\n", r.step_seconds, r.stall_seconds);
+  if (r.activation_seconds > 0) add("activation copies %.3f s\n", r.activation_seconds);
   add("bottleneck        %s\n", r.bottleneck_label);
   const char* names[kResourceCount] = {"nvme_read",      "nvme_write", "host_to_device",
                                        "device_to_host", "compute",    "cpu_optimizer"};

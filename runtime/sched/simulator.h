@@ -8,9 +8,11 @@
 // the memory plan has staging, GPU compute per layer, the CPU optimizer per parameter or, for an
 // inventory laid out by split_optimizer_states, per sub-group with the pieces' range copies
 // (training_step.h), a host-side overflow check when the memory plan has one, pools with their
-// size classes and up-front reservations. What it leaves out: activations and framework
-// memory on the device, CPU memory bandwidth contention, NUMA, the optimizer overlapping the
-// backward pass (phases run one after another, as in ZeRO-Infinity).
+// size classes and up-front reservations, offloaded activations as the framework moves them
+// (training_step.h's packs and unpacks: its own blocking copies on the links, the chunks
+// through the pinned pool). What it leaves out: activations kept and framework memory on the
+// device, CPU memory bandwidth contention, NUMA, the optimizer overlapping the backward pass
+// (phases run one after another, as in ZeRO-Infinity).
 #pragma once
 
 #include <array>
@@ -66,9 +68,13 @@ struct SimulationConfig {
 };
 
 struct SimulationResult {
-  std::string policy;                                 // the memory plan's
-  double step_seconds = 0;                            // mean over the measured steps
-  double stall_seconds = 0;                           // per step: the framework waiting in acquire
+  std::string policy;        // the memory plan's
+  double step_seconds = 0;   // mean over the measured steps
+  double stall_seconds = 0;  // per step: the framework waiting in acquire
+  // Per step: the compute stream copying offloaded activations out and back (each chunk's copy,
+  // from its issue, behind what the link already carries, to its end), in which it computes
+  // nothing. Waiting to acquire a chunk counts as a stall.
+  double activation_seconds = 0;
   std::array<double, kResourceCount> busy_seconds{};  // per step
   std::array<uint64_t, kLinkCount> link_bytes{};      // per step
   // Per step, by the tensor's kind: completed NVMe reads and writes (SchedulerStats' counts).

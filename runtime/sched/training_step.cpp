@@ -276,6 +276,19 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
     }
   };
 
+  // Offloaded activations: each transformer layer's chunks, in packing order.
+  std::vector<std::vector<TensorHandle>> saved(static_cast<size_t>(std::max(layers, 0)));
+  for (size_t i = 0; i < inventory.size(); ++i) {
+    const TensorSpec& spec = inventory[i];
+    if (spec.kind != TensorKind::kActivationCheckpoint) continue;
+    if (spec.layer < 0 || spec.layer >= layers) {
+      return invalid_argument("training step: activation chunk '" + spec.name + "' has layer " +
+                              std::to_string(spec.layer) + ", not a transformer layer's 0.." +
+                              std::to_string(layers - 1));
+    }
+    saved[static_cast<size_t>(spec.layer)].push_back(handles[i]);
+  }
+
   for (int32_t pl = -1; pl <= layers; ++pl) {
     const std::vector<size_t>& members = by_layer[pl + 1];
     if (members.empty()) continue;
@@ -287,6 +300,7 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
       phase.accesses.push_back(
           access(groups[g].param, options.compute_tier, AccessMode::kRead, false, false));
     }
+    if (pl >= 0 && pl < layers) phase.packs = saved[static_cast<size_t>(pl)];
     step.phases.push_back(std::move(phase));
   }
   for (int32_t pl = layers; pl >= -1; --pl) {
@@ -296,6 +310,10 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
     phase.key = {PhaseKind::kBackward, pl};
     phase.compute = ComputeKind::kBackward;
     phase.compute_units = units_of(pl, members);
+    if (pl >= 0 && pl < layers) {
+      const std::vector<TensorHandle>& packed = saved[static_cast<size_t>(pl)];
+      phase.unpacks.assign(packed.rbegin(), packed.rend());
+    }
     for (auto it = members.rbegin(); it != members.rend(); ++it) {
       phase.accesses.push_back(
           access(groups[*it].param, options.compute_tier, AccessMode::kRead, false, false));

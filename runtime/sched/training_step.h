@@ -20,6 +20,10 @@
 //             update, of the new parameter's bytes out after it), or held whole on pinned. The
 //             groups of one optimizer run (the whole step, or one layer's with overlap) are one
 //             scheduler phase, as the framework's strata_layer_begin(OPTIMIZER) spans them all
+//   saved     with activation offload, the inventory's ACTIVATION_CHECKPOINT chunks of layer l
+//             (what strata.torch's activations.py registers as autograd saves the layer's
+//             tensors): packed by forward l after it computes, unpacked by backward l before it
+//             computes, in reverse order, and discarded once it has (StepPhase::packs / unpacks)
 //
 // "pre" and "post" are the layer -1 tensors before and after the transformer layers in the
 // inventory's forward order; their phases use layers -1 and N.
@@ -81,6 +85,15 @@ struct StepPhase {
   // four pieces when they are held on the device), from which its read-ahead window follows
   // (optimizer_lookahead).
   uint64_t held_pinned_bytes = 0;
+  // Offloaded activations, which the framework moves itself, one chunk after the other, with a
+  // copy the compute stream waits for (activations.py's copy_): forward packs each chunk after
+  // it computes (acquired on pinned with DISCARD, filled from the device, released dirty);
+  // backward unpacks before it computes (acquired on pinned, copied to the device, released;
+  // discarded after the phase), first hinting the chunk it unpacks next toward pinned, as
+  // activations.py's _prefetch_before hints the tensor packed before. Outside the declared
+  // schedule: strata.torch registers fresh chunks every step, so no recorded schedule names them.
+  std::vector<TensorHandle> packs;
+  std::vector<TensorHandle> unpacks;
 };
 
 struct TrainingStep {

@@ -509,6 +509,140 @@ std::vector<TensorHandle> handles_for(const std::vector<TensorSpec>& inventory) 
   return handles;
 }
 
+// The small model with offloaded activations: each layer but the last saves `chunks` chunks of
+// `chunk_bytes` (what strata.torch registers as autograd saves the layer's tensors).
+std::vector<TensorSpec> with_activation_chunks(std::vector<TensorSpec> inventory, int layers,
+                                               int chunks, uint64_t chunk_bytes) {
+  for (int l = 0; l + 1 < layers; ++l) {
+    for (int k = 0; k < chunks; ++k) {
+      inventory.push_back({"layers." + std::to_string(l) + "#activations." + std::to_string(k),
+                           {chunk_bytes},
+                           DType::kUInt8,
+                           TensorKind::kActivationCheckpoint,
+                           l});
+    }
+  }
+  return inventory;
+}
+
+TEST(TrainingStepOrder,
+     ActivationChunksArePackedAfterTheirForwardAndUnpackedInReverseBeforeTheirBackward) {
+  const auto inventory = with_activation_chunks(small_model(), 8, 3, 1 << 20);
+  std::vector<TensorHandle> handles;
+  for (size_t i = 0; i < inventory.size(); ++i) handles.push_back(TensorHandle::from_u64(i + 1));
+  Result<TrainingStep> step = plan_training_step(inventory, handles);
+  ASSERT_TRUE(step.is_ok()) << step.status().message();
+  const auto chunk = [&](int layer, int k) {
+    const std::string name =
+        "layers." + std::to_string(layer) + "#activations." + std::to_string(k);
+    for (size_t i = 0; i < inventory.size(); ++i) {
+      if (inventory[i].name == name) return handles[i];
+    }
+    return TensorHandle{};
+  };
+  size_t packing = 0, unpacking = 0;
+  for (const StepPhase& phase : step->phases) {
+    const int32_t l = phase.key.layer;
+    const bool moved = l >= 0 && l < 7;
+    if (phase.key.kind == PhaseKind::kForward && phase.compute == ComputeKind::kForward) {
+      EXPECT_TRUE(phase.unpacks.empty());
+      if (!moved) {
+        EXPECT_TRUE(phase.packs.empty()) << "forward " << l;
+        continue;
+      }
+      ++packing;
+      EXPECT_EQ(phase.packs, (std::vector<TensorHandle>{chunk(l, 0), chunk(l, 1), chunk(l, 2)}));
+    } else if (phase.key.kind == PhaseKind::kBackward && phase.compute == ComputeKind::kBackward) {
+      EXPECT_TRUE(phase.packs.empty());
+      if (!moved) {
+        EXPECT_TRUE(phase.unpacks.empty()) << "backward " << l;
+        continue;
+      }
+      ++unpacking;
+      EXPECT_EQ(phase.unpacks, (std::vector<TensorHandle>{chunk(l, 2), chunk(l, 1), chunk(l, 0)}));
+    } else {
+      EXPECT_TRUE(phase.packs.empty() && phase.unpacks.empty());
+    }
+    // Not in any phase's accesses: the declared schedule never names them.
+    for (const StepAccess& a : phase.accesses) {
+      EXPECT_NE(inventory[a.access.tensor.index - 1].kind, TensorKind::kActivationCheckpoint);
+    }
+  }
+  EXPECT_EQ(packing, 7u);
+  EXPECT_EQ(unpacking, 7u);
+  // A chunk outside the transformer layers has no forward to save it.
+  auto bad = inventory;
+  bad.push_back(
+      {"stray#activations.0", {4096}, DType::kUInt8, TensorKind::kActivationCheckpoint, -1});
+  handles.push_back(TensorHandle::from_u64(bad.size()));
+  Result<TrainingStep> refused = plan_training_step(bad, handles);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), STRATA_E_INVALID);
+  EXPECT_NE(refused.status().message().find("stray#activations.0"), std::string::npos);
+}
+
+// 7 layers x 8 chunks of 16 MiB: 896 MiB of saved activations a micro-batch.
+constexpr uint64_t kActivationChunk = uint64_t{16} << 20;
+constexpr uint64_t kActivationBytes = 7 * 8 * kActivationChunk;
+
+Result<SimulationResult> simulate_with_activations(bool in_nvme, uint64_t pinned_budget,
+                                                   bool saved) {
+  SimulationConfig config = small_config();
+  config.memory = strata_memory_plan(pinned_budget, 4 * GiB);
+  if (!in_nvme) config.memory.pinned_home_kinds |= kind_bit(TensorKind::kActivationCheckpoint);
+  return simulate(
+      saved ? with_activation_chunks(small_model(), 8, 8, kActivationChunk) : small_model(),
+      config);
+}
+
+TEST(Simulator, OffloadedActivationsCrossTheLinkWhileTheComputeStreamWaits) {
+  Watchdog watchdog(60);
+  Result<SimulationResult> without = simulate_with_activations(false, 16 * GiB, false);
+  Result<SimulationResult> with = simulate_with_activations(false, 16 * GiB, true);
+  ASSERT_TRUE(without.is_ok()) << without.status().message();
+  ASSERT_TRUE(with.is_ok()) << with.status().message();
+  // Each chunk out in forward and back in backward, once a micro-batch.
+  const auto moved = [](Result<SimulationResult>& r, Link link) {
+    return r->link_bytes[static_cast<int>(link)];
+  };
+  EXPECT_EQ(moved(with, Link::kDeviceToHost) - moved(without, Link::kDeviceToHost),
+            kActivationBytes);
+  EXPECT_EQ(moved(with, Link::kHostToDevice) - moved(without, Link::kHostToDevice),
+            kActivationBytes);
+  // Kept in pinned memory: the drives never see them.
+  const int kind = static_cast<int>(TensorKind::kActivationCheckpoint);
+  EXPECT_EQ(with->nvme_written_by_kind[kind], 0u);
+  EXPECT_EQ(with->nvme_read_by_kind[kind], 0u);
+  EXPECT_GE(with->peak_pinned_bytes, kActivationBytes);
+  // The compute stream computes nothing while a copy crosses: the step takes at least both
+  // directions' copies at the link's rate longer.
+  const SimulationConfig config = small_config();
+  const double copies =
+      static_cast<double>(kActivationBytes) / config.device.device_to_host_bytes_per_s +
+      static_cast<double>(kActivationBytes) / config.device.host_to_device_bytes_per_s;
+  EXPECT_GE(with->activation_seconds, copies);
+  EXPECT_GE(with->step_seconds, without->step_seconds + copies);
+  EXPECT_EQ(without->activation_seconds, 0.0);
+}
+
+TEST(Simulator, OffloadedActivationsReachTheDrivesOnlyWhenThePinnedPoolRunsOutOfRoom) {
+  Watchdog watchdog(60);
+  const int kind = static_cast<int>(TensorKind::kActivationCheckpoint);
+  Result<SimulationResult> roomy = simulate_with_activations(true, 16 * GiB, true);
+  ASSERT_TRUE(roomy.is_ok()) << roomy.status().message();
+  EXPECT_EQ(roomy->nvme_written_by_kind[kind], 0u);
+  EXPECT_EQ(roomy->nvme_read_by_kind[kind], 0u);
+  // A pool of 1 GiB, most of it the states' and the weights': nearly every chunk is written, and
+  // read back once. The chunk backward hints before it needs it keeps the room its read took
+  // (it ranked first to go, as a tensor no schedule names, and was read twice).
+  Result<SimulationResult> tight = simulate_with_activations(true, GiB, true);
+  ASSERT_TRUE(tight.is_ok()) << tight.status().message();
+  EXPECT_GE(tight->nvme_written_by_kind[kind], kActivationBytes / 2);
+  EXPECT_LE(tight->nvme_written_by_kind[kind], kActivationBytes);
+  EXPECT_LE(tight->nvme_read_by_kind[kind], tight->nvme_written_by_kind[kind]);
+  EXPECT_GT(tight->nvme_read_by_kind[kind], 0u);
+}
+
 TEST(SplitOptimizerStates, SplitsEachStateInOrderAndAddsFourPieces) {
   const std::vector<TensorSpec> whole = small_model();
   const std::vector<TensorSpec> split = split_optimizer_states(whole, kSubGroupBytes);
