@@ -199,9 +199,12 @@ void print_host(const Plan& plan, const GpuPlan& p) {
     std::printf("                 %s given: %s\n", format_bytes(*r.host_ram_bytes).c_str(),
                 p.fits_host ? "fits within the recommended figure" : "too little");
   } else if (p.offload == Offload::kNvme) {
+    const bool kept =
+        p.activations_offloaded_bytes != 0 && r.activation_offload == ActivationOffload::kPinned;
     std::printf(
         "                 no --host-ram given: Strata's automatic pinned budget, the least that "
-        "keeps the drives at full speed (pinned pool %s)\n",
+        "keeps the drives at full speed%s (pinned pool %s)\n",
+        kept ? ", plus the offloaded activations kept there" : "",
         format_bytes(p.stages.pinned_budget_bytes).c_str());
   }
   if (p.offload == Offload::kNvme) {
@@ -575,7 +578,7 @@ void add_plan_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--activation-offload", options->activation_offload,
                   "none | pinned | nvme: the tensors saved for backward leave the GPU in forward "
-                  "(strata.torch.offload's activations=); with --offload none or cpu")
+                  "(strata.torch.offload's activations=)")
       ->capture_default_str();
   cmd->add_option("--tokens", options->tokens, "Training tokens of the whole job");
   cmd->add_option("--epochs", options->epochs,

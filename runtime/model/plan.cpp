@@ -349,11 +349,6 @@ Result<GpuChoice> parse_gpu_choice(std::string_view text) {
 
 Status validate(const PlanRequest& r) {
   STRATA_TRY(validate(r.model));
-  if (r.activation_offload != ActivationOffload::kNone && r.offload == Offload::kNvme) {
-    return invalid_argument(
-        "activation offload is planned with --offload none or cpu: the simulated NVMe-offload "
-        "step has no activation tensors");
-  }
   if (r.seq_len == 0 || r.seq_len > (uint64_t{1} << 24)) {
     return invalid_argument("sequence length must be between 1 and 16M tokens");
   }
@@ -892,6 +887,10 @@ GpuPlan plan_with_offload(const PlanRequest& r, const ModelStates& s, const GpuC
     if (offload != Offload::kNvme) {
       add_activation_offload(plan.job, plan.activations_offloaded_bytes,
                              r.activation_offload == ActivationOffload::kNvme, plan.stages);
+    } else {
+      // The simulated step plays them beside the states (simulate_strata_nvme_offload).
+      plan.job.offloaded_activation_bytes = plan.activations_offloaded_bytes;
+      plan.job.activations_to_nvme = r.activation_offload == ActivationOffload::kNvme;
     }
   }
   plan.fits_gpu = plan.memory.total() <= gpu_capacity;
@@ -930,13 +929,6 @@ void finish_plan(const PlanRequest& r, GpuPlan& plan) {
                       format_gib(plan.host.recommended_bytes) + " with headroom (job " +
                       format_gib(plan.host_bytes) + ") of " + format_gib(*r.host_ram_bytes);
     }
-  }
-  if (r.activation_offload != ActivationOffload::kNone && plan.offload == Offload::kNvme) {
-    // The simulated step has no activation tensors: a plan of both would be the states' alone.
-    plan.modelled = false;
-    plan.why_not += std::string(plan.why_not.empty() ? "" : "; ") +
-                    "activation offload is planned with --offload none or cpu, not with NVMe "
-                    "offload of the states";
   }
   plan.job_cost.reset();
   if (r.job_tokens && plan.fits()) {
@@ -1028,7 +1020,8 @@ GpuPlan choose_offload(const PlanRequest& r, const ModelStates& s, const GpuChoi
 // NAME:auto: the smallest GPU count at which the job fits with --offload, or with nothing
 // offloaded when --offload is not given (NVMe offload fits one GPU almost always, so "fits
 // somehow" would answer 1). NVMe offload's host fit is its least pinned pool with headroom, which
-// does not depend on the count; the step is simulated afterwards like any other.
+// does not depend on the count but for offloaded activations kept there; the step is simulated
+// afterwards like any other.
 GpuPlan choose_count(const PlanRequest& r, const ModelStates& s, GpuChoice g,
                      uint64_t least_pinned) {
   const Offload offload = r.offload.value_or(Offload::kNone);
@@ -1038,9 +1031,13 @@ GpuPlan choose_count(const PlanRequest& r, const ModelStates& s, GpuChoice g,
     GpuPlan plan = plan_with_offload(r, s, g, offload);
     bool fits = plan.fits_gpu;
     if (offload == Offload::kNvme) {
-      fits = fits &&
-             (!r.host_ram_bytes ||
-              recommended_host_bytes(least_pinned, r.assume.host_headroom) <= *r.host_ram_bytes);
+      // Offloaded activations kept in pinned memory add one micro-batch's of every GPU.
+      const uint64_t least =
+          least_pinned + (r.activation_offload == ActivationOffload::kPinned
+                              ? align_up(plan.activations_offloaded_bytes * n, kPageSize)
+                              : 0);
+      fits = fits && (!r.host_ram_bytes ||
+                      recommended_host_bytes(least, r.assume.host_headroom) <= *r.host_ram_bytes);
     } else {
       finish_plan(r, plan);
       fits = plan.fits();
@@ -1074,7 +1071,9 @@ bool same_simulation(const OffloadJob& a, const OffloadJob& b) {
          a.strata_pinned_given.chunk_bytes == b.strata_pinned_given.chunk_bytes &&
          a.strata_pinned_given.buffers == b.strata_pinned_given.buffers &&
          a.strata_pinned_given.sub_group_bytes == b.strata_pinned_given.sub_group_bytes &&
-         a.warmup_steps == b.warmup_steps;
+         a.warmup_steps == b.warmup_steps &&
+         a.offloaded_activation_bytes == b.offloaded_activation_bytes &&
+         a.activations_to_nvme == b.activations_to_nvme;
 }
 
 // Strata's NVMe-offload simulations of `jobs`, posted to the pool; jobs that simulate alike run
@@ -1242,6 +1241,9 @@ ComparisonUnderway start_comparison(const Plan& plan, size_t headline, Simulatio
   const GpuPlan& p = plan.gpus.at(headline);
   OffloadJob job = nvme_job_of(request, plan.states, p);
   job.inventory = inventory;
+  // The model states only, on both sides: DeepSpeed's configurations offload no activations.
+  const bool own_activations = job.offloaded_activation_bytes != 0;
+  job.offloaded_activation_bytes = 0;
   ComparisonUnderway underway;
   underway.headline = headline;
   OffloadComparison& like = underway.like;
@@ -1273,7 +1275,9 @@ ComparisonUnderway start_comparison(const Plan& plan, size_t headline, Simulatio
 
   std::vector<OffloadJob> jobs;
   std::vector<ComparisonUnderway::Side>& side = underway.side;
-  if (p.offload != Offload::kNvme) jobs.push_back(job), side.push_back(ComparisonUnderway::kGiven);
+  if (p.offload != Offload::kNvme || own_activations) {
+    jobs.push_back(job), side.push_back(ComparisonUnderway::kGiven);
+  }
   underway.budget_given = job.host_budget_bytes || job.strata_pinned_bytes;
   if (underway.budget_given) {
     OffloadJob least = job;
@@ -1342,8 +1346,10 @@ Result<telemetry::TraceStats> write_strata_nvme_trace(const Plan& plan, const st
     return invalid_argument("the plan of " + plan.gpus.at(plan.primary).choice.gpu.name +
                             " has no simulated NVMe-offload step to trace");
   }
-  // The job start_comparison simulates for plan.strata_nvme, simulated again with a trace.
-  OffloadJob job = nvme_job_of(plan.request, plan.states, plan.gpus.at(plan.primary));
+  // The headline's own simulated step (activations included), or the job start_comparison
+  // simulates for plan.strata_nvme, simulated again with a trace.
+  const GpuPlan& p = plan.gpus.at(plan.primary);
+  OffloadJob job = nvme_job_of(plan.request, plan.states, p);
   job.inventory = offload_inventory(plan.request);
   // Room for every event, allocated up front (96 bytes each): the plan's simulation counted
   // its transfers (a streamed one is a span on each of its two links), and each phase adds at
@@ -1359,7 +1365,7 @@ Result<telemetry::TraceStats> write_strata_nvme_trace(const Plan& plan, const st
   STRATA_ASSIGN_OR_RETURN(OffloadEstimate traced, simulate_strata_nvme_offload(job, nullptr),
                           "tracing the simulated step");
   // The simulation is deterministic: a trace of another step than the plan's would be a bug.
-  const OffloadEstimate& planned = plan.strata_nvme;
+  const OffloadEstimate& planned = p.offload == Offload::kNvme ? p.stages : plan.strata_nvme;
   if (traced.nvme_read_bytes != planned.nvme_read_bytes ||
       traced.nvme_write_bytes != planned.nvme_write_bytes ||
       traced.step_seconds != planned.step_seconds) {

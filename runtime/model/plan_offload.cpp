@@ -93,6 +93,42 @@ struct StrataLayout {
   uint64_t stream_chunk_bytes = 0;
 };
 
+// strata.torch's chunk of a saved activation (activations.py): an eighth of the pinned budget in
+// 4 KiB multiples, 64 KiB to 16 MiB.
+uint64_t activation_chunk_bytes(uint64_t pinned_budget) {
+  constexpr uint64_t kMin = uint64_t{64} << 10, kMax = uint64_t{16} << 20;
+  return std::max(kMin, std::min(kMax, align_down(pinned_budget / 8, kPageSize)));
+}
+
+// The offloaded activations as the simulated step plays them (training_step.h's packs and
+// unpacks): each layer but the last one's, all GPUs' together (the simulated node moves them at
+// every link's rate), in chunks of `chunk` bytes; the chunks' pinned footprint, page-rounded.
+uint64_t add_activation_chunks(const OffloadJob& job, uint64_t chunk,
+                               std::vector<TensorSpec>& out) {
+  int32_t layers = 0;
+  for (const TensorSpec& spec : job.inventory) {
+    if (spec.kind == TensorKind::kParameter) layers = std::max(layers, spec.layer + 1);
+  }
+  if (job.offloaded_activation_bytes == 0 || layers < 2) return 0;
+  const uint64_t moved_layers = static_cast<uint64_t>(layers) - 1;
+  const uint64_t node = job.offloaded_activation_bytes * job.gpus;
+  uint64_t footprint = 0;
+  for (uint64_t l = 0; l < moved_layers; ++l) {
+    // The node's bytes spread over the moved layers, the remainder on the first ones.
+    const uint64_t layer_bytes = node / moved_layers + (l < node % moved_layers ? 1 : 0);
+    for (uint64_t first = 0, k = 0; first < layer_bytes; first += chunk, ++k) {
+      const uint64_t bytes = std::min(chunk, layer_bytes - first);
+      out.push_back({"layers." + std::to_string(l) + "#activations." + std::to_string(k),
+                     {bytes},
+                     DType::kUInt8,
+                     TensorKind::kActivationCheckpoint,
+                     static_cast<int32_t>(l)});
+      footprint += align_up(bytes, kPageSize);
+    }
+  }
+  return footprint;
+}
+
 // One simulation of `micro_batches` passes per step: the job's warm-up steps, then one measured.
 // The extension's shorter step (run_simulation) is not traced: trace, not job.trace, decides.
 Result<sched::SimulationResult> simulate_step(const OffloadJob& job, const StrataLayout& layout,
@@ -158,6 +194,7 @@ Result<OffloadEstimate> run_simulation(const OffloadJob& job, const StrataLayout
     const sched::SimulationResult& q = **shorter;
     r.step_seconds += more * (r.step_seconds - q.step_seconds);
     r.stall_seconds += more * std::max(0.0, r.stall_seconds - q.stall_seconds);
+    r.activation_seconds += more * std::max(0.0, r.activation_seconds - q.activation_seconds);
     for (int i = 0; i < sched::kResourceCount; ++i) {
       r.busy_seconds[i] += more * std::max(0.0, r.busy_seconds[i] - q.busy_seconds[i]);
     }
@@ -200,6 +237,7 @@ Result<OffloadEstimate> run_simulation(const OffloadJob& job, const StrataLayout
   e.nvme_seconds = busy(sched::Resource::kNvmeRead) + busy(sched::Resource::kNvmeWrite);
   e.cpu_optimizer_seconds = busy(sched::Resource::kCpuOptimizer);
   e.stall_seconds = r.stall_seconds;
+  e.activation_copy_seconds = r.activation_seconds;
   e.step_seconds = r.step_seconds;
   // The busiest resource, as the simulator names it (the drive is one resource for both
   // directions); recomputed here because the busy times may have been extended above.
@@ -208,9 +246,10 @@ Result<OffloadEstimate> run_simulation(const OffloadJob& job, const StrataLayout
           ? sched::Resource::kNvmeWrite
           : sched::Resource::kNvmeRead;
   std::pair<double, sched::Resource> top{e.nvme_seconds, nvme_direction};
+  // The compute stream is busy computing and copying activations (add_activation_offload's rule).
   for (auto [seconds, resource] :
        {std::pair{e.pcie_seconds, sched::Resource::kHostToDevice},
-        std::pair{e.compute_seconds, sched::Resource::kCompute},
+        std::pair{e.compute_seconds + e.activation_copy_seconds, sched::Resource::kCompute},
         std::pair{e.cpu_optimizer_seconds, sched::Resource::kCpuOptimizer}}) {
     if (seconds > top.first) top = {seconds, resource};
   }
@@ -358,20 +397,47 @@ Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job, Simu
     exact = *job.host_budget_bytes;
   }
   if (exact != 0) exact = std::max(align_down(exact, kPageSize), kPageSize);
-  const sched::PinnedSplit split = sched::split_pinned_budget(
-      sizing, exact, job.strata_pinned_bytes ? job.strata_pinned_given : sched::PinnedSplitGiven{});
+  const sched::PinnedSplitGiven given =
+      job.strata_pinned_bytes ? job.strata_pinned_given : sched::PinnedSplitGiven{};
+  sched::PinnedSplit split = sched::split_pinned_budget(sizing, exact, given);
+  // Offloaded activations go through the pinned pool in strata.torch's chunks of it. Kept there
+  // (activations="pinned"), they rest beside the states. Unless the plan was given a pinned
+  // budget, the pool is the least that holds them beside the drive's figure where the automatic
+  // budget or the RAM given is less: the runtime's own sizing knows the drive, not the
+  // activations, so the sum is a budget to set, spent by the rules for one set exactly (a RAM
+  // given that is less then does not fit the job's host memory, and the row says so).
+  const bool kept = job.offloaded_activation_bytes != 0 && !job.activations_to_nvme;
+  const bool sized_here = kept && !job.strata_pinned_bytes;
+  const uint64_t least_with_them = sizing.budget_bytes + job.offloaded_activation_bytes * job.gpus;
+  const uint64_t chunk = activation_chunk_bytes(
+      sized_here ? std::max(split.budget_bytes, least_with_them) : split.budget_bytes);
+  std::vector<TensorSpec> chunks;
+  const uint64_t activation_footprint = add_activation_chunks(job, chunk, chunks);
+  if (sized_here && split.budget_bytes < sizing.budget_bytes + activation_footprint) {
+    std::vector<std::string> lines = sizing.derivation;
+    split = sched::split_pinned_budget(sizing, sizing.budget_bytes + activation_footprint, given);
+    lines.push_back("+ " + format_bytes(activation_footprint) +
+                    " for the offloaded activations kept there (one micro-batch's, in " +
+                    format_bytes(chunk) + " chunks): the budget to set, spent as one set exactly");
+    lines.insert(lines.end(), split.derivation.begin(), split.derivation.end());
+    split.derivation = std::move(lines);
+  }
   StrataLayout layout;
   layout.inventory = job.optimizer_on_host
                          ? sched::split_optimizer_states(job.inventory, split.sub_group_bytes)
                          : job.inventory;
+  layout.inventory.insert(layout.inventory.end(), chunks.begin(), chunks.end());
   layout.optimizer_device_bytes = job.device_budget_bytes * job.gpus;
   layout.stream_chunk_bytes = split.chunk_bytes;
+  sched::MemoryPlan memory = sched::strata_memory_plan(
+      split.budget_bytes, job.device_budget_bytes * job.gpus, split.staging_bytes);
+  if (kept) memory.pinned_home_kinds |= sched::kind_bit(TensorKind::kActivationCheckpoint);
   STRATA_ASSIGN_OR_RETURN(OffloadEstimate e,
-                          run_simulation(job, layout,
-                                         sched::strata_memory_plan(
-                                             split.budget_bytes, job.device_budget_bytes * job.gpus,
-                                             split.staging_bytes),
-                                         split.budget_bytes, pool));
+                          run_simulation(job, layout, memory, split.budget_bytes, pool));
+  if (job.activations_to_nvme) {
+    // Space for one micro-batch's, at most (what the pool keeps is not written).
+    e.nvme_bytes += activation_footprint;
+  }
   e.pinned_derivation = split.derivation;
   return e;
 }

@@ -70,6 +70,12 @@ struct OffloadJob {
   uint32_t optimizer_threads = kPlanOptimizerThreads;
   uint32_t drive_queue_depth = kPlanDriveQueueDepth;
   uint32_t warmup_steps = 1;  // simulated before the measured step (PlanRequest's)
+  // Activation offload under NVMe offload of the states (the simulated step plays it; closed
+  // forms take add_activation_offload instead): the saved activations leaving each GPU per
+  // micro-batch, (layers - 1) layers' worth, and whether they go to NVMe through the pinned pool
+  // (strata.torch's activations="nvme") or rest in it (activations="pinned").
+  uint64_t offloaded_activation_bytes = 0;
+  bool activations_to_nvme = false;
   // Where the simulation records its transfers, waits and compute (SimulationConfig::trace; not
   // owned, not part of what same_simulation compares): set only by write_strata_nvme_trace.
   telemetry::TraceRecorder* trace = nullptr;
@@ -101,7 +107,9 @@ struct OffloadEstimate {
   double cpu_optimizer_seconds = 0;  // CPU Adam and, for ZeRO-Infinity, its overflow check
   double stall_seconds = 0;          // the GPU waiting for data (simulated)
   // The compute stream copying saved activations out and back (activation offload): blocking
-  // copies that compute waits for, so the stream is busy compute_seconds plus this.
+  // copies that compute waits for, so the stream is busy compute_seconds plus this (simulated:
+  // each chunk's copy from its issue, which may wait behind the link's other transfers; waiting
+  // for the chunk itself, read back or room for it, is a stall).
   double activation_copy_seconds = 0;
   double step_seconds = 0;
   std::string bottleneck;  // "compute", "pcie", "nvme-read", "nvme-write", "cpu-optimizer"

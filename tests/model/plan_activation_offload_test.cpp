@@ -5,6 +5,7 @@
 
 #include "common/align.h"
 #include "model/plan.h"
+#include "model/plan_headroom.h"
 
 namespace strata {
 namespace {
@@ -100,24 +101,80 @@ TEST(ActivationOffload, UnderFullCheckpointingTheLayerInputsMove) {
   EXPECT_EQ(g.activations_offloaded_bytes, (m.num_hidden_layers - 1) * input);
 }
 
-TEST(ActivationOffload, IsPlannedWithNoOrCpuOffloadOfTheStatesOnly) {
-  PlanRequest r = qlora_8b_at_8k(ActivationOffload::kNvme);
+// Under NVMe offload of the states the simulated step plays them (training_step.h's packs and
+// unpacks): strata.torch's chunks through the runtime's pinned pool, each copy one the compute
+// stream waits for, on the links the states' transfers use.
+TEST(ActivationOffload, UnderNvmeOffloadTheSimulatedStepMovesThemBesideTheStates) {
+  constexpr auto kActivations = static_cast<size_t>(TensorKind::kActivationCheckpoint);
+  PlanRequest r = qlora_8b_at_8k(ActivationOffload::kPinned);
   r.offload = Offload::kNvme;
-  const Result<Plan> refused = make_gpu_plans(r);
-  ASSERT_FALSE(refused.is_ok());
-  EXPECT_EQ(refused.status().code(), STRATA_E_INVALID);
-  EXPECT_NE(refused.status().message().find("--offload none or cpu"), std::string::npos);
-  // Chosen automatically, NVMe offload of the states is not modelled with it: the row says so.
-  r = qlora_8b_at_8k(ActivationOffload::kNvme);
-  r.model = *load_model("llama-2-70b");
+  const GpuPlan kept = plan_of(r);
+  ASSERT_TRUE(kept.fits()) << kept.why_not;
+  EXPECT_EQ(kept.stages.model, "simulated");
+  const uint64_t moved = kept.activations_offloaded_bytes;
+  ASSERT_GT(moved, 0u);
+  // Out and back once a micro-batch (2), beside the states' transfers.
+  EXPECT_GE(kept.stages.pcie_d2h_bytes, 2 * moved);
+  EXPECT_GE(kept.stages.pcie_h2d_bytes, 2 * moved);
+  EXPECT_GE(kept.stages.activation_copy_seconds, 2.0 * 2 * moved / (kept.job.pcie_gbps * 1e9));
+  EXPECT_GE(kept.step_seconds + 1e-9,
+            kept.stages.compute_seconds + kept.stages.activation_copy_seconds);
+  // Kept in pinned memory: the automatic budget is the drive's plus one micro-batch's chunks,
+  // and the drives never see them.
+  EXPECT_EQ(kept.stages.nvme_write_by_kind[kActivations], 0u);
+  EXPECT_GE(kept.stages.pinned_budget_bytes, moved);
+  EXPECT_GE(kept.host_bytes, moved);
+  ASSERT_FALSE(kept.stages.pinned_derivation.empty());
+  EXPECT_NE(kept.stages.pinned_derivation.back().find("as given"), std::string::npos);
+
+  r.activation_offload = ActivationOffload::kNvme;
+  const GpuPlan spilled = plan_of(r);
+  ASSERT_TRUE(spilled.fits()) << spilled.why_not;
+  // Through a pool of about a gigabyte: written, each at most once a micro-batch, read back
+  // once, and counted for the wear and the space.
+  const uint64_t written = spilled.stages.nvme_write_by_kind[kActivations];
+  EXPECT_GT(written, moved);
+  EXPECT_LE(written, 2 * moved);
+  EXPECT_LE(spilled.stages.nvme_read_by_kind[kActivations], written);
+  EXPECT_GE(spilled.nvme_wear.write_bytes_per_step, written);
+  EXPECT_GE(spilled.nvme_bytes, kept.nvme_bytes + moved);
+  EXPECT_LT(spilled.host_bytes, kept.host_bytes);
+  EXPECT_GT(spilled.step_seconds, kept.step_seconds);
+
+  // The comparison with DeepSpeed stays the model states' alone (its configurations offload no
+  // activations): Strata's side moves none of them.
+  r.model = *load_model("llama-3.1-8b");
   r.method = FinetuneMethod::kFull;
-  r.offload.reset();
-  const GpuPlan g = plan_of(r);
+  r.offload.reset();  // chosen: NVMe offload, now planned with them
+  Result<Plan> full = make_plan(r);
+  ASSERT_TRUE(full.is_ok()) << full.status().message();
+  const GpuPlan& g = full->gpus[0];
   EXPECT_EQ(g.offload, Offload::kNvme);
-  EXPECT_FALSE(g.fits());
-  EXPECT_NE(g.why_not.find("activation offload is planned with --offload none or cpu"),
-            std::string::npos)
-      << g.why_not;
+  EXPECT_TRUE(g.fits()) << g.why_not;
+  EXPECT_GT(g.stages.nvme_write_by_kind[kActivations], 0u);
+  EXPECT_EQ(full->strata_nvme.nvme_write_by_kind[kActivations], 0u);
+  EXPECT_EQ(full->like_for_like.strata_least.nvme_write_by_kind[kActivations], 0u);
+  EXPECT_EQ(full->strata_nvme.activation_copy_seconds, 0.0);
+}
+
+// Kept in pinned memory under NVMe offload, they take the pool's room beside the drive's figure:
+// RAM that cannot hold both does not fit the job (the row says so, instead of a simulation that
+// runs out of room); RAM that can is all the pool's, as without them.
+TEST(ActivationOffload, KeptInPinnedMemoryUnderNvmeOffloadTheRamGivenMustHoldThemToo) {
+  PlanRequest r = qlora_8b_at_8k(ActivationOffload::kPinned);
+  r.offload = Offload::kNvme;
+  r.host_ram_bytes = uint64_t{32} << 30;
+  const GpuPlan short_of_ram = plan_of(r);
+  EXPECT_TRUE(short_of_ram.fits_gpu);
+  EXPECT_FALSE(short_of_ram.fits_host);
+  EXPECT_NE(short_of_ram.why_not.find("host needs"), std::string::npos) << short_of_ram.why_not;
+  EXPECT_GE(short_of_ram.stages.pinned_budget_bytes, short_of_ram.activations_offloaded_bytes);
+
+  r.host_ram_bytes = uint64_t{128} << 30;
+  const GpuPlan roomy = plan_of(r);
+  EXPECT_TRUE(roomy.fits()) << roomy.why_not;
+  EXPECT_EQ(roomy.stages.pinned_budget_bytes,
+            align_down(usable_host_bytes(*r.host_ram_bytes, r.assume.host_headroom), kPageSize));
 }
 
 TEST(ActivationOffload, APlanThatDoesNotFitTheGpuSaysWhatMovingThemWouldGive) {
@@ -136,7 +193,7 @@ TEST(ActivationOffload, APlanThatDoesNotFitTheGpuSaysWhatMovingThemWouldGive) {
   EXPECT_DOUBLE_EQ(a.tokens_per_s, moved.tokens_per_s);
   EXPECT_DOUBLE_EQ(a.usd_per_mtok[1], moved.usd_per_mtok[1]);
   // Nothing to say where the GPU fits, where activation offload was asked for, or where the
-  // states are to go to NVMe (activation offload is not planned with that).
+  // states are to go to NVMe (that would take another simulated step).
   r.seq_len = 1024;
   EXPECT_FALSE(plan_of(r).with_activation_offload.has_value());
   EXPECT_FALSE(plan_of(qlora_8b_at_8k(ActivationOffload::kNvme)).with_activation_offload);
