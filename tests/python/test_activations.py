@@ -73,10 +73,10 @@ def test_activations_spill_to_nvme_under_a_small_pinned_budget_and_stay_exact(nv
     written = stats["nvme_bytes_written_by_kind"]["activation_checkpoint"]
     read = stats["nvme_bytes_read_by_kind"]["activation_checkpoint"]
     assert written > 0 and read > 0
-    # Each spilled chunk is read back once for each save of its bytes, no more: the chunks
-    # unpack hints ahead keep the room their reads took until they are acquired (they ranked
-    # first to go, as tensors the recorded schedule never names, and were read twice: 60 MB
-    # read of 35 MB written).
+    # The chunks unpack hints ahead keep the room their reads took until they are acquired:
+    # before, they ranked first to go (tensors the recorded schedule never names) and were read
+    # twice, 58 MB read back for 35 MB written. Now about 10% more than written (which reads
+    # repeat was not isolated: docs/scheduling.md), well within this bound.
     assert read <= written + acts.shared_bytes, (read, written, acts.shared_bytes)
     assert acts.held_bytes == 0
 
