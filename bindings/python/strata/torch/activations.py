@@ -37,10 +37,11 @@ class _SavedBytes:
     tensors of at most chunk_bytes each); shared by every save of those values, and gone when
     the last of them is."""
 
-    __slots__ = ("chunks", "nbytes", "index", "__weakref__")
+    __slots__ = ("chunks", "nbytes", "index", "pinned_bytes", "__weakref__")
 
-    def __init__(self, chunks, nbytes, index):
+    def __init__(self, chunks, nbytes, index, pinned_bytes=0):
         self.chunks, self.nbytes, self.index = chunks, nbytes, index
+        self.pinned_bytes = pinned_bytes  # what its chunks hold of the pool, kept there
 
 
 class SavedActivation:
@@ -94,15 +95,23 @@ def _forget(chunks):
 class ActivationOffload:
     """The saved activations of one OffloadedModel."""
 
-    def __init__(self, runtime, device, home="nvme", min_bytes=DEFAULT_MIN_BYTES):
+    def __init__(self, runtime, device, home="nvme", min_bytes=DEFAULT_MIN_BYTES,
+                 in_use=lambda: 0):
         self.configure(home, min_bytes)
         self.runtime = runtime
         self.device = device
         # A saved tensor moves in chunks of an eighth of the pinned budget (4 KiB multiples,
         # 64 KiB to 16 MiB): an attention score matrix can exceed the whole budget, and each
         # chunk needs a pinned buffer of its own size on its way to NVMe and back.
-        budget = runtime.stats()["pinned_budget_bytes"]
+        stats = runtime.stats()
+        budget = stats["pinned_budget_bytes"]
         self.chunk_bytes = max(64 << 10, min(16 << 20, budget // 8 // 4096 * 4096))
+        # Kept in pinned memory (home "pinned"), chunks stay in the pool until autograd drops
+        # them. Past what the pool holds, a pack would wait for room only its own layer's release
+        # could make, until the acquire's 300 s timeout: counted here to fail at once instead.
+        self.pinned_pool_bytes = budget - stats["pinned_staging_bytes"]
+        self.pinned_held_bytes = 0
+        self._in_use = in_use  # the pool's bytes the model's parameters in use hold now
         self._count = 0
         self._live = {}  # index -> weakref to _SavedBytes, in packing order
         # values key -> (StorageWeakRef of the source, weakref to its _SavedBytes)
@@ -139,7 +148,7 @@ class ActivationOffload:
                                        t.device)
         saved_bytes = self._copy_in(t, nbytes)
         weakref.finalize(saved_bytes, self._dropped, saved_bytes.index, nbytes,
-                         saved_bytes.chunks, key)
+                         saved_bytes.chunks, key, saved_bytes.pinned_bytes)
         self._by_values[key] = (StorageWeakRef(_storage(t)), weakref.ref(saved_bytes))
         return SavedActivation(saved_bytes, tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
 
@@ -148,6 +157,22 @@ class ActivationOffload:
         self._count += 1
         # A permuted layout is copied in logical order; unpack restores its strides.
         flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        pinned_bytes = 0
+        if self.home == "pinned":
+            # Each chunk takes whole pages (the pool's size rule).
+            pinned_bytes = sum((min(self.chunk_bytes, nbytes - offset) + 4095) // 4096 * 4096
+                               for offset in range(0, nbytes, self.chunk_bytes))
+            in_use = self._in_use()
+            if self.pinned_held_bytes + pinned_bytes + in_use > self.pinned_pool_bytes:
+                raise StrataError(
+                    _lib.E_PINNED_BUDGET,
+                    f"activations='pinned': the saved activations kept in pinned memory need "
+                    f"{self.pinned_held_bytes + pinned_bytes} bytes ({self.pinned_held_bytes} "
+                    f"held, {pinned_bytes} for this tensor) beside {in_use} of parameters in "
+                    f"use there, more than the pinned pool's {self.pinned_pool_bytes} "
+                    f"(pinned_budget_bytes less the staging buffers): raise pinned_budget_bytes "
+                    f"(`strata plan --activation-offload pinned --offload nvme` gives the figure "
+                    f"for a model) or use activations='nvme'")
         chunks = []
         try:
             for offset in range(0, nbytes, self.chunk_bytes):
@@ -164,15 +189,17 @@ class ActivationOffload:
         except BaseException:
             _forget(chunks)
             raise
-        saved_bytes = _SavedBytes(chunks, nbytes, index)
+        saved_bytes = _SavedBytes(chunks, nbytes, index, pinned_bytes)
+        self.pinned_held_bytes += pinned_bytes
         self._live[index] = weakref.ref(saved_bytes)
         self.packed_bytes += nbytes
         self.held_bytes += nbytes
         self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)
         return saved_bytes
 
-    def _dropped(self, index, nbytes, chunks, key):
+    def _dropped(self, index, nbytes, chunks, key, pinned_bytes):
         _forget(chunks)
+        self.pinned_held_bytes -= pinned_bytes
         self._live.pop(index, None)
         known = self._by_values.get(key)
         if known is not None and known[1]() is None:

@@ -618,6 +618,15 @@ class OffloadedModel:
         rec.decoded = torch.empty(rec.shape, dtype=rec.dtype, device=self.device)
         return _nf4.dequantize_into(acq.data, acq.nbytes, rec.decoded, repr(rec.name))
 
+    def _pinned_in_use(self):
+        """The pinned pool's bytes (whole pages) the parameters in use hold now: computing in
+        host memory, the ones acquired there; on a device, none."""
+        if self.compute_tier != "pinned":
+            return 0
+        with self._lock:
+            return sum((rec.tensor.nbytes + 4095) // 4096 * 4096 for rec in self.params
+                       if rec.pins)
+
     def _check_room(self, nbytes, what):
         """Refuses at once an acquire on the compute tier that cannot succeed: the parameters
         this process holds there and the new tensor exceed the tier's budget. Strata's acquire
@@ -849,8 +858,8 @@ class OffloadedModel:
                     self.activations.enabled = False
                 return self.activations
             if self.activations is None:
-                self.activations = _activations.ActivationOffload(self.runtime, self.device, home,
-                                                                  min_bytes)
+                self.activations = _activations.ActivationOffload(
+                    self.runtime, self.device, home, min_bytes, in_use=self._pinned_in_use)
             else:  # the same one: tensors it packed may still be waiting for backward
                 self.activations.configure(home, min_bytes)
             return self.activations
