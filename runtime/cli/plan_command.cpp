@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "common/align.h"
 #include "common/report.h"
 #include "common/units.h"
 #include "model/plan.h"
@@ -198,6 +199,11 @@ void print_host(const Plan& plan, const GpuPlan& p) {
   if (r.host_ram_bytes) {
     std::printf("                 %s given: %s\n", format_bytes(*r.host_ram_bytes).c_str(),
                 p.fits_host ? "fits within the recommended figure" : "too little");
+  } else if (p.offload == Offload::kNvme && r.strata_pinned_budget_bytes) {
+    std::printf(
+        "                 no --host-ram given: the pinned budget --pinned-budget gives "
+        "(pinned pool %s)\n",
+        format_bytes(p.stages.pinned_budget_bytes).c_str());
   } else if (p.offload == Offload::kNvme) {
     const bool kept =
         p.activations_offloaded_bytes != 0 && r.activation_offload == ActivationOffload::kPinned;
@@ -212,10 +218,18 @@ void print_host(const Plan& plan, const GpuPlan& p) {
       std::printf("  pinned         %s\n", line.c_str());
     }
   }
-  if (p.offload != Offload::kNone) {
-    std::printf("  full speed     %s of states%s in RAM, nothing on NVMe: recommended %s\n",
+  if (p.offload != Offload::kNone || p.host.full_speed_bytes != 0) {
+    // What the figure holds: the states CPU offload keeps, the offloaded activations, or both.
+    const uint64_t activations =
+        r.activation_offload != ActivationOffload::kNone && p.activations_offloaded_bytes != 0
+            ? align_up(p.activations_offloaded_bytes * p.choice.count, kPageSize)
+            : 0;
+    const bool states = p.host.full_speed_bytes > activations;
+    std::printf("  full speed     %s of %s in RAM, nothing on NVMe: recommended %s\n",
                 format_bytes(p.host.full_speed_bytes).c_str(),
-                p.activations_offloaded_bytes != 0 ? " and activations" : "",
+                states && activations != 0 ? "states and activations"
+                : activations != 0         ? "activations"
+                                           : "states",
                 format_bytes(p.host.full_speed_recommended_bytes).c_str());
   }
   if (p.more_ram) {
@@ -355,10 +369,12 @@ void print_text(const Plan& plan) {
       format_bytes(m.cuda_context).c_str());
   if (p.with_activation_offload) {
     const ActivationUpgrade& a = *p.with_activation_offload;
+    const std::string count =
+        p.choice.auto_count ? " on x" + std::to_string(a.gpu_count) : std::string();
     std::printf(
-        "  activations    with --activation-offload pinned: offload %s, GPU %s, host %s "
+        "  activations    with --activation-offload pinned: offload %s%s, GPU %s, host %s "
         "recommended%s, %s, %s tokens/s, %s/Mtok typical\n",
-        to_string(a.offload), format_bytes(a.gpu_bytes).c_str(),
+        to_string(a.offload), count.c_str(), format_bytes(a.gpu_bytes).c_str(),
         format_bytes(a.host_recommended_bytes).c_str(),
         a.fits_host ? "" : " (more than the RAM given)", human_seconds(a.step_seconds).c_str(),
         fixed(a.tokens_per_s, 0).c_str(), money(a.usd_per_mtok[1]).c_str());
@@ -378,11 +394,20 @@ void print_text(const Plan& plan) {
               fixed(r.nvme.write_gbps, 1).c_str());
   const OffloadEstimate& st = p.stages;
   const bool copies = st.activation_copy_seconds > 0;
+  // Activation offload under NVMe offload: the step is at least the states' alone plus the copies
+  // (simulate_strata_nvme_offload); say so where that floor, not the simulated step, decided it.
+  const bool floored = st.states_only_step_seconds > 0 &&
+                       p.step_seconds <= st.states_only_step_seconds + st.activation_copy_seconds;
+  const std::string simulated = floored ? " (simulated; the states' step alone, " +
+                                              human_seconds(st.states_only_step_seconds) +
+                                              ", plus the copies)"
+                                : st.model == "simulated" ? " (simulated)"
+                                                          : "";
   std::printf("  step           %s, %s tokens/s, bound by %s%s%s\n",
               human_seconds(p.step_seconds).c_str(), fixed(p.tokens_per_s, 0).c_str(),
               p.bottleneck.c_str(),
               copies && p.bottleneck == "compute" ? " and the activation copies on its stream" : "",
-              st.model == "simulated" ? " (simulated)" : "");
+              simulated.c_str());
   std::printf("  busy           compute %s%s%s, PCIe %s, NVMe %s, CPU optimizer %s",
               human_seconds(st.compute_seconds).c_str(), copies ? " + activation copies " : "",
               copies ? human_seconds(st.activation_copy_seconds).c_str() : "",

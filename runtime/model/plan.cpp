@@ -956,7 +956,7 @@ void set_full_speed_host(const PlanRequest& r, const ModelStates& s, GpuPlan& pl
   } else if (plan.offload == Offload::kNvme) {
     bytes = plan_with_offload(r, s, plan.choice, Offload::kCpu).stages.host_bytes;
   }
-  if (plan.offload != Offload::kNone && r.activation_offload == ActivationOffload::kNvme) {
+  if (r.activation_offload == ActivationOffload::kNvme && plan.activations_offloaded_bytes != 0) {
     bytes += align_up(plan.activations_offloaded_bytes * plan.choice.count, kPageSize);
   }
   plan.host.full_speed_bytes = bytes;
@@ -989,14 +989,27 @@ std::optional<ActivationUpgrade> activation_offload_option(const PlanRequest& r,
   PlanRequest with = r;
   with.activation_offload = ActivationOffload::kPinned;
   with.job_tokens.reset();
-  for (const Offload offload : {Offload::kNone, Offload::kCpu}) {
-    if (r.offload && *r.offload != offload) continue;
-    GpuPlan moved = plan_with_offload(with, s, plan.choice, offload);
-    if (!moved.fits_gpu) continue;
-    finish_plan(with, moved);
-    return ActivationUpgrade{offload,           moved.memory.total(), moved.host.recommended_bytes,
-                             moved.fits_host,   moved.step_seconds,   moved.tokens_per_s,
-                             moved.usd_per_mtok};
+  // NAME:auto: the smallest count at which it fits, as the row's own search (not the count the
+  // row ended at when none fitted).
+  GpuChoice g = plan.choice;
+  const uint32_t first = g.auto_count ? 1 : g.count;
+  const uint32_t last = g.auto_count ? kMaxGpusPerNode : g.count;
+  for (uint32_t n = first; n <= last; ++n) {
+    g.count = n;
+    for (const Offload offload : {Offload::kNone, Offload::kCpu}) {
+      if (r.offload && *r.offload != offload) continue;
+      GpuPlan moved = plan_with_offload(with, s, g, offload);
+      if (!moved.fits_gpu) continue;
+      finish_plan(with, moved);
+      return ActivationUpgrade{offload,
+                               n,
+                               moved.memory.total(),
+                               moved.host.recommended_bytes,
+                               moved.fits_host,
+                               moved.step_seconds,
+                               moved.tokens_per_s,
+                               moved.usd_per_mtok};
+    }
   }
   return std::nullopt;
 }
@@ -1048,13 +1061,21 @@ GpuPlan choose_count(const PlanRequest& r, const ModelStates& s, GpuChoice g,
   return last;
 }
 
-// The NVMe configuration of plan's job (the same job with weights resident if they fit).
-OffloadJob nvme_job_of(const PlanRequest& r, const ModelStates& s, const GpuPlan& plan) {
-  if (plan.offload == Offload::kNvme) return plan.job;
+// The job the comparison with DeepSpeed simulates for plan (plan.strata_nvme): NVMe offload of
+// the model states only. The plan's own job when it is that; otherwise the same job under NVMe
+// offload without activation offload (weights resident if they fit beside every layer's
+// activations), like for like with DeepSpeed's configurations, which offload no activations.
+OffloadJob states_nvme_job(const PlanRequest& r, const ModelStates& s, const GpuPlan& plan) {
+  if (plan.offload == Offload::kNvme && r.activation_offload == ActivationOffload::kNone) {
+    return plan.job;
+  }
+  PlanRequest states_only = r;
+  states_only.activation_offload = ActivationOffload::kNone;
   const GpuChoice& g = plan.choice;
-  const bool resident = gpu_memory(r, s, g, Offload::kNvme, true).total() <= g.gpu.memory_bytes();
-  const GpuMemory mem = gpu_memory(r, s, g, Offload::kNvme, resident);
-  return offload_job(r, s, g, rates_for(r, s, g), mem, resident);
+  const bool resident =
+      gpu_memory(states_only, s, g, Offload::kNvme, true).total() <= g.gpu.memory_bytes();
+  const GpuMemory mem = gpu_memory(states_only, s, g, Offload::kNvme, resident);
+  return offload_job(states_only, s, g, rates_for(states_only, s, g), mem, resident);
 }
 
 // Whether two jobs simulate alike: same inventory (the callers share one), same rates and
@@ -1239,11 +1260,8 @@ ComparisonUnderway start_comparison(const Plan& plan, size_t headline, Simulatio
   // DeepSpeed's host memory is fixed, so its peak is its least; then Strata given exactly each
   // configuration's peak host bytes.
   const GpuPlan& p = plan.gpus.at(headline);
-  OffloadJob job = nvme_job_of(request, plan.states, p);
+  OffloadJob job = states_nvme_job(request, plan.states, p);
   job.inventory = inventory;
-  // The model states only, on both sides: DeepSpeed's configurations offload no activations.
-  const bool own_activations = job.offloaded_activation_bytes != 0;
-  job.offloaded_activation_bytes = 0;
   ComparisonUnderway underway;
   underway.headline = headline;
   OffloadComparison& like = underway.like;
@@ -1275,7 +1293,8 @@ ComparisonUnderway start_comparison(const Plan& plan, size_t headline, Simulatio
 
   std::vector<OffloadJob> jobs;
   std::vector<ComparisonUnderway::Side>& side = underway.side;
-  if (p.offload != Offload::kNvme || own_activations) {
+  // The plan's own simulation serves when it is the states' alone.
+  if (p.offload != Offload::kNvme || request.activation_offload != ActivationOffload::kNone) {
     jobs.push_back(job), side.push_back(ComparisonUnderway::kGiven);
   }
   underway.budget_given = job.host_budget_bytes || job.strata_pinned_bytes;
@@ -1299,7 +1318,9 @@ Status finish_comparison(Plan& plan, ComparisonUnderway underway) {
   STRATA_ASSERT(plan.primary == underway.headline);
   const GpuPlan& p = plan.gpus[plan.primary];
   OffloadComparison& like = underway.like;
-  if (p.offload == Offload::kNvme) plan.strata_nvme = p.stages;
+  if (p.offload == Offload::kNvme && plan.request.activation_offload == ActivationOffload::kNone) {
+    plan.strata_nvme = p.stages;
+  }
   std::vector<Result<OffloadEstimate>> simulated = underway.batch->results();
   size_t next_equal = 0;
   for (size_t k = 0; k < simulated.size(); ++k) {
@@ -1346,10 +1367,11 @@ Result<telemetry::TraceStats> write_strata_nvme_trace(const Plan& plan, const st
     return invalid_argument("the plan of " + plan.gpus.at(plan.primary).choice.gpu.name +
                             " has no simulated NVMe-offload step to trace");
   }
-  // The headline's own simulated step (activations included), or the job start_comparison
-  // simulates for plan.strata_nvme, simulated again with a trace.
+  // The headline's own simulated step when it offloads activations too, else the job
+  // start_comparison simulates for plan.strata_nvme, simulated again with a trace.
   const GpuPlan& p = plan.gpus.at(plan.primary);
-  OffloadJob job = nvme_job_of(plan.request, plan.states, p);
+  const bool own_step = p.offload == Offload::kNvme && p.job.offloaded_activation_bytes != 0;
+  OffloadJob job = own_step ? p.job : states_nvme_job(plan.request, plan.states, p);
   job.inventory = offload_inventory(plan.request);
   // Room for every event, allocated up front (96 bytes each): the plan's simulation counted
   // its transfers (a streamed one is a span on each of its two links), and each phase adds at
@@ -1365,7 +1387,7 @@ Result<telemetry::TraceStats> write_strata_nvme_trace(const Plan& plan, const st
   STRATA_ASSIGN_OR_RETURN(OffloadEstimate traced, simulate_strata_nvme_offload(job, nullptr),
                           "tracing the simulated step");
   // The simulation is deterministic: a trace of another step than the plan's would be a bug.
-  const OffloadEstimate& planned = p.offload == Offload::kNvme ? p.stages : plan.strata_nvme;
+  const OffloadEstimate& planned = own_step ? p.stages : plan.strata_nvme;
   if (traced.nvme_read_bytes != planned.nvme_read_bytes ||
       traced.nvme_write_bytes != planned.nvme_write_bytes ||
       traced.step_seconds != planned.step_seconds) {

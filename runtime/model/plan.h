@@ -282,7 +282,8 @@ struct RamUpgrade {
 // whose GPU memory then fits.
 struct ActivationUpgrade {
   Offload offload = Offload::kNone;
-  uint64_t gpu_bytes = 0;               // per GPU
+  uint32_t gpu_count = 1;  // with NAME:auto, the smallest count whose GPU memory then fits
+  uint64_t gpu_bytes = 0;  // per GPU
   uint64_t host_recommended_bytes = 0;  // with headroom, the activations included
   bool fits_host = true;                // within --host-ram (true when it was not given)
   double step_seconds = 0;

@@ -111,6 +111,9 @@ struct OffloadEstimate {
   // each chunk's copy from its issue, which may wait behind the link's other transfers; waiting
   // for the chunk itself, read back or room for it, is a stall).
   double activation_copy_seconds = 0;
+  // Activation offload under NVMe offload: the same step simulated without them. The step is at
+  // least this plus activation_copy_seconds (simulate_strata_nvme_offload); 0 otherwise.
+  double states_only_step_seconds = 0;
   double step_seconds = 0;
   std::string bottleneck;  // "compute", "pcie", "nvme-read", "nvme-write", "cpu-optimizer"
   // Simulated runs: the budgets the scheduler ran under and the peaks it reached.
@@ -165,7 +168,9 @@ sched::DeviceModel offload_device_model(const OffloadJob& job);
 // optimizer. Errors: the simulator's (a budget that
 // cannot hold a phase is STRATA_E_PINNED_BUDGET / STRATA_E_DEVICE_BUDGET). Past
 // kMaxSimulatedMicroBatches a second, shorter step is simulated; with a pool it runs there, beside
-// the first (model/simulation_pool.h).
+// the first (model/simulation_pool.h). With offloaded activations (offloaded_activation_bytes)
+// the step is simulated without them too, and is at least that one plus the copies
+// (states_only_step_seconds).
 Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job,
                                                      SimulationPool* pool = nullptr);
 

@@ -28,6 +28,7 @@ json offload_json(const OffloadEstimate& e) {
               {"host_breakdown", breakdown}};
   if (e.model == "simulated") {
     out["stall_seconds"] = e.stall_seconds;
+    out["states_only_step_seconds"] = e.states_only_step_seconds;
     out["pinned_budget_bytes"] = e.pinned_budget_bytes;
     out["peak_pinned_bytes"] = e.peak_pinned_bytes;
     if (!e.pinned_derivation.empty()) out["pinned_budget_derivation"] = e.pinned_derivation;
@@ -90,10 +91,15 @@ json more_ram_json(const std::optional<RamUpgrade>& m) {
 
 json activation_offload_json(const std::optional<ActivationUpgrade>& a) {
   if (!a) return nullptr;
-  return {{"activation_offload", "pinned"},  {"offload", to_string(a->offload)},
-          {"gpu_bytes", a->gpu_bytes},       {"host_recommended_bytes", a->host_recommended_bytes},
-          {"fits_host", a->fits_host},       {"step_seconds", a->step_seconds},
-          {"tokens_per_s", a->tokens_per_s}, {"usd_per_mtok", tiers_json(a->usd_per_mtok)}};
+  return {{"activation_offload", "pinned"},
+          {"offload", to_string(a->offload)},
+          {"gpu_count", a->gpu_count},
+          {"gpu_bytes", a->gpu_bytes},
+          {"host_recommended_bytes", a->host_recommended_bytes},
+          {"fits_host", a->fits_host},
+          {"step_seconds", a->step_seconds},
+          {"tokens_per_s", a->tokens_per_s},
+          {"usd_per_mtok", tiers_json(a->usd_per_mtok)}};
 }
 
 json gpu_json(const GpuPlan& g) {

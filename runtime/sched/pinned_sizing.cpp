@@ -103,7 +103,7 @@ uint64_t sub_group_bytes_for_pool(uint64_t pinned_pool_bytes) {
 }
 
 PinnedSplit split_pinned_budget(const PinnedSizing& automatic, uint64_t exact,
-                                const PinnedSplitGiven& given) {
+                                const PinnedSplitGiven& given, std::string_view origin) {
   if (exact == 0) {
     return {automatic.budget_bytes, automatic.staging_bytes, automatic.chunk_bytes,
             automatic.sub_group_bytes, automatic.derivation};
@@ -121,8 +121,8 @@ PinnedSplit split_pinned_budget(const PinnedSizing& automatic, uint64_t exact,
       shape.chunk_bytes,
       given.sub_group_bytes != 0 ? given.sub_group_bytes : sub_group_bytes_for_pool(pool),
       {}};
-  split.derivation = {"pinned budget = " + format_bytes(exact) + " as given; staging " +
-                      format_bytes(split.staging_bytes) +
+  split.derivation = {"pinned budget = " + format_bytes(exact) + " " + std::string(origin) +
+                      "; staging " + format_bytes(split.staging_bytes) +
                       (given.chunk_bytes != 0 || given.buffers != 0 ? " (as given)" : "") +
                       ", sub-groups of " + format_bytes(split.sub_group_bytes) + " per state" +
                       (given.sub_group_bytes != 0 ? " (as given)" : "")};

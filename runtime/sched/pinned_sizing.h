@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace strata::sched {
@@ -106,8 +107,10 @@ struct PinnedSplitGiven {
   uint32_t buffers = 0;
   uint64_t sub_group_bytes = 0;
 };
+// `origin` says where an exact budget came from, in its derivation line ("as given").
 PinnedSplit split_pinned_budget(const PinnedSizing& automatic, uint64_t exact = 0,
-                                const PinnedSplitGiven& given = {});
+                                const PinnedSplitGiven& given = {},
+                                std::string_view origin = "as given");
 
 // optimizer_threads: the CPU optimizer's threads (>= 1). chunk_bytes: the stream chunk (0:
 // kDefaultStreamChunkBytes, halved while F holds fewer than two). stream_buffers: per direction
