@@ -20,7 +20,8 @@
 #            the copies over PCIe (`strata bench copy`) and the CPU Adam rate measured right
 #            after it, each once more beside CPU AdamW on every core, and the plan of the same
 #            shape against the run (docs/planner.md); then LoRA and QLoRA on the GPU; then
-#            activation offload's step time against the plan's (lora_offload.py copy-time)
+#            activation offload's step time against the plan's (lora_offload.py copy-time), and
+#            its chunks spilled to NVMe and read back under a small pinned budget (spill)
 # tests and python run side by side; measure runs alone after them. Logs and JSON go to OUT_DIR;
 # the last lines printed are one line per check: PASS or FAIL and the tallies. Exit 1 when a check
 # failed.
@@ -208,6 +209,21 @@ print("%s,%s" % (d["device_to_host_gbps"], d["host_to_device_gbps"]))' "$OUT_DIR
   else
     record FAIL activation-copy-time "$(tail -2 "$OUT_DIR/copy-time.log" "$OUT_DIR/copy-cuda.log" \
       2>/dev/null | tr '\n' ' ')"
+    failed=1
+  fi
+  # Activation offload to NVMe on the GPU under a pinned budget smaller than a step's saved
+  # activations: what the drive wrote and read back (read <= written + shared, as on the CPU:
+  # docs/scheduling.md), and the step's median time.
+  if STRATA_LIBRARY=$BUILD/runtime/libstrata.so timeout 150 "$PYTHON" \
+    bindings/python/examples/lora_offload.py spill --device cuda --preset tinyllama-1.1b \
+    --hidden 512 --layers 4 --batch 4 --seq 512 --steps 4 --pinned-mib 64 --nvme "$scratch" \
+    >"$OUT_DIR/spill.log" 2>&1 &&
+    "$PYTHON" -c 'import json, sys; d = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+sys.exit(0 if 0 < d["nvme_read_bytes"] <= d["nvme_written_bytes"] + d["shared_bytes"] else 1)' \
+      "$OUT_DIR/spill.log"; then
+    record PASS activation-spill "$(tail -1 "$OUT_DIR/spill.log")"
+  else
+    record FAIL activation-spill "$(tail -2 "$OUT_DIR/spill.log" 2>/dev/null | tr '\n' ' ')"
     failed=1
   fi
 fi

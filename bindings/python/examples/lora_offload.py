@@ -361,31 +361,40 @@ def spill(args):
     """One JSON line: full fine-tuning with activation offload to NVMe under a pinned budget too
     small for one step's saved activations (--pinned-mib), --steps steps with strata.torch's
     AdamW; the bytes packed and shared by saves (handle.activations) and the runtime's NVMe bytes
-    of kind activation_checkpoint written and read. Each spilled chunk comes back once for each
-    save of its bytes: read <= written + shared (docs/scheduling.md, a hinted tensor the
-    schedule does not name)."""
+    of kind activation_checkpoint written and read, which stay near each other: read <= written
+    + shared (docs/scheduling.md, a hinted tensor the schedule does not name). --device: where
+    the model computes; the median step time too."""
+    import statistics
+
     import torch
 
     import strata.torch as st
     from tiny_llama import loss_fn
 
+    device = torch.device(args.device)
     model = build(args, "full")
     torch.manual_seed(1)
+    seconds = []
     with tempfile.TemporaryDirectory(dir=args.nvme) as d:
-        handle = st.offload(model, nvme_path=d, device="cpu", activations="nvme",
+        handle = st.offload(model, nvme_path=d, device=args.device, activations="nvme",
                             nvme_capacity_bytes=args.nvme_capacity_mib << 20,
                             pinned_budget_bytes=args.pinned_mib << 20)
         opt = st.AdamW(model.parameters(), lr=1e-3)
         for _ in range(args.steps):
-            tokens = torch.randint(0, 256, (args.batch, args.seq + 1))
+            tokens = torch.randint(0, 256, (args.batch, args.seq + 1), device=device)
+            start = time.perf_counter()
             loss_fn(model(tokens[:, :-1]), tokens[:, 1:]).backward()
             opt.step()
             opt.zero_grad()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds.append(time.perf_counter() - start)
         stats = handle.runtime.stats()
         acts = handle.activations
-        result = {"mode": "spill", "preset": args.preset, "hidden": args.hidden,
-                  "layers": args.layers, "batch": args.batch, "seq": args.seq,
-                  "steps": args.steps, "pinned_mib": args.pinned_mib,
+        result = {"mode": "spill", "device": str(device), "preset": args.preset,
+                  "hidden": args.hidden, "layers": args.layers, "batch": args.batch,
+                  "seq": args.seq, "steps": args.steps, "pinned_mib": args.pinned_mib,
+                  "step_seconds_median": statistics.median(seconds),
                   "packed_bytes": acts.packed_bytes, "shared_bytes": acts.shared_bytes,
                   "peak_held_bytes": acts.peak_held_bytes,
                   "nvme_written_bytes": stats["nvme_bytes_written_by_kind"]["activation_checkpoint"],
@@ -459,7 +468,8 @@ def main():
     parser.add_argument("--budget-mib", type=int, default=1024)
     parser.add_argument("--max-seq", type=int, default=65536)
     parser.add_argument("--offload-activations", action="store_true")
-    parser.add_argument("--device", default="cpu", help="copy-time: where the model computes")
+    parser.add_argument("--device", default="cpu",
+                        help="copy-time, spill: where the model computes")
     parser.add_argument("--copy-gbps", default=None,
                         help="copy-time: the plan's one-way copy rates D2H,H2D in GB/s")
     args = parser.parse_args()
