@@ -82,12 +82,14 @@ def test_activations_spill_to_nvme_under_a_small_pinned_budget_and_stay_exact(nv
     assert acts.held_bytes == 0
 
 
-@pytest.mark.parametrize("budget", [2 << 20, 3 << 20])
-def test_activations_kept_in_a_pinned_budget_too_small_fail_at_once(nvme_dir, budget):
+@pytest.mark.parametrize("budget_kib", [1280, 2048, 2816, 3072])
+def test_activations_kept_in_a_pinned_budget_too_small_fail_at_once(nvme_dir, budget_kib):
     """Kept in pinned memory, the saved activations stay in the pool until backward, beside the
-    layer's parameters in use (computing in host memory): a pack with no room left would wait
-    for a release only its own layer can make, until the acquire's 300 s timeout. It fails at
-    once instead, saying what to raise."""
+    layer's parameters in use (computing in host memory): a pack, or the next layer's parameter,
+    with no room left would wait for a release only its own layer can make, until the acquire's
+    300 s timeout. Either fails at once instead, saying what to raise (1.25 and 2.75 MiB: the
+    parameter's acquire, 2 and 3 MiB: the pack)."""
+    budget = budget_kib << 10
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[m for _ in range(3)
                                   for m in (torch.nn.Linear(256, 256), torch.nn.GELU())])

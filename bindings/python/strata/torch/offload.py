@@ -271,6 +271,7 @@ class OffloadedModel:
         self._root_step_started = False
         self._fetched = {}  # storage address -> _Param
         self._held_bytes = 0  # bytes of parameters acquired now on the compute tier
+        self._pinned_pool_bytes = None  # the pinned budget less the staging, once asked
         self._grad_nodes = {}  # id(_Param) -> its parameter's AccumulateGrad node
         self.params = []  # _Param, in registration order
         self.units = []
@@ -625,7 +626,7 @@ class OffloadedModel:
             return 0
         with self._lock:
             return sum((rec.tensor.nbytes + 4095) // 4096 * 4096 for rec in self.params
-                       if rec.pins)
+                       if rec.acquisition is not None)
 
     def _check_room(self, nbytes, what):
         """Refuses at once an acquire on the compute tier that cannot succeed: the parameters
@@ -633,19 +634,37 @@ class OffloadedModel:
         would wait for a release (another thread may hold them), and here none can come before
         the acquire returns: the wait would end only in STRATA_E_TIMEOUT after 300 s."""
         budget = getattr(self.runtime.config, f"{self.compute_tier}_budget_bytes")
-        if self._held_bytes + nbytes <= budget:
+        in_use, kept = self._held_bytes, 0
+        if self.compute_tier == "pinned":
+            # The pinned pool is the budget less the streaming staging, in whole pages, and the
+            # saved activations kept there (activations="pinned") stay until backward: a
+            # parameter that cannot fit beside them would wait out the acquire's 300 s too.
+            if self._pinned_pool_bytes is None:
+                stats = self.runtime.stats()
+                self._pinned_pool_bytes = stats["pinned_budget_bytes"] - \
+                    stats["pinned_staging_bytes"]
+            budget = self._pinned_pool_bytes
+            in_use = self._pinned_in_use()
+            nbytes = (nbytes + 4095) // 4096 * 4096
+            if self.activations is not None:
+                kept = self.activations.pinned_held_bytes
+        if in_use + kept + nbytes <= budget:
             return
-        held = [rec.name for rec in self.params if rec.pins]
+        held = [rec.name for rec in self.params if rec.acquisition is not None]
         field = f"{self.compute_tier}_budget_bytes"
         code = _lib.E_DEVICE_BUDGET if self.compute_tier == "device" else _lib.E_PINNED_BUDGET
         checkpointing = " (activation checkpointing holds a recomputed segment's parameters " \
                         "until their gradients are taken: checkpoint smaller segments, or)" \
             if self._in_backward else ""
+        activations = f" and {kept} bytes of saved activations kept there until backward " \
+                      f"(activations='pinned'; or use activations='nvme')" if kept else ""
         raise StrataError(code, f"{what} needs {nbytes} bytes on the {self.compute_tier} tier "
-                                f"beside {self._held_bytes} bytes of parameters in use there "
-                                f"({listed(held)}); the budget is {budget} bytes and nothing "
-                                f"in use can leave before this returns{checkpointing} raise "
-                                f"{field} to at least {self._held_bytes + nbytes}")
+                                f"beside {in_use} bytes of parameters in use there "
+                                f"({listed(held)}){activations}; the "
+                                f"{'pool' if self.compute_tier == 'pinned' else 'budget'} is "
+                                f"{budget} bytes and nothing in use can leave before this "
+                                f"returns{checkpointing} raise {field} to at least "
+                                f"{in_use + kept + nbytes + (getattr(self.runtime.config, field) - budget)}")
 
     def _enter_phase(self, phase, layer):
         with self._lock:
