@@ -356,8 +356,10 @@ void print_text(const Plan& plan) {
   const GpuPlan& p = plan.gpus[plan.primary];
   const GpuMemory& m = p.memory;
   std::printf("\nOn %s x%u%s: offload %s%s%s\n", p.choice.gpu.name.c_str(), p.choice.count,
-              p.choice.auto_count ? " (smallest count that fits)" : "", to_string(p.offload),
-              p.params_resident ? "" : ", weights streamed per layer",
+              !p.choice.auto_count ? ""
+              : p.fits()           ? " (smallest count that fits)"
+                                   : " (no count fits; shown at the largest)",
+              to_string(p.offload), p.params_resident ? "" : ", weights streamed per layer",
               p.fits() ? "" : ("  -- DOES NOT FIT: " + p.why_not).c_str());
   std::printf(
       "  GPU memory     %s of %s per GPU: weights %s, grads %s, optimizer %s,\n"

@@ -948,12 +948,11 @@ void finish_plan(const PlanRequest& r, GpuPlan& plan) {
 
 // The least host RAM for full speed: every state the GPU does not hold in RAM, nothing on NVMe
 // (CPU offload's exact-size copies; offloaded activations in pinned memory, not on NVMe); none
-// when nothing is offloaded.
+// when nothing is offloaded, states or activations.
 void set_full_speed_host(const PlanRequest& r, const ModelStates& s, GpuPlan& plan) {
-  uint64_t bytes = 0;
-  if (plan.offload == Offload::kCpu) {
-    bytes = plan.host_bytes;
-  } else if (plan.offload == Offload::kNvme) {
+  // No offload of the states: what the host holds is offloaded activations kept in RAM, if any.
+  uint64_t bytes = plan.host_bytes;
+  if (plan.offload == Offload::kNvme) {
     bytes = plan_with_offload(r, s, plan.choice, Offload::kCpu).stages.host_bytes;
   }
   if (r.activation_offload == ActivationOffload::kNvme && plan.activations_offloaded_bytes != 0) {

@@ -260,11 +260,17 @@ TEST(ActivationOffload, WithAutomaticCountsTheSuggestionIsAtTheSmallestCountThat
   EXPECT_DOUBLE_EQ(row.with_activation_offload->tokens_per_s, one.tokens_per_s);
 }
 
-// With the activations on NVMe and nothing else offloaded, full speed keeps them in RAM.
-TEST(ActivationOffload, FullSpeedKeepsActivationsSentToNvmeInRam) {
-  const GpuPlan g = plan_of(qlora_8b_at_8k(ActivationOffload::kNvme));
-  ASSERT_EQ(g.offload, Offload::kNone);
-  EXPECT_EQ(g.host.full_speed_bytes, align_up(g.activations_offloaded_bytes, kPageSize));
+// With nothing but the activations offloaded, full speed is them in RAM: where they go to NVMe,
+// and where they are kept in pinned memory already (the job's host bytes).
+TEST(ActivationOffload, FullSpeedKeepsTheOffloadedActivationsInRam) {
+  const GpuPlan spilled = plan_of(qlora_8b_at_8k(ActivationOffload::kNvme));
+  ASSERT_EQ(spilled.offload, Offload::kNone);
+  EXPECT_EQ(spilled.host.full_speed_bytes,
+            align_up(spilled.activations_offloaded_bytes, kPageSize));
+  const GpuPlan kept = plan_of(qlora_8b_at_8k(ActivationOffload::kPinned));
+  ASSERT_EQ(kept.offload, Offload::kNone);
+  EXPECT_EQ(kept.host.full_speed_bytes, kept.host_bytes);
+  EXPECT_EQ(kept.host.full_speed_bytes, align_up(kept.activations_offloaded_bytes, kPageSize));
 }
 
 TEST(ActivationOffload, ParsesItsThreeHomes) {
