@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "common/align.h"
 #include "common/report.h"
 #include "common/units.h"
 #include "model/plan.h"
@@ -220,10 +219,7 @@ void print_host(const Plan& plan, const GpuPlan& p) {
   }
   if (p.offload != Offload::kNone || p.host.full_speed_bytes != 0) {
     // What the figure holds: the states CPU offload keeps, the offloaded activations, or both.
-    const uint64_t activations =
-        r.activation_offload != ActivationOffload::kNone && p.activations_offloaded_bytes != 0
-            ? align_up(p.activations_offloaded_bytes * p.choice.count, kPageSize)
-            : 0;
+    const uint64_t activations = activations_held_bytes(p);
     const bool states = p.host.full_speed_bytes > activations;
     std::printf("  full speed     %s of %s in RAM, nothing on NVMe: recommended %s\n",
                 format_bytes(p.host.full_speed_bytes).c_str(),

@@ -946,6 +946,14 @@ void finish_plan(const PlanRequest& r, GpuPlan& plan) {
   }
 }
 
+}  // namespace
+
+uint64_t activations_held_bytes(const GpuPlan& plan) {
+  return align_up(plan.activations_offloaded_bytes * plan.choice.count, kPageSize);
+}
+
+namespace {
+
 // The least host RAM for full speed: every state the GPU does not hold in RAM, nothing on NVMe
 // (CPU offload's exact-size copies; offloaded activations in pinned memory, not on NVMe); none
 // when nothing is offloaded, states or activations.
@@ -955,9 +963,7 @@ void set_full_speed_host(const PlanRequest& r, const ModelStates& s, GpuPlan& pl
   if (plan.offload == Offload::kNvme) {
     bytes = plan_with_offload(r, s, plan.choice, Offload::kCpu).stages.host_bytes;
   }
-  if (r.activation_offload == ActivationOffload::kNvme && plan.activations_offloaded_bytes != 0) {
-    bytes += align_up(plan.activations_offloaded_bytes * plan.choice.count, kPageSize);
-  }
+  if (r.activation_offload == ActivationOffload::kNvme) bytes += activations_held_bytes(plan);
   plan.host.full_speed_bytes = bytes;
   plan.host.full_speed_recommended_bytes = recommended_host_bytes(bytes, r.assume.host_headroom);
 }
@@ -1045,9 +1051,8 @@ GpuPlan choose_count(const PlanRequest& r, const ModelStates& s, GpuChoice g,
     if (offload == Offload::kNvme) {
       // Offloaded activations kept in pinned memory add one micro-batch's of every GPU.
       const uint64_t least =
-          least_pinned + (r.activation_offload == ActivationOffload::kPinned
-                              ? align_up(plan.activations_offloaded_bytes * n, kPageSize)
-                              : 0);
+          least_pinned +
+          (r.activation_offload == ActivationOffload::kPinned ? activations_held_bytes(plan) : 0);
       fits = fits && (!r.host_ram_bytes ||
                       recommended_host_bytes(least, r.assume.host_headroom) <= *r.host_ram_bytes);
     } else {

@@ -329,6 +329,10 @@ struct GpuPlan {
   NvmeWear nvme_wear;  // NVMe offload, or activations offloaded to NVMe (bytes 0 otherwise)
 };
 
+// One micro-batch's offloaded activations of every GPU of the plan, in whole pages: what host
+// memory holds of them when they are kept there (or would, at full speed).
+uint64_t activations_held_bytes(const GpuPlan& plan);
+
 struct CheapestOption {
   bool found = false;
   std::string gpu;

@@ -263,6 +263,32 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
     return Status::error(STRATA_E_LIMIT, "simulate: more than " +
                                              std::to_string(config.max_transfers) + " transfers");
   };
+  // Acquires `access` for the phase `key`, the virtual clock advancing to each completion while
+  // it is pending and `between` run after each (the optimizer's loader keeps taking its states).
+  const auto acquire = [&](const Access& access, const PhaseKey& key,
+                           const auto& between) -> Status {
+    for (;;) {
+      Result<AcquireAttempt> attempt =
+          scheduler.try_acquire(access.tensor, access.tier, access.mode);
+      if (!attempt) {
+        return std::move(attempt).take_status().with_context("simulate, phase " + phase_label(key));
+      }
+      if (attempt->state == AcquireState::kReady) return Status::ok();
+      STRATA_TRY(within_transfer_limit());
+      if (!backend.deliver_next()) {
+        // Nothing in flight and still not resident: the tensors the phase holds leave no room
+        // for this one. The configuration cannot run this step.
+        Result<TensorInfo> info = scheduler.describe(access.tensor);
+        const int code =
+            access.tier == Tier::kDevice ? STRATA_E_DEVICE_BUDGET : STRATA_E_PINNED_BUDGET;
+        return Status::error(code, "simulate: phase " + phase_label(key) + " cannot fit tensor '" +
+                                       (info ? info->name : std::string("?")) + "' on " +
+                                       to_string(access.tier) +
+                                       " beside the tensors it already holds");
+      }
+      STRATA_TRY(between());
+    }
+  };
   // Offloaded activations (StepPhase::packs / unpacks): one chunk at a time, acquired on pinned,
   // copied over the link with the compute stream waiting, released. Waiting for the chunk (its
   // read back, or room for it) is a stall like any acquire's; the copy is activation time.
@@ -273,21 +299,8 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
   const auto move_saved = [&](const StepPhase& phase, TensorHandle chunk, bool pack) -> Status {
     const std::string where = "simulate, phase " + phase_label(phase.key);
     const double asked = backend.now();
-    for (;;) {
-      Result<AcquireAttempt> attempt = scheduler.try_acquire(
-          chunk, Tier::kPinned, pack ? AccessMode::kOverwrite : AccessMode::kRead);
-      if (!attempt) return std::move(attempt).take_status().with_context(where);
-      if (attempt->state == AcquireState::kReady) break;
-      STRATA_TRY(within_transfer_limit());
-      if (!backend.deliver_next()) {
-        Result<TensorInfo> info = scheduler.describe(chunk);
-        return Status::error(STRATA_E_PINNED_BUDGET,
-                             "simulate: phase " + phase_label(phase.key) +
-                                 " cannot fit activation chunk '" +
-                                 (info ? info->name : std::string("?")) +
-                                 "' on pinned beside the tensors it already holds");
-      }
-    }
+    const Access access{chunk, Tier::kPinned, pack ? AccessMode::kOverwrite : AccessMode::kRead};
+    STRATA_TRY(acquire(access, phase.key, [] { return Status::ok(); }));
     STRATA_ASSIGN_OR_RETURN(TensorInfo info, scheduler.describe(chunk), where);
     const double acquired = backend.now();
     if (config.trace != nullptr && acquired > asked) {
@@ -376,28 +389,7 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
       STRATA_TRY(poll());
       for (const StepAccess& a : phase.accesses) {
         if (loaded && is_state(a)) continue;
-        for (;;) {
-          Result<AcquireAttempt> attempt =
-              scheduler.try_acquire(a.access.tensor, a.access.tier, a.access.mode);
-          if (!attempt) {
-            return std::move(attempt).take_status().with_context("simulate, phase " +
-                                                                 phase_label(phase.key));
-          }
-          if (attempt->state == AcquireState::kReady) break;
-          STRATA_TRY(within_transfer_limit());
-          if (!backend.deliver_next()) {
-            // Nothing in flight and still not resident: the tensors this phase holds leave no
-            // room for the next one. The configuration cannot run this step.
-            Result<TensorInfo> info = scheduler.describe(a.access.tensor);
-            const int code =
-                a.access.tier == Tier::kDevice ? STRATA_E_DEVICE_BUDGET : STRATA_E_PINNED_BUDGET;
-            return Status::error(
-                code, "simulate: phase " + phase_label(phase.key) + " cannot fit tensor '" +
-                          (info ? info->name : std::string("?")) + "' on " +
-                          to_string(a.access.tier) + " beside the tensors it already holds");
-          }
-          STRATA_TRY(poll());
-        }
+        STRATA_TRY(acquire(a.access, phase.key, poll));
       }
       // The update waits for the loader to hold this group's states.
       const auto states_here = static_cast<size_t>(

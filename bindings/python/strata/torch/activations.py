@@ -86,6 +86,17 @@ def _dense(t):
     return True
 
 
+def whole_pages(nbytes):
+    """The bytes a Strata pinned buffer of nbytes takes: its pool's size rule, whole 4 KiB pages."""
+    return (nbytes + 4095) // 4096 * 4096
+
+
+def pinned_pool_bytes(runtime):
+    """The pinned pool tensors take room in: the pinned budget less the streaming staging."""
+    stats = runtime.stats()
+    return stats["pinned_budget_bytes"] - stats["pinned_staging_bytes"]
+
+
 def _forget(chunks):
     for tensor in chunks:
         if not tensor.runtime.closed:
@@ -103,13 +114,12 @@ class ActivationOffload:
         # A saved tensor moves in chunks of an eighth of the pinned budget (4 KiB multiples,
         # 64 KiB to 16 MiB): an attention score matrix can exceed the whole budget, and each
         # chunk needs a pinned buffer of its own size on its way to NVMe and back.
-        stats = runtime.stats()
-        budget = stats["pinned_budget_bytes"]
+        budget = runtime.stats()["pinned_budget_bytes"]
         self.chunk_bytes = max(64 << 10, min(16 << 20, budget // 8 // 4096 * 4096))
         # Kept in pinned memory (home "pinned"), chunks stay in the pool until autograd drops
         # them. Past what the pool holds, a pack would wait for room only its own layer's release
         # could make, until the acquire's 300 s timeout: counted here to fail at once instead.
-        self.pinned_pool_bytes = budget - stats["pinned_staging_bytes"]
+        self.pinned_pool_bytes = pinned_pool_bytes(runtime)
         self.pinned_held_bytes = 0
         self._in_use = in_use  # the pool's bytes the model's parameters in use hold now
         self._count = 0
@@ -159,8 +169,7 @@ class ActivationOffload:
         flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
         pinned_bytes = 0
         if self.home == "pinned":
-            # Each chunk takes whole pages (the pool's size rule).
-            pinned_bytes = sum((min(self.chunk_bytes, nbytes - offset) + 4095) // 4096 * 4096
+            pinned_bytes = sum(whole_pages(min(self.chunk_bytes, nbytes - offset))
                                for offset in range(0, nbytes, self.chunk_bytes))
             in_use = self._in_use()
             if self.pinned_held_bytes + pinned_bytes + in_use > self.pinned_pool_bytes:

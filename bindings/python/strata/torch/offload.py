@@ -625,7 +625,7 @@ class OffloadedModel:
         if self.compute_tier != "pinned":
             return 0
         with self._lock:
-            return sum((rec.tensor.nbytes + 4095) // 4096 * 4096 for rec in self.params
+            return sum(_activations.whole_pages(rec.tensor.nbytes) for rec in self.params
                        if rec.acquisition is not None)
 
     def _check_room(self, nbytes, what):
@@ -640,12 +640,10 @@ class OffloadedModel:
             # saved activations kept there (activations="pinned") stay until backward: a
             # parameter that cannot fit beside them would wait out the acquire's 300 s too.
             if self._pinned_pool_bytes is None:
-                stats = self.runtime.stats()
-                self._pinned_pool_bytes = stats["pinned_budget_bytes"] - \
-                    stats["pinned_staging_bytes"]
+                self._pinned_pool_bytes = _activations.pinned_pool_bytes(self.runtime)
             budget = self._pinned_pool_bytes
             in_use = self._pinned_in_use()
-            nbytes = (nbytes + 4095) // 4096 * 4096
+            nbytes = _activations.whole_pages(nbytes)
             if self.activations is not None:
                 kept = self.activations.pinned_held_bytes
         if in_use + kept + nbytes <= budget:
