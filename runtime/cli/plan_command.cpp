@@ -212,10 +212,16 @@ void print_host(const Plan& plan, const GpuPlan& p) {
         kept ? ", plus the offloaded activations kept there" : "",
         format_bytes(p.stages.pinned_budget_bytes).c_str());
   }
-  if (p.offload == Offload::kNvme) {
-    for (const std::string& line : p.stages.pinned_derivation) {
-      std::printf("  pinned         %s\n", line.c_str());
-    }
+  if (p.offload != Offload::kNvme && p.stages.activations_alone_step_seconds > 0) {
+    std::printf(
+        "                 with Strata's pinned pool the offloaded activations pass through to "
+        "NVMe (%s: %s)\n",
+        format_bytes(p.stages.pinned_budget_bytes).c_str(),
+        r.strata_pinned_budget_bytes ? "--pinned-budget's" : "its automatic budget, the drive's");
+  }
+  // NVMe offload, or activations to NVMe with the states elsewhere: the pool's derivation.
+  for (const std::string& line : p.stages.pinned_derivation) {
+    std::printf("  pinned         %s\n", line.c_str());
   }
   if (p.offload != Offload::kNone || p.host.full_speed_bytes != 0) {
     // What the figure holds: the states CPU offload keeps, the offloaded activations, or both.
@@ -396,11 +402,16 @@ void print_text(const Plan& plan) {
   // (simulate_strata_nvme_offload); say so where that floor, not the simulated step, decided it.
   const bool floored = st.states_only_step_seconds > 0 &&
                        p.step_seconds <= st.states_only_step_seconds + st.activation_copy_seconds;
-  const std::string simulated = floored ? " (simulated; the states' step alone, " +
-                                              human_seconds(st.states_only_step_seconds) +
-                                              ", plus the copies)"
-                                : st.model == "simulated" ? " (simulated)"
-                                                          : "";
+  // Activations to NVMe with the states elsewhere: the closed form, unless the simulated step of
+  // the activations alone is longer (add_simulated_activations).
+  const bool alone =
+      st.activations_alone_step_seconds > 0 && p.step_seconds <= st.activations_alone_step_seconds;
+  const std::string simulated =
+      floored ? " (simulated; the states' step alone, " +
+                    human_seconds(st.states_only_step_seconds) + ", plus the copies)"
+      : alone ? " (simulated: the activations' way to NVMe, the states outside the simulation)"
+      : st.model == "simulated" ? " (simulated)"
+                                : "";
   std::printf("  step           %s, %s tokens/s, bound by %s%s%s\n",
               human_seconds(p.step_seconds).c_str(), fixed(p.tokens_per_s, 0).c_str(),
               p.bottleneck.c_str(),
@@ -411,7 +422,7 @@ void print_text(const Plan& plan) {
               copies ? human_seconds(st.activation_copy_seconds).c_str() : "",
               human_seconds(st.pcie_seconds).c_str(), human_seconds(st.nvme_seconds).c_str(),
               human_seconds(st.cpu_optimizer_seconds).c_str());
-  if (st.model == "simulated") {
+  if (st.model == "simulated" || st.activations_alone_step_seconds > 0) {
     std::printf(", GPU stalled %s", human_seconds(st.stall_seconds).c_str());
   }
   std::printf("\n");

@@ -959,28 +959,48 @@ namespace {
 // when nothing is offloaded, states or activations.
 void set_full_speed_host(const PlanRequest& r, const ModelStates& s, GpuPlan& plan) {
   // No offload of the states: what the host holds is offloaded activations kept in RAM, if any.
-  uint64_t bytes = plan.host_bytes;
+  // Activations to NVMe: without the pool they would pass through (add_activation_offload).
+  uint64_t bytes = plan.host_bytes - plan.stages.peak_pinned_bytes;
   if (plan.offload == Offload::kNvme) {
-    bytes = plan_with_offload(r, s, plan.choice, Offload::kCpu).stages.host_bytes;
+    const OffloadEstimate cpu = plan_with_offload(r, s, plan.choice, Offload::kCpu).stages;
+    bytes = cpu.host_bytes - cpu.peak_pinned_bytes;
   }
   if (r.activation_offload == ActivationOffload::kNvme) bytes += activations_held_bytes(plan);
   plan.host.full_speed_bytes = bytes;
   plan.host.full_speed_recommended_bytes = recommended_host_bytes(bytes, r.assume.host_headroom);
 }
 
+// A plan with no or CPU offload of the states whose offloaded activations go to NVMe: its closed
+// form is checked against a simulated step of the activations alone (activations_alone_job).
+bool simulates_activations_alone(const PlanRequest& r, const GpuPlan& plan) {
+  return plan.offload != Offload::kNvme && r.activation_offload == ActivationOffload::kNvme &&
+         plan.activations_offloaded_bytes != 0;
+}
+
 // NVMe offload chosen by default (no --offload): what CPU offload, with the RAM it needs, would
-// give instead. Unset when CPU offload does not fit the GPU either.
-std::optional<RamUpgrade> more_ram_option(const PlanRequest& r, const ModelStates& s,
-                                          const GpuPlan& plan) {
-  if (r.offload || plan.offload != Offload::kNvme) return std::nullopt;
+// give instead. Unset when CPU offload does not fit the GPU either. With activations to NVMe
+// their way is simulated, as for the rows (simulates_activations_alone), here and now.
+Result<std::optional<RamUpgrade>> more_ram_option(const PlanRequest& r, const ModelStates& s,
+                                                  const std::vector<TensorSpec>& inventory,
+                                                  const GpuPlan& plan) {
+  if (r.offload || plan.offload != Offload::kNvme) return std::optional<RamUpgrade>{};
   GpuPlan cpu = plan_with_offload(r, s, plan.choice, Offload::kCpu);
-  if (!cpu.fits_gpu) return std::nullopt;
+  if (!cpu.fits_gpu) return std::optional<RamUpgrade>{};
+  if (simulates_activations_alone(r, cpu)) {
+    STRATA_ASSIGN_OR_RETURN(
+        OffloadEstimate alone,
+        simulate_strata_nvme_offload(
+            activations_alone_job(cpu.job, inventory, cpu.activations_offloaded_bytes), nullptr),
+        "simulating the activations' way to NVMe under CPU offload");
+    add_simulated_activations(cpu.job, alone, cpu.stages);
+  }
   PlanRequest with_ram = r;
   with_ram.host_ram_bytes = recommended_host_bytes(cpu.stages.host_bytes, r.assume.host_headroom);
   with_ram.job_tokens.reset();
   finish_plan(with_ram, cpu);
-  if (!(cpu.tokens_per_s > plan.tokens_per_s)) return std::nullopt;
-  return RamUpgrade{*with_ram.host_ram_bytes, cpu.step_seconds, cpu.tokens_per_s, cpu.usd_per_mtok};
+  if (!(cpu.tokens_per_s > plan.tokens_per_s)) return std::optional<RamUpgrade>{};
+  return std::optional<RamUpgrade>{
+      RamUpgrade{*with_ram.host_ram_bytes, cpu.step_seconds, cpu.tokens_per_s, cpu.usd_per_mtok}};
 }
 
 // A plan whose GPU memory does not fit, planned again with the saved activations moved to pinned
@@ -1096,7 +1116,7 @@ bool same_simulation(const OffloadJob& a, const OffloadJob& b) {
          a.strata_pinned_given.chunk_bytes == b.strata_pinned_given.chunk_bytes &&
          a.strata_pinned_given.buffers == b.strata_pinned_given.buffers &&
          a.strata_pinned_given.sub_group_bytes == b.strata_pinned_given.sub_group_bytes &&
-         a.warmup_steps == b.warmup_steps &&
+         a.optimizer_on_host == b.optimizer_on_host && a.warmup_steps == b.warmup_steps &&
          a.offloaded_activation_bytes == b.offloaded_activation_bytes &&
          a.activations_to_nvme == b.activations_to_nvme;
 }
@@ -1154,6 +1174,10 @@ class SimulationBatch {
 struct GpuPlansUnderway {
   Plan plan;
   std::vector<size_t> nvme;  // the plan.gpus simulated, in the batch's order
+  // Then those with no or CPU offload of the states whose activations go to NVMe: their
+  // activations_alone_job, in the batch after the NVMe ones.
+  std::vector<size_t> activations_alone;
+  std::vector<TensorSpec> inventory;  // offload_inventory(plan.request)
   std::unique_ptr<SimulationBatch> batch;
 };
 
@@ -1191,7 +1215,14 @@ Result<GpuPlansUnderway> start_gpu_plans(const PlanRequest& given, SimulationPoo
     underway.nvme.push_back(i);
     jobs.push_back(plan.gpus[i].job);
   }
+  for (size_t i = 0; i < plan.gpus.size(); ++i) {
+    const GpuPlan& g = plan.gpus[i];
+    if (!simulates_activations_alone(request, g)) continue;
+    underway.activations_alone.push_back(i);
+    jobs.push_back(activations_alone_job(g.job, inventory, g.activations_offloaded_bytes));
+  }
   underway.plan = std::move(plan);
+  underway.inventory = inventory;
   underway.batch = std::make_unique<SimulationBatch>(pool, std::move(jobs));
   return underway;
 }
@@ -1200,6 +1231,7 @@ Result<Plan> finish_gpu_plans(GpuPlansUnderway underway) {
   Plan& plan = underway.plan;
   const PlanRequest& request = plan.request;
   const std::vector<size_t>& nvme = underway.nvme;
+  const std::vector<TensorSpec>& inventory = underway.inventory;
   std::vector<Result<OffloadEstimate>> simulated = underway.batch->results();
   for (size_t k = 0; k < nvme.size(); ++k) {
     if (!simulated[k]) {
@@ -1209,10 +1241,20 @@ Result<Plan> finish_gpu_plans(GpuPlansUnderway underway) {
     }
     plan.gpus[nvme[k]].stages = std::move(*simulated[k]);
   }
+  for (size_t k = 0; k < underway.activations_alone.size(); ++k) {
+    Result<OffloadEstimate>& alone = simulated[nvme.size() + k];
+    GpuPlan& g = plan.gpus[underway.activations_alone[k]];
+    if (!alone) {
+      return std::move(alone).take_status().with_context(
+          "planning " + g.choice.gpu.name + ": simulating the activations' way to NVMe");
+    }
+    add_simulated_activations(g.job, *alone, g.stages);
+  }
   for (GpuPlan& g : plan.gpus) {
     finish_plan(request, g);
     set_full_speed_host(request, plan.states, g);
-    g.more_ram = more_ram_option(request, plan.states, g);
+    STRATA_ASSIGN_OR_RETURN(g.more_ram, more_ram_option(request, plan.states, inventory, g),
+                            "planning " + g.choice.gpu.name);
     g.with_activation_offload = activation_offload_option(request, plan.states, g);
     if (g.choice.auto_count && !g.fits()) {
       g.why_not = "no count 1.." + std::to_string(kMaxGpusPerNode) + " fits; at " +
@@ -1367,23 +1409,28 @@ Status compare_with_zero_infinity(Plan& plan) {
 }
 
 Result<telemetry::TraceStats> write_strata_nvme_trace(const Plan& plan, const std::string& path) {
-  if (plan.strata_nvme.model != "simulated") {
-    return invalid_argument("the plan of " + plan.gpus.at(plan.primary).choice.gpu.name +
+  // The headline's own simulated step when it offloads activations too (under NVMe offload of
+  // the states, or alone to NVMe with the states elsewhere), else the job start_comparison
+  // simulates for plan.strata_nvme, simulated again with a trace.
+  const GpuPlan& p = plan.gpus.at(plan.primary);
+  const bool alone = simulates_activations_alone(plan.request, p);
+  if (!alone && plan.strata_nvme.model != "simulated") {
+    return invalid_argument("the plan of " + p.choice.gpu.name +
                             " has no simulated NVMe-offload step to trace");
   }
-  // The headline's own simulated step when it offloads activations too, else the job
-  // start_comparison simulates for plan.strata_nvme, simulated again with a trace.
-  const GpuPlan& p = plan.gpus.at(plan.primary);
-  const bool own_step = p.offload == Offload::kNvme && p.job.offloaded_activation_bytes != 0;
+  const bool own_step =
+      alone || (p.offload == Offload::kNvme && p.job.offloaded_activation_bytes != 0);
   OffloadJob job = own_step ? p.job : states_nvme_job(plan.request, plan.states, p);
   job.inventory = offload_inventory(plan.request);
+  if (alone) job = activations_alone_job(p.job, job.inventory, p.activations_offloaded_bytes);
   // Room for every event, allocated up front (96 bytes each): the plan's simulation counted
   // its transfers (a streamed one is a span on each of its two links), and each phase adds at
   // most a wait and a compute span, fewer than the transfers that feed it. What did not fit
   // would be counted and reported.
   telemetry::TraceConfig config;
-  config.capacity_events = std::clamp<uint64_t>(4 * plan.strata_nvme.transfers + 1024,
-                                                uint64_t{1} << 16, telemetry::kMaxTraceEvents);
+  config.capacity_events =
+      std::clamp<uint64_t>(4 * (alone ? p.stages.transfers : plan.strata_nvme.transfers) + 1024,
+                           uint64_t{1} << 16, telemetry::kMaxTraceEvents);
   config.start_enabled = true;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<telemetry::TraceRecorder> trace,
                           telemetry::TraceRecorder::create(config));
@@ -1392,9 +1439,9 @@ Result<telemetry::TraceStats> write_strata_nvme_trace(const Plan& plan, const st
                           "tracing the simulated step");
   // The simulation is deterministic: a trace of another step than the plan's would be a bug.
   const OffloadEstimate& planned = own_step ? p.stages : plan.strata_nvme;
+  const double planned_step = alone ? planned.activations_alone_step_seconds : planned.step_seconds;
   if (traced.nvme_read_bytes != planned.nvme_read_bytes ||
-      traced.nvme_write_bytes != planned.nvme_write_bytes ||
-      traced.step_seconds != planned.step_seconds) {
+      traced.nvme_write_bytes != planned.nvme_write_bytes || traced.step_seconds != planned_step) {
     return Status::error(STRATA_E_INTERNAL, "tracing the simulated step: it moved " +
                                                 std::to_string(traced.nvme_read_bytes) + " / " +
                                                 std::to_string(traced.nvme_write_bytes) +

@@ -311,6 +311,36 @@ OffloadEstimate estimate_cpu_offload(const OffloadJob& job) {
   return e;
 }
 
+namespace {
+
+constexpr const char* kActivationPoolItem = "pinned pool the activations pass through to NVMe";
+
+// The pool strata.torch's runtime has for activations on their way to NVMe when nothing else is
+// in it: the budget given (whole pages), else the automatic one, sized from the drive.
+uint64_t activation_pool_budget(const OffloadJob& job) {
+  if (job.strata_pinned_bytes) {
+    return std::max(align_down(*job.strata_pinned_bytes, kPageSize), kPageSize);
+  }
+  return strata_pinned_sizing(job.nvme_read_gbps, job.nvme_write_gbps, job.optimizer_threads,
+                              job.drive_queue_depth)
+      .budget_bytes;
+}
+
+// A closed form's step with activation offload: the slowest of compute with the copies on its
+// stream, PCIe, the CPU optimizer and the drives (one resource, named by its busier direction).
+void set_closed_form_step(const OffloadJob& job, OffloadEstimate& e) {
+  const bool writes_longer = seconds(e.nvme_write_bytes, job.nvme_write_gbps) >
+                             seconds(e.nvme_read_bytes, job.nvme_read_gbps);
+  auto [step, name] = slowest({{e.compute_seconds + e.activation_copy_seconds, "compute"},
+                               {e.pcie_seconds, "pcie"},
+                               {e.cpu_optimizer_seconds, "cpu-optimizer"},
+                               {e.nvme_seconds, writes_longer ? "nvme-write" : "nvme-read"}});
+  e.step_seconds = step;
+  e.bottleneck = name;
+}
+
+}  // namespace
+
 void add_activation_offload(const OffloadJob& job, uint64_t bytes_per_micro_batch, bool to_nvme,
                             OffloadEstimate& e) {
   if (bytes_per_micro_batch == 0) return;
@@ -334,6 +364,13 @@ void add_activation_offload(const OffloadJob& job, uint64_t bytes_per_micro_batc
     e.nvme_bytes += held;
     e.nvme_seconds = seconds(e.nvme_read_bytes, job.nvme_read_gbps) +
                      seconds(e.nvme_write_bytes, job.nvme_write_gbps);
+    // The pinned pool they pass through, at its budget (add_simulated_activations puts the
+    // simulated peak in its place).
+    const uint64_t pool = activation_pool_budget(job);
+    e.host_breakdown.push_back({kActivationPoolItem, pool});
+    e.host_bytes += pool;
+    e.pinned_budget_bytes = pool;
+    e.peak_pinned_bytes = pool;
   } else {
     e.host_breakdown.push_back({"activations", held});
     e.host_bytes += held;
@@ -343,14 +380,7 @@ void add_activation_offload(const OffloadJob& job, uint64_t bytes_per_micro_batc
   // computes nothing while one crosses, so the copies add to compute's time; they also occupy the
   // link, where the states' transfers overlap them.
   e.activation_copy_seconds = 2 * seconds(per_gpu, job.pcie_gbps);
-  const bool writes_longer = seconds(e.nvme_write_bytes, job.nvme_write_gbps) >
-                             seconds(e.nvme_read_bytes, job.nvme_read_gbps);
-  auto [step, name] = slowest({{e.compute_seconds + e.activation_copy_seconds, "compute"},
-                               {e.pcie_seconds, "pcie"},
-                               {e.cpu_optimizer_seconds, "cpu-optimizer"},
-                               {e.nvme_seconds, writes_longer ? "nvme-write" : "nvme-read"}});
-  e.step_seconds = step;
-  e.bottleneck = name;
+  set_closed_form_step(job, e);
 }
 
 sched::PinnedSizing strata_pinned_sizing(double read_gbps, double write_gbps,
@@ -480,6 +510,59 @@ Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job, Simu
   e.states_only_step_seconds = (*alone)->step_seconds;
   e.step_seconds = std::max(e.step_seconds, e.states_only_step_seconds + e.activation_copy_seconds);
   return with;
+}
+
+OffloadJob activations_alone_job(const OffloadJob& job, const std::vector<TensorSpec>& inventory,
+                                 uint64_t activation_bytes) {
+  OffloadJob alone = job;
+  alone.inventory.clear();
+  // The weights give the step its layers and their compute (compute_units); on the GPU for good.
+  uint64_t weights = 0;
+  for (const TensorSpec& spec : inventory) {
+    if (spec.kind != TensorKind::kParameter) continue;
+    alone.inventory.push_back(spec);
+    weights += align_up(spec.bytes(), 256);  // the device pool's rounding
+  }
+  alone.optimizer_on_host = false;
+  alone.fp16_loss_scaling = false;
+  alone.params_resident_on_gpu = true;
+  alone.device_budget_bytes = (weights + job.gpus - 1) / job.gpus;
+  alone.device_budget_given = false;
+  // strata.torch's runtime sizes its pool from the drive (or takes the budget given); the RAM
+  // the plan was given is not handed to it, as it is to NVMe offload's pool.
+  alone.host_budget_bytes.reset();
+  alone.offloaded_activation_bytes = activation_bytes;
+  alone.activations_to_nvme = true;
+  alone.trace = nullptr;
+  return alone;
+}
+
+void add_simulated_activations(const OffloadJob& job, const OffloadEstimate& alone,
+                               OffloadEstimate& e) {
+  // The drives carry the activations only: the simulated bytes (what the pool could not keep is
+  // written and read back) in place of the closed form's most.
+  e.nvme_read_bytes = alone.nvme_read_bytes;
+  e.nvme_write_bytes = alone.nvme_write_bytes;
+  e.nvme_read_by_kind = alone.nvme_read_by_kind;
+  e.nvme_write_by_kind = alone.nvme_write_by_kind;
+  e.nvme_seconds = alone.nvme_seconds;
+  for (ByteItem& item : e.host_breakdown) {
+    if (item.what != kActivationPoolItem) continue;
+    e.host_bytes = e.host_bytes - item.bytes + alone.peak_pinned_bytes;
+    item.what += " (simulated peak)";
+    item.bytes = alone.peak_pinned_bytes;
+  }
+  e.pinned_budget_bytes = alone.pinned_budget_bytes;
+  e.peak_pinned_bytes = alone.peak_pinned_bytes;
+  e.pinned_derivation = alone.pinned_derivation;
+  e.stall_seconds = alone.stall_seconds;
+  e.transfers = alone.transfers;
+  e.activations_alone_step_seconds = alone.step_seconds;
+  set_closed_form_step(job, e);
+  if (alone.step_seconds > e.step_seconds) {
+    e.step_seconds = alone.step_seconds;
+    e.bottleneck = alone.bottleneck;
+  }
 }
 
 }  // namespace strata

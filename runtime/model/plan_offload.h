@@ -114,6 +114,10 @@ struct OffloadEstimate {
   // Activation offload under NVMe offload: the same step simulated without them. The step is at
   // least this plus activation_copy_seconds (simulate_strata_nvme_offload); 0 otherwise.
   double states_only_step_seconds = 0;
+  // Activation offload to NVMe with no or CPU offload of the states (a closed form otherwise):
+  // the step simulated with the activations alone passing through Strata's pinned pool
+  // (activations_alone_job). The step is at least this (add_simulated_activations); 0 otherwise.
+  double activations_alone_step_seconds = 0;
   double step_seconds = 0;
   std::string bottleneck;  // "compute", "pcie", "nvme-read", "nvme-write", "cpu-optimizer"
   // Simulated runs: the budgets the scheduler ran under and the peaks it reached.
@@ -136,9 +140,28 @@ OffloadEstimate estimate_cpu_offload(const OffloadJob& job);
 // micro-batch, and rest in host RAM (pinned) or on NVMe (`to_nvme`: written and read once per
 // micro-batch, the most the runtime's spilling moves). The copies are blocking ones on the
 // compute stream, as the runtime makes them (activation_copy_seconds); the step is the slowest of
-// compute with them, PCIe, the CPU optimizer and the drives.
+// compute with them, PCIe, the CPU optimizer and the drives. To NVMe, host RAM also holds the
+// pinned pool they pass through (the runtime's automatic budget, or --pinned-budget's), and
+// peak_pinned_bytes says how much of host_bytes that is.
 void add_activation_offload(const OffloadJob& job, uint64_t bytes_per_micro_batch, bool to_nvme,
                             OffloadEstimate& e);
+
+// Activation offload to NVMe with no or CPU offload of the states: the closed form above takes
+// the drives' time as overlapped with compute wholly, as if every chunk were back in time. The
+// job whose simulation says how far that holds: the weights of `inventory` resident on the GPU
+// (moved there in the warm-up step, never again), no optimizer states (the GPU's, or CPU
+// offload's, which the closed form keeps), and one micro-batch's `activation_bytes` per GPU
+// through Strata's pinned pool to NVMe, the pool as strata.torch's runtime sizes it (the drive's
+// figure, or --pinned-budget's). simulate_strata_nvme_offload runs it.
+OffloadJob activations_alone_job(const OffloadJob& job, const std::vector<TensorSpec>& inventory,
+                                 uint64_t activation_bytes);
+
+// `e` (add_activation_offload's estimate of `job` with to_nvme) given `alone`, the simulated step
+// of its activations_alone_job: the drives' bytes and time, the pool's peak in host RAM and its
+// derivation are the simulation's, the GPU's stall too; the step is the slower of the closed
+// form's and the simulated one (which leaves out the states' PCIe traffic under CPU offload).
+void add_simulated_activations(const OffloadJob& job, const OffloadEstimate& alone,
+                               OffloadEstimate& e);
 
 // Explicit limit: micro-batches played per simulated step (the scheduler's cost grows with the
 // phases of a step; 70B at 4 micro-batches takes about a second). Beyond it the step is

@@ -25,8 +25,10 @@ json offload_json(const OffloadEstimate& e) {
               {"nvme_write_bytes_per_step", e.nvme_write_bytes},
               {"pcie_h2d_bytes_per_step", e.pcie_h2d_bytes},
               {"pcie_d2h_bytes_per_step", e.pcie_d2h_bytes},
-              {"host_breakdown", breakdown}};
-  if (e.model == "simulated") {
+              {"host_breakdown", breakdown},
+              {"activations_alone_step_seconds", e.activations_alone_step_seconds}};
+  // A closed form with its activations' way to NVMe simulated has the simulated fields too.
+  if (e.model == "simulated" || e.activations_alone_step_seconds > 0) {
     out["stall_seconds"] = e.stall_seconds;
     out["states_only_step_seconds"] = e.states_only_step_seconds;
     out["pinned_budget_bytes"] = e.pinned_budget_bytes;

@@ -3,9 +3,13 @@
 // waits for, and rest in pinned memory or on NVMe, where they count for the drives' time and wear.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <string>
+
 #include "common/align.h"
 #include "model/plan.h"
 #include "model/plan_headroom.h"
+#include "model/plan_offload.h"
 
 namespace strata {
 namespace {
@@ -69,22 +73,100 @@ TEST(ActivationOffload, TheGpuKeepsOneLayersActivationsAndTheRestCrossPcieEachMi
   EXPECT_EQ(plan_of(fits).stages.activation_copy_seconds, 0.0);
 }
 
-TEST(ActivationOffload, ToNvmeTheyAreWrittenAndReadOnceAMicroBatchAndWearTheDrive) {
-  const GpuPlan g = plan_of(qlora_8b_at_8k(ActivationOffload::kNvme));
+// With the states on the GPU (or in RAM) the closed form would take the drive's time as
+// overlapped with compute wholly; the simulated step of the activations alone, through the
+// runtime's drive-sized pinned pool, says how long the GPU waits for them.
+TEST(ActivationOffload, ToNvmeWithTheStatesOnTheGpuTheirWayThroughThePoolIsSimulated) {
+  constexpr auto kActivations = static_cast<size_t>(TensorKind::kActivationCheckpoint);
+  const PlanRequest r = qlora_8b_at_8k(ActivationOffload::kNvme);
+  const GpuPlan g = plan_of(r);
   ASSERT_TRUE(g.fits()) << g.why_not;
+  ASSERT_EQ(g.offload, Offload::kNone);
   const uint64_t moved = g.activations_offloaded_bytes;
   ASSERT_GT(moved, 0u);
-  EXPECT_EQ(g.host_bytes, 0u);  // they pass through the runtime's pinned pool
-  EXPECT_EQ(g.stages.nvme_write_bytes, 2 * moved);
-  EXPECT_EQ(g.stages.nvme_read_bytes, 2 * moved);
-  EXPECT_EQ(g.stages.nvme_write_by_kind[static_cast<size_t>(TensorKind::kActivationCheckpoint)],
-            2 * moved);
+  // Host RAM: the pool they pass through, the runtime's automatic budget (the drive's figure).
+  const uint64_t pool =
+      strata_pinned_sizing(7.0, 4.3, r.assume.optimizer_threads, r.assume.drive_queue_depth)
+          .budget_bytes;
+  EXPECT_EQ(g.stages.pinned_budget_bytes, pool);
+  EXPECT_GT(g.host_bytes, 0u);
+  EXPECT_LE(g.host_bytes, pool);
+  EXPECT_EQ(g.host_bytes, g.stages.peak_pinned_bytes);
+  ASSERT_FALSE(g.stages.pinned_derivation.empty());
+  // What the pool cannot keep is written and read back: at most once a micro-batch (2 here),
+  // every byte the drives move an activation's.
+  EXPECT_GT(g.stages.nvme_write_bytes, moved);
+  EXPECT_LE(g.stages.nvme_write_bytes, 2 * moved);
+  EXPECT_EQ(g.stages.nvme_write_by_kind[kActivations], g.stages.nvme_write_bytes);
+  EXPECT_GT(g.stages.nvme_read_bytes, moved);
+  EXPECT_LE(g.stages.nvme_read_bytes, g.stages.nvme_write_bytes);
+  EXPECT_EQ(g.nvme_wear.write_bytes_per_step, g.stages.nvme_write_bytes);
   EXPECT_EQ(g.nvme_bytes, align_up(moved, kPageSize));
-  // The drive serves one direction at a time: 1 x Gen4 reads 7 and writes 4.3 GB/s.
-  EXPECT_NEAR(g.stages.nvme_seconds, 2.0 * moved / 7e9 + 2.0 * moved / 4.3e9, 1e-9);
-  EXPECT_DOUBLE_EQ(g.step_seconds, g.stages.nvme_seconds);
+  // The drive cannot run ahead of forward's packs or behind backward's unpacks: the GPU waits,
+  // and the step is the simulated one, longer than the drive's busy time the closed form took.
+  EXPECT_GT(g.stages.activations_alone_step_seconds, 0);
+  EXPECT_DOUBLE_EQ(g.step_seconds, g.stages.activations_alone_step_seconds);
+  EXPECT_GT(g.stages.stall_seconds, 0);
+  EXPECT_GT(g.step_seconds, g.stages.nvme_seconds + 0.2 * (g.stages.compute_seconds +
+                                                           g.stages.activation_copy_seconds));
+  EXPECT_GE(g.step_seconds, g.stages.compute_seconds + g.stages.activation_copy_seconds);
   EXPECT_EQ(g.bottleneck, "nvme-write");
-  EXPECT_EQ(g.nvme_wear.write_bytes_per_step, 2 * moved);
+  // A QLoRA's weights resident under NVMe offload move nothing after the warm-up: its simulated
+  // step moves the same activations' bytes.
+  PlanRequest under_nvme = r;
+  under_nvme.offload = Offload::kNvme;
+  const GpuPlan n = plan_of(under_nvme);
+  ASSERT_TRUE(n.params_resident);
+  EXPECT_EQ(n.stages.nvme_write_by_kind[kActivations], g.stages.nvme_write_bytes);
+  EXPECT_NEAR(n.step_seconds, g.step_seconds, 0.01 * g.step_seconds);
+  // A pinned budget given is the pool: a larger one keeps more of them off the drives.
+  PlanRequest larger = r;
+  larger.strata_pinned_budget_bytes = 8 * pool;
+  const GpuPlan l = plan_of(larger);
+  EXPECT_EQ(l.stages.pinned_budget_bytes, 8 * pool);
+  EXPECT_LT(l.stages.nvme_write_bytes, g.stages.nvme_write_bytes);
+  EXPECT_GT(l.host_bytes, g.host_bytes);
+}
+
+// Under CPU offload the states stay in RAM (the closed form's) beside the pool, and the step is
+// the slower of the closed form's and the activations' simulated one.
+TEST(ActivationOffload, ToNvmeUnderCpuOffloadThePoolIsBesideTheStates) {
+  PlanRequest r;
+  r.model = *load_model("llama-2-7b");
+  r.method = FinetuneMethod::kFull;
+  r.seq_len = 8192;
+  r.checkpointing = Checkpointing::kFull;
+  r.activation_offload = ActivationOffload::kNvme;
+  r.offload = Offload::kCpu;
+  r.gpus = {*parse_gpu_choice("h100-sxm")};
+  r.nvme = *parse_nvme("1:gen4");
+  const GpuPlan g = plan_of(r);
+  ASSERT_EQ(g.offload, Offload::kCpu);
+  ASSERT_GT(g.stages.activations_alone_step_seconds, 0);
+  uint64_t states = 0;
+  for (const ByteItem& item : g.stages.host_breakdown) {
+    if (item.what.find("pinned pool") == std::string::npos) states += item.bytes;
+  }
+  EXPECT_GE(states, 12 * g.job.trainable_params);  // fp32 master and Adam m, v at least
+  EXPECT_EQ(g.host_bytes, states + g.stages.peak_pinned_bytes);
+  EXPECT_GE(g.step_seconds, g.stages.activations_alone_step_seconds);
+  EXPECT_GE(g.step_seconds, g.stages.cpu_optimizer_seconds);
+  // Full speed: the states and the activations in RAM, no pool for a drive.
+  EXPECT_EQ(g.host.full_speed_bytes, states + activations_held_bytes(g));
+}
+
+// --trace traces that simulation: the plan's activations bytes in the step the plan simulated.
+TEST(ActivationOffload, ToNvmeWithTheStatesOnTheGpuTheTraceIsTheirSimulatedStep) {
+  const PlanRequest r = qlora_8b_at_8k(ActivationOffload::kNvme);
+  Result<Plan> plan = make_plan(r);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  ASSERT_GT(plan->gpus[0].stages.activations_alone_step_seconds, 0);
+  const std::string path = ::testing::TempDir() + "activations_alone_trace.json";
+  Result<telemetry::TraceStats> traced = write_strata_nvme_trace(*plan, path);
+  ASSERT_TRUE(traced.is_ok()) << traced.status().message();
+  EXPECT_GT(traced->recorded, 0u);
+  EXPECT_EQ(traced->dropped, 0u);
+  std::remove(path.c_str());
 }
 
 TEST(ActivationOffload, UnderFullCheckpointingTheLayerInputsMove) {
