@@ -1116,7 +1116,8 @@ bool same_simulation(const OffloadJob& a, const OffloadJob& b) {
          a.strata_pinned_given.chunk_bytes == b.strata_pinned_given.chunk_bytes &&
          a.strata_pinned_given.buffers == b.strata_pinned_given.buffers &&
          a.strata_pinned_given.sub_group_bytes == b.strata_pinned_given.sub_group_bytes &&
-         a.optimizer_on_host == b.optimizer_on_host && a.warmup_steps == b.warmup_steps &&
+         a.optimizer_on_host == b.optimizer_on_host &&
+         a.weights_in_framework == b.weights_in_framework && a.warmup_steps == b.warmup_steps &&
          a.offloaded_activation_bytes == b.offloaded_activation_bytes &&
          a.activations_to_nvme == b.activations_to_nvme;
 }

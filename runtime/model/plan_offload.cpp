@@ -148,6 +148,7 @@ Result<sched::SimulationResult> simulate_step(const OffloadJob& job, const Strat
   // Strata's optimizer runs after backward, with the global clipping that measures every
   // gradient as backward finishes it (ZeRO-Infinity's layout has no pieces: no such groups).
   config.step.measure_gradients = true;
+  config.step.weights_in_framework = job.weights_in_framework;
   config.trace = trace;
   return sched::simulate(layout.inventory, config);
 }
@@ -516,17 +517,16 @@ OffloadJob activations_alone_job(const OffloadJob& job, const std::vector<Tensor
                                  uint64_t activation_bytes) {
   OffloadJob alone = job;
   alone.inventory.clear();
-  // The weights give the step its layers and their compute (compute_units); on the GPU for good.
-  uint64_t weights = 0;
+  // The weights give the step its layers and their compute (compute_units); the framework holds
+  // them, so nothing of Strata's is on the device.
   for (const TensorSpec& spec : inventory) {
-    if (spec.kind != TensorKind::kParameter) continue;
-    alone.inventory.push_back(spec);
-    weights += align_up(spec.bytes(), 256);  // the device pool's rounding
+    if (spec.kind == TensorKind::kParameter) alone.inventory.push_back(spec);
   }
+  alone.weights_in_framework = true;
   alone.optimizer_on_host = false;
   alone.fp16_loss_scaling = false;
   alone.params_resident_on_gpu = true;
-  alone.device_budget_bytes = (weights + job.gpus - 1) / job.gpus;
+  alone.device_budget_bytes = kPageSize;  // the memory plan's device pool, never used
   alone.device_budget_given = false;
   // strata.torch's runtime sizes its pool from the drive (or takes the budget given); the RAM
   // the plan was given is not handed to it, as it is to NVMe offload's pool.

@@ -76,6 +76,9 @@ struct OffloadJob {
   // (strata.torch's activations="nvme") or rest in it (activations="pinned").
   uint64_t offloaded_activation_bytes = 0;
   bool activations_to_nvme = false;
+  // activations_alone_job's: the framework holds the weights (and any optimizer) itself, and
+  // the simulated step moves the activations only (TrainingStepOptions::weights_in_framework).
+  bool weights_in_framework = false;
   // Where the simulation records its transfers, waits and compute (SimulationConfig::trace; not
   // owned, not part of what same_simulation compares): set only by write_strata_nvme_trace.
   telemetry::TraceRecorder* trace = nullptr;
@@ -148,11 +151,12 @@ void add_activation_offload(const OffloadJob& job, uint64_t bytes_per_micro_batc
 
 // Activation offload to NVMe with no or CPU offload of the states: the closed form above takes
 // the drives' time as overlapped with compute wholly, as if every chunk were back in time. The
-// job whose simulation says how far that holds: the weights of `inventory` resident on the GPU
-// (moved there in the warm-up step, never again), no optimizer states (the GPU's, or CPU
-// offload's, which the closed form keeps), and one micro-batch's `activation_bytes` per GPU
-// through Strata's pinned pool to NVMe, the pool as strata.torch's runtime sizes it (the drive's
-// figure, or --pinned-budget's). simulate_strata_nvme_offload runs it.
+// job whose simulation says how far that holds: the weights of `inventory` held by the framework
+// (they give the step its layers and compute; Strata never moves them), no optimizer states
+// (the GPU's, or CPU offload's, which the closed form keeps), and one micro-batch's
+// `activation_bytes` per GPU through Strata's pinned pool to NVMe, the pool as strata.torch's
+// runtime sizes it (the drive's figure, or --pinned-budget's). simulate_strata_nvme_offload
+// runs it.
 OffloadJob activations_alone_job(const OffloadJob& job, const std::vector<TensorSpec>& inventory,
                                  uint64_t activation_bytes);
 

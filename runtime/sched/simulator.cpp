@@ -172,8 +172,14 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
   STRATA_ASSIGN_OR_RETURN(TrainingStep planned,
                           plan_training_step(inventory, handles, config.step));
   const TrainingStep step = with_micro_batches(std::move(planned), config.micro_batches);
-  STRATA_ASSIGN_OR_RETURN(AccessSchedule schedule, schedule_of(step));
-  STRATA_TRY(scheduler.declare_schedule(std::move(schedule)));
+  // A step whose only tensors are offloaded activations (weights_in_framework) declares none, as
+  // strata.torch declares no schedule for them.
+  const bool any_access = std::any_of(step.phases.begin(), step.phases.end(),
+                                      [](const StepPhase& p) { return !p.accesses.empty(); });
+  if (any_access) {
+    STRATA_ASSIGN_OR_RETURN(AccessSchedule schedule, schedule_of(step));
+    STRATA_TRY(scheduler.declare_schedule(std::move(schedule)));
+  }
 
   const MemoryPlan& plan = config.memory;
   const DeviceModel& model = config.device;

@@ -111,14 +111,24 @@ TEST(ActivationOffload, ToNvmeWithTheStatesOnTheGpuTheirWayThroughThePoolIsSimul
                                                            g.stages.activation_copy_seconds));
   EXPECT_GE(g.step_seconds, g.stages.compute_seconds + g.stages.activation_copy_seconds);
   EXPECT_EQ(g.bottleneck, "nvme-write");
-  // A QLoRA's weights resident under NVMe offload move nothing after the warm-up: its simulated
-  // step moves the same activations' bytes.
+  // A QLoRA's weights resident under NVMe offload move nothing after the warm-up: that simulated
+  // step moves about the same activations' bytes in about the same time (its scheduler also
+  // has the weights' declared schedule and their NVMe home).
   PlanRequest under_nvme = r;
   under_nvme.offload = Offload::kNvme;
   const GpuPlan n = plan_of(under_nvme);
   ASSERT_TRUE(n.params_resident);
-  EXPECT_EQ(n.stages.nvme_write_by_kind[kActivations], g.stages.nvme_write_bytes);
-  EXPECT_NEAR(n.step_seconds, g.step_seconds, 0.01 * g.step_seconds);
+  EXPECT_NEAR(static_cast<double>(n.stages.nvme_write_by_kind[kActivations]),
+              static_cast<double>(g.stages.nvme_write_bytes), 0.02 * g.stages.nvme_write_bytes);
+  EXPECT_NEAR(n.step_seconds, g.step_seconds, 0.02 * g.step_seconds);
+  // Strata never holds the weights: a pool far smaller than any of them still carries the
+  // activations (in chunks of an eighth of it), slower.
+  PlanRequest small = r;
+  small.strata_pinned_budget_bytes = uint64_t{1} << 20;
+  const GpuPlan s = plan_of(small);
+  ASSERT_TRUE(s.fits()) << s.why_not;
+  EXPECT_LE(s.host_bytes, uint64_t{1} << 20);
+  EXPECT_GT(s.step_seconds, g.step_seconds);
   // A pinned budget given is the pool: a larger one keeps more of them off the drives.
   PlanRequest larger = r;
   larger.strata_pinned_budget_bytes = 8 * pool;

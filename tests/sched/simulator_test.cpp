@@ -585,6 +585,65 @@ TEST(TrainingStepOrder,
 constexpr uint64_t kActivationChunk = uint64_t{16} << 20;
 constexpr uint64_t kActivationBytes = 7 * 8 * kActivationChunk;
 
+// strata.torch with the states on the GPU: the framework holds the weights and runs the
+// optimizer; Strata has the offloaded activations only, and the step names nothing else.
+TEST(TrainingStepOrder, WithTheWeightsInTheFrameworkOnlyTheActivationChunksMove) {
+  const auto inventory = with_activation_chunks(small_model(), 8, 3, 1 << 20);
+  const std::vector<TensorHandle> handles = handles_for(inventory);
+  TrainingStepOptions options;
+  options.measure_gradients = true;
+  Result<TrainingStep> usual = plan_training_step(inventory, handles, options);
+  options.weights_in_framework = true;
+  Result<TrainingStep> step = plan_training_step(inventory, handles, options);
+  ASSERT_TRUE(usual.is_ok() && step.is_ok()) << step.status().message();
+  size_t packs = 0, unpacks = 0, forward = 0, backward = 0;
+  double units = 0, usual_units = 0;
+  for (const StepPhase& phase : step->phases) {
+    EXPECT_TRUE(phase.accesses.empty()) << to_string(phase.key.kind) << " " << phase.key.layer;
+    EXPECT_TRUE(phase.compute == ComputeKind::kForward || phase.compute == ComputeKind::kBackward);
+    forward += phase.compute == ComputeKind::kForward;
+    backward += phase.compute == ComputeKind::kBackward;
+    packs += phase.packs.size();
+    unpacks += phase.unpacks.size();
+    units += phase.compute_units;
+  }
+  for (const StepPhase& phase : usual->phases) {
+    if (phase.compute == ComputeKind::kForward || phase.compute == ComputeKind::kBackward) {
+      usual_units += phase.compute_units;
+    }
+  }
+  // Every forward and backward phase, with the compute they have with the weights in Strata.
+  EXPECT_EQ(forward, 10u);  // pre, 8 layers, post
+  EXPECT_EQ(backward, 10u);
+  EXPECT_DOUBLE_EQ(units, usual_units);
+  EXPECT_EQ(packs, 7u * 3);
+  EXPECT_EQ(unpacks, 7u * 3);
+}
+
+TEST(Simulator, WithTheWeightsInTheFrameworkOnlyTheActivationsReachTheDrives) {
+  Watchdog watchdog(60);
+  SimulationConfig config = small_config();
+  config.step.weights_in_framework = true;
+  // A pool far smaller than the model's weights: it holds activation chunks only.
+  config.memory = strata_memory_plan(16 * kActivationChunk, kPageSize);
+  Result<SimulationResult> r =
+      simulate(with_activation_chunks(small_model(), 8, 8, kActivationChunk), config);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  const int kind = static_cast<int>(TensorKind::kActivationCheckpoint);
+  const uint64_t written = r->link_bytes[static_cast<int>(Link::kNvmeWrite)];
+  const uint64_t read = r->link_bytes[static_cast<int>(Link::kNvmeRead)];
+  EXPECT_EQ(r->nvme_written_by_kind[kind], written);
+  EXPECT_EQ(r->nvme_read_by_kind[kind], read);
+  EXPECT_GT(written, kActivationBytes / 2);  // 56 chunks through a pool of 16: most spill
+  EXPECT_LT(written, kActivationBytes);
+  EXPECT_LE(read, written);
+  EXPECT_EQ(r->peak_device_bytes, 0u);
+  EXPECT_LE(r->peak_pinned_bytes, 16 * kActivationChunk);
+  // Out and back over the links, nothing else.
+  EXPECT_EQ(r->link_bytes[static_cast<int>(Link::kDeviceToHost)], kActivationBytes);
+  EXPECT_EQ(r->link_bytes[static_cast<int>(Link::kHostToDevice)], kActivationBytes);
+}
+
 Result<SimulationResult> simulate_with_activations(bool in_nvme, uint64_t pinned_budget,
                                                    bool saved) {
   SimulationConfig config = small_config();
