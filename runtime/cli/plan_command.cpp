@@ -217,7 +217,10 @@ void print_host(const Plan& plan, const GpuPlan& p) {
         "                 with Strata's pinned pool the offloaded activations pass through to "
         "NVMe (%s: %s)\n",
         format_bytes(p.stages.pinned_budget_bytes).c_str(),
-        r.strata_pinned_budget_bytes ? "--pinned-budget's" : "its automatic budget, the drive's");
+        r.strata_pinned_budget_bytes ? "--pinned-budget's"
+        : p.stages.pinned_budget_from_ram
+            ? "what the RAM given leaves beside the states: the pinned budget to set"
+            : "its automatic budget, the drive's");
   }
   // NVMe offload, or activations to NVMe with the states elsewhere: the pool's derivation.
   for (const std::string& line : p.stages.pinned_derivation) {

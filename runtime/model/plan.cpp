@@ -977,6 +977,13 @@ bool simulates_activations_alone(const PlanRequest& r, const GpuPlan& plan) {
          plan.activations_offloaded_bytes != 0;
 }
 
+// That job for `plan`: the states the closed form keeps in RAM are its host bytes less the pool
+// (add_activation_offload's budget, or once simulated the peak in its place).
+OffloadJob activations_alone_job(const GpuPlan& plan, const std::vector<TensorSpec>& inventory) {
+  return activations_alone_job(plan.job, inventory, plan.activations_offloaded_bytes,
+                               plan.stages.host_bytes - plan.stages.peak_pinned_bytes);
+}
+
 // NVMe offload chosen by default (no --offload): what CPU offload, with the RAM it needs, would
 // give instead. Unset when CPU offload does not fit the GPU either. With activations to NVMe
 // their way is simulated, as for the rows (simulates_activations_alone), here and now.
@@ -989,8 +996,7 @@ Result<std::optional<RamUpgrade>> more_ram_option(const PlanRequest& r, const Mo
   if (simulates_activations_alone(r, cpu)) {
     STRATA_ASSIGN_OR_RETURN(
         OffloadEstimate alone,
-        simulate_strata_nvme_offload(
-            activations_alone_job(cpu.job, inventory, cpu.activations_offloaded_bytes), nullptr),
+        simulate_strata_nvme_offload(activations_alone_job(cpu, inventory), nullptr),
         "simulating the activations' way to NVMe under CPU offload");
     add_simulated_activations(cpu.job, alone, cpu.stages);
   }
@@ -1117,7 +1123,7 @@ bool same_simulation(const OffloadJob& a, const OffloadJob& b) {
          a.strata_pinned_given.buffers == b.strata_pinned_given.buffers &&
          a.strata_pinned_given.sub_group_bytes == b.strata_pinned_given.sub_group_bytes &&
          a.optimizer_on_host == b.optimizer_on_host &&
-         a.weights_in_framework == b.weights_in_framework && a.warmup_steps == b.warmup_steps &&
+         a.params_home_on_device == b.params_home_on_device && a.warmup_steps == b.warmup_steps &&
          a.offloaded_activation_bytes == b.offloaded_activation_bytes &&
          a.activations_to_nvme == b.activations_to_nvme;
 }
@@ -1220,7 +1226,7 @@ Result<GpuPlansUnderway> start_gpu_plans(const PlanRequest& given, SimulationPoo
     const GpuPlan& g = plan.gpus[i];
     if (!simulates_activations_alone(request, g)) continue;
     underway.activations_alone.push_back(i);
-    jobs.push_back(activations_alone_job(g.job, inventory, g.activations_offloaded_bytes));
+    jobs.push_back(activations_alone_job(g, inventory));
   }
   underway.plan = std::move(plan);
   underway.inventory = inventory;
@@ -1423,7 +1429,7 @@ Result<telemetry::TraceStats> write_strata_nvme_trace(const Plan& plan, const st
       alone || (p.offload == Offload::kNvme && p.job.offloaded_activation_bytes != 0);
   OffloadJob job = own_step ? p.job : states_nvme_job(plan.request, plan.states, p);
   job.inventory = offload_inventory(plan.request);
-  if (alone) job = activations_alone_job(p.job, job.inventory, p.activations_offloaded_bytes);
+  if (alone) job = activations_alone_job(p, job.inventory);
   // Room for every event, allocated up front (96 bytes each): the plan's simulation counted
   // its transfers (a streamed one is a span on each of its two links), and each phase adds at
   // most a wait and a compute span, fewer than the transfers that feed it. What did not fit

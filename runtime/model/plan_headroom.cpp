@@ -15,10 +15,18 @@ uint64_t recommended_host_bytes(uint64_t job_bytes, const HostHeadroom& headroom
 }
 
 uint64_t usable_host_bytes(uint64_t host_ram_bytes, const HostHeadroom& headroom) {
-  if (host_ram_bytes <= headroom.reserve_bytes) return 0;
+  // The recommended figure is whole MiB: a RAM that is not would otherwise leave a pool whose
+  // recommendation, rounded up, passes it by a fraction of a MiB (and the plan not fit).
+  const uint64_t whole = align_down(host_ram_bytes, uint64_t{1} << 20);
+  if (whole <= headroom.reserve_bytes) return 0;
   const double usable =
-      static_cast<double>(host_ram_bytes - headroom.reserve_bytes) / (1 + headroom.fraction);
-  return align_down(static_cast<uint64_t>(usable), kPageSize);
+      static_cast<double>(whole - headroom.reserve_bytes) / (1 + headroom.fraction);
+  uint64_t pool = align_down(static_cast<uint64_t>(usable), kPageSize);
+  // The division's rounding can leave it a page over.
+  while (pool >= kPageSize && recommended_host_bytes(pool, headroom) > host_ram_bytes) {
+    pool -= kPageSize;
+  }
+  return pool;
 }
 
 }  // namespace strata

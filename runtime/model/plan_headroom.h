@@ -18,7 +18,8 @@ struct HostHeadroom {
 uint64_t recommended_host_bytes(uint64_t job_bytes, const HostHeadroom& headroom);
 
 // The inverse: how much of `host_ram_bytes` the job's states may take, (RAM - reserve) /
-// (1 + fraction), rounded down to 4 KiB; 0 when the reserve alone does not fit.
+// (1 + fraction) with the RAM in whole MiB, rounded down to 4 KiB: the most whose
+// recommended_host_bytes is at most the RAM; 0 when the reserve alone does not fit.
 uint64_t usable_host_bytes(uint64_t host_ram_bytes, const HostHeadroom& headroom);
 
 // A plan's host RAM, as `strata plan` reports it.

@@ -148,7 +148,6 @@ Result<sched::SimulationResult> simulate_step(const OffloadJob& job, const Strat
   // Strata's optimizer runs after backward, with the global clipping that measures every
   // gradient as backward finishes it (ZeRO-Infinity's layout has no pieces: no such groups).
   config.step.measure_gradients = true;
-  config.step.weights_in_framework = job.weights_in_framework;
   config.trace = trace;
   return sched::simulate(layout.inventory, config);
 }
@@ -167,6 +166,11 @@ Result<OffloadEstimate> run_simulation(const OffloadJob& job, const StrataLayout
     } else if (status.code() == STRATA_E_PINNED_BUDGET && job.strata_pinned_bytes) {
       context += " in the pinned budget --pinned-budget gives (" +
                  format_bytes(*job.strata_pinned_bytes) + ": raise it)";
+    } else if (status.code() == STRATA_E_LIMIT && job.strata_pinned_bytes) {
+      // A tiny budget makes tiny optimizer sub-groups, each an access of the schedule.
+      context += " in the pinned budget --pinned-budget gives (" +
+                 format_bytes(*job.strata_pinned_bytes) +
+                 ": its sub-groups are too small for the step's explicit limits; raise it)";
     }
     return std::move(status).with_context(context);
   };
@@ -315,6 +319,9 @@ OffloadEstimate estimate_cpu_offload(const OffloadJob& job) {
 namespace {
 
 constexpr const char* kActivationPoolItem = "pinned pool the activations pass through to NVMe";
+// The share of a simulated step spent waiting for activation chunks from which the drive, not
+// compute, is named as what bounds it (add_simulated_activations).
+constexpr double kDriveBoundStallShare = 0.05;
 
 // The pool strata.torch's runtime has for activations on their way to NVMe when nothing else is
 // in it: the budget given (whole pages), else the automatic one, sized from the drive.
@@ -327,15 +334,20 @@ uint64_t activation_pool_budget(const OffloadJob& job) {
       .budget_bytes;
 }
 
+// Whether the drives spend longer writing than reading e's bytes.
+bool writes_longer(const OffloadJob& job, const OffloadEstimate& e) {
+  return seconds(e.nvme_write_bytes, job.nvme_write_gbps) >
+         seconds(e.nvme_read_bytes, job.nvme_read_gbps);
+}
+
 // A closed form's step with activation offload: the slowest of compute with the copies on its
 // stream, PCIe, the CPU optimizer and the drives (one resource, named by its busier direction).
 void set_closed_form_step(const OffloadJob& job, OffloadEstimate& e) {
-  const bool writes_longer = seconds(e.nvme_write_bytes, job.nvme_write_gbps) >
-                             seconds(e.nvme_read_bytes, job.nvme_read_gbps);
-  auto [step, name] = slowest({{e.compute_seconds + e.activation_copy_seconds, "compute"},
-                               {e.pcie_seconds, "pcie"},
-                               {e.cpu_optimizer_seconds, "cpu-optimizer"},
-                               {e.nvme_seconds, writes_longer ? "nvme-write" : "nvme-read"}});
+  auto [step, name] =
+      slowest({{e.compute_seconds + e.activation_copy_seconds, "compute"},
+               {e.pcie_seconds, "pcie"},
+               {e.cpu_optimizer_seconds, "cpu-optimizer"},
+               {e.nvme_seconds, writes_longer(job, e) ? "nvme-write" : "nvme-read"}});
   e.step_seconds = step;
   e.bottleneck = name;
 }
@@ -427,14 +439,19 @@ Result<OffloadEstimate> simulate_strata_step(const OffloadJob& job, SimulationPo
   // The RAM given to the pool, when more than that: more states cached across steps. Either
   // budget set exactly is spent by the runtime's rules for one (sched/pinned_sizing.h).
   uint64_t exact = job.strata_pinned_bytes.value_or(0);
-  const bool from_ram =
-      exact == 0 && job.host_budget_bytes && *job.host_budget_bytes > sizing.budget_bytes;
+  // (Activations alone take what the RAM leaves however little: they need no drive-sized pool,
+  // and a pool the RAM cannot hold would not fit.)
+  const bool from_ram = exact == 0 && job.host_budget_bytes &&
+                        (*job.host_budget_bytes > sizing.budget_bytes || job.params_home_on_device);
   if (from_ram) exact = *job.host_budget_bytes;
   if (exact != 0) exact = std::max(align_down(exact, kPageSize), kPageSize);
   const sched::PinnedSplitGiven given =
       job.strata_pinned_bytes ? job.strata_pinned_given : sched::PinnedSplitGiven{};
   sched::PinnedSplit split = sched::split_pinned_budget(
-      sizing, exact, given, from_ram ? "from the host RAM the job may use" : "as given");
+      sizing, exact, given,
+      !from_ram                   ? "as given"
+      : job.params_home_on_device ? "from the host RAM the job may use beside the states"
+                                  : "from the host RAM the job may use");
   // Offloaded activations go through the pinned pool in strata.torch's chunks of it. Kept there
   // (activations="pinned"), they rest beside the states. Unless the plan was given a pinned
   // budget, the pool is the least that holds them beside the drive's figure where the automatic
@@ -467,6 +484,8 @@ Result<OffloadEstimate> simulate_strata_step(const OffloadJob& job, SimulationPo
   sched::MemoryPlan memory = sched::strata_memory_plan(
       split.budget_bytes, job.device_budget_bytes * job.gpus, split.staging_bytes);
   if (kept) memory.pinned_home_kinds |= sched::kind_bit(TensorKind::kActivationCheckpoint);
+  if (job.params_home_on_device)
+    memory.device_home_kinds |= sched::kind_bit(TensorKind::kParameter);
   Result<OffloadEstimate> simulated = run_simulation(job, layout, memory, split.budget_bytes, pool);
   if (!simulated) {
     Status status = std::move(simulated).take_status();
@@ -478,6 +497,7 @@ Result<OffloadEstimate> simulate_strata_step(const OffloadJob& job, SimulationPo
     return status;
   }
   OffloadEstimate& e = *simulated;
+  e.pinned_budget_from_ram = from_ram;
   if (job.activations_to_nvme) {
     // Space for one micro-batch's, at most (what the pool keeps is not written).
     e.nvme_bytes += activation_footprint;
@@ -514,23 +534,29 @@ Result<OffloadEstimate> simulate_strata_nvme_offload(const OffloadJob& job, Simu
 }
 
 OffloadJob activations_alone_job(const OffloadJob& job, const std::vector<TensorSpec>& inventory,
-                                 uint64_t activation_bytes) {
+                                 uint64_t activation_bytes, uint64_t states_host_bytes) {
   OffloadJob alone = job;
   alone.inventory.clear();
-  // The weights give the step its layers and their compute (compute_units); the framework holds
-  // them, so nothing of Strata's is on the device.
+  // The weights give the step its layers, their compute (compute_units) and its schedule; they
+  // rest in the device pool, whole.
+  uint64_t weights = 0;
   for (const TensorSpec& spec : inventory) {
-    if (spec.kind == TensorKind::kParameter) alone.inventory.push_back(spec);
+    if (spec.kind != TensorKind::kParameter) continue;
+    alone.inventory.push_back(spec);
+    weights += align_up(spec.bytes(), 256);  // the device pool's rounding
   }
-  alone.weights_in_framework = true;
+  alone.params_home_on_device = true;
   alone.optimizer_on_host = false;
   alone.fp16_loss_scaling = false;
   alone.params_resident_on_gpu = true;
-  alone.device_budget_bytes = kPageSize;  // the memory plan's device pool, never used
+  alone.device_budget_bytes = (weights + job.gpus - 1) / job.gpus;
   alone.device_budget_given = false;
-  // strata.torch's runtime sizes its pool from the drive (or takes the budget given); the RAM
-  // the plan was given is not handed to it, as it is to NVMe offload's pool.
+  // The RAM left beside the states, for simulate_strata_step to give the pool when that is more
+  // than the drive's figure (a budget to set: the runtime's automatic one knows the drive only).
   alone.host_budget_bytes.reset();
+  if (job.host_budget_bytes && *job.host_budget_bytes > states_host_bytes) {
+    alone.host_budget_bytes = *job.host_budget_bytes - states_host_bytes;
+  }
   alone.offloaded_activation_bytes = activation_bytes;
   alone.activations_to_nvme = true;
   alone.trace = nullptr;
@@ -555,13 +581,20 @@ void add_simulated_activations(const OffloadJob& job, const OffloadEstimate& alo
   e.pinned_budget_bytes = alone.pinned_budget_bytes;
   e.peak_pinned_bytes = alone.peak_pinned_bytes;
   e.pinned_derivation = alone.pinned_derivation;
+  e.pinned_budget_from_ram = alone.pinned_budget_from_ram;
   e.stall_seconds = alone.stall_seconds;
   e.transfers = alone.transfers;
   e.activations_alone_step_seconds = alone.step_seconds;
+  e.model = "analytic, activations simulated";
   set_closed_form_step(job, e);
   if (alone.step_seconds > e.step_seconds) {
     e.step_seconds = alone.step_seconds;
-    e.bottleneck = alone.bottleneck;
+    // The GPU waits only for chunks there (read back, or room made by writing others out): where
+    // that waiting is a twentieth of the step or more, the drive bounds it, though compute and
+    // the copies kept their stream busier (the simulation's busiest resource).
+    const bool drive_bound = alone.stall_seconds >= kDriveBoundStallShare * alone.step_seconds;
+    e.bottleneck =
+        drive_bound ? (writes_longer(job, e) ? "nvme-write" : "nvme-read") : alone.bottleneck;
   }
 }
 

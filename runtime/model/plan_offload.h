@@ -76,9 +76,10 @@ struct OffloadJob {
   // (strata.torch's activations="nvme") or rest in it (activations="pinned").
   uint64_t offloaded_activation_bytes = 0;
   bool activations_to_nvme = false;
-  // activations_alone_job's: the framework holds the weights (and any optimizer) itself, and
-  // the simulated step moves the activations only (TrainingStepOptions::weights_in_framework).
-  bool weights_in_framework = false;
+  // activations_alone_job's: the weights rest on the device for good (strata.torch's
+  // param_home="device"; MemoryPlan::device_home_kinds), so the simulated step moves the
+  // activations only.
+  bool params_home_on_device = false;
   // Where the simulation records its transfers, waits and compute (SimulationConfig::trace; not
   // owned, not part of what same_simulation compares): set only by write_strata_nvme_trace.
   telemetry::TraceRecorder* trace = nullptr;
@@ -91,10 +92,12 @@ struct ByteItem {
 };
 
 struct OffloadEstimate {
-  std::string policy;              // "cpu", "strata", or a DeepSpeed configuration's name
-  std::string model = "analytic";  // "analytic" (closed form) or "simulated" (sched::simulate)
-  uint64_t host_bytes = 0;         // peak host RAM the policy uses
-  uint64_t nvme_bytes = 0;         // NVMe space the policy uses
+  std::string policy;  // "cpu", "strata", or a DeepSpeed configuration's name
+  // "analytic" (closed form), "simulated" (sched::simulate), or "analytic, activations
+  // simulated" (add_simulated_activations).
+  std::string model = "analytic";
+  uint64_t host_bytes = 0;  // peak host RAM the policy uses
+  uint64_t nvme_bytes = 0;  // NVMe space the policy uses
   std::vector<ByteItem> host_breakdown;
   // Per optimizer step.
   uint64_t pcie_h2d_bytes = 0;  // per GPU
@@ -129,8 +132,11 @@ struct OffloadEstimate {
   uint64_t peak_pinned_bytes = 0;
   uint64_t peak_device_bytes = 0;  // all GPUs
   uint64_t transfers = 0;          // simulated, warm-up steps included
-  // Strata: how its pinned budget was chosen, one line per figure (sched::PinnedSizing's).
+  // Strata: how its pinned budget was chosen, one line per figure (sched::PinnedSizing's), and
+  // whether it is the RAM given (what the headroom leaves of --host-ram, beside the states where
+  // the closed form keeps them in RAM) rather than the automatic or --pinned-budget's.
   std::vector<std::string> pinned_derivation;
+  bool pinned_budget_from_ram = false;
 };
 
 // CPU offload (no NVMe): states in host RAM, exact size; PCIe and CPU Adam overlap compute.
@@ -151,14 +157,16 @@ void add_activation_offload(const OffloadJob& job, uint64_t bytes_per_micro_batc
 
 // Activation offload to NVMe with no or CPU offload of the states: the closed form above takes
 // the drives' time as overlapped with compute wholly, as if every chunk were back in time. The
-// job whose simulation says how far that holds: the weights of `inventory` held by the framework
-// (they give the step its layers and compute; Strata never moves them), no optimizer states
-// (the GPU's, or CPU offload's, which the closed form keeps), and one micro-batch's
-// `activation_bytes` per GPU through Strata's pinned pool to NVMe, the pool as strata.torch's
-// runtime sizes it (the drive's figure, or --pinned-budget's). simulate_strata_nvme_offload
-// runs it.
+// job whose simulation says how far that holds, as strata.torch runs it with param_home="device":
+// the weights of `inventory` at home on the device (they give the step its layers, compute and
+// declared schedule; they never move), no optimizer states (the GPU's, or CPU offload's, which
+// the closed form keeps), and one micro-batch's `activation_bytes` per GPU through Strata's
+// pinned pool to NVMe. The pool: --pinned-budget's; else what the RAM given leaves beside the
+// states the closed form keeps in RAM (`states_host_bytes`: the budget to set, as NVMe offload's
+// pool takes the RAM given); else the runtime's automatic budget, the drive's figure.
+// simulate_strata_nvme_offload runs it.
 OffloadJob activations_alone_job(const OffloadJob& job, const std::vector<TensorSpec>& inventory,
-                                 uint64_t activation_bytes);
+                                 uint64_t activation_bytes, uint64_t states_host_bytes);
 
 // `e` (add_activation_offload's estimate of `job` with to_nvme) given `alone`, the simulated step
 // of its activations_alone_job: the drives' bytes and time, the pool's peak in host RAM and its

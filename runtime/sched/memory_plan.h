@@ -47,6 +47,10 @@ struct MemoryPlan {
   // Kinds that rest in pinned memory for good (registered with home = pinned): ZeRO-Infinity's
   // flat gradient buffer. Bits of kind_bit.
   uint32_t pinned_home_kinds = 0;
+  // Kinds that rest on the device for good (registered with home = device): strata.torch's
+  // param_home="device", the weights of a job that offloads only its activations. Materialized
+  // there before the first step (the framework wrote them at registration); they never move.
+  uint32_t device_home_kinds = 0;
   // Pinned memory the backend holds from start to end for streamed device transfers
   // (TierBackend::stream_to_device / stream_to_nvme), outside the pools; counted in the pinned
   // tier as kind other. 0: no streaming: device data moves through a pinned buffer of its own

@@ -162,24 +162,32 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
     // The sub-grouped optimizer's pieces live in pinned memory for the whole run.
     const bool piece = spec.kind == TensorKind::kOther && spec.name.rfind("optimizer#", 0) == 0;
     const bool pinned_home = piece || (config.memory.pinned_home_kinds & kind_bit(spec.kind)) != 0;
-    options.home = pinned_home ? Tier::kPinned : Tier::kNvme;
+    const bool device_home = (config.memory.device_home_kinds & kind_bit(spec.kind)) != 0;
+    options.home = pinned_home ? Tier::kPinned : device_home ? Tier::kDevice : Tier::kNvme;
     options.contents_on_nvme = spec.kind != TensorKind::kGradient &&
-                               spec.kind != TensorKind::kActivationCheckpoint && !pinned_home;
+                               spec.kind != TensorKind::kActivationCheckpoint && !pinned_home &&
+                               !device_home;
     STRATA_ASSIGN_OR_RETURN(TensorHandle handle, scheduler.register_tensor(spec, options),
                             "simulate");
     handles.push_back(handle);
+    if (device_home) {
+      // Written where it rests, as the framework writes it at registration: no transfer.
+      STRATA_ASSIGN_OR_RETURN(AcquireAttempt written,
+                              scheduler.try_acquire(handle, Tier::kDevice, AccessMode::kOverwrite),
+                              "simulate, placing '" + spec.name + "' on the device");
+      if (written.state != AcquireState::kReady) {
+        return Status::error(STRATA_E_DEVICE_BUDGET,
+                             "simulate: '" + spec.name + "' rests on the device, whose pool has " +
+                                 "no room for it beside the tensors placed there before it");
+      }
+      STRATA_TRY(scheduler.release(handle, /*dirty=*/true, nullptr), "simulate");
+    }
   }
   STRATA_ASSIGN_OR_RETURN(TrainingStep planned,
                           plan_training_step(inventory, handles, config.step));
   const TrainingStep step = with_micro_batches(std::move(planned), config.micro_batches);
-  // A step whose only tensors are offloaded activations (weights_in_framework) declares none, as
-  // strata.torch declares no schedule for them.
-  const bool any_access = std::any_of(step.phases.begin(), step.phases.end(),
-                                      [](const StepPhase& p) { return !p.accesses.empty(); });
-  if (any_access) {
-    STRATA_ASSIGN_OR_RETURN(AccessSchedule schedule, schedule_of(step));
-    STRATA_TRY(scheduler.declare_schedule(std::move(schedule)));
-  }
+  STRATA_ASSIGN_OR_RETURN(AccessSchedule schedule, schedule_of(step));
+  STRATA_TRY(scheduler.declare_schedule(std::move(schedule)));
 
   const MemoryPlan& plan = config.memory;
   const DeviceModel& model = config.device;
@@ -446,14 +454,6 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
         config.trace->record_span(telemetry::kTrackWait, phase_label(phase.key), us(phase_start),
                                   us(backend.now()));
       }
-      // Backward's saved activations come back before it computes, each hinting the next.
-      for (size_t k = 0; k < phase.unpacks.size(); ++k) {
-        const TensorHandle next =
-            k + 1 < phase.unpacks.size() ? phase.unpacks[k + 1] : next_unpack[index];
-        if (next.generation != 0) STRATA_TRY(scheduler.prefetch(next, Tier::kPinned));
-        STRATA_TRY(move_saved(phase, phase.unpacks[k], false));
-      }
-
       double seconds = 0;
       Resource resource = Resource::kCompute;
       switch (phase.compute) {
@@ -475,21 +475,47 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
           break;
       }
       if (measuring) busy[static_cast<int>(resource)] += seconds;
-      if (config.trace != nullptr && seconds > 0) {
-        // A measurement by the name `strata bench finetune --trace` gives it.
-        const std::string label = phase.compute == ComputeKind::kGradientScan
-                                      ? "grad ready " + std::to_string(phase.key.layer)
-                                      : phase_label(phase.key);
-        config.trace->record_span(
-            resource == Resource::kCompute ? telemetry::kTrackCompute : telemetry::kTrackOptimizer,
-            label, us(backend.now()), us(backend.now() + seconds));
+      // A measurement by the name `strata bench finetune --trace` gives it.
+      const std::string label = phase.compute == ComputeKind::kGradientScan
+                                    ? "grad ready " + std::to_string(phase.key.layer)
+                                    : phase_label(phase.key);
+      const auto compute_for = [&](double part) -> Status {
+        if (config.trace != nullptr && part > 0) {
+          config.trace->record_span(resource == Resource::kCompute ? telemetry::kTrackCompute
+                                                                   : telemetry::kTrackOptimizer,
+                                    label, us(backend.now()), us(backend.now() + part));
+        }
+        // While it computes, the loader takes each state as its read completes, as the
+        // runtime's thread does.
+        const double computed = backend.now() + part;
+        while (loaded && backend.deliver_next_before(computed)) STRATA_TRY(poll());
+        backend.run_until(computed);
+        return poll();
+      };
+      if (phase.packs.empty() && phase.unpacks.empty()) {
+        STRATA_TRY(compute_for(seconds + model.phase_overhead_seconds));
+      } else {
+        // Saved activations move between the layer's operations, as autograd's hooks move them:
+        // forward packs each tensor as an operation saves it, backward unpacks each one as the
+        // node that saved it runs, and drops it after. The layer's compute is spread evenly
+        // between its chunks: each unpack (hinting the next chunk) before a part, each pack after
+        // one, an unpacked chunk discarded once its part has run.
+        const size_t chunks = phase.packs.size() + phase.unpacks.size();
+        const double part = seconds / static_cast<double>(chunks);
+        for (size_t k = 0; k < phase.unpacks.size(); ++k) {
+          const TensorHandle next =
+              k + 1 < phase.unpacks.size() ? phase.unpacks[k + 1] : next_unpack[index];
+          if (next.generation != 0) STRATA_TRY(scheduler.prefetch(next, Tier::kPinned));
+          STRATA_TRY(move_saved(phase, phase.unpacks[k], false));
+          STRATA_TRY(compute_for(part));
+          STRATA_TRY(scheduler.discard(phase.unpacks[k]));
+        }
+        for (const TensorHandle chunk : phase.packs) {
+          STRATA_TRY(compute_for(part));
+          STRATA_TRY(move_saved(phase, chunk, true));
+        }
+        STRATA_TRY(compute_for(model.phase_overhead_seconds));
       }
-      // While it computes, the loader takes each state as its read completes, as the runtime's
-      // thread does.
-      const double computed = backend.now() + seconds + model.phase_overhead_seconds;
-      while (loaded && backend.deliver_next_before(computed)) STRATA_TRY(poll());
-      backend.run_until(computed);
-      STRATA_TRY(poll());
       STRATA_TRY(copy_ranges(true));
 
       for (const StepAccess& a : phase.accesses) {
@@ -500,9 +526,6 @@ Result<SimulationResult> simulate(const std::vector<TensorSpec>& inventory,
       for (const StepAccess& a : phase.accesses) {
         if (a.discard_after) STRATA_TRY(scheduler.discard(a.access.tensor));
       }
-      // Autograd drops what backward unpacked; forward's saved activations leave after it.
-      for (const TensorHandle chunk : phase.unpacks) STRATA_TRY(scheduler.discard(chunk));
-      for (const TensorHandle chunk : phase.packs) STRATA_TRY(move_saved(phase, chunk, true));
       if (loaded) held_ahead[index] = 0;
       const bool continued =
           index + 1 < step.phases.size() && step.phases[index + 1].continues_phase;

@@ -172,7 +172,6 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
   // the run is pushed already.
   bool run_started = false;
   auto push_optimizer = [&](int32_t pl) {
-    if (options.weights_in_framework) return;  // the framework's optimizer, not Strata's
     const std::vector<size_t>& members = by_layer[pl + 1];
     for (auto it = members.rbegin(); it != members.rend(); ++it) {
       const ParamGroup& group = groups[*it];
@@ -244,7 +243,6 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
   // as it arrives while the next one's copy runs; here the copies come first and the scan after
   // them, so the pass errs slow by up to its shorter half.
   auto push_measure = [&](int32_t pl) {
-    if (options.weights_in_framework) return;  // the framework's optimizer, not Strata's
     const std::vector<size_t>& members = by_layer[pl + 1];
     for (auto it = members.rbegin(); it != members.rend(); ++it) {
       const ParamGroup& group = groups[*it];
@@ -298,9 +296,9 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
     phase.key = {PhaseKind::kForward, pl};
     phase.compute = ComputeKind::kForward;
     phase.compute_units = units_of(pl, members);
-    for (size_t g = 0; g < members.size() && !options.weights_in_framework; ++g) {
+    for (size_t g : members) {
       phase.accesses.push_back(
-          access(groups[members[g]].param, options.compute_tier, AccessMode::kRead, false, false));
+          access(groups[g].param, options.compute_tier, AccessMode::kRead, false, false));
     }
     if (pl >= 0 && pl < layers) phase.packs = saved[static_cast<size_t>(pl)];
     step.phases.push_back(std::move(phase));
@@ -316,11 +314,11 @@ Result<TrainingStep> plan_training_step(std::span<const TensorSpec> inventory,
       const std::vector<TensorHandle>& packed = saved[static_cast<size_t>(pl)];
       phase.unpacks.assign(packed.rbegin(), packed.rend());
     }
-    for (auto it = members.rbegin(); it != members.rend() && !options.weights_in_framework; ++it) {
+    for (auto it = members.rbegin(); it != members.rend(); ++it) {
       phase.accesses.push_back(
           access(groups[*it].param, options.compute_tier, AccessMode::kRead, false, false));
     }
-    for (auto it = members.rbegin(); it != members.rend() && !options.weights_in_framework; ++it) {
+    for (auto it = members.rbegin(); it != members.rend(); ++it) {
       if (groups[*it].grad < 0) continue;
       phase.accesses.push_back(
           access(groups[*it].grad, options.compute_tier, AccessMode::kOverwrite, true, false));

@@ -124,11 +124,6 @@ struct TrainingStepOptions {
   // the TieredOptimizer does for the step's overflow check and norm (kGradientScan groups after
   // the backward phase, in the last micro-batch only). Off: the step has no such pass.
   bool measure_gradients = false;
-  // The framework holds the weights on the device itself and Strata only the offloaded
-  // activations (strata.torch with no or CPU offload of the states, activations="nvme"):
-  // forward and backward acquire no parameters or gradients and no optimizer phase runs; the
-  // parameters still give the step its layers and each phase its compute.
-  bool weights_in_framework = false;
 };
 
 // The pinned pieces of the sub-grouped optimizer, in the inventory split_optimizer_states makes:

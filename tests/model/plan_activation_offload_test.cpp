@@ -107,8 +107,7 @@ TEST(ActivationOffload, ToNvmeWithTheStatesOnTheGpuTheirWayThroughThePoolIsSimul
   EXPECT_GT(g.stages.activations_alone_step_seconds, 0);
   EXPECT_DOUBLE_EQ(g.step_seconds, g.stages.activations_alone_step_seconds);
   EXPECT_GT(g.stages.stall_seconds, 0);
-  EXPECT_GT(g.step_seconds, g.stages.nvme_seconds + 0.2 * (g.stages.compute_seconds +
-                                                           g.stages.activation_copy_seconds));
+  EXPECT_GT(g.step_seconds, g.stages.nvme_seconds);
   EXPECT_GE(g.step_seconds, g.stages.compute_seconds + g.stages.activation_copy_seconds);
   EXPECT_EQ(g.bottleneck, "nvme-write");
   // A QLoRA's weights resident under NVMe offload move nothing after the warm-up: that simulated
@@ -121,13 +120,13 @@ TEST(ActivationOffload, ToNvmeWithTheStatesOnTheGpuTheirWayThroughThePoolIsSimul
   EXPECT_NEAR(static_cast<double>(n.stages.nvme_write_by_kind[kActivations]),
               static_cast<double>(g.stages.nvme_write_bytes), 0.02 * g.stages.nvme_write_bytes);
   EXPECT_NEAR(n.step_seconds, g.step_seconds, 0.02 * g.step_seconds);
-  // Strata never holds the weights: a pool far smaller than any of them still carries the
+  // The weights rest on the device: a pool far smaller than a weight still carries the
   // activations (in chunks of an eighth of it), slower.
   PlanRequest small = r;
-  small.strata_pinned_budget_bytes = uint64_t{1} << 20;
+  small.strata_pinned_budget_bytes = uint64_t{16} << 20;
   const GpuPlan s = plan_of(small);
   ASSERT_TRUE(s.fits()) << s.why_not;
-  EXPECT_LE(s.host_bytes, uint64_t{1} << 20);
+  EXPECT_LE(s.host_bytes, uint64_t{16} << 20);
   EXPECT_GT(s.step_seconds, g.step_seconds);
   // A pinned budget given is the pool: a larger one keeps more of them off the drives.
   PlanRequest larger = r;

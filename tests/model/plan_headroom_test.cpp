@@ -25,6 +25,17 @@ TEST(HostHeadroom, UsableIsTheInverseOfRecommended) {
   EXPECT_EQ(usable_host_bytes(8 * kGiB, HostHeadroom{}), 0u);
 }
 
+// A RAM of no whole MiB (113.1 GB): the recommended figure, whole MiB, still fits it. Before,
+// a pool filled to what was usable came to a recommendation a fraction of a MiB over the RAM,
+// and the plan said it did not fit "105.33 GiB of 105.33 GiB".
+TEST(HostHeadroom, UsableFitsARamOfNoWholeMib) {
+  for (uint64_t ram = 113'000'000'000; ram <= 113'700'000'000; ram += 50'000'000 + 4097) {
+    const uint64_t usable = usable_host_bytes(ram, HostHeadroom{});
+    EXPECT_LE(recommended_host_bytes(usable, HostHeadroom{}), ram) << ram;
+    EXPECT_GT(recommended_host_bytes(usable + (uint64_t{2} << 20), HostHeadroom{}), ram) << ram;
+  }
+}
+
 PlanRequest tinyllama_cpu_offload(uint64_t host_ram) {
   PlanRequest r;
   r.model = *load_model("tinyllama-1.1b");
