@@ -37,11 +37,16 @@ class _SavedBytes:
     tensors of at most chunk_bytes each); shared by every save of those values, and gone when
     the last of them is."""
 
-    __slots__ = ("chunks", "nbytes", "index", "pinned_bytes", "__weakref__")
+    __slots__ = ("chunks", "nbytes", "index", "pinned_bytes", "saves", "unpacked", "device_copy",
+                 "__weakref__")
 
     def __init__(self, chunks, nbytes, index, pinned_bytes=0):
         self.chunks, self.nbytes, self.index = chunks, nbytes, index
         self.pinned_bytes = pinned_bytes  # what its chunks hold of the pool, kept there
+        self.saves = 1  # the saves that share these bytes
+        self.unpacked = 0  # unpacks so far
+        # The bytes back on the compute device while saves sharing them are still to unpack.
+        self.device_copy = None
 
 
 class SavedActivation:
@@ -129,6 +134,9 @@ class ActivationOffload:
         self.saves = 0  # tensors packed since creation, shared ones included
         self.packed_bytes = 0  # since creation: bytes copied into Strata
         self.shared_bytes = 0  # since creation: bytes of saves that shared bytes packed before
+        # Since creation: bytes of unpacks served by the copy an earlier unpack of the same bytes
+        # kept (saves sharing bytes), not read from Strata again.
+        self.reused_bytes = 0
         self.held_bytes = 0  # now: packed and not yet collected by autograd
         self.peak_held_bytes = 0
 
@@ -154,6 +162,7 @@ class ActivationOffload:
             source, saved_bytes = known[0], known[1]()
             if saved_bytes is not None and not source.expired():
                 self.shared_bytes += nbytes
+                saved_bytes.saves += 1
                 return SavedActivation(saved_bytes, tuple(t.shape), tuple(t.stride()), t.dtype,
                                        t.device)
         saved_bytes = self._copy_in(t, nbytes)
@@ -216,9 +225,19 @@ class ActivationOffload:
         self.held_bytes -= nbytes
 
     def unpack(self, saved):
-        # Each save comes back as a tensor of its own, even one that shares its bytes: backward
-        # runs q, k and v's nodes one after the other, and each drops its copy before the next.
-        flat = self._copy_out(saved.saved_bytes, saved.device)
+        # Saves that share bytes come back from one copy, as torch keeps the one tensor they all
+        # saved: the first unpack copies the bytes back, and the copy stays on the compute device
+        # for the saves still to unpack (q, k and v's nodes run one after the other), then goes.
+        # Each unpack copying on its own cost a blocking copy per save (on a GPU, time the stream
+        # computes nothing) and, where the pool had needed the room in between, a second read.
+        saved_bytes = saved.saved_bytes
+        flat = saved_bytes.device_copy
+        if flat is None:
+            flat = self._copy_out(saved_bytes, saved.device)
+        else:
+            self.reused_bytes += saved_bytes.nbytes
+        saved_bytes.unpacked += 1
+        saved_bytes.device_copy = flat if saved_bytes.unpacked < saved_bytes.saves else None
         logical = flat.view(saved.dtype).view(saved.shape)
         if saved.stride == logical.stride():
             return logical
