@@ -137,6 +137,38 @@ def test_a_saved_tensor_larger_than_the_pinned_budget_moves_in_chunks(nvme_dir):
     assert handle.runtime.stats()["nvme"]["kinds"]["activation_checkpoint"] == 0
 
 
+def test_an_unpack_hints_the_tensor_packed_before_only_as_far_as_the_pool_has_room(nvme_dir):
+    """Unpacking a tensor hints the one packed before it, its first chunks up to an eighth of the
+    pool: hinting a whole large tensor read chunks the pool could not keep beside the ones being
+    unpacked, and they were evicted and read again (a 16 MiB budget read 1.5x what it wrote)."""
+    handle = st.offload(llama(hidden=64, layers=1), nvme_path=nvme_dir, device=DEVICE,
+                        activations="nvme", nvme_capacity_bytes=256 << 20,
+                        pinned_budget_bytes=16 << 20)
+    acts = handle.activations
+    big = torch.randn(6 << 20, device=DEVICE)  # 24 MiB: 12 chunks, more than the pool holds
+    small = torch.randn(1 << 18, device=DEVICE)  # 1 MiB
+    saved_big, saved_small = acts.pack(big), acts.pack(small)
+    handle.runtime.sync()
+
+    def activation_reads():
+        return handle.runtime.stats()["nvme_bytes_read_by_kind"]["activation_checkpoint"]
+
+    before = activation_reads()
+    assert torch.equal(acts.unpack(saved_small), small)  # hints big's first chunks
+    deadline, last = time.monotonic() + 5, -1
+    while time.monotonic() < deadline:  # until the hinted reads have landed
+        time.sleep(0.2)
+        now = activation_reads()
+        if now == last:
+            break
+        last = now
+    room = max(acts.pinned_pool_bytes // 8, acts.chunk_bytes)
+    assert 0 < last - before <= room + small.numel() * 4, (last - before, room)
+    assert torch.equal(acts.unpack(saved_big), big)
+    del saved_big, saved_small
+    handle.close()
+
+
 def test_a_tensor_saved_again_shares_the_bytes_packed_the_first_time(nvme_dir):
     handle = st.offload(llama(hidden=64, layers=1), nvme_path=nvme_dir, device=DEVICE,
                         activations="pinned", nvme_capacity_bytes=64 << 20,
