@@ -1308,8 +1308,9 @@ Scheduler::Space Scheduler::ensure_space(int pool_index, uint64_t need, uint64_t
       // before it sat clean in the pool, and the drive idled while the compute stream copied
       // (docs/scheduling.md). Copies the schedule reads again wait, as before: dropping them
       // made a 70B step read 3% more.
-      const std::optional<EvictionCandidate> clean = first_of(0);
-      if (min_next_use > 0 || !clean || clean->next_use != kNeverUsed) return Space::kWaiting;
+      const bool clean_never_read =
+          candidates > 0 && !best[0].needs_cleaning && best[0].next_use == kNeverUsed;
+      if (min_next_use > 0 || !clean_never_read) return Space::kWaiting;
     }
     const size_t v =
         choose_victim(std::span(best.data(), candidates), min_next_use, link_free(cleaning_link));

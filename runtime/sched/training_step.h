@@ -22,8 +22,9 @@
 //             scheduler phase, as the framework's strata_layer_begin(OPTIMIZER) spans them all
 //   saved     with activation offload, the inventory's ACTIVATION_CHECKPOINT chunks of layer l
 //             (what strata.torch's activations.py registers as autograd saves the layer's
-//             tensors): packed by forward l after it computes, unpacked by backward l before it
-//             computes, in reverse order, and discarded once it has (StepPhase::packs / unpacks)
+//             tensors): packed by forward l as it computes, unpacked by backward l as it
+//             computes, in reverse order, each discarded once its part has run (StepPhase::packs
+//             / unpacks; the simulator spreads the layer's compute evenly between its chunks)
 //
 // "pre" and "post" are the layer -1 tensors before and after the transformer layers in the
 // inventory's forward order; their phases use layers -1 and N.
@@ -86,12 +87,13 @@ struct StepPhase {
   // (optimizer_lookahead).
   uint64_t held_pinned_bytes = 0;
   // Offloaded activations, which the framework moves itself, one chunk after the other, with a
-  // copy the compute stream waits for (activations.py's copy_): forward packs each chunk after
-  // it computes (acquired on pinned with DISCARD, filled from the device, released dirty);
-  // backward unpacks before it computes (acquired on pinned, copied to the device, released;
-  // discarded after the phase), first hinting the chunk it unpacks next toward pinned, as
-  // activations.py's _prefetch_before hints the tensor packed before. Outside the declared
-  // schedule: strata.torch registers fresh chunks every step, so no recorded schedule names them.
+  // copy the compute stream waits for (activations.py's copy_), between the layer's operations
+  // as autograd's hooks move them: forward packs each chunk after a part of its compute
+  // (acquired on pinned with DISCARD, filled from the device, released dirty); backward unpacks
+  // each before a part (acquired on pinned, copied to the device, released; discarded after the
+  // part), first hinting the chunk it unpacks next toward pinned, as activations.py's
+  // _prefetch_before hints the tensor packed before. Outside the declared schedule:
+  // strata.torch registers fresh chunks every step, so no recorded schedule names them.
   std::vector<TensorHandle> packs;
   std::vector<TensorHandle> unpacks;
 };
