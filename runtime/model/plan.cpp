@@ -928,6 +928,12 @@ void finish_plan(const PlanRequest& r, GpuPlan& plan) {
       plan.why_not += std::string(plan.why_not.empty() ? "" : "; ") + "host needs " +
                       format_gib(plan.host.recommended_bytes) + " with headroom (job " +
                       format_gib(plan.host_bytes) + ") of " + format_gib(*r.host_ram_bytes);
+      // Short by less than the figures show: the bytes, so that "56.18 GiB of 56.18 GiB" is
+      // not read as a fit refused.
+      if (format_gib(plan.host.recommended_bytes) == format_gib(*r.host_ram_bytes)) {
+        plan.why_not += " (" + std::to_string(plan.host.recommended_bytes) + " of " +
+                        std::to_string(*r.host_ram_bytes) + " bytes)";
+      }
     }
   }
   plan.job_cost.reset();

@@ -76,8 +76,8 @@ def test_activations_spill_to_nvme_under_a_small_pinned_budget_and_stay_exact(nv
     assert written > 0 and read > 0
     # The chunks unpack hints ahead keep the room their reads took until they are acquired:
     # before, they ranked first to go (tensors the recorded schedule never names) and were read
-    # twice, 58 MB read back for 35 MB written. Now 8-16% more than written (docs/scheduling.md:
-    # not the bytes two saves share, which come back from one copy), within this bound.
+    # twice, 58 MB read back for 35 MB written. Now 10-12% more than written (docs/scheduling.md:
+    # chunks hinted for a tensor autograd unpacks out of packing order), within this bound.
     assert read <= written + acts.shared_bytes, (read, written, acts.shared_bytes)
     assert acts.reused_bytes == acts.shared_bytes  # each shared save from the kept copy
     assert acts.held_bytes == 0
@@ -140,7 +140,7 @@ def test_a_saved_tensor_larger_than_the_pinned_budget_moves_in_chunks(nvme_dir):
 def test_an_unpack_hints_the_tensor_packed_before_only_as_far_as_the_pool_has_room(nvme_dir):
     """Unpacking a tensor hints the one packed before it, its first chunks up to an eighth of the
     pool: hinting a whole large tensor read chunks the pool could not keep beside the ones being
-    unpacked, and they were evicted and read again (a 16 MiB budget read 1.5x what it wrote)."""
+    unpacked, and they were evicted and read again (a 16 MiB budget read 1.5-1.7x what it wrote)."""
     handle = st.offload(llama(hidden=64, layers=1), nvme_path=nvme_dir, device=DEVICE,
                         activations="nvme", nvme_capacity_bytes=256 << 20,
                         pinned_budget_bytes=16 << 20)

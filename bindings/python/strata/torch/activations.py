@@ -264,7 +264,7 @@ class ActivationOffload:
         just before this one toward pinned memory while this one is used, its first chunks up
         to an eighth of the pool (at least one). More is read before the pool has room for it
         beside the chunks being unpacked: the next acquire's room then evicts it, and it is
-        read twice (a 16 MiB budget read 1.5x what it wrote, hinting whole tensors)."""
+        read twice (a 16 MiB budget read 1.5-1.7x what it wrote, hinting whole tensors)."""
         for earlier in range(index - 1, max(-1, index - 8), -1):
             ref = self._live.get(earlier)
             saved_bytes = ref() if ref is not None else None
