@@ -425,7 +425,7 @@ void print_text(const Plan& plan) {
               copies ? human_seconds(st.activation_copy_seconds).c_str() : "",
               human_seconds(st.pcie_seconds).c_str(), human_seconds(st.nvme_seconds).c_str(),
               human_seconds(st.cpu_optimizer_seconds).c_str());
-  if (st.model == "simulated" || st.activations_alone_step_seconds > 0) {
+  if (st.has_simulation()) {
     std::printf(", GPU stalled %s", human_seconds(st.stall_seconds).c_str());
   }
   std::printf("\n");

@@ -1208,7 +1208,7 @@ Result<GpuPlansUnderway> start_gpu_plans(const PlanRequest& given, SimulationPoo
   if (gpus.empty()) {
     for (const GpuPreset& gpu : gpu_presets()) gpus.push_back({gpu, 1});
   }
-  const std::vector<TensorSpec> inventory = offload_inventory(request);
+  std::vector<TensorSpec> inventory = offload_inventory(request);
   const uint64_t least_pinned =
       strata_pinned_sizing(request.nvme.read_gbps, request.nvme.write_gbps,
                            request.assume.optimizer_threads, request.assume.drive_queue_depth)
@@ -1235,7 +1235,7 @@ Result<GpuPlansUnderway> start_gpu_plans(const PlanRequest& given, SimulationPoo
     jobs.push_back(activations_alone_job(g, inventory));
   }
   underway.plan = std::move(plan);
-  underway.inventory = inventory;
+  underway.inventory = std::move(inventory);
   underway.batch = std::make_unique<SimulationBatch>(pool, std::move(jobs));
   return underway;
 }

@@ -96,6 +96,8 @@ struct OffloadEstimate {
   // "analytic" (closed form), "simulated" (sched::simulate), or "analytic, activations
   // simulated" (add_simulated_activations).
   std::string model = "analytic";
+  // Whether any figure comes from a simulated step (stall, pool, bytes by kind).
+  bool has_simulation() const { return model != "analytic"; }
   uint64_t host_bytes = 0;  // peak host RAM the policy uses
   uint64_t nvme_bytes = 0;  // NVMe space the policy uses
   std::vector<ByteItem> host_breakdown;

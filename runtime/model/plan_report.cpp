@@ -28,7 +28,7 @@ json offload_json(const OffloadEstimate& e) {
               {"host_breakdown", breakdown},
               {"activations_alone_step_seconds", e.activations_alone_step_seconds}};
   // A closed form with its activations' way to NVMe simulated has the simulated fields too.
-  if (e.model == "simulated" || e.activations_alone_step_seconds > 0) {
+  if (e.has_simulation()) {
     out["stall_seconds"] = e.stall_seconds;
     out["states_only_step_seconds"] = e.states_only_step_seconds;
     out["pinned_budget_bytes"] = e.pinned_budget_bytes;
