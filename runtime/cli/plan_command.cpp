@@ -264,9 +264,24 @@ void print_wear(const Plan& plan, const GpuPlan& p) {
   }
 }
 
+void print_deepspeed_estimate(const OffloadComparison& c) {
+  if (!c.deepspeed_estimate) return;
+  std::printf(
+      "DeepSpeed's own estimate_zero3_model_states_mem_needs (offload_param + offload_optimizer "
+      "to CPU, zero_init): CPU %s, GPU %s per GPU.\n",
+      format_bytes(c.deepspeed_estimate->cpu_bytes).c_str(),
+      format_bytes(c.deepspeed_estimate->gpu_bytes).c_str());
+}
+
 void print_comparison(const Plan& plan, const GpuPlan& p) {
   const PlanRequest& r = plan.request;
   const OffloadComparison& c = plan.like_for_like;
+  if (!c.strata_not_simulated.empty()) {
+    std::printf("\nNVMe offload of this job on %s, Strata vs DeepSpeed ZeRO-3: not compared: %s.\n",
+                p.choice.gpu.name.c_str(), c.strata_not_simulated.c_str());
+    print_deepspeed_estimate(c);
+    return;
+  }
   std::printf(
       "\nNVMe offload of this job on %s, Strata (simulated step) vs DeepSpeed ZeRO-3's labelled "
       "configurations (its buffers and requests, analytic; docs/planner.md)%s:\n",
@@ -322,13 +337,7 @@ void print_comparison(const Plan& plan, const GpuPlan& p) {
         format_bytes(ds.host_bytes).c_str(),
         ratio(d.strata_equal_ram.step_seconds, ds.step_seconds).c_str());
   }
-  if (c.deepspeed_estimate) {
-    std::printf(
-        "DeepSpeed's own estimate_zero3_model_states_mem_needs (offload_param + offload_optimizer "
-        "to CPU, zero_init): CPU %s, GPU %s per GPU.\n",
-        format_bytes(c.deepspeed_estimate->cpu_bytes).c_str(),
-        format_bytes(c.deepspeed_estimate->gpu_bytes).c_str());
-  }
+  print_deepspeed_estimate(c);
 }
 
 void print_text(const Plan& plan) {

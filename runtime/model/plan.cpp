@@ -1380,14 +1380,31 @@ Status finish_comparison(Plan& plan, ComparisonUnderway underway) {
   if (p.offload == Offload::kNvme && plan.request.activation_offload == ActivationOffload::kNone) {
     plan.strata_nvme = p.stages;
   }
+  if (plan.request.method == FinetuneMethod::kFull) {
+    like.deepspeed_estimate = deepspeed_zero3_estimate(
+        plan.states.params, deepspeed_largest_layer_params(plan.request.model), p.choice.count);
+  }
   std::vector<Result<OffloadEstimate>> simulated = underway.batch->results();
+  // Every simulation here is the comparison's own (a plan that offloads its states alone to
+  // NVMe simulated its step already, and failed there if it could not run): one that cannot run
+  // (a --pinned-budget or --device-budget too small for NVMe offload of a plan that keeps its
+  // states elsewhere) takes the block away with its reason, and the plan stands.
+  for (Result<OffloadEstimate>& one : simulated) {
+    if (one) continue;
+    const int code = one.status().code();
+    if (code != STRATA_E_PINNED_BUDGET && code != STRATA_E_DEVICE_BUDGET &&
+        code != STRATA_E_LIMIT) {
+      return std::move(one).take_status().with_context("comparing with DeepSpeed on " +
+                                                       p.choice.gpu.name);
+    }
+    like.strata_not_simulated = one.status().message();
+    like.deepspeed.clear();
+    like.deepspeed_why_not = "Strata's side was not simulated";
+    plan.like_for_like = std::move(like);
+    return Status::ok();
+  }
   size_t next_equal = 0;
   for (size_t k = 0; k < simulated.size(); ++k) {
-    if (!simulated[k]) {
-      return std::move(simulated[k])
-          .take_status()
-          .with_context("comparing with DeepSpeed on " + p.choice.gpu.name);
-    }
     const ComparisonUnderway::Side side = underway.side[k];
     OffloadEstimate& into = side == ComparisonUnderway::kGiven ? plan.strata_nvme
                             : side == ComparisonUnderway::kLeast
@@ -1396,10 +1413,6 @@ Status finish_comparison(Plan& plan, ComparisonUnderway underway) {
     into = std::move(*simulated[k]);
   }
   if (!underway.budget_given) like.strata_least = plan.strata_nvme;
-  if (plan.request.method == FinetuneMethod::kFull) {
-    like.deepspeed_estimate = deepspeed_zero3_estimate(
-        plan.states.params, deepspeed_largest_layer_params(plan.request.model), p.choice.count);
-  }
   plan.like_for_like = std::move(like);
   return Status::ok();
 }
@@ -1428,8 +1441,10 @@ Result<telemetry::TraceStats> write_strata_nvme_trace(const Plan& plan, const st
   const GpuPlan& p = plan.gpus.at(plan.primary);
   const bool alone = simulates_activations_alone(plan.request, p);
   if (!alone && plan.strata_nvme.model != "simulated") {
+    const std::string& why = plan.like_for_like.strata_not_simulated;
     return invalid_argument("the plan of " + p.choice.gpu.name +
-                            " has no simulated NVMe-offload step to trace");
+                            " has no simulated NVMe-offload step to trace" +
+                            (why.empty() ? std::string() : " (" + why + ")"));
   }
   const bool own_step =
       alone || (p.offload == Offload::kNvme && p.job.offloaded_activation_bytes != 0);

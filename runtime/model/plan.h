@@ -367,6 +367,10 @@ struct OffloadComparison {
   // reason in deepspeed_why_not).
   std::vector<DeepSpeedComparison> deepspeed;
   std::string deepspeed_why_not;
+  // Why Strata's side could not be simulated (empty when it was): a budget given for the plan
+  // that NVMe offload cannot run in, where the plan itself does not offload to NVMe. The block
+  // is then left out (no DeepSpeed column either: nothing to set it beside), not the plan.
+  std::string strata_not_simulated;
   // DeepSpeed's own estimate_zero3_model_states_mem_needs for offload_param and
   // offload_optimizer to the CPU (full fine-tuning only: the estimator trains every parameter).
   std::optional<Zero3Estimate> deepspeed_estimate;
@@ -387,7 +391,9 @@ struct Plan {
 };
 
 // Plans the job on request.gpus (or every preset). Invalid requests are STRATA_E_INVALID; a
-// simulation that cannot run (a budget that cannot hold one phase) is its error, with the GPU.
+// simulation of the plan's own that cannot run (a budget that cannot hold one phase) is its
+// error, with the GPU; one the comparison with DeepSpeed alone needed leaves the comparison out
+// (OffloadComparison::strata_not_simulated), not the plan.
 Result<Plan> make_plan(const PlanRequest& request);
 
 // The plan of request.gpus alone, without the comparison with ZeRO-Infinity and without

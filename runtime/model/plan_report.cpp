@@ -169,7 +169,9 @@ json like_for_like_json(const Plan& plan) {
                 {"cpu_bytes", c.deepspeed_estimate->cpu_bytes},
                 {"gpu_bytes_per_gpu", c.deepspeed_estimate->gpu_bytes}};
   }
-  json out = {{"strata_least_ram", offload_json(c.strata_least)},
+  const bool simulated = c.strata_not_simulated.empty();
+  json out = {{"strata_least_ram", simulated ? offload_json(c.strata_least) : json(nullptr)},
+              {"strata_not_simulated", simulated ? json(nullptr) : json(c.strata_not_simulated)},
               {"deepspeed_estimator", estimate},
               {"deepspeed_knob_factor", plan.request.deepspeed_knob_factor}};
   json configurations = json::array();
@@ -289,7 +291,8 @@ json plan_to_json(const Plan& plan) {
       {"advice", advice},
       {"like_for_like", like_for_like},
       {"stages", offload_json(p.stages)},
-      {"strata_nvme", offload_json(plan.strata_nvme)},
+      {"strata_nvme",
+       plan.strata_nvme.policy.empty() ? json(nullptr) : offload_json(plan.strata_nvme)},
       {"zero_infinity", zero_infinity},
       {"nvme",
        {{"label", r.nvme.label},

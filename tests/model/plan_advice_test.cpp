@@ -117,6 +117,33 @@ TEST(LikeForLike, EachSidesLeastRamAndStrataAtEachDeepSpeedConfigurationsRam) {
   EXPECT_FALSE(lora->like_for_like.deepspeed_why_not.empty());
 }
 
+// A pinned budget NVMe offload cannot run in, given to a plan that keeps its states in RAM:
+// the comparison's simulation fails, and the comparison (not the plan) is left out, with why.
+TEST(LikeForLike, AComparisonThatCannotBeSimulatedIsLeftOutAndThePlanStands) {
+  PlanRequest r = full_13b_on_h100_with_cpu_offload();
+  r.model = *load_model("tinyllama-1.1b");
+  r.strata_pinned_budget_bytes = uint64_t{1} << 20;
+  Result<Plan> p = make_plan(r);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  EXPECT_TRUE(p->gpus[0].fits());
+  EXPECT_EQ(p->gpus[0].offload, Offload::kCpu);
+  const OffloadComparison& c = p->like_for_like;
+  EXPECT_NE(c.strata_not_simulated.find("--pinned-budget"), std::string::npos)
+      << c.strata_not_simulated;
+  EXPECT_TRUE(c.deepspeed.empty());
+  EXPECT_FALSE(c.deepspeed_why_not.empty());
+  EXPECT_FALSE(p->strata_nvme.has_simulation());
+  // DeepSpeed's own estimator needs no simulation: it stays.
+  EXPECT_TRUE(c.deepspeed_estimate.has_value());
+  // A budget it runs in: compared.
+  r.strata_pinned_budget_bytes = uint64_t{256} << 20;
+  Result<Plan> runs = make_plan(r);
+  ASSERT_TRUE(runs.is_ok()) << runs.status().message();
+  EXPECT_TRUE(runs->like_for_like.strata_not_simulated.empty());
+  EXPECT_EQ(runs->like_for_like.deepspeed.size(), 3u);
+  EXPECT_TRUE(runs->strata_nvme.has_simulation());
+}
+
 TEST(PinnedBudget, ReplaysARunsBudgetEvenBelowTheLeastTheComparisonKeepsTheLeast) {
   PlanRequest r;
   r.model = *load_model("tinyllama-1.1b");
