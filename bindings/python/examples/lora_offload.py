@@ -396,7 +396,7 @@ def spill(args):
                   "seq": args.seq, "steps": args.steps, "pinned_mib": args.pinned_mib,
                   "step_seconds_median": statistics.median(seconds),
                   "packed_bytes": acts.packed_bytes, "shared_bytes": acts.shared_bytes,
-                  "reused_bytes": acts.reused_bytes,
+                  "reused_bytes": acts.reused_bytes, "learned_hints": acts.learned_hints,
                   "peak_held_bytes": acts.peak_held_bytes,
                   "nvme_written_bytes": stats["nvme_bytes_written_by_kind"]["activation_checkpoint"],
                   "nvme_read_bytes": stats["nvme_bytes_read_by_kind"]["activation_checkpoint"]}

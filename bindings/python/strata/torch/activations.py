@@ -139,6 +139,15 @@ class ActivationOffload:
         self.reused_bytes = 0
         self.held_bytes = 0  # now: packed and not yet collected by autograd
         self.peak_held_bytes = 0
+        # Backward's order of unpacks, learned pass by pass (a forward and its backward) so that
+        # the hint names the tensor unpacked next: autograd runs a layer's nodes in an order of
+        # its own, not the reverse of the saves' (several pairs of a layer's saves come back
+        # swapped), and a hint that names the wrong tensor is a read the next acquire evicts.
+        self._pass_start = 0  # index of the current pass's first pack
+        self._unpacking = False  # an unpack since the last pack: the next pack starts a pass
+        self._pass_unpacks = []  # this pass's first unpacks, as indexes from its first pack
+        self._learned = None  # (packs, order, position in order) of the last complete pass
+        self.learned_hints = 0  # since creation: unpacks hinted from the learned order
 
     def configure(self, home, min_bytes):
         """Where the next saved tensors go, and the smallest that goes; turns it on."""
@@ -173,6 +182,8 @@ class ActivationOffload:
 
     def _copy_in(self, t, nbytes):
         index = self._count
+        if self._unpacking:
+            self._learn_pass(index)
         self._count += 1
         # A permuted layout is copied in logical order; unpack restores its strides.
         flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
@@ -245,8 +256,22 @@ class ActivationOffload:
                                   device=saved.device)
         return out.copy_(logical)
 
+    def _learn_pass(self, next_start):
+        """The pass that began at _pass_start is over (a pack after its unpacks): its order of
+        unpacks is the one the next pass of as many packs is hinted by."""
+        order = self._pass_unpacks
+        if order:
+            position = {relative: k for k, relative in enumerate(order)}
+            self._learned = (next_start - self._pass_start, order, position)
+        self._pass_start, self._unpacking, self._pass_unpacks = next_start, False, []
+
     def _copy_out(self, saved_bytes, device):
-        self._prefetch_before(saved_bytes.index)
+        self._unpacking = True
+        relative = saved_bytes.index - self._pass_start
+        if relative >= 0:
+            self._pass_unpacks.append(relative)
+        if not self._prefetch_learned(relative):
+            self._prefetch_before(saved_bytes.index)
         flat = torch.empty(saved_bytes.nbytes, dtype=torch.uint8, device=device)
         offset = 0
         for tensor in saved_bytes.chunks:
@@ -259,17 +284,47 @@ class ActivationOffload:
             offset += tensor.nbytes
         return flat
 
+    def _hint_room(self):
+        """How far ahead an unpack hints: an eighth of the pool (at least one chunk). More is
+        read before the pool has room for it beside the chunks being unpacked: the next
+        acquire's room then evicts it, and it is read twice (a 16 MiB budget read 1.5-1.7x what
+        it wrote, hinting whole tensors)."""
+        return max(self.pinned_pool_bytes // 8, self.chunk_bytes)
+
+    def _prefetch_learned(self, relative):
+        """Hints the chunks the last pass unpacked after this one, in its order, up to the
+        hint room. Only where this pass packed as many tensors as that one (the same shapes,
+        the same graph): otherwise the learned order names other tensors."""
+        learned = self._learned
+        if learned is None or learned[0] != self._count - self._pass_start:
+            return False
+        packs, order, position = learned
+        at = position.get(relative)
+        if at is None:
+            return False
+        self.learned_hints += 1
+        room, hinted = self._hint_room(), 0
+        for following in order[at + 1:at + 9]:
+            ref = self._live.get(self._pass_start + following)
+            saved_bytes = ref() if ref is not None else None
+            if saved_bytes is None:
+                continue
+            for tensor in saved_bytes.chunks:
+                if hinted + tensor.nbytes > room:
+                    return True
+                tensor.prefetch("pinned")
+                hinted += tensor.nbytes
+        return True
+
     def _prefetch_before(self, index):
-        """Backward unpacks in about the reverse of packing order: bring the activation packed
-        just before this one toward pinned memory while this one is used, its first chunks up
-        to an eighth of the pool (at least one). More is read before the pool has room for it
-        beside the chunks being unpacked: the next acquire's room then evicts it, and it is
-        read twice (a 16 MiB budget read 1.5-1.7x what it wrote, hinting whole tensors)."""
+        """With no learned order (the first pass, or a pass of other shapes), backward unpacks
+        in about the reverse of packing order: bring the activation packed just before this one
+        toward pinned memory while this one is used, its first chunks up to the hint room."""
         for earlier in range(index - 1, max(-1, index - 8), -1):
             ref = self._live.get(earlier)
             saved_bytes = ref() if ref is not None else None
             if saved_bytes is not None:
-                room = max(self.pinned_pool_bytes // 8, self.chunk_bytes)
+                room = self._hint_room()
                 hinted = 0
                 for tensor in saved_bytes.chunks:
                     if hinted + tensor.nbytes > room:
