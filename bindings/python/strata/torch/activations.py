@@ -49,15 +49,32 @@ class _SavedBytes:
         self.device_copy = None
 
 
+def check_unmodified(tensor, saved_version):
+    """Torch's own check that a saved tensor was not written in place before backward used it,
+    which torch skips for every tensor a saved-tensors hook packs (it cannot see through the
+    hook): without it, such a write would give a gradient of other values without an error. The
+    same RuntimeError as torch's."""
+    if tensor is not None and tensor._version != saved_version:
+        raise RuntimeError(
+            f"one of the variables needed for gradient computation has been modified by an "
+            f"inplace operation: [{tensor.type()} {list(tensor.shape)}] is at version "
+            f"{tensor._version}; expected version {saved_version} instead (strata.torch checks "
+            f"this for the tensors autograd saves through it, as torch does without hooks)")
+
+
 class SavedActivation:
     """One saved tensor as autograd holds it: its bytes (shared with other saves of the same
-    values) and its own shape, strides and dtype."""
+    values), its own shape, strides and dtype, and a weak reference to the tensor saved with
+    its version then: while that tensor lives, a write to it in place is seen at unpack, as
+    torch sees it (once it is gone, nothing can write to it)."""
 
-    __slots__ = ("saved_bytes", "shape", "stride", "dtype", "device")
+    __slots__ = ("saved_bytes", "shape", "stride", "dtype", "device", "source", "version")
 
-    def __init__(self, saved_bytes, shape, stride, dtype, device):
-        self.saved_bytes, self.shape, self.stride = saved_bytes, shape, stride
-        self.dtype, self.device = dtype, device
+    def __init__(self, saved_bytes, t):
+        self.saved_bytes = saved_bytes
+        self.shape, self.stride, self.dtype = tuple(t.shape), tuple(t.stride()), t.dtype
+        self.device = t.device
+        self.source, self.version = weakref.ref(t), t._version
 
     @property
     def chunks(self):
@@ -172,13 +189,12 @@ class ActivationOffload:
             if saved_bytes is not None and not source.expired():
                 self.shared_bytes += nbytes
                 saved_bytes.saves += 1
-                return SavedActivation(saved_bytes, tuple(t.shape), tuple(t.stride()), t.dtype,
-                                       t.device)
+                return SavedActivation(saved_bytes, t)
         saved_bytes = self._copy_in(t, nbytes)
         weakref.finalize(saved_bytes, self._dropped, saved_bytes.index, nbytes,
                          saved_bytes.chunks, key, saved_bytes.pinned_bytes)
         self._by_values[key] = (StorageWeakRef(_storage(t)), weakref.ref(saved_bytes))
-        return SavedActivation(saved_bytes, tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+        return SavedActivation(saved_bytes, t)
 
     def _copy_in(self, t, nbytes):
         index = self._count
@@ -236,6 +252,7 @@ class ActivationOffload:
         self.held_bytes -= nbytes
 
     def unpack(self, saved):
+        check_unmodified(saved.source(), saved.version)
         # Saves that share bytes come back from one copy, as torch keeps the one tensor they all
         # saved: the first unpack copies the bytes back, and the copy stays on the compute device
         # for the saves still to unpack (q, k and v's nodes run one after the other), then goes.

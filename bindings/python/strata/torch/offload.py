@@ -127,6 +127,20 @@ class _SavedParameterView:
         self.dtype = dtype
 
 
+class _SavedByTorch:
+    """A saved tensor the hook leaves with torch: detached, and its version when saved. The
+    tensor itself would tie the graph in a cycle when it is an operation's own output (its
+    grad_fn holds the saved tensor, which would hold its grad_fn: torch keeps only the data for
+    that reason), which the garbage collector cannot free: a graph dropped without backward (an
+    evaluation forward with grad on, an exception in forward, retain_graph) then stayed, with
+    every activation Strata held for it. Autograd restores the grad_fn on unpack."""
+
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, t):
+        self.tensor, self.version = t.detach(), t._version
+
+
 class _UnitBoundary(torch.autograd.Function):
     """Identity on tensors crossing a unit's boundary; its backward calls on_backward(unit).
 
@@ -846,11 +860,14 @@ class OffloadedModel:
         if self.activations is not None and self.activations.enabled and \
                 self.activations.wanted(t):
             return self.activations.pack(t)
-        return t
+        return _SavedByTorch(t) if isinstance(t, torch.Tensor) else t
 
     def _unpack(self, saved):
         if isinstance(saved, _activations.SavedActivation):
             return self.activations.unpack(saved)
+        if isinstance(saved, _SavedByTorch):
+            _activations.check_unmodified(saved.tensor, saved.version)
+            return saved.tensor
         if not isinstance(saved, _SavedParameterView):
             return saved
         rec = saved.record
