@@ -98,8 +98,9 @@ class LiveMetrics {
                                          {{"direction", "write"}},
                                          /*with_peak=*/false}));
       STRATA_TRY(counter(&set.stall_us, {"strata_finetune_stall_seconds_total",
-                                         "Time a worker's training loop waited inside "
-                                         "strata_acquire",
+                                         "Time a worker's training loop waited for its data "
+                                         "(Strata: inside strata_acquire; DeepSpeed: on its "
+                                         "aio requests)",
                                          "seconds", 1e-6}));
       STRATA_TRY(gauge(&set.running, {"strata_finetune_running",
                                       "1 while the worker runs",
@@ -143,6 +144,9 @@ class LiveMetrics {
     set.host->set(m.value("host_bytes", int64_t{0}));
     set.pinned->set(m.value("pinned_bytes", int64_t{0}));
     set.device->set(m.value("device_bytes", int64_t{0}));
+    set.host->observe(m.value("peak_host_bytes", int64_t{0}));
+    set.pinned->observe(m.value("peak_pinned_bytes", int64_t{0}));
+    set.device->observe(m.value("peak_device_bytes", int64_t{0}));
     const uint64_t read = m.value("nvme_read_bytes", uint64_t{0});
     const uint64_t written = m.value("nvme_write_bytes", uint64_t{0});
     const uint64_t stall_us = static_cast<uint64_t>(m.value("stall_seconds", 0.0) * 1e6);
@@ -180,7 +184,15 @@ class LiveMetrics {
       }
     }
   }
-  void running(const Contender& c, bool on) { sets_[c.index].running->set(on ? 1 : 0); }
+  void running(const Contender& c, bool on) {
+    Set& set = sets_[c.index];
+    set.running->set(on ? 1 : 0);
+    if (on) return;
+    // A worker that has ended holds no memory and moves nothing: its last report's values
+    // would stay beside the next worker's (a sum over strategies counted it twice). The
+    // peaks stay.
+    for (Gauge* g : {set.host, set.pinned, set.device, set.read_rate, set.write_rate}) g->set(0);
+  }
 
  private:
   using Gauge = telemetry::Gauge;
@@ -677,8 +689,10 @@ void add_finetune_command(CLI::App& bench) {
   cmd->add_option("--plot", o->plot_path, "Write a PNG of host / pinned / device memory to FILE");
   cmd->add_option("--project-full-scale", o->project_gpu,
                   "Also simulate the unscaled model on this GPU preset (sched::simulate)");
+  // -1 is "no endpoint", the default: given explicitly it would be ignored without a word.
   cmd->add_option("--metrics-port", o->metrics_port,
-                  "Serve Prometheus metrics on 127.0.0.1:N while running (0: any free port)");
+                  "Serve Prometheus metrics on 127.0.0.1:N while running (0: any free port)")
+      ->check(CLI::Range(0, 65535));
   // The worker side, set only by the parent.
   cmd->add_option("--worker", o->worker)->group("");
   cmd->add_option("--worker-fd", o->worker_fd)->group("");

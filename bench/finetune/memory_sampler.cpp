@@ -41,9 +41,10 @@ int find_emulated_device_fd() {
   return found;
 }
 
-MemorySampler::MemorySampler(std::chrono::microseconds interval, uint32_t series_every,
-                             std::chrono::milliseconds report_interval,
-                             std::function<void(const MemoryReading&)> on_sample)
+MemorySampler::MemorySampler(
+    std::chrono::microseconds interval, uint32_t series_every,
+    std::chrono::milliseconds report_interval,
+    std::function<void(const MemoryReading&, const MemoryPeaks&)> on_sample)
     : interval_(interval),
       series_every_(std::max<uint32_t>(series_every, 1)),
       report_interval_(report_interval),
@@ -92,6 +93,7 @@ void MemorySampler::sample_now(bool report) {
   Result<MemoryReading> reading = read();
   if (!reading) return;  // no /proc: peaks stay 0, which the report shows as unknown
   const MemoryReading& r = *reading;
+  MemoryPeaks peaks;
   {
     std::lock_guard lock(mutex_);
     for (MemoryPeaks* p : {&peaks_, &window_}) {
@@ -109,9 +111,10 @@ void MemorySampler::sample_now(bool report) {
     if (report || now - last_report_ >= report_interval_) {
       last_report_ = now;
       report = true;
+      peaks = peaks_;
     }
   }
-  if (report && on_sample_) on_sample_(r);
+  if (report && on_sample_) on_sample_(r, peaks);
 }
 
 void MemorySampler::run() {

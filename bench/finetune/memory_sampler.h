@@ -39,11 +39,11 @@ struct MemoryPeaks {
 class MemorySampler {
  public:
   // Every `interval` a sample; every `series_every`-th goes into the time series; `on_sample`
-  // (may be empty) is called with each sample at most every `report_interval`, on the sampler's
-  // thread.
+  // (may be empty) is called with a sample and the peaks so far (every sample's, the ones
+  // between two reports included) at most every `report_interval`, on the sampler's thread.
   MemorySampler(std::chrono::microseconds interval, uint32_t series_every,
                 std::chrono::milliseconds report_interval,
-                std::function<void(const MemoryReading&)> on_sample);
+                std::function<void(const MemoryReading&, const MemoryPeaks&)> on_sample);
   ~MemorySampler();
   MemorySampler(const MemorySampler&) = delete;
   MemorySampler& operator=(const MemorySampler&) = delete;
@@ -79,7 +79,7 @@ class MemorySampler {
   const std::chrono::microseconds interval_;
   const uint32_t series_every_;
   const std::chrono::milliseconds report_interval_;
-  std::function<void(const MemoryReading&)> on_sample_;
+  std::function<void(const MemoryReading&, const MemoryPeaks&)> on_sample_;
   std::atomic<int> device_fd_{-1};
   std::atomic<const char*> moment_{nullptr};
   std::atomic<uint64_t> unlocked_pinned_{0};

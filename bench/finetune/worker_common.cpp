@@ -146,7 +146,8 @@ std::unique_ptr<MemorySampler> start_sampler(Channel& channel, std::string name,
   return std::make_unique<MemorySampler>(
       std::chrono::duration_cast<std::chrono::microseconds>(kSampleInterval), kSeriesEvery,
       kMetricsInterval,
-      [&channel, &stall_us, name = std::move(name), add = std::move(add)](const MemoryReading& m) {
+      [&channel, &stall_us, name = std::move(name), add = std::move(add)](
+          const MemoryReading& m, const MemoryPeaks& peaks) {
         const ProcIo io = read_proc_io();
         json event = {
             {"event", "metrics"},
@@ -154,6 +155,10 @@ std::unique_ptr<MemorySampler> start_sampler(Channel& channel, std::string name,
             {"host_bytes", m.host},
             {"pinned_bytes", m.pinned},
             {"device_bytes", m.device},
+            // Every sample's peak so far: a spike between two reports is the gauges' peak too.
+            {"peak_host_bytes", peaks.host},
+            {"peak_pinned_bytes", peaks.pinned},
+            {"peak_device_bytes", peaks.device},
             {"nvme_read_bytes", io.read},
             {"nvme_write_bytes", io.written},
             {"stall_seconds", static_cast<double>(stall_us.load(std::memory_order_relaxed)) / 1e6},

@@ -71,6 +71,9 @@ class Gauge {
   void sub(int64_t delta) noexcept { add(-delta); }
   int64_t value() const noexcept { return value_.load(std::memory_order_relaxed); }
   int64_t peak() const noexcept { return peak_.load(std::memory_order_relaxed); }
+  // A value this gauge was not set to but held between two updates (a sampler finer than its
+  // reports): the peak rises to it, the value stays.
+  void observe(int64_t v) noexcept { raise_peak(v); }
   // Starts a new peak window at the current value (e.g. per training step).
   void reset_peak() noexcept { peak_.store(value(), std::memory_order_relaxed); }
 

@@ -247,7 +247,10 @@ TEST(FinetuneBench, MetricsEndpointIsScrapedWhileItRuns) {
   std::atomic<int> port{0};
   std::atomic<bool> done{false}, seen_strata{false}, seen_zero{false}, bad_exposition{false};
   std::atomic<bool> seen_busy{false}, seen_copies{false};
-  // seen_zero: the DeepSpeed baseline's worker.
+  // seen_zero: the DeepSpeed baseline's worker. Once `strata` has ended while the baseline runs:
+  // its memory gauges (must be 0: it holds nothing) and its host peak (must be its --json one).
+  std::atomic<bool> seen_ended{false};
+  std::atomic<double> ended_host{-1}, ended_host_peak{-1};
   std::thread scraper;
   auto on_stderr = [&](const std::string& err, pid_t) {
     if (port.load() != 0) return;
@@ -275,6 +278,12 @@ TEST(FinetuneBench, MetricsEndpointIsScrapedWhileItRuns) {
               value("strata_finetune_memory_bytes{strategy=\"deepspeed-defaults\",tier=\"host\"}") >
                   0) {
             seen_zero = true;
+            if (value("strata_finetune_running{strategy=\"strata\"}") == 0) {
+              seen_ended = true;
+              ended_host = value("strata_finetune_memory_bytes{strategy=\"strata\",tier=\"host\"}");
+              ended_host_peak =
+                  value("strata_finetune_memory_bytes_peak{strategy=\"strata\",tier=\"host\"}");
+            }
           }
           // The runtime's busy times and copies: Strata's worker counts them; DeepSpeed's has no
           // such series at all (its aio reports none: a 0 would read as an idle drive).
@@ -306,7 +315,7 @@ TEST(FinetuneBench, MetricsEndpointIsScrapedWhileItRuns) {
   CliOptions options;
   options.on_stderr = on_stderr;
   const CliRun r = run_cli(tiny(dir, {"--steps", "3", "--metrics-port", "0", "--optimizer-overlap",
-                                      "off", "--baseline", "deepspeed-defaults"}),
+                                      "off", "--baseline", "deepspeed-defaults", "--json"}),
                            options);
   done = true;
   if (scraper.joinable()) scraper.join();
@@ -317,6 +326,11 @@ TEST(FinetuneBench, MetricsEndpointIsScrapedWhileItRuns) {
   EXPECT_TRUE(seen_busy.load());
   EXPECT_TRUE(seen_copies.load());
   EXPECT_FALSE(bad_exposition.load());
+  ASSERT_TRUE(seen_ended.load());
+  EXPECT_EQ(ended_host.load(), 0);  // an ended worker's last report does not stay
+  const json j = json::parse(r.out);
+  // The peak is every sample's, as the run's own: before, only the reported values' (lower).
+  EXPECT_EQ(ended_host_peak.load(), j["strategies"][0]["peak_host_bytes"].get<double>());
 }
 
 TEST(FinetuneBench, BadArgumentsGiveClearErrors) {
@@ -341,6 +355,7 @@ TEST(FinetuneBench, BadArgumentsGiveClearErrors) {
       {{"--layers", "500"}, "--layers"},
       {{"--pinned-budget", "lots"}, "--pinned-budget"},
       {{"--metrics-port", "70000"}, "--metrics-port"},
+      {{"--metrics-port", "-1"}, "--metrics-port"},  // the unset value, ignored when given
       {{"--nvme", "/nonexistent/strata"}, "--nvme"},
       {{"--optimizer-overlap", "maybe"}, "--optimizer-overlap"},
       {{"--method", "dora"}, "--method"},

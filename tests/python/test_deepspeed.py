@@ -117,3 +117,55 @@ def test_bfloat16_is_read_as_deepspeed_reads_its_older_name_for_bf16():
     assert from_deepspeed({"bfloat16": {"enabled": True}}, warn=False).param_dtype == "bfloat16"
     m = from_deepspeed({"bf16": {"enabled": False}, "bfloat16": {"enabled": True}}, warn=False)
     assert m.param_dtype is None and any("bfloat16" in note for note in m.notes)
+
+
+def test_deepspeeds_own_defaults_and_spellings_are_read_as_deepspeed_reads_them():
+    """Found by an independent client (docs/reliability.md, finding 49): each of these gave
+    another number than DeepSpeed's, or refused what DeepSpeed accepts."""
+    # An optimizer section without weight_decay: DeepSpeed's optimizers default it to 0
+    # (DeepSpeedCPUAdam, FusedAdam), not torch.optim.AdamW's 1e-2.
+    m = from_deepspeed({"optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}}, warn=False)
+    assert m.optimizer["weight_decay"] == 0.0
+    # fp16 alone means dynamic loss scaling in DeepSpeed (loss_scale 0): said, not dropped.
+    m = from_deepspeed({"fp16": {"enabled": True}}, warn=False)
+    assert any("loss" in n and "fp16" in n for n in m.notes), m.notes
+    # max_in_cpu is parameter elements kept in CPU memory under NVMe offload.
+    nvme = {"device": "nvme", "nvme_path": NVME, "max_in_cpu": 10**6}
+    m = from_deepspeed({"zero_optimization": {"stage": 3, "offload_param": nvme}}, warn=False)
+    assert m.config.pinned_budget_bytes == 10**6 * 4
+    cpu = {"device": "cpu", "max_in_cpu": 10**6}
+    m = from_deepspeed({"zero_optimization": {"stage": 3, "offload_param": cpu}}, warn=False)
+    assert m.config.pinned_budget_bytes == 0
+    assert any("max_in_cpu" in n and "'nvme'" in n for n in m.notes)
+    # A generated config's null path, one directory spelt with a trailing slash, a 1 for true.
+    m = from_deepspeed({"zero_optimization": {
+        "stage": 3, "offload_param": {"device": "nvme", "nvme_path": NVME + "/"},
+        "offload_optimizer": {"device": "nvme", "nvme_path": NVME}}}, warn=False)
+    assert m.config.nvme_path == NVME
+    from_deepspeed({"zero_optimization": {"stage": 3, "offload_param": {
+        "device": "cpu", "nvme_path": None}}}, nvme_path=NVME, warn=False)
+    from_deepspeed({"optimizer": {"type": "Adam", "params": {"bias_correction": 1}}}, warn=False)
+    # The Hugging Face template's "auto" is refused once, for what it is, not as "both true".
+    with pytest.raises(DeepSpeedConfigError) as e:
+        from_deepspeed({"fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}}, warn=False)
+    assert not any("both true" in p for p in e.value.problems), e.value.problems
+
+
+def test_deepspeeds_deprecated_and_alias_keys_are_read_as_deepspeed_reads_them():
+    """cpu_offload_param is offload_param {device: cpu}; cpu_offload is offload_optimizer {device:
+    cpu}, refused like it; the names DeepSpeed reads beside their stage3_ aliases are known."""
+    m = from_deepspeed({"zero_optimization": {"stage": 3, "cpu_offload_param": True}},
+                       nvme_path=NVME, warn=False)
+    assert m.param_home == "pinned"
+    with pytest.raises(DeepSpeedConfigError) as e:
+        from_deepspeed({"zero_optimization": {"stage": 3, "cpu_offload": True}}, warn=False)
+    assert any("offload_optimizer" in p for p in e.value.problems)
+    with pytest.raises(DeepSpeedConfigError):  # not a DeepSpeed key
+        from_deepspeed({"zero_optimization": {"stage": 3, "cpu_offload_params": True}},
+                       warn=False)
+    m = from_deepspeed({"zero_optimization": {"stage": 3, "max_live_parameters": 10**9,
+                                              "prefetch_bucket_size": 5 * 10**7},
+                        "dataloader_drop_last": True, "amp": {"enabled": False}}, warn=False)
+    assert any("max_live_parameters" in n for n in m.notes)
+    with pytest.raises(DeepSpeedConfigError):
+        from_deepspeed({"amp": {"enabled": True}}, warn=False)

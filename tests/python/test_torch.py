@@ -232,6 +232,45 @@ def test_errors_surface_as_strata_error(data, nvme_dir):
     assert e.value.name == "STRATA_E_DEVICE_BUDGET"
 
 
+def test_adamw_takes_the_optimizer_of_the_config_the_model_was_offloaded_with(data, nvme_dir):
+    """DeepSpeed builds its optimizer from the config it is given: a config given to offload
+    alone sets AdamW's settings too (before, AdamW trained with torch's defaults, silently), a
+    setting given both ways differently is refused, and AdamW's own config may not set the
+    runtime otherwise than the model's (docs/reliability.md, finding 49)."""
+    ds = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.95]}},
+          "gradient_clipping": 0.05,
+          "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}
+    model = small_llama(seed=11)
+    st.offload(model, nvme_path=nvme_dir, deepspeed_config=ds, device=DEVICE, **SMALL)
+    with pytest.raises(strata.StrataError) as e:
+        st.AdamW(model.parameters(), lr=5e-2)
+    assert e.value.name == "STRATA_E_INVALID" and "lr=0.05" in e.value.message
+    with pytest.raises(strata.StrataError) as e:
+        st.AdamW(model.parameters(), deepspeed_config={**ds, "aio": {"queue_depth": 3}})
+    assert "queue_depth" in e.value.message
+    opt = st.AdamW(model.parameters())
+    group = opt.param_groups[0]
+    assert group["lr"] == 1e-2 and group["betas"] == (0.9, 0.95)
+    assert group["weight_decay"] == 0.0  # DeepSpeed's default, the section has none
+    # The same steps as torch.optim.AdamW with the config's settings and clip_grad_norm_.
+    reference = small_llama(seed=11).to(DEVICE)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, betas=(0.9, 0.95),
+                                weight_decay=0.0)
+    for x, y in data[:2]:
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ref_loss = loss_fn(reference(x), y)
+        ref_loss.backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.05)
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert abs(loss.item() - ref_loss.item()) <= 1e-5 * abs(ref_loss.item())
+    assert abs(loss_fn(model(data[2][0]), data[2][1]).item() -
+               loss_fn(reference(data[2][0]), data[2][1]).item()) <= 1e-4
+
+
 def test_deepspeed_config_drives_offload(data, nvme_dir):
     model = small_llama(seed=10)
     ds = {"zero_optimization": {"stage": 3,

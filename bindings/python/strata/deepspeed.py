@@ -24,6 +24,7 @@ is silently dropped. The table in docs/pytorch.md lists every mapping.
 """
 import difflib
 import math
+import os
 import warnings
 
 from . import _lib
@@ -41,6 +42,7 @@ _LOOP_KEYS = {
     "scheduler", "communication_data_type", "flops_profiler", "tensorboard", "wandb",
     "csv_monitor", "comms_logger", "memory_breakdown", "activation_checkpointing",
     "checkpoint", "data_types", "seed", "elasticity", "autotuning",
+    "zero_force_ds_cpu_optimizer", "compile", "dataloader_drop_last",
 }
 _ZERO_COMM_KEYS = {
     "contiguous_gradients", "overlap_comm", "reduce_bucket_size", "reduce_scatter",
@@ -50,16 +52,26 @@ _ZERO_COMM_KEYS = {
     "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
     "elastic_checkpoint", "ignore_unused_parameters", "legacy_stage1", "load_from_fp32_weights",
     "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients",
-    "memory_efficient_linear", "mics_shard_size", "cpu_offload", "cpu_offload_params",
+    "memory_efficient_linear", "mics_shard_size",
+    # The names DeepSpeed reads beside their stage3_ aliases (runtime/zero/config.py).
+    "prefetch_bucket_size", "param_persistence_threshold", "max_live_parameters",
+    "max_reuse_distance", "gather_16bit_weights_on_model_save",
+    "stage3_model_persistence_threshold", "stage3_module_granularity_threshold",
+    "use_multi_rank_bucket_allreduce", "zero_quantized_nontrainable_weights",
 }
-_ZERO_KEYS = {"stage", "offload_param", "offload_optimizer", "sub_group_size"} | _ZERO_COMM_KEYS
+# DeepSpeed's deprecated spellings of the offload sections (runtime/zero/config.py turns
+# cpu_offload into offload_optimizer {device: cpu}, cpu_offload_param into offload_param
+# {device: cpu}, cpu_offload_use_pin_memory into their pin_memory).
+_ZERO_DEPRECATED = {"cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory"}
+_ZERO_KEYS = {"stage", "offload_param", "offload_optimizer", "sub_group_size"} | \
+    _ZERO_COMM_KEYS | _ZERO_DEPRECATED
 _PARAM_KEYS = {"device", "nvme_path", "pin_memory", "buffer_count", "buffer_size", "max_in_cpu"}
 _OPTIM_KEYS = {"device", "nvme_path", "pin_memory", "buffer_count", "fast_init", "ratio",
                "pipeline", "pipeline_read", "pipeline_write"}
 _AIO_KEYS = {"block_size", "queue_depth", "thread_count", "intra_op_parallelism",
              "single_submit", "overlap_events", "use_gds"}
 _TOP_KEYS = {"zero_optimization", "aio", "optimizer", "gradient_clipping", "fp16", "bf16",
-             "bfloat16", "strata"} | _LOOP_KEYS
+             "bfloat16", "amp", "strata"} | _LOOP_KEYS
 # DeepSpeed's own (runtime/precision_config.py: DeepSpeedFP16Config, DeepSpeedBF16Config, which
 # refuse any other key).
 _FP16_KEYS = {"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window",
@@ -141,7 +153,7 @@ def _finite(value):
 def _path(section, where, paths, problems):
     value = section["nvme_path"]
     if isinstance(value, str) and value:
-        paths[where + "nvme_path"] = value
+        paths[where + "nvme_path"] = os.path.normpath(value)  # "/a" and "/a/" are one directory
     else:
         problems.append(f"{where}nvme_path must be a directory name, not {value!r}")
 
@@ -173,6 +185,24 @@ def from_deepspeed(ds, warn=True, **strata_overrides):
 
     param = zero.get("offload_param")
     optim = zero.get("offload_optimizer")
+    for key in sorted(set(zero) & _ZERO_DEPRECATED):
+        if not isinstance(zero[key], bool):
+            problems.append(f"zero_optimization.{key} must be true or false, not {zero[key]!r}")
+    if zero.get("cpu_offload") is True:
+        problems.append("zero_optimization.cpu_offload true is DeepSpeed's old spelling of "
+                        "offload_optimizer {device: cpu}: Strata's optimizer keeps its states "
+                        "on NVMe (offload_optimizer {device: nvme, nvme_path: ...})")
+    if zero.get("cpu_offload_param") is True:
+        if param is not None:
+            problems.append("zero_optimization.cpu_offload_param and offload_param are both "
+                            "given: one spelling of the parameters' offload")
+        else:
+            param = {"device": "cpu"}
+            if isinstance(zero.get("cpu_offload_use_pin_memory"), bool):
+                param["pin_memory"] = zero["cpu_offload_use_pin_memory"]
+    elif zero.get("cpu_offload_use_pin_memory") is False:
+        out.notes.append("zero_optimization.cpu_offload_use_pin_memory false: Strata always "
+                         "stages through pinned buffers, sized exactly to each tensor")
     paths = {}
     elem_bytes = 4
     fp16 = ds.get("fp16", {})
@@ -201,8 +231,13 @@ def from_deepspeed(ds, warn=True, **strata_overrides):
             extra = set(section) - {"enabled"}
             if extra:
                 out.notes.append(f"{name}.{sorted(extra)}: {extra_note}")
-    if isinstance(fp16, dict) and isinstance(bf16, dict) and fp16.get("enabled") and \
-            bf16.get("enabled"):
+            elif name == "fp16":
+                # DeepSpeed's fp16 default is dynamic loss scaling (loss_scale 0,
+                # runtime/precision_config.py): a note even where no key asks for it.
+                out.notes.append("fp16.enabled: DeepSpeed scales the loss dynamically by "
+                                 "default; here " + extra_note)
+    if isinstance(fp16, dict) and isinstance(bf16, dict) and fp16.get("enabled") is True and \
+            bf16.get("enabled") is True:
         problems.append("fp16.enabled and bf16.enabled are both true")
 
     pinned_budget = 0
@@ -225,7 +260,7 @@ def from_deepspeed(ds, warn=True, **strata_overrides):
         if device in ("nvme", "cpu") and stage is not None and stage != 3:
             problems.append(f"{where}device {device!r} needs zero_optimization.stage 3 "
                             f"(it is {stage}), as in DeepSpeed")
-        if "nvme_path" in param:
+        if param.get("nvme_path") is not None:
             if device != "nvme":
                 problems.append(f"{where}nvme_path is set but device is {device!r}")
             _path(param, where, paths, problems)
@@ -244,11 +279,14 @@ def from_deepspeed(ds, warn=True, **strata_overrides):
             pinned_budget += (count or 5) * (size or 100_000_000) * elem_bytes
             _assign(out, "zero_param_buffer_elements", size or 0, where + "buffer_size", problems)
         if "max_in_cpu" in param:
+            # DeepSpeed keeps up to max_in_cpu parameter elements in a CPU buffer instead of on
+            # NVMe when offloading to NVMe (stage3.py:678-701, as runtime/model/deepspeed_config
+            # models it); with device cpu every parameter is in CPU memory and it does nothing.
             limit = _number(param, "max_in_cpu", where, problems, 0)
-            if device == "cpu" and limit is not None:
+            if device == "nvme" and limit is not None:
                 pinned_budget += limit * elem_bytes
-            else:
-                out.notes.append(f"{where}max_in_cpu: only meaningful with device 'cpu'")
+            elif limit is not None:
+                out.notes.append(f"{where}max_in_cpu: only meaningful with device 'nvme'")
 
     if optim is not None:
         where = "zero_optimization.offload_optimizer."
@@ -261,7 +299,7 @@ def from_deepspeed(ds, warn=True, **strata_overrides):
             problems.append(f"{where}device {device!r}: Strata's optimizer keeps its states "
                             "(fp32 master, m, v) on NVMe; use 'nvme' (or omit offload_optimizer "
                             "and use torch.optim)")
-        if "nvme_path" in optim:
+        if optim.get("nvme_path") is not None:
             _path(optim, where, paths, problems)
         elif device == "nvme":
             problems.append(f"{where}device is 'nvme' but nvme_path is missing")
@@ -355,12 +393,18 @@ def from_deepspeed(ds, warn=True, **strata_overrides):
         decoupled = kind.lower() == "adamw" or params.get("adam_w_mode", True)
         if kind.lower() == "adamw" and params.get("adam_w_mode") is False:
             problems.append("optimizer.type 'AdamW' with params.adam_w_mode false")
-        if params.get("bias_correction", True) is not True:
-            problems.append("optimizer.params.bias_correction false is not supported")
+        correction = params.get("bias_correction", True)
+        if not isinstance(correction, (bool, int)) or not correction:
+            problems.append(f"optimizer.params.bias_correction {correction!r}: only true is "
+                            "supported")
         if params.get("amsgrad", False):
             problems.append("optimizer.params.amsgrad is not supported")
         if "torch_adam" in params:
             out.notes.append("optimizer.params.torch_adam: Strata always runs its own CPU kernels")
+        # DeepSpeed builds the optimizer from params alone, with its constructors' defaults:
+        # DeepSpeedCPUAdam and FusedAdam take weight_decay=0 (deepspeed/ops/adam/cpu_adam.py,
+        # fused_adam.py), not torch.optim.AdamW's 1e-2; lr, betas and eps default as torch's.
+        out.optimizer["weight_decay"] = 0.0
         for key in ("lr", "eps", "weight_decay"):
             if key in params:
                 if not _finite(params[key]) or params[key] < 0:
@@ -376,6 +420,16 @@ def from_deepspeed(ds, warn=True, **strata_overrides):
             else:
                 out.optimizer["betas"] = (float(betas[0]), float(betas[1]))
         out.optimizer["decoupled_weight_decay"] = bool(decoupled)
+
+    amp = ds.get("amp")
+    if amp is not None:
+        if not isinstance(amp, dict):
+            problems.append("amp must be a dict")
+        elif amp.get("enabled", False):
+            problems.append("amp.enabled: apex's mixed precision is not supported (use bf16 or "
+                            "fp16 parameters)")
+        else:
+            out.notes.append("amp: not enabled; Strata does not use apex")
 
     if "gradient_clipping" in ds:
         clip = ds["gradient_clipping"]

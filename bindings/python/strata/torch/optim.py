@@ -16,6 +16,7 @@ group settings are pushed to Strata (strata_optimizer_set_group) at every step w
 changed.
 """
 import inspect
+import warnings
 
 import torch
 
@@ -131,6 +132,35 @@ class _Standalone:
         self.written = None
 
 
+def _offloaded_owner(params):
+    """The strata.torch.offload model of the first offloaded parameter in params (tensors or
+    torch's param-group dicts), or None."""
+    for entry in params:
+        group = entry.get("params", []) if isinstance(entry, dict) else [entry]
+        for p in [group] if isinstance(group, torch.Tensor) else group:
+            link = getattr(p, "_strata", None)
+            if link is not None:
+                return link.owner()
+    return None
+
+
+def _check_same_runtime(mapped, owner):
+    """A deepspeed_config given to AdamW over offloaded parameters sets their optimizer only:
+    the runtime (NVMe path, budgets, aio) is the model's, configured at offload. Runtime
+    settings that differ from the model's would be ignored: refused instead."""
+    from ..config import Config
+    model = owner.deepspeed.config.as_dict() if owner.deepspeed is not None else \
+        Config().as_dict()
+    differ = sorted(k for k, v in mapped.config.as_dict().items() if model.get(k) != v)
+    if differ:
+        raise StrataError(_lib.E_INVALID, f"AdamW(deepspeed_config=...) sets the runtime's "
+                                          f"{', '.join(differ)} otherwise than the config the "
+                                          "model was offloaded with; the parameters are "
+                                          "offloaded, so the optimizer uses their model's "
+                                          "runtime: give strata.torch.offload that config (or "
+                                          "give AdamW none: it takes the model's)")
+
+
 class AdamW(torch.optim.Optimizer):
     """AdamW (or Adam with decoupled_weight_decay=False) run by Strata.
 
@@ -167,10 +197,39 @@ class AdamW(torch.optim.Optimizer):
             if value:
                 raise StrataError(_lib.E_UNSUPPORTED, f"AdamW({name}=True): Strata's optimizer "
                                                       f"has no {name}; torch.optim.AdamW does")
-        mapped = None
+        params = list(params)  # read twice: for the model's DeepSpeed config, then by torch
+        owner = _offloaded_owner(params)
+        # The DeepSpeed config whose "optimizer" and "gradient_clipping" apply: AdamW's own, else
+        # the one the model was offloaded with (DeepSpeed builds its optimizer from the config
+        # it is given; ignoring the model's would train with torch's defaults instead).
+        mapped, source = None, None
         if deepspeed_config is not None:
             from ..deepspeed import from_deepspeed
-            mapped = from_deepspeed(deepspeed_config, warn=False)
+            mapped, source = from_deepspeed(deepspeed_config, warn=False), "deepspeed_config"
+            if owner is not None:
+                _check_same_runtime(mapped, owner)
+            # What the config sets without effect, as offload reports it; where the parameters
+            # are plain tensors (a standalone optimizer), not that they stay on the device.
+            for note in mapped.notes:
+                if owner is not None or not note.startswith("no zero_optimization.offload_"):
+                    warnings.warn("strata: " + note, stacklevel=2)
+        elif owner is not None and owner.deepspeed is not None and \
+                (owner.deepspeed.optimizer or owner.deepspeed.optimizer_options):
+            mapped, source = owner.deepspeed, "the deepspeed_config the model was offloaded with"
+        if mapped is not None:
+            given = {"lr": (lr, 1e-3), "betas": (tuple(betas), (0.9, 0.999)), "eps": (eps, 1e-8),
+                     "weight_decay": (weight_decay, 1e-2),
+                     "decoupled_weight_decay": (decoupled_weight_decay, True)}
+            options = {"max_grad_norm": (max_grad_norm, 0.0),
+                       "sub_group_bytes": (sub_group_bytes, 0)}
+            conflicts = [f"{key}={value!r} (the config's: {table[key]!r})"
+                         for settings, table in ((given, mapped.optimizer),
+                                                 (options, mapped.optimizer_options))
+                         for key, (value, default) in settings.items()
+                         if key in table and value != default and value != table[key]]
+            if conflicts:
+                raise StrataError(_lib.E_INVALID, f"AdamW({', '.join(conflicts)}): set here and "
+                                                  f"by {source}; give each setting once")
             lr = mapped.optimizer.get("lr", lr)
             betas = mapped.optimizer.get("betas", betas)
             eps = mapped.optimizer.get("eps", eps)
@@ -219,8 +278,10 @@ class AdamW(torch.optim.Optimizer):
             self._own_runtime = False
             self._model.optimizer = self
         else:
-            cfg, _, _ = build_config(nvme_path, "cpu", config, deepspeed_config if mapped else
-                                     None, **config_fields)
+            with warnings.catch_warnings():  # the config's notes were given above
+                warnings.simplefilter("ignore")
+                cfg, _, _ = build_config(nvme_path, "cpu", config, deepspeed_config,
+                                         **config_fields)
             self.runtime = Runtime(cfg)
             self._own_runtime = True
             self._model = None
