@@ -27,6 +27,17 @@ def data():
             for x, y in batches(corpus_bytes(), STEPS, batch=4, seq=32, seed=1)]
 
 
+def train_step(model, opt, x, y, clip=None):
+    """One step; clip: torch's clip_grad_norm_ before it (a torch optimizer's reference)."""
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    if clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    opt.step()
+    opt.zero_grad()
+    return loss.item()
+
+
 def torch_losses(model, data, steps, sched=None, **adamw):
     model = model.to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), **adamw)
@@ -166,15 +177,7 @@ def test_optimizer_state_dict_round_trip(data, nvme_dir, tmp_path):
     fresh_opt.load_state_dict(sd)
     assert fresh_opt.param_groups[0]["lr"] == 3e-3
     for x, y in data[3:6]:
-        a = loss_fn(model(x), y)
-        a.backward()
-        opt.step()
-        opt.zero_grad()
-        b = loss_fn(fresh(x), y)
-        b.backward()
-        fresh_opt.step()
-        fresh_opt.zero_grad()
-        assert a.item() == b.item()
+        assert train_step(model, opt, x, y) == train_step(fresh, fresh_opt, x, y)
     # Strata's own checkpoint file round-trips too.
     path = tmp_path / "optimizer.ckpt"
     opt.save(str(path))
@@ -257,16 +260,8 @@ def test_adamw_takes_the_optimizer_of_the_config_the_model_was_offloaded_with(da
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, betas=(0.9, 0.95),
                                 weight_decay=0.0)
     for x, y in data[:2]:
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        ref_loss = loss_fn(reference(x), y)
-        ref_loss.backward()
-        torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.05)
-        ref_opt.step()
-        ref_opt.zero_grad()
-        assert abs(loss.item() - ref_loss.item()) <= 1e-5 * abs(ref_loss.item())
+        ours, theirs = train_step(model, opt, x, y), train_step(reference, ref_opt, x, y, 0.05)
+        assert abs(ours - theirs) <= 1e-5 * abs(theirs)
     assert abs(loss_fn(model(data[2][0]), data[2][1]).item() -
                loss_fn(reference(data[2][0]), data[2][1]).item()) <= 1e-4
 
