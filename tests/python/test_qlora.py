@@ -1,6 +1,7 @@
 """QLoRA (issue 22, point 2): the frozen base's linear weights stored in NF4 on NVMe and
 dequantized where torch computes. The offloaded model trains exactly as plain torch does on the
-dequantized weights, reads about an eighth of the fp32 base's bytes per step, and converges."""
+dequantized weights, reads about a quarter of the fp32 base's bytes per step (the head stays
+fp32), and converges."""
 import copy
 
 import pytest
@@ -24,8 +25,10 @@ def lora_llama(seed, hidden=128, layers=2):
 
 
 def frozen_linear_weights(model):
+    """The weights quantize_frozen="nf4" quantizes: frozen nn.Linear weights but the head's."""
     return [m.weight for m in model.modules()
-            if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad]
+            if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad and
+            m is not model.lm_head]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -63,6 +66,10 @@ def test_qlora_trains_as_torch_does_on_the_dequantized_base(nvme_dir):
     assert len(quantized) == len(frozen_linear_weights(reference))
     for p, q in zip(frozen_linear_weights(reference), quantized):
         assert torch.equal(handle.parameter(q), p.detach())
+    # The output head keeps its dtype and values, as in QLoRA (before: quantized too, where the
+    # docs said it was not).
+    assert ours.lm_head.weight._strata.codec is None
+    assert torch.equal(handle.parameter(ours.lm_head.weight), reference.lm_head.weight.detach())
     reference.to(DEVICE)
     ref_opt = torch.optim.AdamW(lora.trainable(reference), lr=3e-3)
     opt = st.AdamW(lora.trainable(ours), lr=3e-3)
@@ -92,8 +99,9 @@ def step_parameter_reads(nvme_dir, quantize, steps=3):
 def test_an_nf4_base_streams_about_an_eighth_of_the_fp32_bytes(nvme_dir):
     full = step_parameter_reads(nvme_dir, None)
     quantized = step_parameter_reads(nvme_dir, "nf4")
-    # fp32: 4 bytes per weight; NF4: 0.5 + 4 / 64. The embedding, norms and head stay fp32.
-    assert 0 < quantized <= 0.25 * full, (quantized, full)
+    # fp32: 4 bytes per weight; NF4: 0.5 + 4 / 64. The embedding, norms and head stay fp32 (the
+    # head, as in QLoRA, since 2026-12-05): 0.263 of the fp32 bytes here, 0.24 when it was NF4.
+    assert 0 < quantized <= 0.3 * full, (quantized, full)
 
 
 def test_lora_on_an_nf4_base_converges_as_on_the_full_precision_base(nvme_dir):

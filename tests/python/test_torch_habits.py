@@ -2,6 +2,7 @@
 PyTorch's result (losses within 1e-5 relative over 20 steps, from the same weights and data) or
 raises a clear error at the moment of misuse. The model is a Llama-style 2-block model with
 tied input and output embeddings, as in most small language models."""
+import collections
 import copy
 import gc
 import os
@@ -427,6 +428,82 @@ def test_add_param_group_mid_run_keeps_per_parameter_steps(data, nvme_dir):
     with pytest.raises(strata.StrataError) as e:
         opt.save(os.path.join(nvme_dir, "opt.ckpt"))
     assert "state_dict" in e.value.message
+
+
+def test_optimizer_state_edits_are_refused_not_dropped(data, nvme_dir):
+    """optimizer.state[p] is a copy read out of Strata: torch's ways of changing the state
+    through it (assigning or deleting an entry, clearing, replacing optimizer.state, writing a
+    moment in place) would change only the copy; each is refused, the in-place write at the next
+    step (before: accepted, and the next step moved the weights as if nothing had happened)."""
+    _, _, ours, opt, _ = pair(nvme_dir, seed=6, lr=3e-3)
+    train_both(((ours, opt),), data[:1], ([],))
+    p = next(ours.parameters())
+    entry = opt.state[p]
+    for edit in (lambda: entry.__setitem__("exp_avg", torch.zeros(1)),
+                 lambda: entry.pop("exp_avg"), lambda: opt.state.clear(),
+                 lambda: opt.state.__delitem__(p),
+                 lambda: setattr(opt, "state", collections.defaultdict(dict))):
+        with pytest.raises(strata.StrataError) as e:
+            edit()
+        assert e.value.name == "STRATA_E_UNSUPPORTED"
+    assert type(copy.deepcopy(entry)) is dict  # a copy of it is the user's to change
+    entry["exp_avg"].zero_()
+    x, y = data[1]
+    loss_fn(ours(x), y).backward()
+    with pytest.raises(strata.StrataError) as e:
+        opt.step()
+    assert "changed in place" in e.value.message
+    del entry
+    opt.step()  # nothing of the refused step happened; this one runs
+
+
+def test_a_step_skipped_for_non_finite_gradients_is_warned_about(data, nvme_dir):
+    """check_overflow skips a step whose gradients hold nan, where torch's AdamW would step into
+    nan; a loop that never reads last_result saw nothing, every step skipped."""
+    _, _, ours, opt, handle = pair(nvme_dir, seed=9, lr=3e-3)
+    x, y = data[0]
+    before = handle.parameter(ours.norm.weight).clone()
+    (loss_fn(ours(x), y) * float("nan")).backward()
+    with pytest.warns(RuntimeWarning, match="skipped its update"):
+        opt.step()
+    assert opt.last_result["found_nonfinite"]
+    assert torch.equal(handle.parameter(ours.norm.weight), before)
+
+
+def test_a_torch_optimizer_over_offloaded_parameters_is_refused(data, nvme_dir):
+    """torch's optimizers find no p.grad on offloaded parameters and would skip them all,
+    training nothing without a word (the loss stayed where it was): refused when the
+    parameters are added, the constructor or add_param_group."""
+    _, _, ours, _, _ = pair(nvme_dir, seed=8, lr=3e-3)
+    for make in (lambda ps: torch.optim.SGD(ps, lr=0.1), lambda ps: torch.optim.AdamW(ps),
+                 lambda ps: torch.optim.Adam([{"params": ps}])):
+        with pytest.raises(strata.StrataError) as e:
+            make(ours.parameters())
+        assert e.value.name == "STRATA_E_INVALID" and "strata.torch.AdamW" in e.value.message
+    plain = torch.nn.Linear(2, 2)
+    sgd = torch.optim.SGD(plain.parameters(), lr=0.1)  # other parameters: torch's, as ever
+    with pytest.raises(strata.StrataError):
+        sgd.add_param_group({"params": [next(ours.parameters())]})
+
+
+def test_zero_grad_without_set_to_none_leaves_a_parameter_without_gradient_without(data,
+                                                                                  nvme_dir):
+    """torch's zero_grad(set_to_none=False) zeroes only the gradients that exist: a layer
+    frozen after its gradients were set to None has none, and torch's AdamW leaves it alone.
+    Strata refuses the step (a parameter without a gradient, docs/pytorch.md); before, it made
+    the gradients zero and stepped the frozen layer with its weight decay and momentum."""
+    _, _, ours, opt, _ = pair(nvme_dir, seed=7, lr=3e-3, weight_decay=0.1)
+    train_both(((ours, opt),), data[:1], ([],))
+    opt.zero_grad(set_to_none=True)
+    frozen = [p for n, p in ours.named_parameters() if "layers.1.mlp" in n]
+    for p in frozen:
+        p.requires_grad_(False)
+    opt.zero_grad(set_to_none=False)
+    x, y = data[1]
+    loss_fn(ours(x), y).backward()
+    with pytest.raises(strata.StrataError) as e:
+        opt.step()
+    assert e.value.name == "STRATA_E_STATE" and "no gradient" in e.value.message
 
 
 # 6 ----------------------------------------------------------------------------------------------

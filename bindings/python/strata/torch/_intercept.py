@@ -5,8 +5,10 @@ in Strata) and no data outside its unit's forward and backward. torch's gradient
 therefore find no gradients and return 0 without clipping, and DistributedDataParallel would
 fail deep inside backward. install() (run by `import strata.torch`) makes
 torch.nn.utils.clip_grad_norm_ / clip_grad_value_ give torch's result on Strata's gradients, and
-makes DistributedDataParallel refuse an offloaded model with a message naming what works.
-Everything else passes through to torch unchanged.
+makes DistributedDataParallel refuse an offloaded model with a message naming what works, and
+makes every torch optimizer but strata.torch.AdamW refuse offloaded parameters when they are
+added (its constructor): it would find no p.grad and change nothing. Everything else passes
+through to torch unchanged.
 
 A script may have bound the function itself before importing strata.torch
 (`from torch.nn.utils import clip_grad_norm_`); replacing the module attribute would leave it
@@ -131,6 +133,35 @@ def _refuse_offloaded_ddp(init):
     return __init__
 
 
+def _refuse_offloaded_in_foreign_optimizers(add_param_group):
+    """torch.optim.Optimizer.add_param_group (which every torch optimizer's constructor calls)
+    refusing offloaded parameters in any optimizer but strata.torch.AdamW: their gradients and
+    values live in Strata, so torch's optimizer would find no p.grad, skip every one, and train
+    nothing without a word."""
+
+    def add_param_group_checked(self, param_group):
+        from .optim import AdamW  # optim imports offload, which imports this module's users
+        if not isinstance(self, AdamW) and isinstance(param_group, dict):
+            params = param_group.get("params")
+            if not isinstance(params, (torch.Tensor, set)) and params is not None:
+                params = param_group["params"] = list(params)  # as torch's own does next
+            for p in [params] if isinstance(params, torch.Tensor) else params or []:
+                rec = getattr(p, "_strata", None)
+                owner = rec.owner() if rec is not None else None
+                if owner is not None and not owner._closed:
+                    raise StrataError(_lib.E_INVALID,
+                                      f"{type(self).__name__} over parameter {rec.name!r}, "
+                                      "offloaded by strata.torch.offload: its gradient and "
+                                      "values live in Strata, so this optimizer would see no "
+                                      "gradient and change nothing; use strata.torch.AdamW")
+        return add_param_group(self, param_group)
+
+    add_param_group_checked.__wrapped__ = add_param_group
+    add_param_group_checked.__doc__ = add_param_group.__doc__
+    add_param_group_checked.__name__ = add_param_group.__name__
+    return add_param_group_checked
+
+
 def _trampoline(*args, _strata_impl=None, **kwargs):
     # The code torch's clip functions run once redirected: no globals, no closure, so that it
     # runs the same in torch's module; _strata_impl is a keyword default set on the function.
@@ -171,6 +202,9 @@ def install():
                 setattr(module, name, ours)
         else:
             _ORIGINAL[name] = original
+    optimizer = torch.optim.Optimizer
+    optimizer.add_param_group = _refuse_offloaded_in_foreign_optimizers(
+        optimizer.add_param_group)
     if torch.distributed.is_available():
         ddp = torch.nn.parallel.DistributedDataParallel
         ddp.__init__ = _refuse_offloaded_ddp(ddp.__init__)

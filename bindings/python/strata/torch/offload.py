@@ -127,6 +127,22 @@ class _SavedParameterView:
         self.dtype = dtype
 
 
+def _output_head_weights(module):
+    """The weights of the model's output head, which QLoRA keeps in their dtype (transformers
+    keeps the output embeddings out of 4-bit, get_keys_to_not_convert): get_output_embeddings()
+    where the model has one (Hugging Face models), else every nn.Linear weight of an
+    nn.Embedding's shape (vocabulary x hidden: the head, tied or not)."""
+    get = getattr(module, "get_output_embeddings", None)
+    if callable(get):
+        head = get()
+        if isinstance(head, torch.nn.Linear):
+            return {id(head.weight)}
+    shapes = {tuple(m.weight.shape) for m in module.modules()
+              if isinstance(m, torch.nn.Embedding)}
+    return {id(m.weight) for m in module.modules()
+            if isinstance(m, torch.nn.Linear) and tuple(m.weight.shape) in shapes}
+
+
 class _SavedByTorch:
     """A saved tensor the hook leaves with torch: detached, and its version when saved. The
     tensor itself would tie the graph in a cycle when it is an operation's own output (its
@@ -383,6 +399,7 @@ class OffloadedModel:
     def _register(self, module):
         by_id = {}
         names = {id(p): n for n, p in module.named_parameters()}
+        heads = _output_head_weights(module) if self.quantize_frozen else set()
         replaced = {}  # id(meta parameter) -> the CPU parameter that replaces it
         for module_name, sub in module.named_modules():
             direct = [(k, p) for k, p in sub._parameters.items() if p is not None]
@@ -405,7 +422,9 @@ class OffloadedModel:
                 if rec is None:
                     rec = _Param(names.get(id(p), f"{module_name}.?"), p)
                     by_id[id(p)] = rec
-                    linear_weight = isinstance(sub, torch.nn.Linear) and key == "weight"
+                    # quantize_frozen's linear weights: not the output head's (below).
+                    linear_weight = isinstance(sub, torch.nn.Linear) and key == "weight" and \
+                        id(p) not in heads
                     self._register_param(rec, unit.index, linear_weight)
                     self.params.append(rec)
                 elif full_name not in rec.names:
@@ -942,10 +961,15 @@ class OffloadedModel:
             for rec in records:
                 if rec.grad is None:
                     continue
+                # torch zeroes only a p.grad that exists: one no backward wrote since the last
+                # set_to_none stays None, and its optimizer does not step it (made zero here,
+                # weight decay and momentum moved parameters torch leaves alone).
+                had_grad = rec.grad_written or rec.grad_zero or rec.grad_consumed or \
+                    rec.grad_stale
                 if rec.grad_written:
                     rec.grad.discard()
                     rec.grad_written = False
-                rec.grad_zero = not set_to_none
+                rec.grad_zero = not set_to_none and had_grad
                 rec.grad_consumed = False
                 rec.grad_stale = False
 

@@ -17,6 +17,7 @@ changed.
 """
 import inspect
 import warnings
+import weakref
 
 import torch
 
@@ -57,17 +58,65 @@ def _settings_for_step(settings, global_step, group_step):
     return (lr2, (beta1, beta2), eps / k, wd2, decoupled)
 
 
+_READ_ONLY = ("strata.torch.AdamW's state lives in Strata: optimizer.state and its entries are "
+              "copies read out of it, read-only; load_state_dict() changes the state (torch's "
+              "state_dict, edited, loads)")
+
+
+def _refuse_edit(*_args, **_kwargs):
+    raise StrataError(_lib.E_UNSUPPORTED, _READ_ONLY)
+
+
+class _StateEntry(dict):
+    """One parameter's state as optimizer.state[p] gives it: new CPU tensors read out of Strata.
+    Every way of changing it is refused, since the change would reach only the copy (torch
+    users expect it to change the optimizer): assigning or deleting a key raises at once, and an
+    in-place write to one of its tensors is found at the next step(), which raises. Copies of the
+    entry (copy.deepcopy, pickling) are plain dicts."""
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse_edit
+
+    def __init__(self, entries):
+        super().__init__(entries)
+        self.versions = {k: v._version for k, v in entries.items() if isinstance(v, torch.Tensor)}
+
+    def written_in_place(self):
+        return sorted(k for k, version in self.versions.items() if self[k]._version != version)
+
+    def __reduce__(self):
+        return dict, (dict(self),)
+
+
 class _LazyState(dict):
     """optimizer.state for strata.torch.AdamW: torch's per-parameter dict ({step, exp_avg,
     exp_avg_sq}, plus strata_master for half-precision parameters), read out of Strata when an
     entry is looked up. Each lookup copies the parameter's states into new CPU tensors (two or
-    three fp32 copies of the parameter: the cost of reading them from NVMe); writing into them
-    changes nothing in Strata (use load_state_dict). Parameters not stepped yet have no entry,
-    as in torch."""
+    three fp32 copies of the parameter: the cost of reading them from NVMe). Read-only
+    (_StateEntry): the entries handed out are kept (weakly) so that step() can refuse one
+    written in place. Parameters not stepped yet have no entry, as in torch."""
+
+    __delitem__ = clear = pop = popitem = setdefault = update = _refuse_edit
 
     def __init__(self, optimizer):
         super().__init__()
         self._optimizer = optimizer
+        self._handed = []  # weakrefs to (parameter name, _StateEntry) still alive
+
+    def check_unchanged(self):
+        """Raises if an entry handed out was written in place (its change reached the copy
+        only)."""
+        alive = [ref for ref in self._handed if ref() is not None]
+        self._handed = alive
+        for ref in alive:
+            entry = ref()
+            changed, name = (entry.written_in_place(), entry.name) if entry is not None else \
+                ([], "")
+            entry = None  # the traceback keeps this frame: not the entry, which the user may drop
+            if changed:
+                raise StrataError(_lib.E_UNSUPPORTED,
+                                  f"optimizer.state[...][{changed[0]!r}] of {name} was changed "
+                                  f"in place: it is a copy, and Strata's state did not change. "
+                                  f"{_READ_ONLY}")
 
     def _params(self):
         opt = self._optimizer
@@ -77,8 +126,12 @@ class _LazyState(dict):
     def __getitem__(self, p):
         if not isinstance(p, torch.Tensor) or id(p) not in self._optimizer._records or \
                 self._optimizer._param_step(p) == 0:
-            return {}  # torch's defaultdict(dict) gives a fresh empty dict too
-        return self._optimizer._read_state(p)
+            return _StateEntry({})  # torch's defaultdict(dict) gives a fresh empty dict too
+        entry = _StateEntry(self._optimizer._read_state(p))
+        entry.name = self._optimizer._records[id(p)].name
+        self._handed = [ref for ref in self._handed if ref() is not None]
+        self._handed.append(weakref.ref(entry))
+        return entry
 
     def get(self, p, default=None):
         return self[p] if p in self else default
@@ -101,10 +154,7 @@ class _LazyState(dict):
     def values(self):
         return [self[p] for p in self._params()]
 
-    def __setitem__(self, p, value):
-        raise StrataError(_lib.E_UNSUPPORTED, "strata.torch.AdamW's state lives in Strata: "
-                                              "optimizer.state is read-only; use "
-                                              "load_state_dict() to change it")
+    __setitem__ = _refuse_edit
 
     def __repr__(self):
         return f"<strata.torch.AdamW state of {len(self)} parameters, read on access>"
@@ -273,7 +323,11 @@ class AdamW(torch.optim.Optimizer):
             self._model = offloaded[0]._strata.owner()
             if self._model.optimizer is not None:
                 raise StrataError(_lib.E_STATE, "this offloaded model already has a "
-                                                "strata.torch.AdamW")
+                                                "strata.torch.AdamW, and its parameters stay "
+                                                "under that one for the model's life: add "
+                                                "parameters with its add_param_group, change "
+                                                "settings through its param_groups, or its "
+                                                "state with load_state_dict")
             self.runtime = self._model.runtime
             self._own_runtime = False
             self._model.optimizer = self
@@ -387,8 +441,16 @@ class AdamW(torch.optim.Optimizer):
                 self._pushed[i] = settings
 
     # -- step -----------------------------------------------------------------------------------
+    def __setattr__(self, name, value):
+        # optimizer.state = defaultdict(dict), torch's way to start the state afresh, would
+        # replace the view of Strata's state and change nothing in it.
+        if name == "state" and isinstance(self.__dict__.get("state"), _LazyState):
+            _refuse_edit()
+        super().__setattr__(name, value)
+
     @torch.no_grad()
     def step(self, closure=None, loss_scale=1.0):
+        self.state.check_unchanged()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -429,7 +491,14 @@ class AdamW(torch.optim.Optimizer):
         finally:
             if model is not None:
                 model._end_step()
-        if not self.last_result["found_nonfinite"]:
+        if self.last_result["found_nonfinite"]:
+            # torch's AdamW would step into nan; this one skips (check_overflow), which a loop
+            # that never reads last_result would not see: every step skipped, nothing learnt.
+            warnings.warn("strata.torch.AdamW.step() skipped its update: a gradient holds inf "
+                          "or nan (check_overflow=True; optimizer.last_result). With a loss of "
+                          "nan, look for an offloaded parameter read outside its module's "
+                          "forward (docs/pytorch.md)", RuntimeWarning, stacklevel=2)
+        else:
             # Strata discarded the gradients it consumed.
             for p in params:
                 rec = self._records[id(p)]
