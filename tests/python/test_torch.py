@@ -251,6 +251,10 @@ def test_adamw_takes_the_optimizer_of_the_config_the_model_was_offloaded_with(da
     with pytest.raises(strata.StrataError) as e:
         st.AdamW(model.parameters(), deepspeed_config={**ds, "aio": {"queue_depth": 3}})
     assert "queue_depth" in e.value.message
+    # The same config again (beside keywords offload took): accepted, as DeepSpeed users give it.
+    twin = small_llama(seed=11)
+    st.offload(twin, nvme_path=nvme_dir, deepspeed_config=ds, device=DEVICE, **SMALL)
+    assert st.AdamW(twin.parameters(), deepspeed_config=ds).param_groups[0]["lr"] == 1e-2
     opt = st.AdamW(model.parameters())
     group = opt.param_groups[0]
     assert group["lr"] == 1e-2 and group["betas"] == (0.9, 0.95)

@@ -7,7 +7,8 @@ fail deep inside backward. install() (run by `import strata.torch`) makes
 torch.nn.utils.clip_grad_norm_ / clip_grad_value_ give torch's result on Strata's gradients, and
 makes DistributedDataParallel refuse an offloaded model with a message naming what works, and
 makes every torch optimizer but strata.torch.AdamW refuse offloaded parameters when they are
-added (its constructor): it would find no p.grad and change nothing. Everything else passes
+added (its constructor) and, on torch >= 2.0, at its step (one made before offload()): it would
+find no p.grad and change nothing. Everything else passes
 through to torch unchanged.
 
 A script may have bound the function itself before importing strata.torch
@@ -17,6 +18,7 @@ object itself: torch's function gets a code object that calls ours (its own code
 copy that ours calls for plain parameters), and every reference to it, bound before or after,
 clips Strata's gradients.
 """
+import importlib
 import inspect
 import math
 import types
@@ -133,6 +135,35 @@ def _refuse_offloaded_ddp(init):
     return __init__
 
 
+def _offloaded_parameter(params):
+    """The record of the first parameter in params that strata.torch.offload holds, or None."""
+    for p in params:
+        rec = getattr(p, "_strata", None)
+        owner = rec.owner() if rec is not None else None
+        if owner is not None and not owner._closed:
+            return rec
+    return None
+
+
+def _foreign_optimizer_error(optimizer, rec):
+    return StrataError(_lib.E_INVALID, f"{type(optimizer).__name__} over parameter "
+                                       f"{rec.name!r}, offloaded by strata.torch.offload: its "
+                                       "gradient and values live in Strata, so this optimizer "
+                                       "would see no gradient and change nothing; use "
+                                       "strata.torch.AdamW")
+
+
+def refuse_foreign_step(optimizer, _args, _kwargs):
+    """torch >= 2.0's global optimizer step pre-hook: a torch optimizer made before offload()
+    took its parameters holds them too, and would step nothing without a word."""
+    from .optim import AdamW
+    if isinstance(optimizer, AdamW):
+        return
+    rec = _offloaded_parameter(p for g in optimizer.param_groups for p in g["params"])
+    if rec is not None:
+        raise _foreign_optimizer_error(optimizer, rec)
+
+
 def _refuse_offloaded_in_foreign_optimizers(add_param_group):
     """torch.optim.Optimizer.add_param_group (which every torch optimizer's constructor calls)
     refusing offloaded parameters in any optimizer but strata.torch.AdamW: their gradients and
@@ -145,15 +176,10 @@ def _refuse_offloaded_in_foreign_optimizers(add_param_group):
             params = param_group.get("params")
             if not isinstance(params, (torch.Tensor, set)) and params is not None:
                 params = param_group["params"] = list(params)  # as torch's own does next
-            for p in [params] if isinstance(params, torch.Tensor) else params or []:
-                rec = getattr(p, "_strata", None)
-                owner = rec.owner() if rec is not None else None
-                if owner is not None and not owner._closed:
-                    raise StrataError(_lib.E_INVALID,
-                                      f"{type(self).__name__} over parameter {rec.name!r}, "
-                                      "offloaded by strata.torch.offload: its gradient and "
-                                      "values live in Strata, so this optimizer would see no "
-                                      "gradient and change nothing; use strata.torch.AdamW")
+            rec = _offloaded_parameter([params] if isinstance(params, torch.Tensor)
+                                       else params or [])
+            if rec is not None:
+                raise _foreign_optimizer_error(self, rec)
         return add_param_group(self, param_group)
 
     add_param_group_checked.__wrapped__ = add_param_group
@@ -205,6 +231,11 @@ def install():
     optimizer = torch.optim.Optimizer
     optimizer.add_param_group = _refuse_offloaded_in_foreign_optimizers(
         optimizer.add_param_group)
+    # An optimizer made before offload(): at its step, where torch can say (torch >= 2.0).
+    register = getattr(importlib.import_module("torch.optim.optimizer"),
+                       "register_optimizer_step_pre_hook", None)
+    if register is not None:
+        register(refuse_foreign_step)
     if torch.distributed.is_available():
         ddp = torch.nn.parallel.DistributedDataParallel
         ddp.__init__ = _refuse_offloaded_ddp(ddp.__init__)

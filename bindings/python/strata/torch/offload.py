@@ -131,7 +131,9 @@ def _output_head_weights(module):
     """The weights of the model's output head, which QLoRA keeps in their dtype (transformers
     keeps the output embeddings out of 4-bit, get_keys_to_not_convert): get_output_embeddings()
     where the model has one (Hugging Face models), else every nn.Linear weight of an
-    nn.Embedding's shape (vocabulary x hidden: the head, tied or not)."""
+    nn.Embedding's shape (vocabulary x hidden: the head, tied or not), the last such in the
+    model's order (a projection inside the layers may have that shape too: hidden x 4 hidden
+    with a vocabulary of 4 hidden)."""
     get = getattr(module, "get_output_embeddings", None)
     if callable(get):
         head = get()
@@ -139,8 +141,9 @@ def _output_head_weights(module):
             return {id(head.weight)}
     shapes = {tuple(m.weight.shape) for m in module.modules()
               if isinstance(m, torch.nn.Embedding)}
-    return {id(m.weight) for m in module.modules()
-            if isinstance(m, torch.nn.Linear) and tuple(m.weight.shape) in shapes}
+    heads = [m.weight for m in module.modules()
+             if isinstance(m, torch.nn.Linear) and tuple(m.weight.shape) in shapes]
+    return {id(heads[-1])} if heads else set()
 
 
 class _SavedByTorch:
@@ -760,9 +763,11 @@ class OffloadedModel:
             self._begin_forward()
             self._root_step_started = True
         elif self._in_forward == 0 and not self._step_open:
-            raise StrataError(_lib.E_STATE, f"module {unit.name!r} called on its own before "
-                                            "any forward of the offloaded model: call the "
-                                            "model itself (each call of it is one Strata step)")
+            raise StrataError(_lib.E_STATE, f"module {unit.name!r} called on its own, outside "
+                                            "a forward of the offloaded model and with no step "
+                                            "open (before the first forward, or after "
+                                            "optimizer.step()): call the model itself (each "
+                                            "call of it begins one Strata step)")
         if self._recomputing():
             # The recomputed forward saves tensors that alias the parameters' memory (outside
             # our saved-tensors hook), and its backward follows at once: keep the parameters

@@ -16,8 +16,8 @@ group settings are pushed to Strata (strata_optimizer_set_group) at every step w
 changed.
 """
 import inspect
+import os
 import warnings
-import weakref
 
 import torch
 
@@ -67,24 +67,48 @@ def _refuse_edit(*_args, **_kwargs):
     raise StrataError(_lib.E_UNSUPPORTED, _READ_ONLY)
 
 
+def _in_place(func, args, kwargs):
+    """Whether a torch call writes into a _StateTensor: an in-place method (add_, zero_, copy_,
+    __setitem__, __iadd__, ...) on one, or one given as out=."""
+    name = getattr(func, "__name__", "")
+    writes = (name.endswith("_") and not name.endswith("__")) or name == "__setitem__" or \
+        (name.startswith("__i") and name.endswith("__") and name != "__index__" and
+         name != "__init__" and name != "__invert__")
+    if writes and args and isinstance(args[0], _StateTensor):
+        return True
+    out = (kwargs or {}).get("out")
+    return any(isinstance(t, _StateTensor) for t in (out if isinstance(out, (tuple, list))
+                                                     else (out,)))
+
+
+class _StateTensor(torch.Tensor):
+    """A tensor of optimizer.state[p]: a copy read out of Strata, which an in-place write would
+    change alone (torch users expect it to change the optimizer): refused at the write. Anything
+    computed from it (clone, arithmetic, deepcopy) is a plain tensor, the user's to change."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if _in_place(func, args, kwargs):
+            _refuse_edit()
+        with torch._C.DisableTorchFunction():
+            out = func(*args, **(kwargs or {}))
+        return out.as_subclass(torch.Tensor) if isinstance(out, _StateTensor) else out
+
+
 class _StateEntry(dict):
-    """One parameter's state as optimizer.state[p] gives it: new CPU tensors read out of Strata.
-    Every way of changing it is refused, since the change would reach only the copy (torch
-    users expect it to change the optimizer): assigning or deleting a key raises at once, and an
-    in-place write to one of its tensors is found at the next step(), which raises. Copies of the
-    entry (copy.deepcopy, pickling) are plain dicts."""
+    """One parameter's state as optimizer.state[p] gives it: new CPU tensors read out of Strata,
+    read-only (_StateTensor). Assigning or deleting a key raises. Copies of the entry
+    (copy.deepcopy, pickling) are plain dicts of plain tensors."""
 
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse_edit
 
     def __init__(self, entries):
-        super().__init__(entries)
-        self.versions = {k: v._version for k, v in entries.items() if isinstance(v, torch.Tensor)}
-
-    def written_in_place(self):
-        return sorted(k for k, version in self.versions.items() if self[k]._version != version)
+        super().__init__({k: v.as_subclass(_StateTensor) if isinstance(v, torch.Tensor) else v
+                          for k, v in entries.items()})
 
     def __reduce__(self):
-        return dict, (dict(self),)
+        return dict, ({k: v.as_subclass(torch.Tensor) if isinstance(v, torch.Tensor) else v
+                       for k, v in self.items()},)
 
 
 class _LazyState(dict):
@@ -92,31 +116,13 @@ class _LazyState(dict):
     exp_avg_sq}, plus strata_master for half-precision parameters), read out of Strata when an
     entry is looked up. Each lookup copies the parameter's states into new CPU tensors (two or
     three fp32 copies of the parameter: the cost of reading them from NVMe). Read-only
-    (_StateEntry): the entries handed out are kept (weakly) so that step() can refuse one
-    written in place. Parameters not stepped yet have no entry, as in torch."""
+    (_StateEntry, _StateTensor). Parameters not stepped yet have no entry, as in torch."""
 
     __delitem__ = clear = pop = popitem = setdefault = update = _refuse_edit
 
     def __init__(self, optimizer):
         super().__init__()
         self._optimizer = optimizer
-        self._handed = []  # weakrefs to (parameter name, _StateEntry) still alive
-
-    def check_unchanged(self):
-        """Raises if an entry handed out was written in place (its change reached the copy
-        only)."""
-        alive = [ref for ref in self._handed if ref() is not None]
-        self._handed = alive
-        for ref in alive:
-            entry = ref()
-            changed, name = (entry.written_in_place(), entry.name) if entry is not None else \
-                ([], "")
-            entry = None  # the traceback keeps this frame: not the entry, which the user may drop
-            if changed:
-                raise StrataError(_lib.E_UNSUPPORTED,
-                                  f"optimizer.state[...][{changed[0]!r}] of {name} was changed "
-                                  f"in place: it is a copy, and Strata's state did not change. "
-                                  f"{_READ_ONLY}")
 
     def _params(self):
         opt = self._optimizer
@@ -127,11 +133,7 @@ class _LazyState(dict):
         if not isinstance(p, torch.Tensor) or id(p) not in self._optimizer._records or \
                 self._optimizer._param_step(p) == 0:
             return _StateEntry({})  # torch's defaultdict(dict) gives a fresh empty dict too
-        entry = _StateEntry(self._optimizer._read_state(p))
-        entry.name = self._optimizer._records[id(p)].name
-        self._handed = [ref for ref in self._handed if ref() is not None]
-        self._handed.append(weakref.ref(entry))
-        return entry
+        return _StateEntry(self._optimizer._read_state(p))
 
     def get(self, p, default=None):
         return self[p] if p in self else default
@@ -199,9 +201,17 @@ def _check_same_runtime(mapped, owner):
     the runtime (NVMe path, budgets, aio) is the model's, configured at offload. Runtime
     settings that differ from the model's would be ignored: refused instead."""
     from ..config import Config
-    model = owner.deepspeed.config.as_dict() if owner.deepspeed is not None else \
-        Config().as_dict()
-    differ = sorted(k for k, v in mapped.config.as_dict().items() if model.get(k) != v)
+    defaults = Config().as_dict()
+    model = owner.runtime.config.as_dict()  # what the model's runtime runs with
+
+    def same(key, value):
+        if key == "nvme_path" and isinstance(value, str) and isinstance(model.get(key), str):
+            return os.path.normpath(value) == os.path.normpath(model[key])
+        return model.get(key) == value
+
+    # Only what this config sets (a field it leaves at its default is the model's business).
+    differ = sorted(k for k, v in mapped.config.as_dict().items()
+                    if defaults.get(k) != v and not same(k, v))
     if differ:
         raise StrataError(_lib.E_INVALID, f"AdamW(deepspeed_config=...) sets the runtime's "
                                           f"{', '.join(differ)} otherwise than the config the "
@@ -450,7 +460,6 @@ class AdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None, loss_scale=1.0):
-        self.state.check_unchanged()
         loss = None
         if closure is not None:
             with torch.enable_grad():
