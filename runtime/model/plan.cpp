@@ -1389,15 +1389,16 @@ Status finish_comparison(Plan& plan, ComparisonUnderway underway) {
   // NVMe simulated its step already, and failed there if it could not run): one that cannot run
   // (a --pinned-budget or --device-budget too small for NVMe offload of a plan that keeps its
   // states elsewhere) takes the block away with its reason, and the plan stands.
-  for (Result<OffloadEstimate>& one : simulated) {
-    if (one) continue;
-    const int code = one.status().code();
+  const auto failed = std::find_if(simulated.begin(), simulated.end(),
+                                   [](const Result<OffloadEstimate>& r) { return !r; });
+  if (failed != simulated.end()) {
+    const int code = failed->status().code();
     if (code != STRATA_E_PINNED_BUDGET && code != STRATA_E_DEVICE_BUDGET &&
         code != STRATA_E_LIMIT) {
-      return std::move(one).take_status().with_context("comparing with DeepSpeed on " +
-                                                       p.choice.gpu.name);
+      return std::move(*failed).take_status().with_context("comparing with DeepSpeed on " +
+                                                           p.choice.gpu.name);
     }
-    like.strata_not_simulated = one.status().message();
+    like.strata_not_simulated = failed->status().message();
     like.deepspeed.clear();
     like.deepspeed_why_not = "Strata's side was not simulated";
     plan.like_for_like = std::move(like);

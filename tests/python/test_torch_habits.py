@@ -452,6 +452,8 @@ def test_optimizer_state_edits_are_refused_not_dropped(data, nvme_dir):
         with pytest.raises(strata.StrataError) as e:
             edit()
         assert e.value.name == "STRATA_E_UNSUPPORTED"
+    # Reading it is torch's reading: int() and iteration are not writes.
+    assert int(entry["step"]) == 1 and len(list(entry["exp_avg"][:2])) == 2
     # What is computed from it, and a copy of it, are the user's to change.
     scaled = entry["exp_avg"] * 2
     scaled.zero_()

@@ -135,7 +135,7 @@ def _refuse_offloaded_ddp(init):
     return __init__
 
 
-def _offloaded_parameter(params):
+def first_offloaded(params):
     """The record of the first parameter in params that strata.torch.offload holds, or None."""
     for p in params:
         rec = getattr(p, "_strata", None)
@@ -159,7 +159,7 @@ def refuse_foreign_step(optimizer, _args, _kwargs):
     from .optim import AdamW
     if isinstance(optimizer, AdamW):
         return
-    rec = _offloaded_parameter(p for g in optimizer.param_groups for p in g["params"])
+    rec = first_offloaded(p for g in optimizer.param_groups for p in g["params"])
     if rec is not None:
         raise _foreign_optimizer_error(optimizer, rec)
 
@@ -176,7 +176,7 @@ def _refuse_offloaded_in_foreign_optimizers(add_param_group):
             params = param_group.get("params")
             if not isinstance(params, (torch.Tensor, set)) and params is not None:
                 params = param_group["params"] = list(params)  # as torch's own does next
-            rec = _offloaded_parameter([params] if isinstance(params, torch.Tensor)
+            rec = first_offloaded([params] if isinstance(params, torch.Tensor)
                                        else params or [])
             if rec is not None:
                 raise _foreign_optimizer_error(self, rec)

@@ -301,12 +301,24 @@ class ActivationOffload:
             offset += tensor.nbytes
         return flat
 
-    def _hint_room(self):
-        """How far ahead an unpack hints: an eighth of the pool (at least one chunk). More is
-        read before the pool has room for it beside the chunks being unpacked: the next
-        acquire's room then evicts it, and it is read twice (a 16 MiB budget read 1.5-1.7x what
-        it wrote, hinting whole tensors)."""
-        return max(self.pinned_pool_bytes // 8, self.chunk_bytes)
+    def _alive(self, index):
+        """The _SavedBytes packed as index, while autograd still holds it."""
+        ref = self._live.get(index)
+        return ref() if ref is not None else None
+
+    def _hint(self, candidates):
+        """Hints the chunks of candidates (_SavedBytes, in the order they will be unpacked)
+        toward pinned memory, up to an eighth of the pool (at least one chunk). More is read
+        before the pool has room for it beside the chunks being unpacked: the next acquire's
+        room then evicts it, and it is read twice (a 16 MiB budget read 1.5-1.7x what it wrote,
+        hinting whole tensors)."""
+        room, hinted = max(self.pinned_pool_bytes // 8, self.chunk_bytes), 0
+        for saved_bytes in candidates:
+            for tensor in saved_bytes.chunks:
+                if hinted + tensor.nbytes > room:
+                    return
+                tensor.prefetch("pinned")
+                hinted += tensor.nbytes
 
     def _prefetch_learned(self, relative):
         """Hints the chunks the last pass unpacked after this one, in its order, up to the
@@ -315,22 +327,13 @@ class ActivationOffload:
         learned = self._learned
         if learned is None or learned[0] != self._count - self._pass_start:
             return False
-        packs, order, position = learned
+        _, order, position = learned
         at = position.get(relative)
         if at is None:
             return False
         self.learned_hints += 1
-        room, hinted = self._hint_room(), 0
-        for following in order[at + 1:at + 9]:
-            ref = self._live.get(self._pass_start + following)
-            saved_bytes = ref() if ref is not None else None
-            if saved_bytes is None:
-                continue
-            for tensor in saved_bytes.chunks:
-                if hinted + tensor.nbytes > room:
-                    return True
-                tensor.prefetch("pinned")
-                hinted += tensor.nbytes
+        following = (self._alive(self._pass_start + k) for k in order[at + 1:at + 9])
+        self._hint(s for s in following if s is not None)
         return True
 
     def _prefetch_before(self, index):
@@ -338,14 +341,7 @@ class ActivationOffload:
         in about the reverse of packing order: bring the activation packed just before this one
         toward pinned memory while this one is used, its first chunks up to the hint room."""
         for earlier in range(index - 1, max(-1, index - 8), -1):
-            ref = self._live.get(earlier)
-            saved_bytes = ref() if ref is not None else None
+            saved_bytes = self._alive(earlier)
             if saved_bytes is not None:
-                room = self._hint_room()
-                hinted = 0
-                for tensor in saved_bytes.chunks:
-                    if hinted + tensor.nbytes > room:
-                        break
-                    tensor.prefetch("pinned")
-                    hinted += tensor.nbytes
+                self._hint([saved_bytes])
                 return

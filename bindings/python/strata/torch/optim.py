@@ -22,9 +22,10 @@ import warnings
 import torch
 
 from .. import _lib
+from ..config import Config
 from ..errors import StrataError
 from ..runtime import Runtime
-from . import _views
+from . import _intercept, _views
 from .offload import _np_view, build_config, listed
 
 _ZERO_GRAD_DEFAULT = inspect.signature(torch.optim.Optimizer.zero_grad).parameters[
@@ -67,13 +68,18 @@ def _refuse_edit(*_args, **_kwargs):
     raise StrataError(_lib.E_UNSUPPORTED, _READ_ONLY)
 
 
+# The operators that write into their left operand (`__int__`, `__index__`, `__iter__` and
+# `__invert__` also start with "__i" and do not).
+_IN_PLACE_OPERATORS = {"__setitem__"} | {
+    f"__i{op}__" for op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow",
+                            "and", "or", "xor", "lshift", "rshift")}
+
+
 def _in_place(func, args, kwargs):
-    """Whether a torch call writes into a _StateTensor: an in-place method (add_, zero_, copy_,
-    __setitem__, __iadd__, ...) on one, or one given as out=."""
+    """Whether a torch call writes into a _StateTensor: an in-place method (add_, zero_, copy_)
+    or operator (`t[i] = x`, `t += x`) on one, or one given as out=."""
     name = getattr(func, "__name__", "")
-    writes = (name.endswith("_") and not name.endswith("__")) or name == "__setitem__" or \
-        (name.startswith("__i") and name.endswith("__") and name != "__index__" and
-         name != "__init__" and name != "__invert__")
+    writes = (name.endswith("_") and not name.endswith("__")) or name in _IN_PLACE_OPERATORS
     if writes and args and isinstance(args[0], _StateTensor):
         return True
     out = (kwargs or {}).get("out")
@@ -184,23 +190,17 @@ class _Standalone:
         self.written = None
 
 
-def _offloaded_owner(params):
-    """The strata.torch.offload model of the first offloaded parameter in params (tensors or
-    torch's param-group dicts), or None."""
+def _flat(params):
+    """The parameters of AdamW's params argument: tensors, or torch's param-group dicts."""
     for entry in params:
-        group = entry.get("params", []) if isinstance(entry, dict) else [entry]
-        for p in [group] if isinstance(group, torch.Tensor) else group:
-            link = getattr(p, "_strata", None)
-            if link is not None:
-                return link.owner()
-    return None
+        group = entry.get("params", []) if isinstance(entry, dict) else entry
+        yield from [group] if isinstance(group, torch.Tensor) else group
 
 
 def _check_same_runtime(mapped, owner):
     """A deepspeed_config given to AdamW over offloaded parameters sets their optimizer only:
     the runtime (NVMe path, budgets, aio) is the model's, configured at offload. Runtime
     settings that differ from the model's would be ignored: refused instead."""
-    from ..config import Config
     defaults = Config().as_dict()
     model = owner.runtime.config.as_dict()  # what the model's runtime runs with
 
@@ -258,7 +258,8 @@ class AdamW(torch.optim.Optimizer):
                 raise StrataError(_lib.E_UNSUPPORTED, f"AdamW({name}=True): Strata's optimizer "
                                                       f"has no {name}; torch.optim.AdamW does")
         params = list(params)  # read twice: for the model's DeepSpeed config, then by torch
-        owner = _offloaded_owner(params)
+        record = _intercept.first_offloaded(_flat(params))
+        owner = record.owner() if record is not None else None
         # The DeepSpeed config whose "optimizer" and "gradient_clipping" apply: AdamW's own, else
         # the one the model was offloaded with (DeepSpeed builds its optimizer from the config
         # it is given; ignoring the model's would train with torch's defaults instead).
