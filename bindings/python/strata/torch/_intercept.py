@@ -7,8 +7,9 @@ fail deep inside backward. install() (run by `import strata.torch`) makes
 torch.nn.utils.clip_grad_norm_ / clip_grad_value_ give torch's result on Strata's gradients, and
 makes DistributedDataParallel refuse an offloaded model with a message naming what works, and
 makes every torch optimizer but strata.torch.AdamW refuse offloaded parameters when they are
-added (its constructor) and, on torch >= 2.0, at its step (one made before offload()): it would
-find no p.grad and change nothing. Everything else passes
+added (its constructor) and at its step (one made before offload(): torch >= 2.0's global step
+pre-hook, or on older torch each optimizer class's step checked first): it would find no p.grad
+and change nothing. Everything else passes
 through to torch unchanged.
 
 A script may have bound the function itself before importing strata.torch
@@ -18,6 +19,7 @@ object itself: torch's function gets a code object that calls ours (its own code
 copy that ours calls for plain parameters), and every reference to it, bound before or after,
 clips Strata's gradients.
 """
+import functools
 import importlib
 import inspect
 import math
@@ -164,6 +166,40 @@ def refuse_foreign_step(optimizer, _args, _kwargs):
         raise _foreign_optimizer_error(optimizer, rec)
 
 
+def _step_checked_first(step):
+    """step, refusing first what refuse_foreign_step refuses: torch < 2.0 has no global step
+    hook, and an optimizer made before offload() never passes through add_param_group again."""
+
+    @functools.wraps(step)  # keeps torch 1.13's `hooked` mark, so its profiler wraps it once
+    def step_checked(self, *args, **kwargs):
+        refuse_foreign_step(self, args, kwargs)
+        return step(self, *args, **kwargs)
+
+    step_checked.strata_checked = True
+    return step_checked
+
+
+def _check_steps_of(cls):
+    """Every optimizer class below cls (cls too) whose own step is not yet checked first."""
+    own = cls.__dict__.get("step")
+    if callable(own) and not getattr(own, "strata_checked", False):
+        cls.step = _step_checked_first(own)
+    for sub in cls.__subclasses__():
+        _check_steps_of(sub)
+
+
+def _check_steps_of_later_classes(hook_for_profile):
+    """torch 1.13's Optimizer.__init__ (and __setstate__) runs _hook_for_profile, the first
+    moment an optimizer class defined after install() is seen: its step is checked from then."""
+
+    def hook_for_profile_and_check(self):
+        hook_for_profile(self)
+        _check_steps_of(type(self))
+
+    hook_for_profile_and_check.__wrapped__ = hook_for_profile
+    return hook_for_profile_and_check
+
+
 def _refuse_offloaded_in_foreign_optimizers(add_param_group):
     """torch.optim.Optimizer.add_param_group (which every torch optimizer's constructor calls)
     refusing offloaded parameters in any optimizer but strata.torch.AdamW: their gradients and
@@ -236,6 +272,9 @@ def install():
                        "register_optimizer_step_pre_hook", None)
     if register is not None:
         register(refuse_foreign_step)
+    else:  # torch < 2.0: each class's own step, those defined so far and those defined later
+        _check_steps_of(optimizer)
+        optimizer._hook_for_profile = _check_steps_of_later_classes(optimizer._hook_for_profile)
     if torch.distributed.is_available():
         ddp = torch.nn.parallel.DistributedDataParallel
         ddp.__init__ = _refuse_offloaded_ddp(ddp.__init__)
