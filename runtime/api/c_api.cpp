@@ -4,6 +4,7 @@
 #include <strata/strata.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -212,6 +213,36 @@ Result<optim::StateKind> state_kind(strata_optimizer_state state) {
   STRATA_ASSIGN_OR_RETURN(optim::TieredOptimizer* name##_made, (rt).optimizer()); \
   optim::TieredOptimizer& name = *name##_made
 // NOLINTEND(bugprone-macro-parentheses)
+
+// strata_acquire and strata_acquire_timeout, which differ only in how long they wait.
+int acquire_within(strata_runtime* rt, const char* function, strata_tensor tensor, strata_tier tier,
+                   uint32_t flags, std::chrono::nanoseconds timeout, strata_acquired* out) {
+  return guarded(rt, function, [&](Runtime& r) -> Status {
+    STRATA_TRY(check_struct_out(out, "strata_acquired"));
+    if ((flags & ~STRATA_ACQUIRE_DISCARD) != 0) {
+      return invalid_argument("unknown flags " + std::to_string(flags));
+    }
+    STRATA_ASSIGN_OR_RETURN(auto where, memory_tier(tier, function));
+    const auto handle = sched::TensorHandle::from_u64(tensor);
+    // Without DISCARD the contents are read, and a tensor that has none (never written, or
+    // discarded) is STRATA_E_STATE: handing out whatever the buffer holds as "the contents"
+    // would let an optimizer consume last step's gradient. (A fresh strata_malloc has contents:
+    // undefined ones, taken at the call.)
+    const auto mode = (flags & STRATA_ACQUIRE_DISCARD) != 0 ? sched::AccessMode::kOverwrite
+                                                            : sched::AccessMode::kRead;
+    if (mode == sched::AccessMode::kOverwrite) {
+      STRATA_TRY(refuse_read_only(r, handle, "it cannot be acquired with DISCARD"));
+    }
+    STRATA_ASSIGN_OR_RETURN(auto acquired, r.scheduler().acquire(handle, where, mode, timeout));
+    strata_acquired result{};
+    result.data = acquired.data;
+    result.bytes = acquired.bytes;
+    // The backend completes a copy to the device only after its event fired: data is ready.
+    result.ready_event = nullptr;
+    write_struct_out(out, result);
+    return Status::ok();
+  });
+}
 
 }  // namespace
 }  // namespace strata::api
@@ -487,32 +518,14 @@ int strata_declare_schedule(strata_runtime* rt, const strata_schedule_entry* ent
 
 int strata_acquire(strata_runtime* rt, strata_tensor tensor, strata_tier tier, uint32_t flags,
                    strata_acquired* out) {
-  return guarded(rt, "strata_acquire", [&](Runtime& r) -> Status {
-    STRATA_TRY(strata::api::check_struct_out(out, "strata_acquired"));
-    if ((flags & ~STRATA_ACQUIRE_DISCARD) != 0) {
-      return invalid_argument("unknown flags " + std::to_string(flags));
-    }
-    STRATA_ASSIGN_OR_RETURN(auto where, strata::api::memory_tier(tier, "strata_acquire"));
-    const auto handle = sched::TensorHandle::from_u64(tensor);
-    // Without DISCARD the contents are read, and a tensor that has none (never written, or
-    // discarded) is STRATA_E_STATE: handing out whatever the buffer holds as "the contents"
-    // would let an optimizer consume last step's gradient. (A fresh strata_malloc has contents:
-    // undefined ones, taken at the call.)
-    const auto mode = (flags & STRATA_ACQUIRE_DISCARD) != 0 ? sched::AccessMode::kOverwrite
-                                                            : sched::AccessMode::kRead;
-    if (mode == sched::AccessMode::kOverwrite) {
-      STRATA_TRY(strata::api::refuse_read_only(r, handle, "it cannot be acquired with DISCARD"));
-    }
-    STRATA_ASSIGN_OR_RETURN(
-        auto acquired, r.scheduler().acquire(handle, where, mode, strata::api::kAcquireTimeout));
-    strata_acquired result{};
-    result.data = acquired.data;
-    result.bytes = acquired.bytes;
-    // The backend completes a copy to the device only after its event fired: data is ready.
-    result.ready_event = nullptr;
-    strata::api::write_struct_out(out, result);
-    return Status::ok();
-  });
+  return strata::api::acquire_within(rt, "strata_acquire", tensor, tier, flags,
+                                     strata::api::kAcquireTimeout, out);
+}
+
+int strata_acquire_timeout(strata_runtime* rt, strata_tensor tensor, strata_tier tier,
+                           uint32_t flags, uint32_t timeout_ms, strata_acquired* out) {
+  return strata::api::acquire_within(rt, "strata_acquire_timeout", tensor, tier, flags,
+                                     std::chrono::milliseconds(timeout_ms), out);
 }
 
 int strata_release(strata_runtime* rt, strata_tensor tensor, uint32_t flags, void* device_stream) {

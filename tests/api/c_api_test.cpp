@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -555,6 +557,58 @@ TEST_F(Runtime, AllocatorFaceHandsOutResidentAndOffloadableMemory) {
   EXPECT_EQ(strata_free(rt_, fixed), STRATA_OK);
   EXPECT_EQ(strata_free(rt_, spill), STRATA_OK);
   EXPECT_EQ(strata_free(rt_, spill), STRATA_E_BAD_HANDLE);
+}
+
+// strata_acquire_timeout: a wait that only the caller's own release could end (here the pinned
+// pool is held by the caller's other acquire) gives up at the caller's bound having acquired
+// nothing, so a binding can wait in slices and hear Ctrl-C between them; the same tensor is
+// acquired once the room is released.
+TEST_F(Runtime, AnAcquireWithItsOwnTimeoutGivesUpHavingAcquiredNothing) {
+  create();
+  const uint64_t bytes = 1536 << 10;  // two do not fit the 2 MiB pinned pool together
+  const strata_tensor held = register_tensor(bytes, "held");
+  const strata_tensor wanted = register_tensor(bytes, "wanted");
+  std::vector<uint8_t> expected(bytes);
+  strata::testing::fill_expected(expected.data(), expected.size(), 7, 0);
+  ASSERT_EQ(strata_tensor_write(rt_, wanted, expected.data(), 0, bytes), STRATA_OK);
+  ASSERT_EQ(strata_tensor_write(rt_, held, expected.data(), 0, bytes), STRATA_OK);
+  ASSERT_EQ(strata_sync(rt_), STRATA_OK) << strata_last_error(rt_);
+  strata_acquired a{};
+  a.struct_size = sizeof a;
+  ASSERT_EQ(strata_acquire(rt_, held, STRATA_TIER_PINNED, 0, &a), STRATA_OK)
+      << strata_last_error(rt_);
+
+  strata_acquired w{};
+  w.struct_size = sizeof w;
+  for (const uint32_t timeout_ms : {0u, 200u}) {
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_EQ(strata_acquire_timeout(rt_, wanted, STRATA_TIER_PINNED, 0, timeout_ms, &w),
+              STRATA_E_TIMEOUT)
+        << strata_last_error(rt_);
+    const auto waited = std::chrono::steady_clock::now() - start;
+    EXPECT_GE(waited, std::chrono::milliseconds(timeout_ms));
+    EXPECT_LT(waited, std::chrono::milliseconds(timeout_ms) + std::chrono::seconds(10));
+    const std::string m = strata_last_error(rt_);
+    EXPECT_NE(m.find("wanted"), std::string::npos) << m;
+    EXPECT_NE(m.find(std::to_string(timeout_ms) + " ms"), std::string::npos) << m;
+    // Nothing was acquired: releasing it is the error of a tensor not acquired.
+    EXPECT_EQ(strata_release(rt_, wanted, 0, nullptr), STRATA_E_STATE);
+  }
+  EXPECT_EQ(strata_acquire_timeout(rt_, wanted, STRATA_TIER_NVME, 0, 10, &w), STRATA_E_INVALID);
+  EXPECT_EQ(strata_acquire_timeout(rt_, wanted, STRATA_TIER_PINNED, 8, 10, &w), STRATA_E_INVALID);
+  EXPECT_EQ(strata_acquire_timeout(rt_, wanted, STRATA_TIER_PINNED, 0, 10, nullptr),
+            STRATA_E_INVALID);
+
+  ASSERT_EQ(strata_release(rt_, held, 0, nullptr), STRATA_OK);
+  ASSERT_EQ(strata_acquire_timeout(rt_, wanted, STRATA_TIER_PINNED, 0, 30000, &w), STRATA_OK)
+      << strata_last_error(rt_);
+  ASSERT_EQ(w.bytes, bytes);
+  EXPECT_EQ(std::memcmp(w.data, expected.data(), bytes), 0);
+  ASSERT_EQ(strata_release(rt_, wanted, 0, nullptr), STRATA_OK);
+  // Resident now: no wait is needed, so a bound of 0 acquires it.
+  ASSERT_EQ(strata_acquire_timeout(rt_, wanted, STRATA_TIER_PINNED, 0, 0, &w), STRATA_OK)
+      << strata_last_error(rt_);
+  ASSERT_EQ(strata_release(rt_, wanted, 0, nullptr), STRATA_OK);
 }
 
 TEST_F(Runtime, SeveralThreadsAcquireAndReleaseAtOnce) {

@@ -1,4 +1,6 @@
 """The strata package over the C API: tensors, zero-copy views, StrataError."""
+import time
+
 import numpy as np
 import pytest
 
@@ -122,3 +124,83 @@ def test_stats_count_the_tiers(rt):
     s = rt.stats()
     assert s["nvme_bytes_written"] >= 1 << 20
     assert s["pinned"]["peak_in_use_bytes"] >= 1 << 20
+
+
+def _two_that_fit_one_at_a_time(rt):
+    """Two written tensors of 1.5 MiB beside a 2 MiB pinned pool: either fits, not both."""
+    held, wanted = (rt.register(name, 1536 << 10) for name in ("held", "wanted"))
+    for t in (held, wanted):
+        t.write(np.full(1536 << 8, 3.0, dtype=np.float32))
+    rt.sync()
+    return held, wanted
+
+
+CTRL_C_SCRIPT = r"""
+import sys, time
+import strata
+from test_runtime import _two_that_fit_one_at_a_time
+with strata.Runtime(nvme_path=sys.argv[1], nvme_capacity_bytes=64 << 20,
+                    pinned_budget_bytes=2 << 20, device_budget_bytes=1 << 20) as rt:
+    held, wanted = _two_that_fit_one_at_a_time(rt)
+    holding = held.acquire("pinned")
+    print("waiting", flush=True)
+    start = time.monotonic()
+    try:
+        wanted.acquire("pinned")  # only this thread's release could end the wait
+    except KeyboardInterrupt:
+        waited = time.monotonic() - start
+        try:
+            wanted.release()
+        except strata.StrataError as e:
+            print("not acquired", e.name, flush=True)
+        holding.release()
+        with wanted.acquire("pinned") as a:
+            print("then acquired", float(a.numpy()[0]), flush=True)
+        print(f"interrupted after {waited:.2f} s", flush=True)
+"""
+
+
+def test_ctrl_c_interrupts_an_acquire_that_waits_for_the_callers_own_release(nvme_dir):
+    """Python hears SIGINT only between C calls: one 300 s strata_acquire waiting for a release
+    that only its own thread could make left Ctrl-C unheard for 300 s. The binding waits in
+    slices (strata_acquire_timeout): KeyboardInterrupt comes within a slice, nothing acquired,
+    and the runtime goes on."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from conftest import ROOT
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.join(ROOT, "bindings", "python"), os.path.dirname(__file__),
+         os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT, nvme_dir], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "waiting"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    lines = out.splitlines()
+    assert lines[:2] == ["not acquired STRATA_E_STATE", "then acquired 3.0"], out
+    assert float(lines[2].split()[2]) < 5.0, out
+
+
+def test_an_acquire_that_waits_out_its_bound_names_the_whole_wait(nvme_dir, monkeypatch):
+    from strata import runtime
+    monkeypatch.setattr(runtime, "ACQUIRE_TIMEOUT_S", 0.35)
+    with strata.Runtime(nvme_path=nvme_dir, nvme_capacity_bytes=64 << 20,
+                        pinned_budget_bytes=2 << 20, device_budget_bytes=1 << 20) as rt:
+        held, wanted = _two_that_fit_one_at_a_time(rt)
+        with held.acquire("pinned"):
+            start = time.monotonic()
+            with pytest.raises(strata.StrataError) as e:
+                wanted.acquire("pinned")
+            assert time.monotonic() - start >= 0.35
+        assert e.value.name == "STRATA_E_TIMEOUT"
+        assert "'wanted'" in e.value.message and e.value.message.endswith(
+            "did not finish in 0.35 s"), e.value.message
+        with wanted.acquire("pinned") as a:  # released: now it fits
+            assert a.numpy()[0] == 3.0

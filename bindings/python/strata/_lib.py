@@ -236,6 +236,8 @@ _PROTOTYPES = {
     "strata_layer_end": (c_int, [_R, c_int, c_int32]),
     "strata_declare_schedule": (c_int, [_R, POINTER(ScheduleEntry), c_size_t]),
     "strata_acquire": (c_int, [_R, strata_tensor, c_int, c_uint32, POINTER(Acquired)]),
+    "strata_acquire_timeout": (c_int, [_R, strata_tensor, c_int, c_uint32, c_uint32,
+                                       POINTER(Acquired)]),
     "strata_release": (c_int, [_R, strata_tensor, c_uint32, c_void_p]),
     "strata_tensor_discard": (c_int, [_R, strata_tensor]),
     "strata_prefetch": (c_int, [_R, strata_tensor, c_int]),

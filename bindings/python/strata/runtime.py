@@ -8,8 +8,10 @@ device). strata.torch turns the same memory into torch tensors, on the GPU too.
 import atexit
 import ctypes
 import os
+import re
 import signal
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -157,7 +159,7 @@ class Tensor:
         out = _lib.Acquired()
         out.struct_size = ctypes.sizeof(_lib.Acquired)
         flags = _lib.ACQUIRE_DISCARD if discard else 0
-        self.runtime._call("strata_acquire", self.handle, tier, flags, ctypes.byref(out))
+        self.runtime._acquire_interruptibly(self.handle, tier, flags, out)
         return Acquisition(self, tier, out.data, out.bytes, out.ready_event, dirty)
 
     def release(self, dirty=False, stream=None):
@@ -182,6 +184,11 @@ class Tensor:
 # Runtime closes itself in __del__; these cover the cases where __del__ never runs.)
 _LIVE = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
+# An acquire waits at most ACQUIRE_TIMEOUT_S in all, as strata_acquire does, in slices of
+# ACQUIRE_SLICE_MS between which Python hears Ctrl-C (Runtime._acquire_interruptibly).
+ACQUIRE_TIMEOUT_S = 300.0
+ACQUIRE_SLICE_MS = 100
+
 _HANDLERS_INSTALLED = False
 _PREVIOUS_HANDLERS = {}
 
@@ -275,6 +282,28 @@ class Runtime:
     def _call(self, name, *args):
         ptr = self._handle()
         check(getattr(_lib, name)(ptr, *args), ptr, name)
+
+    def _acquire_interruptibly(self, handle, tier, flags, out):
+        """strata_acquire's wait (at most ACQUIRE_TIMEOUT_S), in slices of ACQUIRE_SLICE_MS.
+
+        Python runs its signal handlers only between C calls: one 300 s wait (for a release
+        only this thread could make, say) would leave Ctrl-C unheard for its whole length.
+        Between slices a pending SIGINT raises KeyboardInterrupt here, nothing acquired."""
+        ptr = self._handle()
+        deadline = time.monotonic() + ACQUIRE_TIMEOUT_S
+        while True:
+            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            rc = _lib.strata_acquire_timeout(ptr, handle, tier, flags,
+                                             min(ACQUIRE_SLICE_MS, left_ms), ctypes.byref(out))
+            if rc != _lib.E_TIMEOUT:
+                check(rc, ptr, "strata_acquire_timeout")
+                return
+            if left_ms <= ACQUIRE_SLICE_MS:
+                text = _lib.strata_last_error(ptr)
+                message = text.decode("utf-8", "replace") if text else "acquire"
+                raise StrataError(rc, re.sub(r"did not finish in \d+ ms$",
+                                             f"did not finish in {ACQUIRE_TIMEOUT_S:g} s",
+                                             message))
 
     def close(self):
         if self._ptr is None:

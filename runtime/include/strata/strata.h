@@ -360,6 +360,16 @@ typedef struct strata_acquired {
 STRATA_API int strata_acquire(strata_runtime* rt, strata_tensor tensor, strata_tier tier,
                               uint32_t flags, strata_acquired* out);
 
+/* strata_acquire with the caller's own bound on its wait, in milliseconds (0: no wait, only what
+ * is resident now or becomes so while the call looks). When the bound passes it returns
+ * STRATA_E_TIMEOUT having acquired nothing; a read it started stays in flight, so the next
+ * acquire of the tensor finds it done or under way. For callers that must stay responsive while
+ * they wait: a binding that hears Ctrl-C between short waits, a loop with its own deadline.
+ * Waits that can never end fail at once, as in strata_acquire, which is this call with 300000.
+ * Any thread. */
+STRATA_API int strata_acquire_timeout(strata_runtime* rt, strata_tensor tensor, strata_tier tier,
+                                      uint32_t flags, uint32_t timeout_ms, strata_acquired* out);
+
 #define STRATA_RELEASE_DIRTY 1u /* the caller modified the data: it must reach NVMe again */
 
 /* Ends one acquire. With DIRTY, the new contents are written back before the buffer is reused;
