@@ -159,6 +159,33 @@ TEST_F(StrataHpp, ErrorsBecomeExceptionsWithCodeAndMessage) {
   }
 }
 
+// The guard over strata_acquire_timeout: a wait the caller bounds ends in strata::Error with
+// STRATA_E_TIMEOUT and an empty guard; the same acquire succeeds once the room is released.
+TEST_F(StrataHpp, AnAcquireWithATimeoutThrowsTimeoutAndHoldsNothing) {
+  strata::Runtime rt(small_config());
+  const uint64_t bytes = 1536 * 1024;  // two do not fit the 2 MiB pinned pool together
+  strata::Tensor held = weight(rt, 0, bytes);
+  strata::Tensor wanted = weight(rt, 1, bytes);
+  held.write(std::vector<unsigned char>(bytes, 1));
+  wanted.write(std::vector<unsigned char>(bytes, 2));
+  rt.sync();
+  {
+    strata::Acquired holding = held.acquire(STRATA_TIER_PINNED);
+    const strata::Error timed_out = error_from([&] {
+      strata::Acquired never = wanted.acquire(STRATA_TIER_PINNED, 0, std::chrono::milliseconds(50));
+    });
+    EXPECT_EQ(timed_out.code(), STRATA_E_TIMEOUT) << timed_out.what();
+    EXPECT_EQ(error_from([&] {
+                strata::Acquired never =
+                    wanted.acquire(STRATA_TIER_PINNED, 0, std::chrono::milliseconds(-1));
+              }).code(),
+              STRATA_E_INVALID);
+  }
+  strata::Acquired got = wanted.acquire(STRATA_TIER_PINNED, 0, std::chrono::seconds(30));
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got.span<unsigned char>()[0], 2);
+}
+
 TEST_F(StrataHpp, AcquiredGuardReleasesDirtyDataOnScopeExit) {
   strata::Runtime rt(small_config());
   strata::Tensor t = weight(rt, 0);

@@ -31,6 +31,7 @@
 
 #include <strata/strata.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <ranges>
@@ -206,6 +207,22 @@ class Acquired {
     acquired_.struct_size = sizeof acquired_;
     detail::check(strata_acquire(rt, tensor, tier, flags, &acquired_), rt);
   }
+  // strata_acquire_timeout: gives up after `timeout` (whole milliseconds, at most 2^32 - 1) with
+  // STRATA_E_TIMEOUT, nothing acquired.
+  Acquired(strata_runtime* rt, strata_tensor tensor, strata_tier tier, uint32_t flags,
+           std::chrono::milliseconds timeout)
+      : rt_(rt), tensor_(tensor) {
+    detail::require(rt != nullptr, "strata_acquire_timeout");
+    if (timeout.count() < 0 || timeout.count() > UINT32_MAX) {
+      throw Error(STRATA_E_INVALID, "strata_acquire_timeout: timeout " +
+                                        std::to_string(timeout.count()) +
+                                        " ms is outside 0 to 4294967295");
+    }
+    acquired_.struct_size = sizeof acquired_;
+    detail::check(strata_acquire_timeout(rt, tensor, tier, flags,
+                                         static_cast<uint32_t>(timeout.count()), &acquired_),
+                  rt);
+  }
   Acquired(Acquired&& other) noexcept { take(other); }
   Acquired& operator=(Acquired&& other) noexcept {
     if (this != &other) {
@@ -314,6 +331,11 @@ class OwnedTensor {
   [[nodiscard]] Acquired acquire(strata_tier tier, uint32_t flags = 0) const {
     require_engaged("strata_acquire");
     return Acquired(rt_, handle_, tier, flags);
+  }
+  [[nodiscard]] Acquired acquire(strata_tier tier, uint32_t flags,
+                                 std::chrono::milliseconds timeout) const {
+    require_engaged("strata_acquire_timeout");
+    return Acquired(rt_, handle_, tier, flags, timeout);
   }
   void prefetch(strata_tier tier) const {
     require_engaged("strata_prefetch");
