@@ -666,3 +666,34 @@ def test_cpu_computes_on_pinned_buffers_without_a_device_copy(data, nvme_dir):
     assert stats["device"]["peak_in_use_bytes"] == 0
     assert stats["emulated_device_resident_bytes"] == 0
     assert stats["pinned"]["peak_in_use_bytes"] > 0
+
+
+def test_an_enabled_grad_scaler_over_offloaded_parameters_is_refused(data, nvme_dir):
+    """torch's GradScaler unscales and checks p.grad, which offloaded parameters never have:
+    torch stopped at 'No inf checks were recorded for this optimizer' (its step) or let
+    clip_grad_norm_ clip gradients still multiplied by the scale (unscale_ finding nothing).
+    Refused while enabled, naming the loss_scale way; a disabled scaler (as torch makes one
+    without CUDA) passes the step through unchanged. torch 1.13 has no CPU kernels for an
+    enabled scaler, so enabling it is forced here."""
+    reference, ref_opt, ours, opt, _ = pair(nvme_dir, seed=4, lr=3e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "GradScaler is enabled, but CUDA is not available"
+        scaler = torch.cuda.amp.GradScaler(enabled=False)
+    losses = ([], [])
+    for x, y in data[:2]:
+        for k, (model, optimizer) in enumerate(((reference, ref_opt), (ours, opt))):
+            loss = loss_fn(model(x), y)
+            losses[k].append(loss.item())
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+    assert_close(losses[1], losses[0])
+    assert losses[1][1] != losses[1][0]  # it stepped
+    scaler._enabled = True
+    for call in (scaler.unscale_, scaler.step):
+        with pytest.raises(strata.StrataError) as e:
+            call(opt)
+        assert e.value.name == "STRATA_E_UNSUPPORTED"
+        assert "loss_scale" in e.value.message and call.__name__ in e.value.message

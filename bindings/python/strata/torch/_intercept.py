@@ -9,8 +9,9 @@ makes DistributedDataParallel refuse an offloaded model with a message naming wh
 makes every torch optimizer but strata.torch.AdamW refuse offloaded parameters when they are
 added (its constructor) and at its step (one made before offload(): torch >= 2.0's global step
 pre-hook, or on older torch each optimizer class's step checked first): it would find no p.grad
-and change nothing. Everything else passes
-through to torch unchanged.
+and change nothing, and makes torch's GradScaler refuse a strata.torch.AdamW over offloaded
+parameters while it is enabled (it would unscale and check p.grad, which they do not have).
+Everything else passes through to torch unchanged.
 
 A script may have bound the function itself before importing strata.torch
 (`from torch.nn.utils import clip_grad_norm_`); replacing the module attribute would leave it
@@ -224,6 +225,47 @@ def _refuse_offloaded_in_foreign_optimizers(add_param_group):
     return add_param_group_checked
 
 
+def _refuse_enabled_scaler_over_offloaded(method):
+    """torch's GradScaler.step / unscale_ refusing a strata.torch.AdamW over offloaded
+    parameters while the scaler is enabled: it unscales and checks p.grad, where Strata's
+    gradients never are, so it would clip and step on gradients still multiplied by the scale,
+    or stop at torch's own "No inf checks were recorded for this optimizer"."""
+
+    def checked(self, optimizer, *args, **kwargs):
+        from .optim import AdamW
+        if isinstance(optimizer, AdamW) and self.is_enabled():
+            rec = first_offloaded(p for g in optimizer.param_groups for p in g["params"])
+            if rec is not None:
+                raise StrataError(_lib.E_UNSUPPORTED, (
+                    f"torch's GradScaler.{method.__name__} over strata.torch.AdamW with "
+                    f"offloaded parameters ({rec.name!r}...): their gradients are in Strata, "
+                    "not in p.grad, so the scaler can neither unscale them nor see an overflow; "
+                    "scale the loss yourself and give the scale to the step: "
+                    "(loss * scale).backward(); optimizer.step(loss_scale=scale), which divides "
+                    "it out (before max_grad_norm's clip) and skips a step whose gradients "
+                    "overflow (optimizer.last_result['found_nonfinite']: lower the scale then)"))
+        return method(self, optimizer, *args, **kwargs)
+
+    checked.__wrapped__ = method
+    checked.__doc__ = method.__doc__
+    checked.__name__ = method.__name__
+    checked.strata_checked = True
+    return checked
+
+
+def _check_grad_scalers():
+    """torch.amp.GradScaler (torch >= 2.3) and torch.cuda.amp.GradScaler, each method once."""
+    for module in ("torch.amp", "torch.cuda.amp"):
+        try:
+            cls = getattr(importlib.import_module(module), "GradScaler", None)
+        except ImportError:
+            continue
+        for name in ("step", "unscale_"):
+            own = cls.__dict__.get(name) if cls is not None else None
+            if callable(own) and not getattr(own, "strata_checked", False):
+                setattr(cls, name, _refuse_enabled_scaler_over_offloaded(own))
+
+
 def _trampoline(*args, _strata_impl=None, **kwargs):
     # The code torch's clip functions run once redirected: no globals, no closure, so that it
     # runs the same in torch's module; _strata_impl is a keyword default set on the function.
@@ -275,6 +317,7 @@ def install():
     else:  # torch < 2.0: each class's own step, those defined so far and those defined later
         _check_steps_of(optimizer)
         optimizer._hook_for_profile = _check_steps_of_later_classes(optimizer._hook_for_profile)
+    _check_grad_scalers()
     if torch.distributed.is_available():
         ddp = torch.nn.parallel.DistributedDataParallel
         ddp.__init__ = _refuse_offloaded_ddp(ddp.__init__)
