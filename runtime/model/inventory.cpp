@@ -21,11 +21,13 @@ class InventoryBuilder {
       out_.push_back({name + "#grad", shape, low, TensorKind::kGradient, layer});
     }
     if (options_.include_optimizer) {
-      // fp32 parameters are their own master copy.
-      if (low != DType::kFloat32) {
-        out_.push_back(
-            {name + "#master", shape, DType::kFloat32, TensorKind::kMasterWeight, layer});
-      }
+      // An fp32 master for every parameter, fp32 ones included: both offload engines keep a
+      // copy of their own. Strata's optimizer registers a master sub-group beside m and v for
+      // every parameter (optim/tiered_optimizer.cpp, add_param); DeepSpeed 0.16.5 gives every
+      // sub-group an fp32 master, on NVMe (stage3.py:868-871) or cloned in memory (900-906),
+      // whatever the model's dtype. Only torch's own AdamW updates fp32 weights in place, which
+      // the planner counts without an inventory (plan.cpp, optimizer_bytes_per_param).
+      out_.push_back({name + "#master", shape, DType::kFloat32, TensorKind::kMasterWeight, layer});
       out_.push_back({name + "#adam_m", shape, DType::kFloat32, TensorKind::kAdamM, layer});
       out_.push_back(
           {name + "#adam_v", std::move(shape), DType::kFloat32, TensorKind::kAdamV, layer});
@@ -45,7 +47,7 @@ class InventoryBuilder {
 size_t states_per_parameter(const InventoryOptions& o) {
   size_t n = 1;
   if (o.include_gradients) ++n;
-  if (o.include_optimizer) n += o.param_dtype == DType::kFloat32 ? 2 : 3;
+  if (o.include_optimizer) n += 3;
   return n;
 }
 

@@ -15,7 +15,7 @@ struct InventoryOptions {
   int layers = -1;     // transformer layers to include; -1: all of the config's
   DType param_dtype = DType::kBFloat16;
   bool include_gradients = true;  // "#grad" in param_dtype
-  bool include_optimizer = true;  // "#master" (fp32; omitted when params are fp32), "#adam_m/v"
+  bool include_optimizer = true;  // "#master" (fp32, for fp32 parameters too), "#adam_m/v"
 };
 
 // Tensors in forward order: "embed_tokens.weight", then per layer "layers.N.input_layernorm",

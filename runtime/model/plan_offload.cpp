@@ -30,10 +30,9 @@ std::pair<double, std::string> slowest(
   return best;
 }
 
-uint64_t optimizer_state_bytes_per_param(const OffloadJob& job) {
-  // fp32 master (unless the weights are fp32 already), Adam m and v.
-  return (job.param_bytes == 4 ? 0 : 4) + 8;
-}
+// fp32 master, Adam m and v: an offload engine keeps its own master of fp32 weights too
+// (model/inventory.cpp says where each does).
+constexpr uint64_t kOptimizerStateBytesPerParam = 12;
 
 // The planner's names for the simulator's resources ("nvme_read" -> "nvme-read"), so that every
 // offload choice names its bottleneck in one vocabulary.
@@ -298,7 +297,7 @@ OffloadEstimate estimate_cpu_offload(const OffloadJob& job) {
   if (!job.params_resident_on_gpu) add("weights", job.weight_bytes);
   if (job.optimizer_on_host) {
     add("gradients", trainable_grad_bytes);
-    add("optimizer states", job.trainable_params * optimizer_state_bytes_per_param(job));
+    add("optimizer states", job.trainable_params * kOptimizerStateBytesPerParam);
     // Adam, and before it the optimizer's measurement of each gradient (the overflow check and
     // the norm global clipping needs, strata_optimizer_grad_ready: one host pass over it, once a
     // step), as the simulated step counts the CPU (sched::TrainingStepOptions::measure_gradients).

@@ -705,6 +705,34 @@ TEST(PlanInput, ParsersRejectWhatTheyCannotRead) {
   EXPECT_FALSE(parse_precision("fp8").is_ok());
 }
 
+// fp32 full fine-tuning: torch's AdamW on the GPU updates fp32 weights in place (16 B per
+// parameter), while an offload engine keeps an fp32 master of its own beside m and v (12 B of
+// states per parameter on NVMe). Until 2026-12-05 every fp32 full plan failed (exit 2) in the
+// simulated optimizer step: the inventory had no master, and a parameter split into several
+// sub-groups had m and v without one.
+TEST(PlanInput, Fp32FullFineTuningIsPlannedWithTheOffloadEnginesMasterCopy) {
+  PlanRequest r = request("tinyllama-1.1b", FinetuneMethod::kFull);
+  r.precision = DType::kFloat32;
+  r.offload = Offload::kNvme;
+  r.gpus = {*parse_gpu_choice("rtx-4090")};
+  const Plan p = must_plan(r);
+  ASSERT_EQ(p.gpus.size(), 1u);
+  const GpuPlan& g = p.gpus[0];
+  const uint64_t params = parameter_count(r.model);
+  // Homed on NVMe: the fp32 weights and gradients (4 + 4) and the states (master, m, v: 12).
+  EXPECT_EQ(g.nvme_bytes, 20 * params) << g.nvme_bytes;
+  // Without offload, torch's AdamW: weights, gradients, m and v, 16 B per parameter.
+  r.offload = Offload::kNone;
+  r.gpus = {*parse_gpu_choice("h100-sxm")};
+  const Plan resident = must_plan(r);
+  EXPECT_EQ(resident.gpus[0].memory.optimizer, 8 * params);
+  // And the whole plan, the comparison with DeepSpeed included, is made.
+  Result<Plan> whole = make_plan(r);
+  ASSERT_TRUE(whole.is_ok()) << whole.status().message();
+  EXPECT_TRUE(whole->like_for_like.strata_not_simulated.empty())
+      << whole->like_for_like.strata_not_simulated;
+}
+
 TEST(PlanInput, InvalidRequestsAreErrorsNotPlans) {
   PlanRequest r = request("tinyllama-1.1b", FinetuneMethod::kFull);
   r.seq_len = 0;
