@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <utility>
 
@@ -231,10 +232,18 @@ Result<OffloadEstimate> run_simulation(const OffloadJob& job, const StrataLayout
   e.nvme_bytes = nvme_home_bytes(job.inventory, memory.pinned_home_kinds);
   e.pcie_h2d_bytes = moved(sched::Link::kHostToDevice) / job.gpus;
   e.pcie_d2h_bytes = moved(sched::Link::kDeviceToHost) / job.gpus;
-  e.nvme_read_bytes = moved(sched::Link::kNvmeRead);
-  e.nvme_write_bytes = moved(sched::Link::kNvmeWrite);
+  // NVMe bytes as the runtime counts them (strata_stats, which strata bench finetune reports per
+  // step): each transfer in the step it completes in, kind by kind, so that the total is the
+  // sum of its kinds. The links count a transfer when it starts; a window cut between steps
+  // differs by the transfers in flight at its ends (69 MB of 95 GB written in the default 7B
+  // plan, whose one warm-up step is not yet steady), which made the total disagree with its own
+  // breakdown and with --trace until 2026-12-05.
   e.nvme_read_by_kind = r.nvme_read_by_kind;
   e.nvme_write_by_kind = r.nvme_written_by_kind;
+  e.nvme_read_bytes =
+      std::accumulate(e.nvme_read_by_kind.begin(), e.nvme_read_by_kind.end(), uint64_t{0});
+  e.nvme_write_bytes =
+      std::accumulate(e.nvme_write_by_kind.begin(), e.nvme_write_by_kind.end(), uint64_t{0});
   e.compute_seconds = busy(sched::Resource::kCompute);
   e.pcie_seconds =
       std::max(busy(sched::Resource::kHostToDevice), busy(sched::Resource::kDeviceToHost));
