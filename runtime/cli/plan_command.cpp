@@ -250,17 +250,23 @@ void print_wear(const Plan& plan, const GpuPlan& p) {
   if (p.offload != Offload::kNvme && p.nvme_wear.write_bytes_per_step == 0) return;
   const PlanRequest& r = plan.request;
   const NvmeWear& w = p.nvme_wear;
-  std::printf("  SSD wear       %s TB written per step; %u x %s (%s TBW each) rated for %s steps\n",
-              fixed(static_cast<double>(w.write_bytes_per_step) / 1e12, 3).c_str(),
-              std::max<uint32_t>(r.nvme.drives, 1), r.nvme_drive.name.c_str(),
-              fixed(r.nvme_drive.tbw_tb, 0).c_str(), fixed(w.steps_to_endurance, 0).c_str());
+  std::printf(
+      "  SSD wear       %s TB written per step; %u x %s (%s TBW each%s) rated for %s steps\n",
+      fixed(static_cast<double>(w.write_bytes_per_step) / 1e12, 3).c_str(),
+      std::max<uint32_t>(r.nvme.drives, 1), r.nvme_drive.name.c_str(),
+      fixed(r.nvme_drive.tbw_tb, 0).c_str(),
+      r.nvme.drives == 0 ? "; one drive assumed: --nvme COUNT:READ/WRITE counts them" : "",
+      fixed(w.steps_to_endurance, 0).c_str());
   if (w.job_share) {
-    std::printf("                 job: %s TB, %s of the rated endurance%s\n",
-                fixed(*w.job_write_bytes / 1e12, 1).c_str(), percent(*w.job_share).c_str(),
-                w.warn ? ("  -- WARNING: above " + percent(r.assume.nvme_wear_warn_fraction) +
-                          "; more RAM or higher-endurance drives (--nvme-drive, --nvme-tbw)")
-                             .c_str()
-                       : "");
+    std::printf(
+        "                 job: %s TB, %s of the rated endurance%s\n",
+        fixed(*w.job_write_bytes / 1e12, 1).c_str(), percent(*w.job_share).c_str(),
+        w.warn
+            ? ("  -- WARNING: above " + percent(r.assume.nvme_wear_warn_fraction) +
+               "; more RAM, more drives (--nvme COUNT:...), drives rated for more (--nvme-drive), "
+               "or more tokens per optimizer step (--grad-accum)")
+                  .c_str()
+            : "");
   }
 }
 

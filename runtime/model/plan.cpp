@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <map>
@@ -291,6 +292,17 @@ std::string to_string(const LoraTargets& t) {
 
 Result<NvmeArray> parse_nvme(std::string_view text) {
   const std::string s = lower(text);
+  if (size_t colon = s.find(':'); colon != std::string::npos && s.find('/') != std::string::npos) {
+    // COUNT:READ/WRITE: the measured rates of an array of COUNT drives.
+    const auto drives = parse_count(std::string_view(s).substr(0, colon));
+    if (!drives || *drives == 0 || *drives > 64) {
+      return invalid_argument("NVMe drive count in \"" + std::string(text) + "\" must be 1..64");
+    }
+    STRATA_ASSIGN_OR_RETURN(NvmeArray a, parse_nvme(text.substr(colon + 1)));
+    a.drives = *drives;
+    a.label = std::to_string(*drives) + " drives, " + a.label;
+    return a;
+  }
   if (size_t colon = s.find(':'); colon != std::string::npos) {
     const auto drives = parse_count(std::string_view(s).substr(0, colon));
     if (!drives || *drives == 0 || *drives > 64) {
@@ -321,7 +333,8 @@ Result<NvmeArray> parse_nvme(std::string_view text) {
     return a;
   }
   return invalid_argument("NVMe \"" + std::string(text) +
-                          "\" must be COUNT:gen4, COUNT:gen5 or READ_GBPS/WRITE_GBPS");
+                          "\" must be COUNT:gen4, COUNT:gen5, READ_GBPS/WRITE_GBPS or "
+                          "COUNT:READ_GBPS/WRITE_GBPS");
 }
 
 Result<GpuChoice> parse_gpu_choice(std::string_view text) {
@@ -934,6 +947,26 @@ void finish_plan(const PlanRequest& r, GpuPlan& plan) {
         plan.why_not += " (" + std::to_string(plan.host.recommended_bytes) + " of " +
                         std::to_string(*r.host_ram_bytes) + " bytes)";
       }
+    }
+  }
+  plan.fits_nvme = true;
+  if (plan.nvme_bytes > 0 && r.nvme_drive.capacity_tb > 0) {
+    // Decimal TB, as drives are sold and rated; RAID-0 adds the drives' capacities.
+    const double per_drive = r.nvme_drive.capacity_tb * 1e12;
+    const uint32_t drives = std::max<uint32_t>(r.nvme.drives, 1);
+    const double need = static_cast<double>(plan.nvme_bytes);
+    if (need > drives * per_drive) {
+      plan.fits_nvme = false;
+      const auto enough = static_cast<uint64_t>(std::ceil(need / per_drive));
+      char text[320];
+      std::snprintf(text, sizeof text,
+                    "NVMe needs %.2f TB, more than %u x %s hold (%.2f TB): %llu such drives "
+                    "(--nvme %llu:%s), or larger ones (--nvme-drive)",
+                    need / 1e12, drives, r.nvme_drive.name.c_str(), drives * per_drive / 1e12,
+                    static_cast<unsigned long long>(enough),
+                    static_cast<unsigned long long>(enough),
+                    r.nvme.generation.empty() ? "READ/WRITE" : r.nvme.generation.c_str());
+      plan.why_not += std::string(plan.why_not.empty() ? "" : "; ") + text;
     }
   }
   plan.job_cost.reset();

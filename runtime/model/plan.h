@@ -61,14 +61,15 @@ std::string to_string(const LoraTargets& targets);
 
 // Aggregate NVMe rates (decimal GB/s).
 struct NvmeArray {
-  uint32_t drives = 1;
+  uint32_t drives = 1;  // 0: measured rates of an array whose drives were not counted
   double read_gbps = 0;
   double write_gbps = 0;
   std::string label;       // "1 x gen4-x4", "28/11 GB/s"
   std::string generation;  // "gen4" / "gen5" for COUNT:genN; empty for measured rates
 };
 // "COUNT:gen4" / "COUNT:gen5" (per-drive rates from the shipped presets, times COUNT), or
-// "READ/WRITE" in GB/s for an array someone measured.
+// "READ/WRITE" in GB/s for an array someone measured, "COUNT:READ/WRITE" when it has COUNT
+// drives (wear and capacity are per drive; without a count, one drive is assumed).
 Result<NvmeArray> parse_nvme(std::string_view text);
 
 // A GPU and how many of it (one node, data parallel, ZeRO-3-style partitioning of states).
@@ -307,9 +308,12 @@ struct GpuPlan {
   std::string bottleneck;
   bool fits_gpu = false;
   bool fits_host = true;  // true when --host-ram was not given
+  // What rests on NVMe (nvme_bytes) fits the drives: count x the drive's capacity (true when
+  // nothing does, or the drive's capacity is unknown: --nvme-tbw alone).
+  bool fits_nvme = true;
   // false where the plan cannot model what was asked (why_not says what): it does not fit.
   bool modelled = true;
-  bool fits() const { return fits_gpu && fits_host && modelled; }
+  bool fits() const { return fits_gpu && fits_host && fits_nvme && modelled; }
   std::string why_not;  // empty when it fits
   double hours_per_mtok = 0;
   std::array<double, 3> usd_per_mtok{};  // low, typical, high

@@ -752,6 +752,42 @@ TEST(PlanNvme, BytesPerStepAreTheSumOfTheirKinds) {
   EXPECT_EQ(e.nvme_read_bytes, sum(e.nvme_read_by_kind));
 }
 
+// What rests on NVMe must fit the drives (count x capacity); until 2026-12-05 a 405B full plan's
+// 6.49 TB "fit" on the one 2 TB drive assumed.
+TEST(PlanNvme, WhatRestsOnNvmeMustFitTheDrives) {
+  PlanRequest r = request("tinyllama-1.1b", FinetuneMethod::kFull);
+  r.offload = Offload::kNvme;
+  r.gpus = {*parse_gpu_choice("rtx-4090")};
+  r.nvme_drive = {"small", 4, /*capacity_tb=*/0.01, /*tbw_tb=*/100};  // 10 GB
+  const Plan tight = must_plan(r);
+  const GpuPlan& g = tight.gpus.at(0);
+  ASSERT_GT(g.nvme_bytes, uint64_t{10'000'000'000});  // 16 B per parameter: 17.6 GB
+  EXPECT_FALSE(g.fits_nvme);
+  EXPECT_FALSE(g.fits());
+  EXPECT_NE(g.why_not.find("more than 1 x small hold (0.01 TB): 2 such drives (--nvme 2:gen4)"),
+            std::string::npos)
+      << g.why_not;
+  r.nvme = *parse_nvme("2:gen4");
+  const Plan two = must_plan(r);
+  EXPECT_TRUE(two.gpus.at(0).fits_nvme) << two.gpus[0].why_not;
+  // A drive known only by its rating has no capacity to check.
+  r.nvme = *parse_nvme("1:gen4");
+  r.nvme_drive = {"custom", 0, 0, 100};
+  EXPECT_TRUE(must_plan(r).gpus.at(0).fits_nvme);
+}
+
+TEST(PlanNvme, MeasuredRatesMayCountTheirDrives) {
+  const NvmeArray counted = *parse_nvme("4:10/5");
+  EXPECT_EQ(counted.drives, 4u);
+  EXPECT_EQ(counted.read_gbps, 10.0);
+  EXPECT_EQ(counted.write_gbps, 5.0);
+  EXPECT_EQ(counted.label, "4 drives, 10/5 GB/s");
+  EXPECT_EQ(parse_nvme("10/5")->drives, 0u);  // not counted: one assumed for wear and capacity
+  for (const char* bad : {"0:10/5", "65:10/5", "x:10/5", "4:10/0", "4:/5"}) {
+    EXPECT_EQ(parse_nvme(bad).status().code(), STRATA_E_INVALID) << bad;
+  }
+}
+
 TEST(PlanInput, InvalidRequestsAreErrorsNotPlans) {
   PlanRequest r = request("tinyllama-1.1b", FinetuneMethod::kFull);
   r.seq_len = 0;
