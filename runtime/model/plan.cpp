@@ -676,6 +676,11 @@ ModelStates model_states(const PlanRequest& r) {
       s.trainable_tensor_elements.push_back(a);
       s.trainable_tensor_elements.push_back(bm);
       unit_trainable[spec.layer] += a + bm;
+      // An expert's adapters run for the tokens routed to it: k of the E experts per token.
+      const bool expert = spec.name.find(".experts.") != std::string::npos;
+      s.adapter_params_per_token +=
+          static_cast<double>(a + bm) *
+          (expert ? static_cast<double>(m.active_experts()) / m.num_local_experts : 1.0);
     }
   }
   for (const auto& [layer, bytes] : unit_weight_bytes) {
@@ -703,7 +708,7 @@ Rates rates_for(const PlanRequest& r, const ModelStates& s, const GpuChoice& g) 
   const ModelConfig& m = r.model;
   const double tokens = static_cast<double>(r.seq_len) * r.micro_batch * r.grad_accum;
   const double pmm = static_cast<double>(matmul_parameters_per_token(m));
-  const double adapters = r.method == FinetuneMethod::kFull ? 0.0 : s.trainable_params;
+  const double adapters = r.method == FinetuneMethod::kFull ? 0.0 : s.adapter_params_per_token;
   double flops_per_token = 0;
   if (r.method == FinetuneMethod::kFull) {
     flops_per_token = 6 * pmm;  // forward 2N, backward 4N (input and weight gradients)
@@ -712,7 +717,8 @@ Rates rates_for(const PlanRequest& r, const ModelStates& s, const GpuChoice& g) 
     // are trained in full (6 per adapter parameter).
     flops_per_token = 4 * pmm + 6 * adapters;
   }
-  if (r.checkpointing == Checkpointing::kFull) flops_per_token += 2 * pmm;  // forward again
+  // The forward again, adapters included.
+  if (r.checkpointing == Checkpointing::kFull) flops_per_token += 2 * pmm + 2 * adapters;
   // Scores and context: no weights, so LoRA and full fine-tuning alike run them forward and
   // backward (the input gradients).
   const double attention = attention_flops_per_token(m, r.seq_len, r.checkpointing);

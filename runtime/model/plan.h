@@ -254,6 +254,9 @@ struct ModelStates {
   uint64_t largest_unit_trainable_params = 0;
   uint64_t largest_weight_elements = 0;
   std::vector<uint64_t> trainable_tensor_elements;
+  // LoRA / QLoRA: the adapter parameters a token multiplies, an expert's adapters only where
+  // the router sends the token (active experts / experts of them). 0 for full fine-tuning.
+  double adapter_params_per_token = 0;
 };
 ModelStates model_states(const PlanRequest& request);
 

@@ -324,6 +324,36 @@ TEST(StepTime, LoraSkipsFrozenWeightGradientsAndQloraPaysForDequantization) {
   EXPECT_NEAR(must_plan(r).gpus[0].step_seconds, lora + dequant, 1e-9);
 }
 
+// A token runs the adapters of the experts the router sends it to, k of E (Mixtral: 2 of 8), and
+// full checkpointing runs the adapters' forward again too. Until 2026-12-05 every expert's
+// adapters were charged to every token (15% too slow at r = 256) and the recomputation left the
+// adapters out.
+TEST(StepTime, LoraChargesTheRoutedExpertsAdaptersAndRecomputesThem) {
+  PlanRequest r = request("mixtral-8x7b", FinetuneMethod::kLora);
+  r.checkpointing = Checkpointing::kNone;
+  r.offload = Offload::kNone;
+  r.gpus = {gpu("h200")};
+  r.lora_rank = 256;
+  r.lora_targets = *parse_lora_targets("all-linear");
+  const ModelConfig& m = r.model;
+  const double h = m.hidden_size, kv = m.kv_dim(), inter = m.intermediate_size;
+  // Per layer and token: q, k, v, o (A: r x in, B: out x r), and 2 of the 8 experts' w1, w3, w2.
+  const double attention_adapters = 256 * ((h + h) + 2 * (h + kv) + (h + h));
+  const double expert_adapters = 256 * 3 * (h + inter);
+  const double adapters = m.num_hidden_layers * (attention_adapters + 2 * expert_adapters);
+  EXPECT_DOUBLE_EQ(model_states(r).adapter_params_per_token, adapters);
+  const double n = static_cast<double>(matmul_parameters_per_token(m));
+  const double attention = attention_flops_per_token(m, r.seq_len, Checkpointing::kNone);
+  const double tokens = static_cast<double>(r.seq_len) * r.micro_batch * r.grad_accum;
+  const double peak = 989e12 * 0.4;  // the h200's bf16 dense peak at MFU 0.4
+  EXPECT_NEAR(must_plan(r).gpus[0].stages.compute_seconds,
+              (4 * n + 6 * adapters + attention) * tokens / peak, 1e-9);
+  r.checkpointing = Checkpointing::kFull;
+  const double recomputed = attention_flops_per_token(m, r.seq_len, Checkpointing::kFull);
+  EXPECT_NEAR(must_plan(r).gpus[0].stages.compute_seconds,
+              (6 * n + 8 * adapters + recomputed) * tokens / peak, 1e-9);
+}
+
 // ---- NVMe offload: a simulated step ----------------------------------------------------------
 
 GpuPlan nvme_plan(PlanRequest r, const std::string& gpu_name) {
