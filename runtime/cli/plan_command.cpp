@@ -24,6 +24,7 @@ struct PlanOptions {
   std::string method = "full";
   uint32_t lora_rank = 16;
   std::string lora_targets = "all-linear";
+  bool lora_options_given = false;  // --lora-rank or --lora-targets on the command line
   std::string precision = "bf16";
   uint64_t seq = 4096;
   uint64_t batch = 1;
@@ -85,8 +86,22 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
   if (!model) return std::move(model).take_status();
   r.model = *model;
   if (o.scale != 1.0 || o.layers != -1) {
-    // The shapes `strata bench finetune` runs, so that a plan can be checked against a run.
+    // The shapes `strata bench finetune` runs, so that a plan can be checked against a run:
+    // narrower and shallower only (DeepSpeed's knobs scale with the model, down).
     STRATA_TRY(check_scale_options(o.scale, o.layers));
+    if (o.scale > 1.0) {
+      return invalid_argument(
+          "--scale narrows the model, as strata bench finetune --scale does: "
+          "it must be in (0, 1], not " +
+          fixed(o.scale, 3) + " (for a wider model, give its config.json to --model)");
+    }
+    if (o.layers > static_cast<int>(r.model.num_hidden_layers)) {
+      return invalid_argument("--layers keeps that many of " + o.model + "'s " +
+                              std::to_string(r.model.num_hidden_layers) + " layers: 1.." +
+                              std::to_string(r.model.num_hidden_layers) + ", not " +
+                              std::to_string(o.layers) +
+                              " (for a deeper model, give its config.json to --model)");
+    }
     r.model = scale_model(r.model, o.scale, o.layers);
     // DeepSpeed's element-count knobs shrink with the model, as the benchmark shrinks them
     // (bench/finetune/finetune_options.cpp), so the scaled plan predicts the scaled run.
@@ -96,6 +111,11 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
   Result<FinetuneMethod> method = parse_method(o.method);
   if (!method) return std::move(method).take_status();
   r.method = *method;
+  if (r.method == FinetuneMethod::kFull && o.lora_options_given) {
+    return invalid_argument(
+        "--lora-rank and --lora-targets apply to --method lora and qlora; "
+        "--method full trains every weight");
+  }
   r.lora_rank = o.lora_rank;
   STRATA_ASSIGN_OR_RETURN(LoraTargets targets, parse_lora_targets(o.lora_targets));
   r.lora_targets = targets;
@@ -109,6 +129,13 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
   r.checkpointing = ckpt;
   for (const std::string& text : o.gpus) {
     STRATA_ASSIGN_OR_RETURN(GpuChoice gpu, parse_gpu_choice(text));
+    for (const GpuChoice& earlier : r.gpus) {
+      if (earlier.gpu.name == gpu.gpu.name) {
+        return invalid_argument("--gpu " + gpu.gpu.name +
+                                " is given twice; one row per GPU (NAME:COUNT or NAME:auto for "
+                                "several of it)");
+      }
+    }
     r.gpus.push_back(gpu);
   }
   // A budget replayed from a run: unset when the option is absent.
@@ -211,6 +238,10 @@ void print_host(const Plan& plan, const GpuPlan& p) {
         "keeps the drives at full speed%s (pinned pool %s)\n",
         kept ? ", plus the offloaded activations kept there" : "",
         format_bytes(p.stages.pinned_budget_bytes).c_str());
+  } else if (p.offload == Offload::kCpu) {
+    std::printf(
+        "                 no --host-ram given: CPU offload holds every state in RAM, so the job "
+        "needs the recommended figure; give --host-ram to check it has it\n");
   }
   if (p.offload != Offload::kNvme && p.stages.activations_alone_step_seconds > 0) {
     std::printf(
@@ -568,6 +599,11 @@ int run_plan(const PlanOptions& options) {
 
 }  // namespace
 
+// An option given with an empty value (--host-ram "") is refused rather than read as absent.
+const CLI::Validator kNotEmpty(
+    [](const std::string& value) { return value.empty() ? std::string("must not be empty") : ""; },
+    "", "not empty");
+
 void add_plan_command(CLI::App& app) {
   auto options = std::make_shared<PlanOptions>();
   CLI::App* cmd = app.add_subcommand(
@@ -580,10 +616,11 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--layers", options->layers, "Keep this many layers (-1: all)")
       ->capture_default_str();
   cmd->add_option("--method", options->method, "full | lora | qlora")->capture_default_str();
-  cmd->add_option("--lora-rank", options->lora_rank, "LoRA rank r")->capture_default_str();
-  cmd->add_option("--lora-targets", options->lora_targets,
-                  "all-linear, or a list of q,k,v,o,gate,up,down")
-      ->capture_default_str();
+  CLI::Option* lora_rank =
+      cmd->add_option("--lora-rank", options->lora_rank, "LoRA rank r")->capture_default_str();
+  CLI::Option* lora_targets = cmd->add_option("--lora-targets", options->lora_targets,
+                                              "all-linear, or a list of q,k,v,o,gate,up,down")
+                                  ->capture_default_str();
   cmd->add_option("--precision", options->precision, "bf16 | fp16 | fp32")->capture_default_str();
   cmd->add_option("--seq", options->seq, "Sequence length (tokens)")->capture_default_str();
   cmd->add_option("--batch", options->batch, "Micro-batch (sequences per GPU)")
@@ -662,7 +699,12 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--trace", options->trace,
                   "Write the headline GPU's simulated NVMe-offload steps (warm-up included) to "
                   "FILE as a Chrome trace, to compare with strata bench finetune --trace");
-  cmd->callback([options] {
+  // Every option that takes text refuses an empty value.
+  for (CLI::Option* option : cmd->get_options()) {
+    if (option->get_type_size() != 0 && option->get_name() != "--help") option->check(kNotEmpty);
+  }
+  cmd->callback([options, lora_rank, lora_targets] {
+    options->lora_options_given = lora_rank->count() > 0 || lora_targets->count() > 0;
     const int rc = run_plan(*options);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

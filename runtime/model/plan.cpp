@@ -913,6 +913,12 @@ GpuPlan plan_with_offload(const PlanRequest& r, const ModelStates& s, const GpuC
     }
   }
   plan.fits_gpu = plan.memory.total() <= gpu_capacity;
+  // A device pool replayed from a run (--device-budget) cannot be more than the GPU: the step
+  // simulated with it would be one no run on this GPU could have.
+  if (offload == Offload::kNvme && r.strata_device_budget_bytes &&
+      *r.strata_device_budget_bytes > gpu_capacity) {
+    plan.fits_gpu = false;
+  }
   return plan;
 }
 
@@ -933,8 +939,13 @@ void finish_plan(const PlanRequest& r, GpuPlan& plan) {
   }
   plan.why_not.clear();
   if (!plan.fits_gpu) {
+    const uint64_t capacity = g.gpu.memory_bytes();
     plan.why_not =
-        "GPU needs " + format_gib(plan.memory.total()) + " of " + format_gib(g.gpu.memory_bytes());
+        plan.memory.total() > capacity || plan.offload != Offload::kNvme ||
+                !r.strata_device_budget_bytes
+            ? "GPU needs " + format_gib(plan.memory.total()) + " of " + format_gib(capacity)
+            : "--device-budget " + format_gib(*r.strata_device_budget_bytes) +
+                  " is more than the GPU's " + format_gib(capacity);
   }
   const HostHeadroom& headroom = r.assume.host_headroom;
   plan.host.job_bytes = plan.host_bytes;

@@ -25,6 +25,11 @@ TEST(FlagErrors, AFlagTheParserRefusesExitsTwoNamingIt) {
       {{"plan", "--model", "llama-2-7b", "--stream-buffers", "99"}, "--stream-buffers"},
       {{"plan", "--model", "llama-2-7b", "--warmup-steps", "0"}, "--warmup-steps"},
       {{"bench", "io", "--qd", "lots"}, "--qd"},
+      // An empty value is refused, not read as the flag's absence (--host-ram "" planned as if
+      // no RAM had been given, until 2026-12-05).
+      {{"plan", "--model", "llama-2-7b", "--host-ram", ""}, "--host-ram: must not be empty"},
+      {{"plan", "--model", "llama-2-7b", "--gpu", ""}, "--gpu: must not be empty"},
+      {{"plan", "--model", "llama-2-7b", "--device-budget", ""}, "--device-budget"},
   };
   for (const Case& c : cases) {
     const CliRun r = run_cli(c.args);

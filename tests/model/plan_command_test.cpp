@@ -106,6 +106,39 @@ TEST(PlanCommand, BadInputExitsNonZeroWithTheReason) {
   EXPECT_NE(r.code, 0);
 }
 
+// Input a plan would otherwise drop or misread without a word (an independent client's findings,
+// 2026-12-05): each is refused, exit 2, naming the flag and what it is for (empty values:
+// FlagErrors).
+TEST(PlanCommand, InputThatWouldBeIgnoredOrMisreadIsRefused) {
+  struct Case {
+    std::vector<std::string> args;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {{"--method", "full", "--lora-rank", "8"}, "--method full trains every weight"},
+      {{"--lora-targets", "q,v"}, "apply to --method lora and qlora"},  // full is the default
+      {{"--gpu", "h100-sxm", "--gpu", "h100-sxm:2"}, "--gpu h100-sxm is given twice"},
+      {{"--scale", "2"}, "--scale narrows the model"},  // was: DeepSpeed's knob factor
+      {{"--layers", "200"}, "of llama-2-70b's 80 layers: 1..80, not 200"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"plan", "--model", "llama-2-70b"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    const CommandRun r = run(args);
+    EXPECT_EQ(r.code, 2) << c.says << ": " << r.err;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
+  }
+  // LoRA options with LoRA, and a narrower, shallower model, are plans as before.
+  EXPECT_EQ(run({"plan", "--model", "llama-2-7b", "--method", "lora", "--lora-rank", "8", "--gpu",
+                 "a100-80gb"})
+                .code,
+            0);
+  EXPECT_EQ(run({"plan", "--model", "llama-2-7b", "--scale", "0.5", "--layers", "32", "--gpu",
+                 "a100-80gb"})
+                .code,
+            0);
+}
+
 TEST(PlanCommand, JobTokensPriceTheFittingRowsAndNothingFittingExitsNonZero) {
   CommandRun r = run({"plan", "--model", "llama-2-13b", "--method", "lora", "--offload", "none",
                       "--gpu", "a100-80gb", "--gpu", "rtx-4090", "--tokens", "68000000"});

@@ -806,6 +806,22 @@ TEST(PlanNvme, WhatRestsOnNvmeMustFitTheDrives) {
   EXPECT_TRUE(must_plan(r).gpus.at(0).fits_nvme);
 }
 
+// A device pool replayed from a run cannot be more than the GPU (--device-budget 1T on an 80 GiB
+// A100 gave a step no run could have, and fit, until 2026-12-05).
+TEST(PlanNvme, ADeviceBudgetAboveTheGpuDoesNotFit) {
+  PlanRequest r = request("tinyllama-1.1b", FinetuneMethod::kFull);
+  r.offload = Offload::kNvme;
+  r.gpus = {*parse_gpu_choice("rtx-4090")};
+  r.strata_device_budget_bytes = uint64_t{1} << 40;
+  const Plan p = must_plan(r);
+  EXPECT_FALSE(p.gpus.at(0).fits_gpu);
+  EXPECT_NE(p.gpus[0].why_not.find("--device-budget 1.00 TiB is more than the GPU's 24.00 GiB"),
+            std::string::npos)
+      << p.gpus[0].why_not;
+  r.strata_device_budget_bytes = uint64_t{1} << 30;
+  EXPECT_TRUE(must_plan(r).gpus.at(0).fits_gpu);
+}
+
 TEST(PlanNvme, MeasuredRatesMayCountTheirDrives) {
   const NvmeArray counted = *parse_nvme("4:10/5");
   EXPECT_EQ(counted.drives, 4u);
