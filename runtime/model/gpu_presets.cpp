@@ -32,7 +32,7 @@ Presets parse_presets() {
   for (const auto& [name, g] : root["gpus"].items()) {
     GpuPreset gpu;
     gpu.name = name;
-    gpu.memory_gib = number(g, "memory_gib");
+    gpu.memory_mib = number(g, "memory_mib");
     gpu.mem_bw_gbps = number(g, "mem_bw_gbps");
     gpu.bf16_dense_tflops = number(g, "bf16_dense_tflops");
     gpu.tf32_dense_tflops = number(g, "tf32_dense_tflops");

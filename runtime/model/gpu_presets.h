@@ -18,7 +18,9 @@ struct PriceRange {
 
 struct GpuPreset {
   std::string name;  // "h100-sxm"
-  double memory_gib = 0;
+  // What the driver reports (nvidia-smi memory.total), not the datasheet's rounded GB: an L40S
+  // sold as 48 GB has 46,068 MiB, an H100 80 GB 81,559 MiB.
+  double memory_mib = 0;
   double mem_bw_gbps = 0;        // device memory, GB/s
   double bf16_dense_tflops = 0;  // also the fp16 rate on every shipped GPU
   double tf32_dense_tflops = 0;  // fp32 training with TF32 matmuls
@@ -28,7 +30,7 @@ struct GpuPreset {
   double nvlink_gbps = 0;
   PriceRange price_usd_per_hour;
 
-  uint64_t memory_bytes() const { return static_cast<uint64_t>(memory_gib * 1024.0 * 1024 * 1024); }
+  uint64_t memory_bytes() const { return static_cast<uint64_t>(memory_mib) << 20; }
 };
 
 struct NvmePreset {

@@ -14,8 +14,12 @@ TEST(GpuPresets, ShipsDatasheetFiguresAndPrices) {
 
   Result<GpuPreset> h100 = find_gpu("h100-sxm");
   ASSERT_TRUE(h100.is_ok());
-  EXPECT_EQ(h100->memory_gib, 80);
-  EXPECT_EQ(h100->memory_bytes(), 80ull << 30);
+  // The memory the driver reports, not the datasheet's "80 GB" (until 2026-12-05 taken as 80 GiB,
+  // and an L40S's "48 GB" as 48 GiB, 3 GiB more than it has).
+  EXPECT_EQ(h100->memory_mib, 81559);
+  EXPECT_EQ(h100->memory_bytes(), 81559ull << 20);
+  EXPECT_EQ(find_gpu("l40s")->memory_bytes(), 46068ull << 20);
+  EXPECT_EQ(find_gpu("h200")->memory_bytes(), 143771ull << 20);
   EXPECT_EQ(h100->bf16_dense_tflops, 989);
   EXPECT_EQ(h100->pcie_gen, 5);
   EXPECT_EQ(h100->host_link_gbps, 63.0);

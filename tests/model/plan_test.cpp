@@ -815,7 +815,7 @@ TEST(PlanNvme, ADeviceBudgetAboveTheGpuDoesNotFit) {
   r.strata_device_budget_bytes = uint64_t{1} << 40;
   const Plan p = must_plan(r);
   EXPECT_FALSE(p.gpus.at(0).fits_gpu);
-  EXPECT_NE(p.gpus[0].why_not.find("--device-budget 1.00 TiB is more than the GPU's 24.00 GiB"),
+  EXPECT_NE(p.gpus[0].why_not.find("--device-budget 1.00 TiB is more than the GPU's 23.99 GiB"),
             std::string::npos)
       << p.gpus[0].why_not;
   r.strata_device_budget_bytes = uint64_t{1} << 30;
