@@ -3,6 +3,7 @@
 // runtime/model/plan.h; this file turns flags into a PlanRequest and a plan into text or JSON.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -76,8 +77,12 @@ std::string human_seconds(double s) {
   return fixed(s / 3600, 1) + " h";
 }
 
+// "$0.241", "$12.14", "$1,447.60": thousands grouped, as the job prices grow large.
 std::string money(double usd) {
-  return "$" + fixed(usd, usd < 1 ? 3 : 2);
+  const std::string digits = fixed(usd, usd < 1 ? 3 : 2);
+  const size_t point = digits.find('.');
+  const auto whole = static_cast<uint64_t>(std::strtoull(digits.c_str(), nullptr, 10));
+  return "$" + grouped(whole) + (point == std::string::npos ? "" : digits.substr(point));
 }
 
 Result<PlanRequest> to_request(const PlanOptions& o) {
@@ -281,6 +286,10 @@ void print_wear(const Plan& plan, const GpuPlan& p) {
   if (p.offload != Offload::kNvme && p.nvme_wear.write_bytes_per_step == 0) return;
   const PlanRequest& r = plan.request;
   const NvmeWear& w = p.nvme_wear;
+  if (w.write_bytes_per_step == 0) {  // a frozen base streamed from NVMe: only read
+    std::printf("  SSD wear       nothing written per step: the drives are only read\n");
+    return;
+  }
   std::printf(
       "  SSD wear       %s TB written per step; %u x %s (%s TBW each%s) rated for %s steps\n",
       fixed(static_cast<double>(w.write_bytes_per_step) / 1e12, 3).c_str(),
@@ -340,7 +349,9 @@ void print_comparison(const Plan& plan, const GpuPlan& p) {
     versus.add_row(cells);
   };
   row("peak host RAM", [](const OffloadEstimate& e) { return format_bytes(e.host_bytes); });
-  row("pinned", [](const OffloadEstimate& e) {
+  // Strata's pool is sized by its budget (taken on demand, page by page, up to it); DeepSpeed's
+  // buffers are pinned whole, so its peak is what it pins.
+  row("pinned (Strata: budget)", [](const OffloadEstimate& e) {
     return format_bytes(e.model == "simulated" ? e.pinned_budget_bytes : e.peak_pinned_bytes);
   });
   row("step time", [](const OffloadEstimate& e) { return human_seconds(e.step_seconds); });
@@ -389,7 +400,8 @@ void print_text(const Plan& plan) {
       "attention%s\n\n",
       r.model.name.c_str(), method.c_str(), to_string(r.precision),
       static_cast<unsigned long long>(r.seq_len), static_cast<unsigned long long>(r.micro_batch),
-      static_cast<unsigned long long>(r.grad_accum), to_string(r.checkpointing),
+      static_cast<unsigned long long>(r.grad_accum),
+      r.checkpointing == Checkpointing::kNone ? "no" : to_string(r.checkpointing),
       to_string(r.attention),
       r.activation_offload == ActivationOffload::kNone ? ""
       : r.activation_offload == ActivationOffload::kNvme
@@ -442,9 +454,15 @@ void print_text(const Plan& plan) {
         format_bytes(m.activations).c_str());
   }
   print_host(plan, p);
-  std::printf("  NVMe           %s (%s: %s / %s GB/s)\n", format_bytes(p.nvme_bytes).c_str(),
-              r.nvme.label.c_str(), fixed(r.nvme.read_gbps, 1).c_str(),
-              fixed(r.nvme.write_gbps, 1).c_str());
+  // Measured rates are their own label ("10/5 GB/s"); a preset's label names the drives.
+  if (r.nvme.generation.empty()) {
+    std::printf("  NVMe           %s (%s)\n", format_bytes(p.nvme_bytes).c_str(),
+                r.nvme.label.c_str());
+  } else {
+    std::printf("  NVMe           %s (%s: %s / %s GB/s)\n", format_bytes(p.nvme_bytes).c_str(),
+                r.nvme.label.c_str(), fixed(r.nvme.read_gbps, 1).c_str(),
+                fixed(r.nvme.write_gbps, 1).c_str());
+  }
   const OffloadEstimate& st = p.stages;
   const bool copies = st.activation_copy_seconds > 0;
   // Activation offload under NVMe offload: the step is at least the states' alone plus the copies
