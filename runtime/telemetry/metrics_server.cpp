@@ -39,6 +39,7 @@ struct Response {
   std::string body;
   const char* content_type = "text/plain; charset=utf-8";
   const char* extra_headers = "";
+  bool head = false;  // a HEAD request: GET's header fields, Content-Length included, no body
 };
 
 std::string serialize(const Response& r) {
@@ -51,7 +52,7 @@ std::string serialize(const Response& r) {
   out += "Cache-Control: no-store\r\nConnection: close\r\n";
   out += r.extra_headers;
   out += "\r\n";
-  out += r.body;
+  if (!r.head) out += r.body;
   return out;
 }
 
@@ -182,20 +183,34 @@ Response MetricsServer::Impl::handle(std::string_view head) {
   }
   const std::string_view method = line.substr(0, sp1);
   std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+  // The absolute form a proxy sends ("http://host:port/metrics"), which HTTP/1.1 servers must
+  // accept (RFC 9112, section 3.2.2): its path is what is asked for.
+  for (const std::string_view scheme : {"http://", "https://"}) {
+    if (target.starts_with(scheme)) {
+      const size_t path = target.find('/', scheme.size());
+      target = path == std::string_view::npos ? std::string_view("/") : target.substr(path);
+    }
+  }
   target = target.substr(0, target.find('?'));  // Prometheus may add query parameters
-  if (method != "GET") {
+  // Every general-purpose server supports GET and HEAD (RFC 9110, section 9.1): HEAD answers
+  // with GET's header fields and no body, and is not a scrape.
+  const bool head_only = method == "HEAD";
+  if (method != "GET" && !head_only) {
     ++bad_requests;
-    return Response{405, "Method Not Allowed", "only GET is served\n", "text/plain; charset=utf-8",
-                    "Allow: GET\r\n"};
+    return Response{405, "Method Not Allowed", "only GET and HEAD are served\n",
+                    "text/plain; charset=utf-8", "Allow: GET, HEAD\r\n"};
   }
   if (target != "/metrics") {
     ++not_found;
-    return Response{404, "Not Found", "not found; metrics are at /metrics\n"};
+    Response r{404, "Not Found", "not found; metrics are at /metrics\n"};
+    r.head = head_only;
+    return r;
   }
   try {
     Response r{200, "OK", source()};
     r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    ++scrapes;
+    r.head = head_only;
+    if (!head_only) ++scrapes;
     return r;
   } catch (const std::exception& e) {
     ++bad_requests;

@@ -61,7 +61,7 @@ TEST(MetricsServer, AnswersScrapesOnLoopbackWithCurrentValues) {
   EXPECT_EQ(f.server->stats().scrapes, 2u);
 }
 
-TEST(MetricsServer, ServesOnlyGetMetrics) {
+TEST(MetricsServer, ServesNothingButMetrics) {
   Fixture f;
   ASSERT_TRUE(f.server);
   const uint16_t port = f.server->port();
@@ -74,6 +74,34 @@ TEST(MetricsServer, ServesOnlyGetMetrics) {
   EXPECT_EQ(stats.not_found, 3u);
   EXPECT_EQ(stats.bad_requests, 2u);
   EXPECT_EQ(stats.scrapes, 0u);
+}
+
+// HTTP's own rules for every general-purpose server (RFC 9110 9.1, RFC 9112 3.2.2): HEAD answers
+// with GET's header fields and no body, and a request in absolute form ("GET http://host/metrics",
+// as a proxy sends it) asks for its path. Until 2026-12-05 they were 405 and 404.
+TEST(MetricsServer, AnswersHeadAndTheAbsoluteFormAsHttpRequires) {
+  Fixture f;
+  ASSERT_TRUE(f.server);
+  const uint16_t port = f.server->port();
+  const auto get = http_get(port, "/metrics");
+  ASSERT_EQ(get.status, 200);
+  const auto head = http_request(port, "HEAD /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  EXPECT_EQ(head.status, 200);
+  EXPECT_TRUE(head.body.empty()) << head.body;
+  EXPECT_NE(head.head.find("Content-Length: " + std::to_string(get.body.size())), std::string::npos)
+      << head.head;
+  EXPECT_NE(head.head.find("text/plain; version=0.0.4"), std::string::npos) << head.head;
+  EXPECT_EQ(http_request(port, "HEAD /nowhere HTTP/1.1\r\n\r\n").status, 404);
+  const std::string host = "127.0.0.1:" + std::to_string(port);
+  const auto absolute = http_request(
+      port, "GET http://" + host + "/metrics?x=1 HTTP/1.1\r\nHost: " + host + "\r\n\r\n");
+  EXPECT_EQ(absolute.status, 200);
+  EXPECT_EQ(testing::parse_prometheus(absolute.body), testing::parse_prometheus(get.body));
+  EXPECT_EQ(http_request(port, "GET http://" + host + " HTTP/1.1\r\n\r\n").status, 404);
+  const auto post = http_request(port, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+  EXPECT_EQ(post.status, 405);
+  EXPECT_NE(post.head.find("Allow: GET, HEAD"), std::string::npos) << post.head;
+  EXPECT_EQ(f.server->stats().scrapes, 2u);  // the two GETs; HEAD is not a scrape
 }
 
 TEST(MetricsServer, RefusesNonLoopbackAddressesUnlessAsked) {
