@@ -93,20 +93,20 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
   if (o.scale != 1.0 || o.layers != -1) {
     // The shapes `strata bench finetune` runs, so that a plan can be checked against a run:
     // narrower and shallower only (DeepSpeed's knobs scale with the model, down).
-    STRATA_TRY(check_scale_options(o.scale, o.layers));
-    if (o.scale > 1.0) {
+    if (!(o.scale > 0.0 && o.scale <= 1.0)) {
       return invalid_argument(
           "--scale narrows the model, as strata bench finetune --scale does: "
           "it must be in (0, 1], not " +
           fixed(o.scale, 3) + " (for a wider model, give its config.json to --model)");
     }
-    if (o.layers > static_cast<int>(r.model.num_hidden_layers)) {
+    const auto model_layers = static_cast<int>(r.model.num_hidden_layers);
+    if (o.layers != -1 && (o.layers < 1 || o.layers > model_layers)) {
       return invalid_argument("--layers keeps that many of " + o.model + "'s " +
-                              std::to_string(r.model.num_hidden_layers) + " layers: 1.." +
-                              std::to_string(r.model.num_hidden_layers) + ", not " +
-                              std::to_string(o.layers) +
+                              std::to_string(model_layers) + " layers: 1.." +
+                              std::to_string(model_layers) + ", not " + std::to_string(o.layers) +
                               " (for a deeper model, give its config.json to --model)");
     }
+    STRATA_TRY(check_scale_options(o.scale, o.layers));
     r.model = scale_model(r.model, o.scale, o.layers);
     // DeepSpeed's element-count knobs shrink with the model, as the benchmark shrinks them
     // (bench/finetune/finetune_options.cpp), so the scaled plan predicts the scaled run.
@@ -135,10 +135,9 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
   for (const std::string& text : o.gpus) {
     STRATA_ASSIGN_OR_RETURN(GpuChoice gpu, parse_gpu_choice(text));
     for (const GpuChoice& earlier : r.gpus) {
-      if (earlier.gpu.name == gpu.gpu.name) {
-        return invalid_argument("--gpu " + gpu.gpu.name +
-                                " is given twice; one row per GPU (NAME:COUNT or NAME:auto for "
-                                "several of it)");
+      if (earlier.gpu.name == gpu.gpu.name && earlier.count == gpu.count &&
+          earlier.auto_count == gpu.auto_count) {
+        return invalid_argument("--gpu " + text + " is given twice: it would be the same row");
       }
     }
     r.gpus.push_back(gpu);
@@ -177,7 +176,8 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
   }
   if (o.nvme_tbw) {
     if (!(*o.nvme_tbw > 0)) return invalid_argument("--nvme-tbw must be positive (TB per drive)");
-    if (r.nvme_drive.name.empty()) r.nvme_drive = {"custom", 0, 0, 0};
+    // Without --nvme-drive the generation's default drive is filled in later (start_gpu_plans),
+    // keeping this rating and that drive's capacity.
     r.nvme_drive.tbw_tb = *o.nvme_tbw;
   }
   Result<Attention> attention = parse_attention(o.attention);
@@ -275,10 +275,12 @@ void print_host(const Plan& plan, const GpuPlan& p) {
   }
   if (p.more_ram) {
     const RamUpgrade& m = *p.more_ram;
+    // A row that does not fit has no price (the table's rule), here as there.
     std::printf("  with %s RAM: cpu offload, %s, %s tokens/s (x%s), %s/Mtok typical (now %s)\n",
                 format_bytes(m.host_ram_bytes).c_str(), human_seconds(m.step_seconds).c_str(),
                 fixed(m.tokens_per_s, 0).c_str(), fixed(m.tokens_per_s / p.tokens_per_s, 1).c_str(),
-                money(m.usd_per_mtok[1]).c_str(), money(p.usd_per_mtok[1]).c_str());
+                money(m.usd_per_mtok[1]).c_str(),
+                p.fits() ? money(p.usd_per_mtok[1]).c_str() : "it does not fit");
   }
 }
 
@@ -409,8 +411,13 @@ void print_text(const Plan& plan) {
           : ", activations offloaded to pinned memory");
   std::printf("  parameters     %s (trainable %s)\n", grouped(s.params).c_str(),
               grouped(s.trainable_params).c_str());
-  std::printf("  model states   %s (%s B/param)\n", format_bytes(s.model_state_bytes).c_str(),
-              fixed(static_cast<double>(s.model_state_bytes) / s.params, 2).c_str());
+  // fp32 weights: torch's AdamW keeps no master, an offload engine its own (docs/planner.md).
+  const bool own_master = r.precision == DType::kFloat32 && r.method == FinetuneMethod::kFull;
+  std::printf("  model states   %s (%s B/param%s)\n", format_bytes(s.model_state_bytes).c_str(),
+              fixed(static_cast<double>(s.model_state_bytes) / s.params, 2).c_str(),
+              own_master ? " as torch's AdamW keeps them; 20 under CPU or NVMe offload, whose "
+                           "optimizer keeps an fp32 master of its own"
+                         : "");
   std::printf(
       "  attention      %s GFLOP per token (12 x L x heads x head_dim x s%s)\n",
       fixed(attention_flops_per_token(r.model, r.seq_len, r.checkpointing) / 1e9, 2).c_str(),
@@ -692,9 +699,11 @@ void add_plan_command(CLI::App& app) {
                   "Epochs over --dataset-tokens (instead of --tokens)");
   cmd->add_option("--dataset-tokens", options->dataset_tokens, "Tokens in one epoch");
   cmd->add_option("--nvme-drive", options->nvme_drive,
-                  "Drive model for SSD wear (default: the generation's preset drive)");
-  cmd->add_option("--nvme-tbw", options->nvme_tbw, "Rated endurance per drive, TB written");
-  cmd->add_option("--nvme", options->nvme, "COUNT:gen4|gen5 or READ_GBPS/WRITE_GBPS")
+                  "Drive model for SSD wear and capacity (default: the generation's preset drive)");
+  cmd->add_option("--nvme-tbw", options->nvme_tbw,
+                  "Rated endurance per drive, TB written (overrides the drive's rating)");
+  cmd->add_option("--nvme", options->nvme,
+                  "COUNT:gen4|gen5, or READ_GBPS/WRITE_GBPS measured, COUNT: first for an array")
       ->capture_default_str();
   cmd->add_option("--offload", options->offload,
                   "none | cpu | nvme (default: the first that fits, per GPU)");

@@ -36,10 +36,12 @@ std::optional<uint64_t> parse_bytes(std::string_view text) {
       default:
         return std::nullopt;
     }
-    std::string_view rest = suffix.substr(1);
+    // "G", "GB", "GiB", in any case: all binary (RAM and budgets are sold and set that way).
+    std::string rest(suffix.substr(1));
+    for (char& ch : rest) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     if (multiplier == 1) {
       if (!rest.empty()) return std::nullopt;
-    } else if (!(rest.empty() || rest == "B" || rest == "b" || rest == "iB" || rest == "ib")) {
+    } else if (!(rest.empty() || rest == "b" || rest == "ib")) {
       return std::nullopt;
     }
   }

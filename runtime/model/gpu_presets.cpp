@@ -48,7 +48,17 @@ Presets parse_presets() {
     p.gpus.push_back(std::move(gpu));
   }
   for (const auto& [name, n] : root["nvme"].items()) {
-    p.nvme.push_back({name, number(n, "read_gbps"), number(n, "write_gbps")});
+    NvmePreset drive{name, number(n, "read_gbps"), number(n, "write_gbps"), {}};
+    if (auto arrays = n.find("measured_arrays"); arrays != n.end()) {
+      STRATA_ASSERT(arrays->is_array());
+      for (const json& a : *arrays) {
+        const auto drives = static_cast<uint32_t>(number(a, "drives"));
+        STRATA_ASSERT(drives > 1 && (drive.measured_arrays.empty() ||
+                                     drives > drive.measured_arrays.back().drives));
+        drive.measured_arrays.push_back({drives, number(a, "read_gbps"), number(a, "write_gbps")});
+      }
+    }
+    p.nvme.push_back(std::move(drive));
   }
   std::sort(p.gpus.begin(), p.gpus.end(), [](auto& a, auto& b) { return a.name < b.name; });
   std::sort(p.nvme.begin(), p.nvme.end(), [](auto& a, auto& b) { return a.name < b.name; });
@@ -68,6 +78,22 @@ std::string lower(std::string_view s) {
 }
 
 }  // namespace
+
+NvmeArrayPoint NvmePreset::array(uint32_t drives) const {
+  STRATA_ASSERT(drives > 0);
+  NvmeArrayPoint below{1, read_gbps, write_gbps};
+  for (const NvmeArrayPoint& above : measured_arrays) {
+    if (drives == above.drives) return above;
+    if (drives < above.drives) {
+      const double f = static_cast<double>(drives - below.drives) / (above.drives - below.drives);
+      return {drives, below.read_gbps + f * (above.read_gbps - below.read_gbps),
+              below.write_gbps + f * (above.write_gbps - below.write_gbps)};
+    }
+    below = above;
+  }
+  const double per_drive = static_cast<double>(drives) / below.drives;
+  return {drives, below.read_gbps * per_drive, below.write_gbps * per_drive};
+}
 
 const std::vector<GpuPreset>& gpu_presets() {
   return presets_table().gpus;

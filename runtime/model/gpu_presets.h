@@ -33,10 +33,24 @@ struct GpuPreset {
   uint64_t memory_bytes() const { return static_cast<uint64_t>(memory_mib) << 20; }
 };
 
-struct NvmePreset {
-  std::string name;  // "gen4-x4"
+// An array of a generation's drives in RAID-0 as someone measured it.
+struct NvmeArrayPoint {
+  uint32_t drives = 0;
   double read_gbps = 0;
   double write_gbps = 0;
+};
+
+struct NvmePreset {
+  std::string name;                             // "gen4-x4"
+  double read_gbps = 0;                         // one drive, sustained
+  double write_gbps = 0;                        // one drive, sustained
+  std::vector<NvmeArrayPoint> measured_arrays;  // by drives, ascending
+
+  // The rates of `drives` of them in RAID-0: one drive's, or a measured array's, in between
+  // linear in the count between the nearest two, past the largest its per-drive rates times the
+  // count. Arrays measured reach 29-52% of their drives' summed rates (DeepNVMe), so N x one
+  // drive would overstate them.
+  NvmeArrayPoint array(uint32_t drives) const;
 };
 
 // All shipped GPU presets, sorted by name.

@@ -14,7 +14,7 @@
 namespace strata {
 
 struct NvmeDrive {
-  std::string name;  // "samsung-990-pro-2tb"; "custom" for --nvme-tbw alone
+  std::string name;  // "samsung-990-pro-2tb"
   int generation = 4;
   double capacity_tb = 0;
   double tbw_tb = 0;  // rated terabytes written (decimal TB) per drive

@@ -311,9 +311,10 @@ Result<NvmeArray> parse_nvme(std::string_view text) {
     STRATA_ASSIGN_OR_RETURN(NvmePreset preset, find_nvme(std::string_view(s).substr(colon + 1)));
     NvmeArray a;
     a.drives = *drives;
-    // RAID-0 across drives: rates add (DeepNVMe reports near-linear scaling to 8 drives).
-    a.read_gbps = preset.read_gbps * *drives;
-    a.write_gbps = preset.write_gbps * *drives;
+    // RAID-0 across drives, as measured arrays move (NvmePreset::array), not N x one drive.
+    const NvmeArrayPoint rates = preset.array(*drives);
+    a.read_gbps = rates.read_gbps;
+    a.write_gbps = rates.write_gbps;
     a.label = std::to_string(*drives) + " x " + preset.name;
     a.generation = preset.name.substr(0, preset.name.find('-'));
     return a;
@@ -869,6 +870,11 @@ GpuMemory gpu_memory(const PlanRequest& r, const ModelStates& s, const GpuChoice
   return mem;
 }
 
+// What stays on the GPU beside a device pool given with --device-budget.
+uint64_t device_budget_neighbours(const GpuMemory& m) {
+  return m.activations + m.logits + m.cuda_context;
+}
+
 // Memory and offload choice of one GPU, without the time and host figures of NVMe offload (those
 // are simulated: finish_nvme_plan).
 GpuPlan plan_with_offload(const PlanRequest& r, const ModelStates& s, const GpuChoice& g,
@@ -913,10 +919,11 @@ GpuPlan plan_with_offload(const PlanRequest& r, const ModelStates& s, const GpuC
     }
   }
   plan.fits_gpu = plan.memory.total() <= gpu_capacity;
-  // A device pool replayed from a run (--device-budget) cannot be more than the GPU: the step
-  // simulated with it would be one no run on this GPU could have.
+  // A device pool replayed from a run (--device-budget) takes the place of the offloaded states'
+  // share; with what stays beside it (activations, logits, the CUDA context) it must fit the
+  // GPU: the step simulated with more would be one no run on this GPU could have.
   if (offload == Offload::kNvme && r.strata_device_budget_bytes &&
-      *r.strata_device_budget_bytes > gpu_capacity) {
+      *r.strata_device_budget_bytes + device_budget_neighbours(plan.memory) > gpu_capacity) {
     plan.fits_gpu = false;
   }
   return plan;
@@ -944,8 +951,16 @@ void finish_plan(const PlanRequest& r, GpuPlan& plan) {
         plan.memory.total() > capacity || plan.offload != Offload::kNvme ||
                 !r.strata_device_budget_bytes
             ? "GPU needs " + format_gib(plan.memory.total()) + " of " + format_gib(capacity)
-            : "--device-budget " + format_gib(*r.strata_device_budget_bytes) +
-                  " is more than the GPU's " + format_gib(capacity);
+            : "--device-budget " + format_gib(*r.strata_device_budget_bytes) + " and the " +
+                  format_gib(device_budget_neighbours(plan.memory)) +
+                  " beside it (activations, logits, CUDA context) are more than the GPU's " +
+                  format_gib(capacity);
+    // Short by less than the figures show: the bytes, so that "44.99 GiB of 44.99 GiB" is not
+    // read as a fit refused.
+    if (format_gib(plan.memory.total()) == format_gib(capacity)) {
+      plan.why_not += " (" + std::to_string(plan.memory.total()) + " of " +
+                      std::to_string(capacity) + " bytes)";
+    }
   }
   const HostHeadroom& headroom = r.assume.host_headroom;
   plan.host.job_bytes = plan.host_bytes;
@@ -1249,7 +1264,9 @@ Result<GpuPlansUnderway> start_gpu_plans(const PlanRequest& given, SimulationPoo
   PlanRequest request = given;
   // No drive named: the one the NVMe generation's preset assumes (Gen4's for measured rates).
   if (request.nvme_drive.name.empty()) {
+    const double rated = request.nvme_drive.tbw_tb;  // --nvme-tbw alone: this drive, re-rated
     request.nvme_drive = default_nvme_drive(request.nvme.generation + "-x4");
+    if (rated > 0) request.nvme_drive.tbw_tb = rated;
   }
   Plan plan;
   plan.request = request;

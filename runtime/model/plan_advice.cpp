@@ -67,7 +67,8 @@ Result<std::vector<Advice>> plan_advice(const Plan& plan, SimulationPool& pool) 
   if (p.bottleneck.starts_with("nvme") && !nvme.generation.empty() && nvme.drives * 4 <= 64) {
     const std::string flag = std::to_string(nvme.drives * 4) + ":" + nvme.generation;
     if (Result<NvmeArray> array = parse_nvme(flag)) {
-      Knob k{"--nvme " + flag, "RAID-0 over more drives multiplies the NVMe rates", base};
+      Knob k{"--nvme " + flag,
+             "RAID-0 over more drives raises the NVMe rates (as measured arrays do)", base};
       k.request.nvme = *array;
       knobs.push_back(std::move(k));
     }

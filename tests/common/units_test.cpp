@@ -13,6 +13,12 @@ TEST(ParseBytes, AcceptsSuffixesAsPowersOf1024) {
   EXPECT_EQ(parse_bytes("2g"), 2ull << 30);
   EXPECT_EQ(parse_bytes("1.5G"), 3ull << 29);
   EXPECT_EQ(parse_bytes("1T"), 1ull << 40);
+  // Any case (docs/planner.md says so; "64GIB" was refused until 2026-12-05).
+  for (const char* spelled : {"64G", "64g", "64GB", "64Gb", "64gb", "64GiB", "64GIB", "64gib"}) {
+    EXPECT_EQ(parse_bytes(spelled), 64ull << 30) << spelled;
+  }
+  EXPECT_EQ(parse_bytes("10B"), 10u);
+  EXPECT_EQ(parse_bytes("10b"), 10u);
 }
 
 TEST(ParseBytes, RejectsGarbageAndOverflow) {
@@ -21,6 +27,8 @@ TEST(ParseBytes, RejectsGarbageAndOverflow) {
   EXPECT_FALSE(parse_bytes("-1"));
   EXPECT_FALSE(parse_bytes("1X"));
   EXPECT_FALSE(parse_bytes("1.2.3"));
+  EXPECT_FALSE(parse_bytes("1GiBs"));
+  EXPECT_FALSE(parse_bytes("1Bi"));
   EXPECT_FALSE(parse_bytes("99999999999T"));
 }
 

@@ -2,8 +2,31 @@
 
 #include <gtest/gtest.h>
 
+#include <utility>
+
 namespace strata {
 namespace {
+
+// RAID-0 arrays as DeepNVMe measured them (4 x Gen4 10 / 5 GB/s, 4 x Gen5 27 / 11, 8 x Gen5
+// 48 / 26): 29-52% of their drives' summed rates. Until 2026-12-05 an array was N x one drive, so
+// "--nvme 4:gen4" promised 28 / 17.2 GB/s and the advice to add drives 2.6x too much.
+TEST(GpuPresets, ArraysMoveWhatMeasuredArraysMove) {
+  const NvmePreset gen4 = *find_nvme("gen4-x4");
+  const NvmePreset gen5 = *find_nvme("gen5-x4");
+  const auto rates = [](const NvmeArrayPoint& p) { return std::pair(p.read_gbps, p.write_gbps); };
+  EXPECT_EQ(rates(gen4.array(1)), std::pair(7.0, 4.3));    // one drive: the preset
+  EXPECT_EQ(rates(gen4.array(4)), std::pair(10.0, 5.0));   // measured
+  EXPECT_EQ(rates(gen5.array(8)), std::pair(48.0, 26.0));  // measured
+  // Between: linear in the count; past the largest: its per-drive rates times the count.
+  EXPECT_DOUBLE_EQ(gen4.array(2).read_gbps, 8.0);
+  EXPECT_DOUBLE_EQ(gen5.array(6).write_gbps, 18.5);
+  EXPECT_EQ(rates(gen4.array(8)), std::pair(20.0, 10.0));
+  EXPECT_EQ(rates(gen5.array(16)), std::pair(96.0, 52.0));
+  for (uint32_t n = 1; n < 64; ++n) {  // more drives never slower
+    EXPECT_LE(gen5.array(n).read_gbps, gen5.array(n + 1).read_gbps) << n;
+    EXPECT_LE(gen4.array(n).write_gbps, gen4.array(n + 1).write_gbps) << n;
+  }
+}
 
 TEST(GpuPresets, ShipsDatasheetFiguresAndPrices) {
   const std::vector<std::string> expected = {"a100-40gb", "a100-80gb", "h100-pcie", "h100-sxm",

@@ -117,9 +117,11 @@ TEST(PlanCommand, InputThatWouldBeIgnoredOrMisreadIsRefused) {
   const std::vector<Case> cases = {
       {{"--method", "full", "--lora-rank", "8"}, "--method full trains every weight"},
       {{"--lora-targets", "q,v"}, "apply to --method lora and qlora"},  // full is the default
-      {{"--gpu", "h100-sxm", "--gpu", "h100-sxm:2"}, "--gpu h100-sxm is given twice"},
+      {{"--gpu", "h100-sxm", "--gpu", "h100-sxm:1"}, "--gpu h100-sxm:1 is given twice"},
       {{"--scale", "2"}, "--scale narrows the model"},  // was: DeepSpeed's knob factor
       {{"--layers", "200"}, "of llama-2-70b's 80 layers: 1..80, not 200"},
+      {{"--layers", "0"}, "of llama-2-70b's 80 layers: 1..80, not 0"},
+      {{"--scale", "0"}, "it must be in (0, 1], not 0.000"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = {"plan", "--model", "llama-2-70b"};
@@ -137,6 +139,10 @@ TEST(PlanCommand, InputThatWouldBeIgnoredOrMisreadIsRefused) {
                  "a100-80gb"})
                 .code,
             0);
+  // One GPU at two counts compares them: two rows, a plan.
+  EXPECT_EQ(
+      run({"plan", "--model", "llama-2-7b", "--gpu", "a100-80gb:1", "--gpu", "a100-80gb:2"}).code,
+      0);
 }
 
 TEST(PlanCommand, JobTokensPriceTheFittingRowsAndNothingFittingExitsNonZero) {

@@ -719,10 +719,11 @@ TEST(PlanInput, ParsersRejectWhatTheyCannotRead) {
   EXPECT_FALSE(parse_nvme("2:gen3").is_ok());
   EXPECT_FALSE(parse_nvme("fast").is_ok());
   EXPECT_FALSE(parse_nvme("7/-1").is_ok());
+  // An array moves what measured arrays move (DeepNVMe's 4 x Gen4), not 4 x one drive.
   Result<NvmeArray> four = parse_nvme("4:gen4");
   ASSERT_TRUE(four.is_ok());
-  EXPECT_DOUBLE_EQ(four->read_gbps, 28.0);
-  EXPECT_DOUBLE_EQ(four->write_gbps, 4 * 4.3);
+  EXPECT_DOUBLE_EQ(four->read_gbps, 10.0);
+  EXPECT_DOUBLE_EQ(four->write_gbps, 5.0);
   Result<NvmeArray> measured = parse_nvme("27/11");
   ASSERT_TRUE(measured.is_ok());
   EXPECT_DOUBLE_EQ(measured->write_gbps, 11.0);
@@ -800,14 +801,22 @@ TEST(PlanNvme, WhatRestsOnNvmeMustFitTheDrives) {
   r.nvme = *parse_nvme("2:gen4");
   const Plan two = must_plan(r);
   EXPECT_TRUE(two.gpus.at(0).fits_nvme) << two.gpus[0].why_not;
-  // A drive known only by its rating has no capacity to check.
+  // A drive of unknown capacity (not from the command line) has none to check.
   r.nvme = *parse_nvme("1:gen4");
   r.nvme_drive = {"custom", 0, 0, 100};
   EXPECT_TRUE(must_plan(r).gpus.at(0).fits_nvme);
+  // --nvme-tbw alone re-rates the generation's default drive and keeps its capacity (until
+  // 2026-12-05 it made a drive of unknown capacity, and nothing was checked).
+  r.nvme_drive = {};
+  r.nvme_drive.tbw_tb = 5000;
+  const Plan rerated = must_plan(r);
+  EXPECT_EQ(rerated.request.nvme_drive.name, "samsung-990-pro-2tb");
+  EXPECT_EQ(rerated.request.nvme_drive.capacity_tb, 2.0);
+  EXPECT_EQ(rerated.request.nvme_drive.tbw_tb, 5000.0);
 }
 
-// A device pool replayed from a run cannot be more than the GPU (--device-budget 1T on an 80 GiB
-// A100 gave a step no run could have, and fit, until 2026-12-05).
+// A device pool replayed from a run must fit the GPU beside what stays there (--device-budget 1T
+// on an 80 GiB A100 gave a step no run could have, and fit, until 2026-12-05; 79G too, after).
 TEST(PlanNvme, ADeviceBudgetAboveTheGpuDoesNotFit) {
   PlanRequest r = request("tinyllama-1.1b", FinetuneMethod::kFull);
   r.offload = Offload::kNvme;
@@ -815,9 +824,18 @@ TEST(PlanNvme, ADeviceBudgetAboveTheGpuDoesNotFit) {
   r.strata_device_budget_bytes = uint64_t{1} << 40;
   const Plan p = must_plan(r);
   EXPECT_FALSE(p.gpus.at(0).fits_gpu);
-  EXPECT_NE(p.gpus[0].why_not.find("--device-budget 1.00 TiB is more than the GPU's 23.99 GiB"),
-            std::string::npos)
+  EXPECT_NE(p.gpus[0].why_not.find("--device-budget 1.00 TiB and the "), std::string::npos)
       << p.gpus[0].why_not;
+  EXPECT_NE(p.gpus[0].why_not.find("are more than the GPU's 23.99 GiB"), std::string::npos)
+      << p.gpus[0].why_not;
+  // Just under the GPU, but not beside the activations, logits and CUDA context.
+  const GpuMemory& m = p.gpus[0].memory;
+  const uint64_t beside = m.activations + m.logits + m.cuda_context;
+  const uint64_t capacity = p.gpus[0].choice.gpu.memory_bytes();
+  r.strata_device_budget_bytes = capacity - beside + 1;
+  EXPECT_FALSE(must_plan(r).gpus.at(0).fits_gpu);
+  r.strata_device_budget_bytes = capacity - beside;
+  EXPECT_TRUE(must_plan(r).gpus.at(0).fits_gpu);
   r.strata_device_budget_bytes = uint64_t{1} << 30;
   EXPECT_TRUE(must_plan(r).gpus.at(0).fits_gpu);
 }
