@@ -26,6 +26,7 @@ struct PlanOptions {
   uint32_t lora_rank = 16;
   std::string lora_targets = "all-linear";
   bool lora_options_given = false;  // --lora-rank or --lora-targets on the command line
+  bool nvme_given = false;          // --nvme on the command line (else 1:gen4, or the drive's)
   std::string precision = "bf16";
   uint64_t seq = 4096;
   uint64_t batch = 1;
@@ -173,6 +174,12 @@ Result<PlanRequest> to_request(const PlanOptions& o) {
   if (!o.nvme_drive.empty()) {
     STRATA_ASSIGN_OR_RETURN(NvmeDrive drive, find_nvme_drive(o.nvme_drive));
     r.nvme_drive = drive;
+    // A drive named alone is one such drive at its own generation's rates (a Gen5 drive had
+    // Gen4's, the default --nvme, without a word). Named with --nvme, the rates are --nvme's:
+    // a Gen5 drive in a Gen4 slot runs at Gen4's.
+    if (!o.nvme_given) {
+      STRATA_ASSIGN_OR_RETURN(r.nvme, parse_nvme("1:gen" + std::to_string(drive.generation)));
+    }
   }
   if (o.nvme_tbw) {
     if (!(*o.nvme_tbw > 0)) return invalid_argument("--nvme-tbw must be positive (TB per drive)");
@@ -730,8 +737,9 @@ void add_plan_command(CLI::App& app) {
   for (CLI::Option* option : cmd->get_options()) {
     if (option->get_type_size() != 0 && option->get_name() != "--help") option->check(kNotEmpty);
   }
-  cmd->callback([options, lora_rank, lora_targets] {
+  cmd->callback([options, lora_rank, lora_targets, cmd] {
     options->lora_options_given = lora_rank->count() > 0 || lora_targets->count() > 0;
+    options->nvme_given = cmd->count("--nvme") > 0;
     const int rc = run_plan(*options);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

@@ -91,8 +91,16 @@ NvmeArrayPoint NvmePreset::array(uint32_t drives) const {
     }
     below = above;
   }
-  const double per_drive = static_cast<double>(drives) / below.drives;
-  return {drives, below.read_gbps * per_drive, below.write_gbps * per_drive};
+  // Past the largest measured array: the last measured stretch's gain per added drive, which
+  // arrays show falling as they grow, not the per-drive rate times the count.
+  const NvmeArrayPoint before = measured_arrays.size() > 1
+                                    ? measured_arrays[measured_arrays.size() - 2]
+                                    : NvmeArrayPoint{1, read_gbps, write_gbps};
+  if (below.drives == before.drives) return below;  // no array measured: one drive's rates
+  const double added = drives - below.drives;
+  const double span = below.drives - before.drives;
+  return {drives, below.read_gbps + added * (below.read_gbps - before.read_gbps) / span,
+          below.write_gbps + added * (below.write_gbps - before.write_gbps) / span};
 }
 
 const std::vector<GpuPreset>& gpu_presets() {

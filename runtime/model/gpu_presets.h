@@ -47,9 +47,9 @@ struct NvmePreset {
   std::vector<NvmeArrayPoint> measured_arrays;  // by drives, ascending
 
   // The rates of `drives` of them in RAID-0: one drive's, or a measured array's, in between
-  // linear in the count between the nearest two, past the largest its per-drive rates times the
-  // count. Arrays measured reach 29-52% of their drives' summed rates (DeepNVMe), so N x one
-  // drive would overstate them.
+  // linear in the count between the nearest two, past the largest the last measured stretch's
+  // gain per drive continued. Arrays measured reach 29-52% of their drives' summed rates
+  // (DeepNVMe), so N x one drive would overstate them.
   NvmeArrayPoint array(uint32_t drives) const;
 };
 

@@ -1419,6 +1419,22 @@ ComparisonUnderway start_comparison(const Plan& plan, size_t headline, Simulatio
 
   std::vector<OffloadJob> jobs;
   std::vector<ComparisonUnderway::Side>& side = underway.side;
+  // A --device-budget that cannot fit this GPU beside what stays there: no step to compare, and
+  // none is simulated (the plan's own row already does not fit).
+  const uint64_t capacity = p.choice.gpu.memory_bytes();
+  if (request.strata_device_budget_bytes &&
+      *request.strata_device_budget_bytes + device_budget_neighbours(p.memory) > capacity) {
+    like.strata_not_simulated = "--device-budget " +
+                                format_gib(*request.strata_device_budget_bytes) + " and the " +
+                                format_gib(device_budget_neighbours(p.memory)) +
+                                " beside it (activations, logits, CUDA context) are more than the "
+                                "GPU's " +
+                                format_gib(capacity);
+    like.deepspeed.clear();
+    like.deepspeed_why_not = "Strata's side was not simulated";
+    underway.batch = std::make_unique<SimulationBatch>(pool, std::move(jobs));
+    return underway;
+  }
   // The plan's own simulation serves when it is the states' alone.
   if (p.offload != Offload::kNvme || request.activation_offload != ActivationOffload::kNone) {
     jobs.push_back(job), side.push_back(ComparisonUnderway::kGiven);
@@ -1450,6 +1466,10 @@ Status finish_comparison(Plan& plan, ComparisonUnderway underway) {
   if (plan.request.method == FinetuneMethod::kFull) {
     like.deepspeed_estimate = deepspeed_zero3_estimate(
         plan.states.params, deepspeed_largest_layer_params(plan.request.model), p.choice.count);
+  }
+  if (!like.strata_not_simulated.empty()) {  // refused before any simulation
+    plan.like_for_like = std::move(like);
+    return Status::ok();
   }
   std::vector<Result<OffloadEstimate>> simulated = underway.batch->results();
   // Every simulation here is the comparison's own (a plan that offloads its states alone to

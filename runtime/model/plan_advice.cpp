@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "common/units.h"
 #include "model/simulation_pool.h"
@@ -20,6 +23,13 @@ struct Knob {
 std::string seconds_text(double s) {
   char buffer[32];
   std::snprintf(buffer, sizeof buffer, "%.2f s", s);
+  return buffer;
+}
+
+// 10 -> "10", 27.5 -> "27.5": a measured rate as it is written.
+std::string fixed_text(double v) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%g", v);
   return buffer;
 }
 
@@ -55,6 +65,14 @@ Result<std::vector<Advice>> plan_advice(const Plan& plan, SimulationPool& pool) 
     k.reason = p.bottleneck + " (" + seconds_text(dominant) + " against compute " +
                seconds_text(st.compute_seconds) +
                ") is paid per optimizer step; more micro-batches spread it over more tokens";
+    // Streamed weights are read in every micro-batch: only the optimizer's share is spread.
+    if (!p.params_resident && p.bottleneck.starts_with("nvme")) {
+      k.reason = p.bottleneck + " (" + seconds_text(dominant) + " against compute " +
+                 seconds_text(st.compute_seconds) +
+                 "): the optimizer's states move once per optimizer step, so more micro-batches "
+                 "spread them over more tokens; the streamed weights are read in every "
+                 "micro-batch and are not spread";
+    }
     knobs.push_back(std::move(k));
   }
   if (base.micro_batch * 2 <= 65536) {
@@ -63,14 +81,26 @@ Result<std::vector<Advice>> plan_advice(const Plan& plan, SimulationPool& pool) 
     k.request.micro_batch *= 2;
     knobs.push_back(std::move(k));
   }
+  // More drives: only to an array someone measured (NvmePreset::measured_arrays), the next
+  // larger one; past the largest the rates are an extrapolation, not advice.
   const NvmeArray& nvme = plan.request.nvme;
-  if (p.bottleneck.starts_with("nvme") && !nvme.generation.empty() && nvme.drives * 4 <= 64) {
-    const std::string flag = std::to_string(nvme.drives * 4) + ":" + nvme.generation;
-    if (Result<NvmeArray> array = parse_nvme(flag)) {
-      Knob k{"--nvme " + flag,
-             "RAID-0 over more drives raises the NVMe rates (as measured arrays do)", base};
-      k.request.nvme = *array;
-      knobs.push_back(std::move(k));
+  if (p.bottleneck.starts_with("nvme") && !nvme.generation.empty()) {
+    Result<NvmePreset> drive = find_nvme(nvme.generation + "-x4");
+    const std::vector<NvmeArrayPoint> measured =
+        drive ? std::move(drive->measured_arrays) : std::vector<NvmeArrayPoint>{};
+    const auto next = std::find_if(measured.begin(), measured.end(),
+                                   [&](const NvmeArrayPoint& a) { return a.drives > nvme.drives; });
+    if (next != measured.end()) {
+      const std::string flag = std::to_string(next->drives) + ":" + nvme.generation;
+      if (Result<NvmeArray> array = parse_nvme(flag)) {
+        Knob k{"--nvme " + flag,
+               "a RAID-0 array of " + std::to_string(next->drives) + " drives moves " +
+                   fixed_text(next->read_gbps) + " / " + fixed_text(next->write_gbps) +
+                   " GB/s as measured",
+               base};
+        k.request.nvme = *array;
+        knobs.push_back(std::move(k));
+      }
     }
   }
 

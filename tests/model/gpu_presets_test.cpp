@@ -17,14 +17,20 @@ TEST(GpuPresets, ArraysMoveWhatMeasuredArraysMove) {
   EXPECT_EQ(rates(gen4.array(1)), std::pair(7.0, 4.3));    // one drive: the preset
   EXPECT_EQ(rates(gen4.array(4)), std::pair(10.0, 5.0));   // measured
   EXPECT_EQ(rates(gen5.array(8)), std::pair(48.0, 26.0));  // measured
-  // Between: linear in the count; past the largest: its per-drive rates times the count.
+  // Between: linear in the count; past the largest: the last measured stretch's gain per drive
+  // (gen4 1 -> 4: +1.0 / +0.233 a drive; gen5 4 -> 8: +5.25 / +3.75), not a jump to the
+  // largest array's per-drive rate times the count (5 x Gen4 had 12.5 / 6.25 GB/s).
   EXPECT_DOUBLE_EQ(gen4.array(2).read_gbps, 8.0);
   EXPECT_DOUBLE_EQ(gen5.array(6).write_gbps, 18.5);
-  EXPECT_EQ(rates(gen4.array(8)), std::pair(20.0, 10.0));
-  EXPECT_EQ(rates(gen5.array(16)), std::pair(96.0, 52.0));
-  for (uint32_t n = 1; n < 64; ++n) {  // more drives never slower
-    EXPECT_LE(gen5.array(n).read_gbps, gen5.array(n + 1).read_gbps) << n;
-    EXPECT_LE(gen4.array(n).write_gbps, gen4.array(n + 1).write_gbps) << n;
+  EXPECT_DOUBLE_EQ(gen4.array(8).read_gbps, 14.0);
+  EXPECT_NEAR(gen4.array(8).write_gbps, 5.0 + 4 * 0.7 / 3, 1e-12);
+  EXPECT_EQ(rates(gen5.array(16)), std::pair(90.0, 56.0));
+  for (uint32_t n = 1; n < 64; ++n) {  // more drives never slower, and never more per drive
+    for (const NvmePreset* g : {&gen4, &gen5}) {
+      EXPECT_LE(g->array(n).read_gbps, g->array(n + 1).read_gbps) << g->name << n;
+      EXPECT_LE(g->array(n).write_gbps, g->array(n + 1).write_gbps) << g->name << n;
+      EXPECT_LE(g->array(n + 1).read_gbps - g->array(n).read_gbps, g->read_gbps) << g->name << n;
+    }
   }
 }
 

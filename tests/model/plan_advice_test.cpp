@@ -54,6 +54,43 @@ TEST(Advice, CpuOptimizerBoundPlansAreToldHowManyMicroBatchesAmortiseIt) {
   }
 }
 
+// More drives are advised only up to an array someone measured (the next larger one): past the
+// largest the rates are an extrapolation. Until 2026-12-05 the advice took 4 x the drives, 16 x
+// Gen4 from 4, at rates no measurement backs.
+TEST(Advice, MoreDrivesOnlyUpToAMeasuredArray) {
+  PlanRequest r;
+  r.model = *load_model("tinyllama-1.1b");
+  r.offload = Offload::kNvme;
+  r.gpus = {*parse_gpu_choice("rtx-4090")};
+  const auto drives_advice = [](const Plan& p) {
+    std::vector<std::string> knobs;
+    for (const Advice& a : p.advice) {
+      if (a.knob.starts_with("--nvme")) knobs.push_back(a.knob + ": " + a.reason);
+    }
+    return knobs;
+  };
+  r.nvme = *parse_nvme("1:gen4");
+  Result<Plan> one = make_plan(r);
+  ASSERT_TRUE(one.is_ok()) << one.status().message();
+  ASSERT_TRUE(one->gpus[0].bottleneck.starts_with("nvme")) << one->gpus[0].bottleneck;
+  EXPECT_EQ(drives_advice(*one),
+            std::vector<std::string>{
+                "--nvme 4:gen4: a RAID-0 array of 4 drives moves 10 / 5 GB/s as measured"});
+  r.nvme = *parse_nvme("4:gen4");
+  Result<Plan> four = make_plan(r);
+  ASSERT_TRUE(four.is_ok()) << four.status().message();
+  ASSERT_TRUE(four->gpus[0].bottleneck.starts_with("nvme")) << four->gpus[0].bottleneck;
+  EXPECT_TRUE(drives_advice(*four).empty());
+  r.nvme = *parse_nvme("4:gen5");
+  Result<Plan> gen5 = make_plan(r);
+  ASSERT_TRUE(gen5.is_ok()) << gen5.status().message();
+  if (gen5->gpus[0].bottleneck.starts_with("nvme")) {
+    for (const std::string& knob : drives_advice(*gen5)) {
+      EXPECT_TRUE(knob.starts_with("--nvme 8:gen5")) << knob;
+    }
+  }
+}
+
 TEST(Advice, ComputeBoundPlansGetNone) {
   PlanRequest r;
   r.model = *load_model("tinyllama-1.1b");
@@ -142,6 +179,29 @@ TEST(LikeForLike, AComparisonThatCannotBeSimulatedIsLeftOutAndThePlanStands) {
   EXPECT_TRUE(runs->like_for_like.strata_not_simulated.empty());
   EXPECT_EQ(runs->like_for_like.deepspeed.size(), 3u);
   EXPECT_TRUE(runs->strata_nvme.has_simulation());
+}
+
+// A --device-budget that cannot fit the GPU beside the activations, logits and CUDA context
+// leaves the comparison out with that reason; none of its steps is simulated (until 2026-12-05
+// a CPU-offload plan ignored the budget for its own row and the comparison simulated with it).
+TEST(LikeForLike, ADeviceBudgetTheGpuCannotHoldIsNotCompared) {
+  PlanRequest r = full_13b_on_h100_with_cpu_offload();
+  r.model = *load_model("tinyllama-1.1b");
+  r.strata_device_budget_bytes = uint64_t{79} << 30;
+  Result<Plan> p = make_plan(r);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  EXPECT_EQ(p->gpus[0].offload, Offload::kCpu);
+  EXPECT_TRUE(p->gpus[0].fits());  // its own row keeps its states in RAM
+  const OffloadComparison& c = p->like_for_like;
+  EXPECT_NE(c.strata_not_simulated.find("--device-budget 79.00 GiB and the "), std::string::npos)
+      << c.strata_not_simulated;
+  EXPECT_TRUE(c.deepspeed.empty());
+  EXPECT_FALSE(p->strata_nvme.has_simulation());
+  EXPECT_TRUE(c.deepspeed_estimate.has_value());
+  r.strata_device_budget_bytes = uint64_t{8} << 30;  // one it holds: compared
+  Result<Plan> held = make_plan(r);
+  ASSERT_TRUE(held.is_ok()) << held.status().message();
+  EXPECT_TRUE(held->like_for_like.strata_not_simulated.empty());
 }
 
 TEST(PinnedBudget, ReplaysARunsBudgetEvenBelowTheLeastTheComparisonKeepsTheLeast) {

@@ -139,6 +139,20 @@ TEST(PlanCommand, InputThatWouldBeIgnoredOrMisreadIsRefused) {
                  "a100-80gb"})
                 .code,
             0);
+  // A drive named alone is one such drive at its generation's rates (a Gen5 drive had Gen4's);
+  // with --nvme, the rates are --nvme's.
+  const auto rates = [](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"plan",     "--model",   "tinyllama-1.1b", "--gpu",
+                                     "rtx-4090", "--offload", "nvme",           "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CommandRun r = run(args);
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    return std::pair(j["nvme"]["label"].get<std::string>(), j["nvme"]["read_gbps"].get<double>());
+  };
+  EXPECT_EQ(rates({"--nvme-drive", "crucial-t705-4tb"}),
+            std::pair(std::string("1 x gen5-x4"), 13.0));
+  EXPECT_EQ(rates({"--nvme-drive", "crucial-t705-4tb", "--nvme", "1:gen4"}),
+            std::pair(std::string("1 x gen4-x4"), 7.0));
   // One GPU at two counts compares them: two rows, a plan.
   EXPECT_EQ(
       run({"plan", "--model", "llama-2-7b", "--gpu", "a100-80gb:1", "--gpu", "a100-80gb:2"}).code,
