@@ -875,6 +875,19 @@ uint64_t device_budget_neighbours(const GpuMemory& m) {
   return m.activations + m.logits + m.cuda_context;
 }
 
+// Why a --device-budget cannot be had on a GPU of `capacity` bytes; with the bytes where the
+// rounded figures would add up to the capacity ("71.26 GiB and the 8.74 GiB ... of 80.00 GiB").
+std::string device_budget_refusal(uint64_t budget, const GpuMemory& m, uint64_t capacity) {
+  const uint64_t beside = device_budget_neighbours(m);
+  std::string why = "--device-budget " + format_gib(budget) + " and the " + format_gib(beside) +
+                    " beside it (activations, logits, CUDA context) are more than the GPU's " +
+                    format_gib(capacity);
+  if (format_gib(budget + beside) == format_gib(capacity)) {
+    why += " (" + std::to_string(budget + beside) + " of " + std::to_string(capacity) + " bytes)";
+  }
+  return why;
+}
+
 // Memory and offload choice of one GPU, without the time and host figures of NVMe offload (those
 // are simulated: finish_nvme_plan).
 GpuPlan plan_with_offload(const PlanRequest& r, const ModelStates& s, const GpuChoice& g,
@@ -951,10 +964,7 @@ void finish_plan(const PlanRequest& r, GpuPlan& plan) {
         plan.memory.total() > capacity || plan.offload != Offload::kNvme ||
                 !r.strata_device_budget_bytes
             ? "GPU needs " + format_gib(plan.memory.total()) + " of " + format_gib(capacity)
-            : "--device-budget " + format_gib(*r.strata_device_budget_bytes) + " and the " +
-                  format_gib(device_budget_neighbours(plan.memory)) +
-                  " beside it (activations, logits, CUDA context) are more than the GPU's " +
-                  format_gib(capacity);
+            : device_budget_refusal(*r.strata_device_budget_bytes, plan.memory, capacity);
     // Short by less than the figures show: the bytes, so that "44.99 GiB of 44.99 GiB" is not
     // read as a fit refused.
     if (format_gib(plan.memory.total()) == format_gib(capacity)) {
@@ -1424,12 +1434,8 @@ ComparisonUnderway start_comparison(const Plan& plan, size_t headline, Simulatio
   const uint64_t capacity = p.choice.gpu.memory_bytes();
   if (request.strata_device_budget_bytes &&
       *request.strata_device_budget_bytes + device_budget_neighbours(p.memory) > capacity) {
-    like.strata_not_simulated = "--device-budget " +
-                                format_gib(*request.strata_device_budget_bytes) + " and the " +
-                                format_gib(device_budget_neighbours(p.memory)) +
-                                " beside it (activations, logits, CUDA context) are more than the "
-                                "GPU's " +
-                                format_gib(capacity);
+    like.strata_not_simulated =
+        device_budget_refusal(*request.strata_device_budget_bytes, p.memory, capacity);
     like.deepspeed.clear();
     like.deepspeed_why_not = "Strata's side was not simulated";
     underway.batch = std::make_unique<SimulationBatch>(pool, std::move(jobs));
