@@ -934,8 +934,10 @@ GpuPlan plan_with_offload(const PlanRequest& r, const ModelStates& s, const GpuC
   plan.fits_gpu = plan.memory.total() <= gpu_capacity;
   // A device pool replayed from a run (--device-budget) takes the place of the offloaded states'
   // share; with what stays beside it (activations, logits, the CUDA context) it must fit the
-  // GPU: the step simulated with more would be one no run on this GPU could have.
-  if (offload == Offload::kNvme && r.strata_device_budget_bytes &&
+  // GPU: the step simulated with more would be one no run on this GPU could have. A budget the
+  // GPU cannot hold is bad input for that GPU whatever its offload: a row that keeps its states
+  // in RAM or on the GPU does not fit either, rather than fit beside a flag it ignored.
+  if (r.strata_device_budget_bytes &&
       *r.strata_device_budget_bytes + device_budget_neighbours(plan.memory) > gpu_capacity) {
     plan.fits_gpu = false;
   }
@@ -961,8 +963,7 @@ void finish_plan(const PlanRequest& r, GpuPlan& plan) {
   if (!plan.fits_gpu) {
     const uint64_t capacity = g.gpu.memory_bytes();
     plan.why_not =
-        plan.memory.total() > capacity || plan.offload != Offload::kNvme ||
-                !r.strata_device_budget_bytes
+        plan.memory.total() > capacity || !r.strata_device_budget_bytes
             ? "GPU needs " + format_gib(plan.memory.total()) + " of " + format_gib(capacity)
             : device_budget_refusal(*r.strata_device_budget_bytes, plan.memory, capacity);
     // Short by less than the figures show: the bytes, so that "44.99 GiB of 44.99 GiB" is not
@@ -1466,16 +1467,18 @@ Status finish_comparison(Plan& plan, ComparisonUnderway underway) {
   STRATA_ASSERT(plan.primary == underway.headline);
   const GpuPlan& p = plan.gpus[plan.primary];
   OffloadComparison& like = underway.like;
-  if (p.offload == Offload::kNvme && plan.request.activation_offload == ActivationOffload::kNone) {
-    plan.strata_nvme = p.stages;
-  }
   if (plan.request.method == FinetuneMethod::kFull) {
     like.deepspeed_estimate = deepspeed_zero3_estimate(
         plan.states.params, deepspeed_largest_layer_params(plan.request.model), p.choice.count);
   }
-  if (!like.strata_not_simulated.empty()) {  // refused before any simulation
+  // Refused before any simulation (a --device-budget the GPU cannot hold): no Strata side, not
+  // even the plan's own step, which such a budget made.
+  if (!like.strata_not_simulated.empty()) {
     plan.like_for_like = std::move(like);
     return Status::ok();
+  }
+  if (p.offload == Offload::kNvme && plan.request.activation_offload == ActivationOffload::kNone) {
+    plan.strata_nvme = p.stages;
   }
   std::vector<Result<OffloadEstimate>> simulated = underway.batch->results();
   // Every simulation here is the comparison's own (a plan that offloads its states alone to

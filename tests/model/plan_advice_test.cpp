@@ -181,9 +181,10 @@ TEST(LikeForLike, AComparisonThatCannotBeSimulatedIsLeftOutAndThePlanStands) {
   EXPECT_TRUE(runs->strata_nvme.has_simulation());
 }
 
-// A --device-budget that cannot fit the GPU beside the activations, logits and CUDA context
-// leaves the comparison out with that reason; none of its steps is simulated (until 2026-12-05
-// a CPU-offload plan ignored the budget for its own row and the comparison simulated with it).
+// A --device-budget that cannot fit the GPU beside the activations, logits and CUDA context is
+// bad input for that GPU whatever its offload: the row does not fit, and the comparison is left
+// out with that reason, none of its steps simulated (until 2026-12-05 a CPU-offload row ignored
+// the budget and fit, and the comparison simulated with it).
 TEST(LikeForLike, ADeviceBudgetTheGpuCannotHoldIsNotCompared) {
   PlanRequest r = full_13b_on_h100_with_cpu_offload();
   r.model = *load_model("tinyllama-1.1b");
@@ -191,16 +192,27 @@ TEST(LikeForLike, ADeviceBudgetTheGpuCannotHoldIsNotCompared) {
   Result<Plan> p = make_plan(r);
   ASSERT_TRUE(p.is_ok()) << p.status().message();
   EXPECT_EQ(p->gpus[0].offload, Offload::kCpu);
-  EXPECT_TRUE(p->gpus[0].fits());  // its own row keeps its states in RAM
+  EXPECT_FALSE(p->gpus[0].fits());  // though its own row keeps its states in RAM
+  EXPECT_NE(p->gpus[0].why_not.find("--device-budget 79.00 GiB and the "), std::string::npos)
+      << p->gpus[0].why_not;
   const OffloadComparison& c = p->like_for_like;
   EXPECT_NE(c.strata_not_simulated.find("--device-budget 79.00 GiB and the "), std::string::npos)
       << c.strata_not_simulated;
   EXPECT_TRUE(c.deepspeed.empty());
   EXPECT_FALSE(p->strata_nvme.has_simulation());
   EXPECT_TRUE(c.deepspeed_estimate.has_value());
-  r.strata_device_budget_bytes = uint64_t{8} << 30;  // one it holds: compared
+  // Under NVMe offload the plan's own step, made with that pool, is not the comparison's either.
+  r.offload = Offload::kNvme;
+  Result<Plan> nvme = make_plan(r);
+  ASSERT_TRUE(nvme.is_ok()) << nvme.status().message();
+  EXPECT_FALSE(nvme->gpus[0].fits());
+  EXPECT_FALSE(nvme->strata_nvme.has_simulation());
+  EXPECT_FALSE(nvme->like_for_like.strata_not_simulated.empty());
+  r.offload = Offload::kCpu;
+  r.strata_device_budget_bytes = uint64_t{8} << 30;  // one it holds: a fit, and compared
   Result<Plan> held = make_plan(r);
   ASSERT_TRUE(held.is_ok()) << held.status().message();
+  EXPECT_TRUE(held->gpus[0].fits());
   EXPECT_TRUE(held->like_for_like.strata_not_simulated.empty());
 }
 
