@@ -7,6 +7,7 @@ device). strata.torch turns the same memory into torch tensors, on the GPU too.
 """
 import atexit
 import ctypes
+import math
 import os
 import re
 import signal
@@ -292,7 +293,8 @@ class Runtime:
         ptr = self._handle()
         deadline = time.monotonic() + ACQUIRE_TIMEOUT_S
         while True:
-            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            # Rounded up: the slices add up to at least the bound, never a millisecond short.
+            left_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
             rc = _lib.strata_acquire_timeout(ptr, handle, tier, flags,
                                              min(ACQUIRE_SLICE_MS, left_ms), ctypes.byref(out))
             if rc != _lib.E_TIMEOUT:
