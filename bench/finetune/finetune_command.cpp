@@ -184,6 +184,15 @@ class LiveMetrics {
       }
     }
   }
+  // A worker's result carries every sample's peak, also those after its last metrics report
+  // (reports come every kMetricsInterval): the peak gauges end at the run's own peaks.
+  void result(const Contender& c, const json& r) {
+    Set& set = sets_[c.index];
+    set.host->observe(r.value("peak_host_bytes", int64_t{0}));
+    set.pinned->observe(r.value("peak_pinned_bytes", int64_t{0}));
+    set.device->observe(r.value("peak_device_bytes", int64_t{0}));
+  }
+
   void running(const Contender& c, bool on) {
     Set& set = sets_[c.index];
     set.running->set(on ? 1 : 0);
@@ -368,6 +377,7 @@ Result<StrategyResult> run_strategy(const FinetunePlan& plan, const Contender& c
       } else if (event == "metrics") {
         if (metrics != nullptr) metrics->update(contender, message);
       } else if (event == "result") {
+        if (metrics != nullptr) metrics->result(contender, message);
         out.result = std::move(message);
         have_result = true;
       } else if (event == "error") {
