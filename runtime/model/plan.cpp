@@ -109,6 +109,13 @@ std::string format_gib(uint64_t bytes) {
   return format_bytes(bytes);
 }
 
+// " (N of M bytes)" where a refusal's rounded figures read alike ("56.18 GiB of 56.18 GiB"),
+// so that it is not read as a fit refused; "" otherwise.
+std::string exact_where_rounded_alike(uint64_t need, uint64_t have) {
+  if (format_gib(need) != format_gib(have)) return "";
+  return " (" + std::to_string(need) + " of " + std::to_string(have) + " bytes)";
+}
+
 // The replayed split's values, by the runtime's own limits for the config fields they stand for
 // (api/runtime.cpp's normalize_config, the optimizer's configure).
 Status validate_pinned_given(const PlanRequest& r) {
@@ -292,21 +299,17 @@ std::string to_string(const LoraTargets& t) {
 
 Result<NvmeArray> parse_nvme(std::string_view text) {
   const std::string s = lower(text);
-  if (size_t colon = s.find(':'); colon != std::string::npos && s.find('/') != std::string::npos) {
-    // COUNT:READ/WRITE: the measured rates of an array of COUNT drives.
-    const auto drives = parse_count(std::string_view(s).substr(0, colon));
-    if (!drives || *drives == 0 || *drives > 64) {
-      return invalid_argument("NVMe drive count in \"" + std::string(text) + "\" must be 1..64");
-    }
-    STRATA_ASSIGN_OR_RETURN(NvmeArray a, parse_nvme(text.substr(colon + 1)));
-    a.drives = *drives;
-    a.label = std::to_string(*drives) + " drives, " + a.label;
-    return a;
-  }
   if (size_t colon = s.find(':'); colon != std::string::npos) {
     const auto drives = parse_count(std::string_view(s).substr(0, colon));
     if (!drives || *drives == 0 || *drives > 64) {
       return invalid_argument("NVMe drive count in \"" + std::string(text) + "\" must be 1..64");
+    }
+    if (s.find('/') != std::string::npos) {
+      // COUNT:READ/WRITE: the measured rates of an array of COUNT drives.
+      STRATA_ASSIGN_OR_RETURN(NvmeArray a, parse_nvme(text.substr(colon + 1)));
+      a.drives = *drives;
+      a.label = std::to_string(*drives) + " drives, " + a.label;
+      return a;
     }
     STRATA_ASSIGN_OR_RETURN(NvmePreset preset, find_nvme(std::string_view(s).substr(colon + 1)));
     NvmeArray a;
@@ -875,17 +878,18 @@ uint64_t device_budget_neighbours(const GpuMemory& m) {
   return m.activations + m.logits + m.cuda_context;
 }
 
-// Why a --device-budget cannot be had on a GPU of `capacity` bytes; with the bytes where the
-// rounded figures would add up to the capacity ("71.26 GiB and the 8.74 GiB ... of 80.00 GiB").
+// A --device-budget given that the GPU cannot hold beside what stays there (m: that GPU's).
+bool device_budget_too_large(const PlanRequest& r, const GpuMemory& m, uint64_t capacity) {
+  return r.strata_device_budget_bytes &&
+         *r.strata_device_budget_bytes + device_budget_neighbours(m) > capacity;
+}
+
+// Why such a budget cannot be had ("71.26 GiB and the 8.74 GiB ... of 80.00 GiB" with bytes).
 std::string device_budget_refusal(uint64_t budget, const GpuMemory& m, uint64_t capacity) {
   const uint64_t beside = device_budget_neighbours(m);
-  std::string why = "--device-budget " + format_gib(budget) + " and the " + format_gib(beside) +
-                    " beside it (activations, logits, CUDA context) are more than the GPU's " +
-                    format_gib(capacity);
-  if (format_gib(budget + beside) == format_gib(capacity)) {
-    why += " (" + std::to_string(budget + beside) + " of " + std::to_string(capacity) + " bytes)";
-  }
-  return why;
+  return "--device-budget " + format_gib(budget) + " and the " + format_gib(beside) +
+         " beside it (activations, logits, CUDA context) are more than the GPU's " +
+         format_gib(capacity) + exact_where_rounded_alike(budget + beside, capacity);
 }
 
 // Memory and offload choice of one GPU, without the time and host figures of NVMe offload (those
@@ -937,10 +941,7 @@ GpuPlan plan_with_offload(const PlanRequest& r, const ModelStates& s, const GpuC
   // GPU: the step simulated with more would be one no run on this GPU could have. A budget the
   // GPU cannot hold is bad input for that GPU whatever its offload: a row that keeps its states
   // in RAM or on the GPU does not fit either, rather than fit beside a flag it ignored.
-  if (r.strata_device_budget_bytes &&
-      *r.strata_device_budget_bytes + device_budget_neighbours(plan.memory) > gpu_capacity) {
-    plan.fits_gpu = false;
-  }
+  if (device_budget_too_large(r, plan.memory, gpu_capacity)) plan.fits_gpu = false;
   return plan;
 }
 
@@ -964,14 +965,9 @@ void finish_plan(const PlanRequest& r, GpuPlan& plan) {
     const uint64_t capacity = g.gpu.memory_bytes();
     plan.why_not =
         plan.memory.total() > capacity || !r.strata_device_budget_bytes
-            ? "GPU needs " + format_gib(plan.memory.total()) + " of " + format_gib(capacity)
+            ? "GPU needs " + format_gib(plan.memory.total()) + " of " + format_gib(capacity) +
+                  exact_where_rounded_alike(plan.memory.total(), capacity)
             : device_budget_refusal(*r.strata_device_budget_bytes, plan.memory, capacity);
-    // Short by less than the figures show: the bytes, so that "44.99 GiB of 44.99 GiB" is not
-    // read as a fit refused.
-    if (format_gib(plan.memory.total()) == format_gib(capacity)) {
-      plan.why_not += " (" + std::to_string(plan.memory.total()) + " of " +
-                      std::to_string(capacity) + " bytes)";
-    }
   }
   const HostHeadroom& headroom = r.assume.host_headroom;
   plan.host.job_bytes = plan.host_bytes;
@@ -984,12 +980,7 @@ void finish_plan(const PlanRequest& r, GpuPlan& plan) {
       plan.why_not += std::string(plan.why_not.empty() ? "" : "; ") + "host needs " +
                       format_gib(plan.host.recommended_bytes) + " with headroom (job " +
                       format_gib(plan.host_bytes) + ") of " + format_gib(*r.host_ram_bytes);
-      // Short by less than the figures show: the bytes, so that "56.18 GiB of 56.18 GiB" is
-      // not read as a fit refused.
-      if (format_gib(plan.host.recommended_bytes) == format_gib(*r.host_ram_bytes)) {
-        plan.why_not += " (" + std::to_string(plan.host.recommended_bytes) + " of " +
-                        std::to_string(*r.host_ram_bytes) + " bytes)";
-      }
+      plan.why_not += exact_where_rounded_alike(plan.host.recommended_bytes, *r.host_ram_bytes);
     }
   }
   plan.fits_nvme = true;
@@ -1388,6 +1379,14 @@ struct ComparisonUnderway {
   std::unique_ptr<SimulationBatch> batch;
 };
 
+// The comparison without Strata's side (it cannot be simulated: why), so without DeepSpeed's
+// columns, which are compared with it.
+void leave_strata_out(OffloadComparison& like, std::string why) {
+  like.strata_not_simulated = std::move(why);
+  like.deepspeed.clear();
+  like.deepspeed_why_not = "Strata's side was not simulated";
+}
+
 ComparisonUnderway start_comparison(const Plan& plan, size_t headline, SimulationPool& pool) {
   const PlanRequest& request = plan.request;
   const std::vector<TensorSpec> inventory = offload_inventory(request);
@@ -1433,12 +1432,9 @@ ComparisonUnderway start_comparison(const Plan& plan, size_t headline, Simulatio
   // A --device-budget that cannot fit this GPU beside what stays there: no step to compare, and
   // none is simulated (the plan's own row already does not fit).
   const uint64_t capacity = p.choice.gpu.memory_bytes();
-  if (request.strata_device_budget_bytes &&
-      *request.strata_device_budget_bytes + device_budget_neighbours(p.memory) > capacity) {
-    like.strata_not_simulated =
-        device_budget_refusal(*request.strata_device_budget_bytes, p.memory, capacity);
-    like.deepspeed.clear();
-    like.deepspeed_why_not = "Strata's side was not simulated";
+  if (device_budget_too_large(request, p.memory, capacity)) {
+    leave_strata_out(
+        like, device_budget_refusal(*request.strata_device_budget_bytes, p.memory, capacity));
     underway.batch = std::make_unique<SimulationBatch>(pool, std::move(jobs));
     return underway;
   }
@@ -1494,9 +1490,7 @@ Status finish_comparison(Plan& plan, ComparisonUnderway underway) {
       return std::move(*failed).take_status().with_context("comparing with DeepSpeed on " +
                                                            p.choice.gpu.name);
     }
-    like.strata_not_simulated = failed->status().message();
-    like.deepspeed.clear();
-    like.deepspeed_why_not = "Strata's side was not simulated";
+    leave_strata_out(like, failed->status().message());
     plan.like_for_like = std::move(like);
     return Status::ok();
   }

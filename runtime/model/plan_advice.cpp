@@ -62,17 +62,16 @@ Result<std::vector<Advice>> plan_advice(const Plan& plan, SimulationPool& pool) 
   if (base.grad_accum * factor <= 65536) {
     Knob k{"--grad-accum " + std::to_string(base.grad_accum * factor), "", base};
     k.request.grad_accum *= factor;
-    k.reason = p.bottleneck + " (" + seconds_text(dominant) + " against compute " +
-               seconds_text(st.compute_seconds) +
-               ") is paid per optimizer step; more micro-batches spread it over more tokens";
     // Streamed weights are read in every micro-batch: only the optimizer's share is spread.
-    if (!p.params_resident && p.bottleneck.starts_with("nvme")) {
-      k.reason = p.bottleneck + " (" + seconds_text(dominant) + " against compute " +
-                 seconds_text(st.compute_seconds) +
-                 "): the optimizer's states move once per optimizer step, so more micro-batches "
-                 "spread them over more tokens; the streamed weights are read in every "
-                 "micro-batch and are not spread";
-    }
+    const bool weights_streamed = !p.params_resident && p.bottleneck.starts_with("nvme");
+    k.reason =
+        p.bottleneck + " (" + seconds_text(dominant) + " against compute " +
+        seconds_text(st.compute_seconds) +
+        (weights_streamed ? "): the optimizer's states move once per optimizer step, so more "
+                            "micro-batches spread them over more tokens; the streamed weights are "
+                            "read in every micro-batch and are not spread"
+                          : ") is paid per optimizer step; more micro-batches spread it over more "
+                            "tokens");
     knobs.push_back(std::move(k));
   }
   if (base.micro_batch * 2 <= 65536) {

@@ -306,13 +306,20 @@ TEST(StepTime, FullFineTuningIsSixFlopsPerParameterPerTokenAtTheStatedMfu) {
   EXPECT_NEAR(must_plan(r).gpus[0].step_seconds, 2 * expected, expected * 1e-9);
 }
 
-TEST(StepTime, LoraSkipsFrozenWeightGradientsAndQloraPaysForDequantization) {
-  PlanRequest r = request("llama-2-7b", FinetuneMethod::kLora);
+// A LoRA job without checkpointing or offload on one GPU: its step is the compute formula's.
+PlanRequest lora_compute_only(const std::string& model, const std::string& gpu_name, uint32_t rank,
+                              const std::string& targets) {
+  PlanRequest r = request(model, FinetuneMethod::kLora);
   r.checkpointing = Checkpointing::kNone;
   r.offload = Offload::kNone;
-  r.gpus = {gpu("h100-sxm")};
-  r.lora_rank = 8;
-  r.lora_targets = *parse_lora_targets("q,v");
+  r.gpus = {gpu(gpu_name)};
+  r.lora_rank = rank;
+  r.lora_targets = *parse_lora_targets(targets);
+  return r;
+}
+
+TEST(StepTime, LoraSkipsFrozenWeightGradientsAndQloraPaysForDequantization) {
+  PlanRequest r = lora_compute_only("llama-2-7b", "h100-sxm", 8, "q,v");
   const double n = static_cast<double>(matmul_parameters_per_token(r.model));
   const double tokens = 4096;
   const double lora = must_plan(r).gpus[0].step_seconds;
@@ -329,12 +336,7 @@ TEST(StepTime, LoraSkipsFrozenWeightGradientsAndQloraPaysForDequantization) {
 // adapters were charged to every token (15% too slow at r = 256) and the recomputation left the
 // adapters out.
 TEST(StepTime, LoraChargesTheRoutedExpertsAdaptersAndRecomputesThem) {
-  PlanRequest r = request("mixtral-8x7b", FinetuneMethod::kLora);
-  r.checkpointing = Checkpointing::kNone;
-  r.offload = Offload::kNone;
-  r.gpus = {gpu("h200")};
-  r.lora_rank = 256;
-  r.lora_targets = *parse_lora_targets("all-linear");
+  PlanRequest r = lora_compute_only("mixtral-8x7b", "h200", 256, "all-linear");
   const ModelConfig& m = r.model;
   const double h = m.hidden_size, kv = m.kv_dim(), inter = m.intermediate_size;
   // Per layer and token: q, k, v, o (A: r x in, B: out x r), and 2 of the 8 experts' w1, w3, w2.

@@ -148,6 +148,10 @@ def first_offloaded(params):
     return None
 
 
+def _first_offloaded_of(optimizer):
+    return first_offloaded(p for g in optimizer.param_groups for p in g["params"])
+
+
 def _foreign_optimizer_error(optimizer, rec):
     return StrataError(_lib.E_INVALID, f"{type(optimizer).__name__} over parameter "
                                        f"{rec.name!r}, offloaded by strata.torch.offload: its "
@@ -162,7 +166,7 @@ def refuse_foreign_step(optimizer, _args, _kwargs):
     from .optim import AdamW
     if isinstance(optimizer, AdamW):
         return
-    rec = first_offloaded(p for g in optimizer.param_groups for p in g["params"])
+    rec = _first_offloaded_of(optimizer)
     if rec is not None:
         raise _foreign_optimizer_error(optimizer, rec)
 
@@ -234,7 +238,7 @@ def _refuse_enabled_scaler_over_offloaded(method):
     def checked(self, optimizer, *args, **kwargs):
         from .optim import AdamW
         if isinstance(optimizer, AdamW) and self.is_enabled():
-            rec = first_offloaded(p for g in optimizer.param_groups for p in g["params"])
+            rec = _first_offloaded_of(optimizer)
             if rec is not None:
                 raise StrataError(_lib.E_UNSUPPORTED, (
                     f"torch's GradScaler.{method.__name__} over strata.torch.AdamW with "
