@@ -273,12 +273,26 @@ void print_host(const Plan& plan, const GpuPlan& p) {
     // What the figure holds: the states CPU offload keeps, the offloaded activations, or both.
     const uint64_t activations = activations_held_bytes(p);
     const bool states = p.host.full_speed_bytes > activations;
-    std::printf("  full speed     %s of %s in RAM, nothing on NVMe: recommended %s\n",
-                format_bytes(p.host.full_speed_bytes).c_str(),
-                states && activations != 0 ? "states and activations"
-                : activations != 0         ? "activations"
-                                           : "states",
-                format_bytes(p.host.full_speed_recommended_bytes).c_str());
+    // NVMe offload asked for where keeping everything in RAM takes no more than this plan's own
+    // recommended RAM (its staging and optimizer pool can outweigh what it spills): say so, or
+    // "less means NVMe traffic" reads as if this plan's RAM were short of full speed.
+    const bool covered = p.offload == Offload::kNvme &&
+                         p.host.full_speed_recommended_bytes <= p.host.recommended_bytes;
+    if (p.host.full_speed_bytes == 0) {  // the GPU holds every state and no activation moves
+      std::printf(
+          "  full speed     the GPU holds every state: nothing needs RAM or NVMe "
+          "(--offload none)\n");
+    } else {
+      std::printf("  full speed     %s of %s in RAM, nothing on NVMe: recommended %s%s\n",
+                  format_bytes(p.host.full_speed_bytes).c_str(),
+                  states && activations != 0 ? "states and activations"
+                  : activations != 0         ? "activations"
+                                             : "states",
+                  format_bytes(p.host.full_speed_recommended_bytes).c_str(),
+                  !covered ? ""
+                  : states ? ", no more than this plan's: --offload cpu keeps them in it"
+                           : ", no more than this plan's: --offload none keeps them in it");
+    }
   }
   if (p.more_ram) {
     const RamUpgrade& m = *p.more_ram;

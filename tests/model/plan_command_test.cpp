@@ -77,6 +77,33 @@ TEST(PlanCommand, PrintsReadableTables) {
   EXPECT_NE(r.out.find("Cheapest that fits"), std::string::npos);
 }
 
+// "More RAM than this buys nothing; less means NVMe traffic": where NVMe offload was asked for
+// and keeping everything in RAM needs no more than the plan's own recommended figure (its staging
+// and optimizer pool outweigh the spill), the line says so and names the offload that does it;
+// where the GPU holds every state it says there is nothing to keep ("0 B of states" before).
+TEST(PlanCommand, TheFullSpeedLineSaysWhenThePlansOwnRamAlreadyCoversIt) {
+  CommandRun r = run({"plan", "--model", "llama-3.1-8b", "--method", "qlora", "--gpu", "rtx-4090",
+                      "--seq", "8192", "--checkpointing", "none", "--activation-offload", "pinned",
+                      "--offload", "nvme"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("recommended 56.18 GiB, no more than this plan's: --offload none keeps "
+                       "them in it\n"),
+            std::string::npos)
+      << r.out;
+  r = run({"plan", "--model", "llama-3.1-8b", "--method", "qlora", "--gpu", "rtx-4090", "--offload",
+           "nvme"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("full speed     the GPU holds every state: nothing needs RAM or NVMe "
+                       "(--offload none)\n"),
+            std::string::npos)
+      << r.out;
+  // Short of full speed, the line is the figure alone.
+  r = run({"plan", "--model", "llama-2-7b", "--method", "full", "--gpu", "a100-80gb", "--offload",
+           "nvme"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("nothing on NVMe: recommended 104.65 GiB\n"), std::string::npos) << r.out;
+}
+
 // The simulated step's figures depend on the steps played before it, so the text says how many
 // (from one, NVMe bytes can be about 2% above the steady step's), and how to get the steady one.
 TEST(PlanCommand, TheTextNamesTheWarmUpStepsBeforeTheSimulatedStep) {
