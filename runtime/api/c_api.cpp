@@ -138,7 +138,7 @@ Status refuse_read_only(Runtime& rt, sched::TensorHandle handle, const char* ref
 // strata_tensor_write (write) and strata_tensor_read: through a pinned acquire, wherever the
 // tensor lives.
 Status copy_tensor(Runtime& rt, sched::TensorHandle handle, void* caller, uint64_t offset,
-                   uint64_t bytes, bool write) {
+                   uint64_t bytes, bool write, std::chrono::nanoseconds timeout) {
   STRATA_ASSIGN_OR_RETURN(auto info, rt.scheduler().describe(handle));
   if (bytes == 0) return invalid_argument("bytes is 0");
   if (offset > info.bytes || bytes > info.bytes - offset) {
@@ -160,7 +160,7 @@ Status copy_tensor(Runtime& rt, sched::TensorHandle handle, void* caller, uint64
       auto acquired,
       rt.scheduler().acquire(handle, Tier::kPinned,
                              whole ? sched::AccessMode::kOverwrite : sched::AccessMode::kRead,
-                             kAcquireTimeout));
+                             timeout));
   auto* data = static_cast<unsigned char*>(acquired.data) + offset;
   if (write) {
     std::memcpy(data, caller, bytes);
@@ -241,6 +241,18 @@ int acquire_within(strata_runtime* rt, const char* function, strata_tensor tenso
     result.ready_event = nullptr;
     write_struct_out(out, result);
     return Status::ok();
+  });
+}
+
+// strata_tensor_write / read and their _timeout forms, which differ only in how long they wait
+// for the pinned room the copy passes through.
+int copy_within(strata_runtime* rt, const char* function, strata_tensor tensor, void* caller,
+                uint64_t offset, uint64_t bytes, bool write, std::chrono::nanoseconds timeout) {
+  return guarded(rt, function, [&](Runtime& r) -> Status {
+    if (caller == nullptr) return invalid_argument(write ? "src is NULL" : "dst is NULL");
+    // The source is only read: copy_tensor never writes through it when write is set.
+    return copy_tensor(r, sched::TensorHandle::from_u64(tensor), caller, offset, bytes, write,
+                       timeout);
   });
 }
 
@@ -370,21 +382,27 @@ int strata_tensor_register(strata_runtime* rt, const strata_tensor_desc* desc, s
 
 int strata_tensor_write(strata_runtime* rt, strata_tensor tensor, const void* src, uint64_t offset,
                         uint64_t bytes) {
-  return guarded(rt, "strata_tensor_write", [&](Runtime& r) -> Status {
-    if (src == nullptr) return invalid_argument("src is NULL");
-    // The source is only read: copy_tensor never writes through it when write is set.
-    return strata::api::copy_tensor(r, sched::TensorHandle::from_u64(tensor),
-                                    const_cast<void*>(src), offset, bytes, /*write=*/true);
-  });
+  return strata::api::copy_within(rt, "strata_tensor_write", tensor, const_cast<void*>(src), offset,
+                                  bytes, /*write=*/true, strata::api::kAcquireTimeout);
+}
+
+int strata_tensor_write_timeout(strata_runtime* rt, strata_tensor tensor, const void* src,
+                                uint64_t offset, uint64_t bytes, uint32_t timeout_ms) {
+  return strata::api::copy_within(rt, "strata_tensor_write_timeout", tensor, const_cast<void*>(src),
+                                  offset, bytes, /*write=*/true,
+                                  std::chrono::milliseconds(timeout_ms));
 }
 
 int strata_tensor_read(strata_runtime* rt, strata_tensor tensor, void* dst, uint64_t offset,
                        uint64_t bytes) {
-  return guarded(rt, "strata_tensor_read", [&](Runtime& r) -> Status {
-    if (dst == nullptr) return invalid_argument("dst is NULL");
-    return strata::api::copy_tensor(r, sched::TensorHandle::from_u64(tensor), dst, offset, bytes,
-                                    /*write=*/false);
-  });
+  return strata::api::copy_within(rt, "strata_tensor_read", tensor, dst, offset, bytes,
+                                  /*write=*/false, strata::api::kAcquireTimeout);
+}
+
+int strata_tensor_read_timeout(strata_runtime* rt, strata_tensor tensor, void* dst, uint64_t offset,
+                               uint64_t bytes, uint32_t timeout_ms) {
+  return strata::api::copy_within(rt, "strata_tensor_read_timeout", tensor, dst, offset, bytes,
+                                  /*write=*/false, std::chrono::milliseconds(timeout_ms));
 }
 
 int strata_tensor_unregister(strata_runtime* rt, strata_tensor tensor) {
@@ -553,6 +571,12 @@ int strata_prefetch(strata_runtime* rt, strata_tensor tensor, strata_tier tier) 
 int strata_sync(strata_runtime* rt) {
   return guarded(rt, "strata_sync",
                  [&](Runtime& r) { return r.scheduler().flush(strata::api::kAcquireTimeout); });
+}
+
+int strata_sync_timeout(strata_runtime* rt, uint32_t timeout_ms) {
+  return guarded(rt, "strata_sync_timeout", [&](Runtime& r) {
+    return r.scheduler().flush(std::chrono::milliseconds(timeout_ms));
+  });
 }
 
 int strata_get_stats(strata_runtime* rt, strata_stats* out) {

@@ -611,6 +611,60 @@ TEST_F(Runtime, AnAcquireWithItsOwnTimeoutGivesUpHavingAcquiredNothing) {
   ASSERT_EQ(strata_release(rt_, wanted, 0, nullptr), STRATA_OK);
 }
 
+// strata_tensor_write_timeout / read_timeout: with the pinned room held by the caller's own
+// acquire, each gives up at its bound having copied nothing, the tensor's contents and the
+// caller's buffer as they were; with the room released, each copies.
+TEST_F(Runtime, ACopyWithItsOwnTimeoutGivesUpHavingCopiedNothing) {
+  create();
+  const uint64_t bytes = 1536 << 10;  // two do not fit the 2 MiB pinned pool together
+  const strata_tensor held = register_tensor(bytes, "held");
+  const strata_tensor wanted = register_tensor(bytes, "wanted");
+  std::vector<uint8_t> expected(bytes);
+  strata::testing::fill_expected(expected.data(), expected.size(), 7, 0);
+  ASSERT_EQ(strata_tensor_write(rt_, wanted, expected.data(), 0, bytes), STRATA_OK);
+  ASSERT_EQ(strata_tensor_write(rt_, held, expected.data(), 0, bytes), STRATA_OK);
+  ASSERT_EQ(strata_sync(rt_), STRATA_OK) << strata_last_error(rt_);
+  strata_acquired a{};
+  a.struct_size = sizeof a;
+  ASSERT_EQ(strata_acquire(rt_, held, STRATA_TIER_PINNED, 0, &a), STRATA_OK)
+      << strata_last_error(rt_);
+
+  std::vector<uint8_t> replacement(bytes, 0xA5);
+  std::vector<uint8_t> back(bytes, 0x5A);
+  for (const uint32_t timeout_ms : {0u, 200u}) {
+    auto start = std::chrono::steady_clock::now();
+    ASSERT_EQ(strata_tensor_write_timeout(rt_, wanted, replacement.data(), 0, bytes, timeout_ms),
+              STRATA_E_TIMEOUT)
+        << strata_last_error(rt_);
+    EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(timeout_ms));
+    std::string m = strata_last_error(rt_);
+    EXPECT_NE(m.find("wanted"), std::string::npos) << m;
+    EXPECT_NE(m.find(std::to_string(timeout_ms) + " ms"), std::string::npos) << m;
+    start = std::chrono::steady_clock::now();
+    ASSERT_EQ(strata_tensor_read_timeout(rt_, wanted, back.data(), 4096, 8192, timeout_ms),
+              STRATA_E_TIMEOUT)
+        << strata_last_error(rt_);
+    EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(timeout_ms));
+    m = strata_last_error(rt_);
+    EXPECT_NE(m.find("strata_tensor_read_timeout"), std::string::npos) << m;
+    EXPECT_EQ(back, std::vector<uint8_t>(bytes, 0x5A)) << "the caller's buffer was written";
+  }
+  EXPECT_EQ(strata_tensor_write_timeout(rt_, wanted, nullptr, 0, bytes, 10), STRATA_E_INVALID);
+  EXPECT_EQ(strata_tensor_read_timeout(rt_, wanted, back.data(), 0, bytes + 1, 10),
+            STRATA_E_INVALID);
+
+  ASSERT_EQ(strata_release(rt_, held, 0, nullptr), STRATA_OK);
+  // The timed-out write changed nothing: the tensor still holds what was written before it.
+  ASSERT_EQ(strata_tensor_read_timeout(rt_, wanted, back.data(), 0, bytes, 30000), STRATA_OK)
+      << strata_last_error(rt_);
+  EXPECT_EQ(back, expected);
+  ASSERT_EQ(strata_tensor_write_timeout(rt_, wanted, replacement.data(), 0, bytes, 30000),
+            STRATA_OK)
+      << strata_last_error(rt_);
+  ASSERT_EQ(strata_tensor_read(rt_, wanted, back.data(), 0, bytes), STRATA_OK);
+  EXPECT_EQ(back, replacement);
+}
+
 TEST_F(Runtime, SeveralThreadsAcquireAndReleaseAtOnce) {
   create();
   constexpr int kThreads = 4;
@@ -687,6 +741,29 @@ class FaultyRuntime : public Runtime {
     unsetenv("STRATA_FAULTS");
   }
 };
+
+// strata_sync_timeout: with every write-back stalled 1.5 s, a 100 ms bound ends in
+// STRATA_E_TIMEOUT, the write-backs still in flight; a later sync waits for them.
+TEST_F(FaultyRuntime, ASyncWithItsOwnTimeoutGivesUpAndALaterSyncFinishes) {
+  create_with_faults("write:stall:ms=1500");
+  constexpr uint64_t kBytes = 300000;
+  const strata_tensor t = register_tensor(kBytes, "stalled");
+  std::vector<uint8_t> in(kBytes);
+  strata::testing::fill_expected(in.data(), kBytes, 3, 0);
+  ASSERT_EQ(strata_tensor_write(rt_, t, in.data(), 0, kBytes), STRATA_OK);
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(strata_sync_timeout(rt_, 100), STRATA_E_TIMEOUT) << strata_last_error(rt_);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(waited, std::chrono::milliseconds(100));
+  EXPECT_LT(waited, std::chrono::milliseconds(1400)) << "it waited for the stalled write";
+  const std::string m = strata_last_error(rt_);
+  EXPECT_NE(m.find("100 ms"), std::string::npos) << m;
+  ASSERT_EQ(strata_sync_timeout(rt_, 30000), STRATA_OK) << strata_last_error(rt_);
+  EXPECT_EQ(strata_sync_timeout(nullptr, 10), STRATA_E_INVALID);
+  std::vector<uint8_t> back(kBytes);
+  ASSERT_EQ(strata_tensor_read(rt_, t, back.data(), 0, kBytes), STRATA_OK);
+  EXPECT_EQ(back, in);
+}
 
 TEST_F(FaultyRuntime, FailedWriteBacksReachTheCallerAndKeepTheNewestCopy) {
   create_with_faults("write:eio:every=2");

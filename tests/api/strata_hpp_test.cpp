@@ -159,9 +159,10 @@ TEST_F(StrataHpp, ErrorsBecomeExceptionsWithCodeAndMessage) {
   }
 }
 
-// The guard over strata_acquire_timeout: a wait the caller bounds ends in strata::Error with
-// STRATA_E_TIMEOUT and an empty guard; the same acquire succeeds once the room is released.
-TEST_F(StrataHpp, AnAcquireWithATimeoutThrowsTimeoutAndHoldsNothing) {
+// The guard over strata_acquire_timeout, and Tensor::write / read and Runtime::sync with a
+// bound: a wait the caller bounds ends in strata::Error with STRATA_E_TIMEOUT, nothing acquired
+// or copied; the same calls succeed once the room is released.
+TEST_F(StrataHpp, ACallWithATimeoutThrowsTimeoutAndDoesNothing) {
   strata::Runtime rt(small_config());
   const uint64_t bytes = 1536 * 1024;  // two do not fit the 2 MiB pinned pool together
   strata::Tensor held = weight(rt, 0, bytes);
@@ -180,7 +181,23 @@ TEST_F(StrataHpp, AnAcquireWithATimeoutThrowsTimeoutAndHoldsNothing) {
                     wanted.acquire(STRATA_TIER_PINNED, 0, std::chrono::milliseconds(-1));
               }).code(),
               STRATA_E_INVALID);
+    // The copies wait for the same room: each gives up, nothing copied either way.
+    std::vector<unsigned char> buffer(bytes, 3);
+    EXPECT_EQ(error_from([&] {
+                wanted.write(buffer.data(), 0, bytes, std::chrono::milliseconds(50));
+              }).code(),
+              STRATA_E_TIMEOUT);
+    EXPECT_EQ(error_from([&] {
+                wanted.read(buffer.data(), 0, bytes, std::chrono::milliseconds(50));
+              }).code(),
+              STRATA_E_TIMEOUT);
+    EXPECT_EQ(buffer, std::vector<unsigned char>(bytes, 3));
+    EXPECT_EQ(error_from([&] { rt.sync(std::chrono::milliseconds(-1)); }).code(), STRATA_E_INVALID);
   }
+  rt.sync(std::chrono::seconds(30));
+  std::vector<unsigned char> back(bytes);
+  wanted.read(back.data(), 0, bytes, std::chrono::seconds(30));
+  EXPECT_EQ(back, std::vector<unsigned char>(bytes, 2));
   strata::Acquired got = wanted.acquire(STRATA_TIER_PINNED, 0, std::chrono::seconds(30));
   ASSERT_TRUE(got);
   EXPECT_EQ(got.span<unsigned char>()[0], 2);

@@ -5,7 +5,10 @@
 //    leaves a message in strata_last_error;
 //  - bytes read back (strata_tensor_read, or an acquire without DISCARD) equal the bytes last
 //    written, for every byte the program wrote;
-//  - strata_get_stats keeps in use <= reserved, and strata_runtime_destroy succeeds.
+//  - strata_get_stats keeps in use <= reserved, and strata_runtime_destroy succeeds;
+//  - the _timeout forms (bounds of 0-20 ms) may answer STRATA_E_TIMEOUT, after which nothing
+//    has changed: a timed-out read left the caller's buffer alone, and what a timed-out write
+//    or acquire would have changed is checked by the reads that follow.
 //
 // The program never holds acquisitions that could starve its own next acquire: an acquire waits
 // (up to 300 s, by design) for space that only other threads' releases can free, and this
@@ -22,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -96,7 +100,7 @@ class Program {
   }
 
  private:
-  void check(int rc, const std::string& call_text) {
+  void check(int rc, const std::string& call_text, bool timeout_allowed = false) {
     const char* call = call_text.c_str();
     // C_API_FUZZ_VERBOSE=1 prints every call: replaying a finding shows the program that made it.
     if (verbose_)
@@ -105,7 +109,7 @@ class Program {
     // Nothing is injected and nothing waits on another thread: an I/O error, a checksum failure
     // or a timeout here is a bug, as is an internal error.
     if (rc == STRATA_E_INTERNAL || rc == STRATA_E_IO || rc == STRATA_E_CORRUPT ||
-        rc == STRATA_E_TIMEOUT) {
+        (rc == STRATA_E_TIMEOUT && !timeout_allowed)) {
       fail(call, strata_last_error(rt_));
     }
     if (rc != STRATA_OK && strata_last_error(rt_)[0] == '\0') fail(call, "no last-error message");
@@ -245,7 +249,27 @@ class Program {
       case 17:
         return op_optimizer();
       default:
-        return op_loop();
+        return op_timeout();
+    }
+  }
+
+  // The _timeout forms, with bounds of 0 to 20 ms: STRATA_E_TIMEOUT is then an answer, after
+  // which nothing may have changed (the model is left as it was, and later reads check it).
+  void op_timeout() {
+    const uint32_t timeout_ms = in_.ConsumeIntegralInRange(0u, 20u);
+    switch (in_.ConsumeIntegralInRange(0, 3)) {
+      case 0:
+        return op_write(timeout_ms);
+      case 1:
+        return op_read(timeout_ms);
+      case 2:
+        return op_acquire(timeout_ms);
+      default: {
+        release_all();  // as for strata_sync (step())
+        const int rc = strata_sync_timeout(rt_, timeout_ms);
+        return check(rc, "strata_sync_timeout " + std::to_string(timeout_ms),
+                     /*timeout_allowed=*/true);
+      }
     }
   }
 
@@ -328,7 +352,8 @@ class Program {
     return std::min({bytes, t != nullptr ? t->bytes : uint64_t{1} << 20, kMaxCopy});
   }
 
-  void op_write() {
+  // timeout_ms: strata_tensor_write_timeout with that bound; none: strata_tensor_write.
+  void op_write(std::optional<uint32_t> timeout_ms = std::nullopt) {
     Tensor* t = nullptr;
     const strata_tensor h = pick_handle(&t);
     uint64_t offset = 0, bytes = 0;
@@ -338,11 +363,16 @@ class Program {
     std::vector<uint8_t> src(buffer_size(t, bytes));
     for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(seed + i * 7);
     // A range larger than the tensor must be refused before the source is read.
-    const int rc = strata_tensor_write(
-        rt_, h, in_.ConsumeIntegralInRange(0, 30) ? src.data() : nullptr, offset, bytes);
-    check(rc, "strata_tensor_write " + std::to_string(h) + " [" + std::to_string(offset) + ", +" +
-                  std::to_string(bytes) + ")");
-    if (rc != STRATA_OK) return;
+    const uint8_t* from = in_.ConsumeIntegralInRange(0, 30) ? src.data() : nullptr;
+    const int rc = timeout_ms
+                       ? strata_tensor_write_timeout(rt_, h, from, offset, bytes, *timeout_ms)
+                       : strata_tensor_write(rt_, h, from, offset, bytes);
+    check(rc,
+          "strata_tensor_write " + std::to_string(h) + " [" + std::to_string(offset) + ", +" +
+              std::to_string(bytes) + ")" +
+              (timeout_ms ? " within " + std::to_string(*timeout_ms) + " ms" : ""),
+          timeout_ms.has_value());
+    if (rc != STRATA_OK) return;  // a timed-out write wrote nothing: the model stands
     if (t == nullptr) fail("strata_tensor_write", "accepted a handle that is not live");
     if (bytes > t->bytes || offset > t->bytes - bytes)
       fail("strata_tensor_write", "accepted a bad range");
@@ -352,16 +382,22 @@ class Program {
     for (uint64_t i = 0; i < bytes; ++i) t->contents[offset + i] = src[i];
   }
 
-  void op_read() {
+  void op_read(std::optional<uint32_t> timeout_ms = std::nullopt) {
     Tensor* t = nullptr;
     const strata_tensor h = pick_handle(&t);
     uint64_t offset = 0, bytes = 0;
     pick_range(t, &offset, &bytes);
     if (t != nullptr && t->holds == 0) make_room(t, STRATA_TIER_PINNED);
     std::vector<uint8_t> dst(buffer_size(t, bytes));
-    const int rc = strata_tensor_read(
-        rt_, h, in_.ConsumeIntegralInRange(0, 30) ? dst.data() : nullptr, offset, bytes);
-    check(rc, "strata_tensor_read");
+    uint8_t* into = in_.ConsumeIntegralInRange(0, 30) ? dst.data() : nullptr;
+    const int rc = timeout_ms ? strata_tensor_read_timeout(rt_, h, into, offset, bytes, *timeout_ms)
+                              : strata_tensor_read(rt_, h, into, offset, bytes);
+    check(rc, timeout_ms ? "strata_tensor_read_timeout" : "strata_tensor_read",
+          timeout_ms.has_value());
+    if (rc == STRATA_E_TIMEOUT &&
+        std::any_of(dst.begin(), dst.end(), [](uint8_t b) { return b != 0; })) {
+      fail("strata_tensor_read_timeout", "timed out having written into the caller's buffer");
+    }
     if (rc != STRATA_OK) return;
     if (t == nullptr) fail("strata_tensor_read", "accepted a handle that is not live");
     if (bytes > t->bytes || offset > t->bytes - bytes)
@@ -371,7 +407,7 @@ class Program {
     compare(*t, dst.data(), offset, bytes, "strata_tensor_read");
   }
 
-  void op_acquire() {
+  void op_acquire(std::optional<uint32_t> timeout_ms = std::nullopt) {
     Tensor* t = nullptr;
     const strata_tensor h = pick_handle(&t);
     const strata_tier tier = in_.ConsumeIntegralInRange(0, 7)
@@ -390,10 +426,14 @@ class Program {
       std::fprintf(stderr, "c_api_fuzz: strata_acquire %llu tier %d flags %u ...\n",
                    static_cast<unsigned long long>(h), static_cast<int>(tier), flags);
     }
-    const int rc = strata_acquire(rt_, h, tier, flags, &a);
-    check(rc, "strata_acquire " + std::to_string(h) + " tier " + std::to_string(tier) + " flags " +
-                  std::to_string(flags));
-    if (rc != STRATA_OK) return;
+    const int rc = timeout_ms ? strata_acquire_timeout(rt_, h, tier, flags, *timeout_ms, &a)
+                              : strata_acquire(rt_, h, tier, flags, &a);
+    check(rc,
+          "strata_acquire " + std::to_string(h) + " tier " + std::to_string(tier) + " flags " +
+              std::to_string(flags) +
+              (timeout_ms ? " within " + std::to_string(*timeout_ms) + " ms" : ""),
+          timeout_ms.has_value());
+    if (rc != STRATA_OK) return;  // a timed-out acquire holds nothing: the model stands
     if (t == nullptr) fail("strata_acquire", "accepted a handle that is not live");
     if (a.data == nullptr || a.bytes != t->bytes) fail("strata_acquire", "bad strata_acquired");
     if (t->holds > 0 && a.data != t->data)

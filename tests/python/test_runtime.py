@@ -137,34 +137,52 @@ def _two_that_fit_one_at_a_time(rt):
 
 CTRL_C_SCRIPT = r"""
 import sys, time
+import numpy as np
 import strata
 from test_runtime import _two_that_fit_one_at_a_time
+operation = sys.argv[2]
 with strata.Runtime(nvme_path=sys.argv[1], nvme_capacity_bytes=64 << 20,
                     pinned_budget_bytes=2 << 20, device_budget_bytes=1 << 20) as rt:
     held, wanted = _two_that_fit_one_at_a_time(rt)
     holding = held.acquire("pinned")
+    if operation == "sync":  # the write-back of a new `held` is stalled (STRATA_FAULTS)
+        holding.release()
+        held.write(np.full(1536 << 8, 4.0, dtype=np.float32))
     print("waiting", flush=True)
     start = time.monotonic()
     try:
-        wanted.acquire("pinned")  # only this thread's release could end the wait
+        # Only this thread's release could end the wait (a stalled write-back, for sync).
+        if operation == "acquire":
+            wanted.acquire("pinned")
+        elif operation == "write":
+            wanted.write(np.full(1536 << 8, 5.0, dtype=np.float32))
+        elif operation == "read":
+            wanted.read()
+        else:
+            rt.sync()
     except KeyboardInterrupt:
         waited = time.monotonic() - start
-        try:
-            wanted.release()
-        except strata.StrataError as e:
-            print("not acquired", e.name, flush=True)
-        holding.release()
+        if operation == "acquire":
+            try:
+                wanted.release()
+            except strata.StrataError as e:
+                print("not acquired", e.name, flush=True)
+        if operation != "sync":
+            holding.release()
         with wanted.acquire("pinned") as a:
             print("then acquired", float(a.numpy()[0]), flush=True)
         print(f"interrupted after {waited:.2f} s", flush=True)
 """
 
 
-def test_ctrl_c_interrupts_an_acquire_that_waits_for_the_callers_own_release(nvme_dir):
-    """Python hears SIGINT only between C calls: one 300 s strata_acquire waiting for a release
-    that only its own thread could make left Ctrl-C unheard for 300 s. The binding waits in
-    slices (strata_acquire_timeout): KeyboardInterrupt comes within a slice, nothing acquired,
-    and the runtime goes on."""
+@pytest.mark.parametrize("operation", ["acquire", "write", "read", "sync"])
+def test_ctrl_c_interrupts_a_call_that_waits_for_the_callers_own_release(nvme_dir, operation):
+    """Python hears SIGINT only between C calls: one 300 s strata_acquire (or tensor write or
+    read, which pass through the same pinned room) waiting for a release that only its own
+    thread could make left Ctrl-C unheard for 300 s, as did a sync waiting on a stalled
+    write-back. The binding waits in slices (the calls' _timeout forms): KeyboardInterrupt comes
+    within a slice, nothing acquired or copied (the tensor still holds 3.0, not the write's
+    5.0), and the runtime goes on."""
     import os
     import signal
     import subprocess
@@ -173,24 +191,29 @@ def test_ctrl_c_interrupts_an_acquire_that_waits_for_the_callers_own_release(nvm
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.join(ROOT, "bindings", "python"), os.path.dirname(__file__),
          os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT, nvme_dir], env=env,
+    if operation == "sync":
+        env["STRATA_FAULTS"] = "write:stall:ms=4000"
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT, nvme_dir, operation], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "waiting"
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 0, err
     lines = out.splitlines()
-    assert lines[:2] == ["not acquired STRATA_E_STATE", "then acquired 3.0"], out
-    assert float(lines[2].split()[2]) < 5.0, out
+    if operation == "acquire":
+        assert lines.pop(0) == "not acquired STRATA_E_STATE", out
+    assert lines[0] == "then acquired 3.0", out
+    # Heard within a slice, not at the end of the wait (300 s; the stall's 4 s for sync).
+    assert float(lines[1].split()[2]) < (2.0 if operation == "sync" else 5.0), out
 
 
 def test_an_acquire_that_waits_out_its_bound_names_the_whole_wait(nvme_dir, monkeypatch):
     from strata import runtime
-    monkeypatch.setattr(runtime, "ACQUIRE_TIMEOUT_S", 0.35)
+    monkeypatch.setattr(runtime, "WAIT_TIMEOUT_S", 0.35)
     with strata.Runtime(nvme_path=nvme_dir, nvme_capacity_bytes=64 << 20,
                         pinned_budget_bytes=2 << 20, device_budget_bytes=1 << 20) as rt:
         held, wanted = _two_that_fit_one_at_a_time(rt)
@@ -204,3 +227,19 @@ def test_an_acquire_that_waits_out_its_bound_names_the_whole_wait(nvme_dir, monk
             "did not finish in 0.35 s"), e.value.message
         with wanted.acquire("pinned") as a:  # released: now it fits
             assert a.numpy()[0] == 3.0
+
+
+def test_a_write_that_waits_out_its_bound_names_the_whole_wait_and_writes_nothing(
+        nvme_dir, monkeypatch):
+    from strata import runtime
+    monkeypatch.setattr(runtime, "WAIT_TIMEOUT_S", 0.35)
+    with strata.Runtime(nvme_path=nvme_dir, nvme_capacity_bytes=64 << 20,
+                        pinned_budget_bytes=2 << 20, device_budget_bytes=1 << 20) as rt:
+        held, wanted = _two_that_fit_one_at_a_time(rt)
+        with held.acquire("pinned"):
+            with pytest.raises(strata.StrataError) as e:
+                wanted.write(np.full(1536 << 8, 5.0, dtype=np.float32))
+        assert e.value.name == "STRATA_E_TIMEOUT"
+        assert "'wanted'" in e.value.message and e.value.message.endswith(
+            "did not finish in 0.35 s"), e.value.message
+        assert (wanted.read() == 3.0).all()

@@ -135,7 +135,8 @@ class Tensor:
         floating-point array must have the tensor's dtype (STRATA_E_INVALID otherwise)."""
         keep, address, nbytes = _buffer_address(src, None)
         self._check_values(keep, "writing")
-        self.runtime._call("strata_tensor_write", self.handle, address, offset, nbytes)
+        self.runtime._copy_interruptibly("strata_tensor_write_timeout", self.handle, address,
+                                         offset, nbytes)
         del keep
 
     def read(self, out=None, offset=0, nbytes=None):
@@ -152,7 +153,8 @@ class Tensor:
             out = np.empty(count // itemsize, dtype=NUMPY_DTYPES[self.dtype])
         keep, address, size = _buffer_address(out, None)
         self._check_values(keep, "reading into")
-        self.runtime._call("strata_tensor_read", self.handle, address, offset, size)
+        self.runtime._copy_interruptibly("strata_tensor_read_timeout", self.handle, address,
+                                         offset, size)
         return out
 
     def acquire(self, tier="device", discard=False, dirty=False):
@@ -185,10 +187,10 @@ class Tensor:
 # Runtime closes itself in __del__; these cover the cases where __del__ never runs.)
 _LIVE = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
-# An acquire waits at most ACQUIRE_TIMEOUT_S in all, as strata_acquire does, in slices of
-# ACQUIRE_SLICE_MS between which Python hears Ctrl-C (Runtime._acquire_interruptibly).
-ACQUIRE_TIMEOUT_S = 300.0
-ACQUIRE_SLICE_MS = 100
+# An acquire, a tensor's write or read and a sync wait at most WAIT_TIMEOUT_S in all, as their C
+# calls do, in slices of WAIT_SLICE_MS between which Python hears Ctrl-C (Runtime._interruptibly).
+WAIT_TIMEOUT_S = 300.0
+WAIT_SLICE_MS = 100
 
 _HANDLERS_INSTALLED = False
 _PREVIOUS_HANDLERS = {}
@@ -284,28 +286,39 @@ class Runtime:
         ptr = self._handle()
         check(getattr(_lib, name)(ptr, *args), ptr, name)
 
-    def _acquire_interruptibly(self, handle, tier, flags, out):
-        """strata_acquire's wait (at most ACQUIRE_TIMEOUT_S), in slices of ACQUIRE_SLICE_MS.
+    def _interruptibly(self, name, call):
+        """A C call's wait (at most WAIT_TIMEOUT_S), in slices of WAIT_SLICE_MS: `call(ms)` runs
+        the _timeout form of the call `name` with a bound of ms.
 
         Python runs its signal handlers only between C calls: one 300 s wait (for a release
         only this thread could make, say) would leave Ctrl-C unheard for its whole length.
-        Between slices a pending SIGINT raises KeyboardInterrupt here, nothing acquired."""
+        Between slices a pending SIGINT raises KeyboardInterrupt here; a slice that timed out
+        did nothing (acquired, copied nothing; a sync's write-backs go on)."""
         ptr = self._handle()
-        deadline = time.monotonic() + ACQUIRE_TIMEOUT_S
+        deadline = time.monotonic() + WAIT_TIMEOUT_S
         while True:
             # Rounded up: the slices add up to at least the bound, never a millisecond short.
             left_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
-            rc = _lib.strata_acquire_timeout(ptr, handle, tier, flags,
-                                             min(ACQUIRE_SLICE_MS, left_ms), ctypes.byref(out))
+            rc = call(min(WAIT_SLICE_MS, left_ms))
             if rc != _lib.E_TIMEOUT:
-                check(rc, ptr, "strata_acquire_timeout")
+                check(rc, ptr, name)
                 return
-            if left_ms <= ACQUIRE_SLICE_MS:
+            if left_ms <= WAIT_SLICE_MS:
                 text = _lib.strata_last_error(ptr)
-                message = text.decode("utf-8", "replace") if text else "acquire"
+                message = text.decode("utf-8", "replace") if text else name
                 raise StrataError(rc, re.sub(r"did not finish in \d+ ms$",
-                                             f"did not finish in {ACQUIRE_TIMEOUT_S:g} s",
+                                             f"did not finish in {WAIT_TIMEOUT_S:g} s",
                                              message))
+
+    def _acquire_interruptibly(self, handle, tier, flags, out):
+        ptr = self._handle()
+        self._interruptibly("strata_acquire_timeout", lambda ms: _lib.strata_acquire_timeout(
+            ptr, handle, tier, flags, ms, ctypes.byref(out)))
+
+    def _copy_interruptibly(self, name, handle, address, offset, nbytes):
+        ptr = self._handle()
+        function = getattr(_lib, name)
+        self._interruptibly(name, lambda ms: function(ptr, handle, address, offset, nbytes, ms))
 
     def close(self):
         if self._ptr is None:
@@ -389,7 +402,8 @@ class Runtime:
         self._call("strata_declare_schedule", array, len(entries))
 
     def sync(self):
-        self._call("strata_sync")
+        ptr = self._handle()
+        self._interruptibly("strata_sync_timeout", lambda ms: _lib.strata_sync_timeout(ptr, ms))
 
     def export_trace(self, path):
         self._call("strata_export_trace", str(path).encode())

@@ -280,6 +280,16 @@ STRATA_API int strata_tensor_write(strata_runtime* rt, strata_tensor tensor, con
                                    uint64_t offset, uint64_t bytes);
 STRATA_API int strata_tensor_read(strata_runtime* rt, strata_tensor tensor, void* dst,
                                   uint64_t offset, uint64_t bytes);
+/* strata_tensor_write / strata_tensor_read with the caller's own bound, in milliseconds, on the
+ * wait for the pinned room the copy passes through (0: no wait), where those wait up to 300 s.
+ * At the bound they return STRATA_E_TIMEOUT having copied nothing: the tensor's contents and
+ * the caller's buffer are as they were; a read of the tensor from NVMe it started stays in
+ * flight. For callers that must stay responsive, as strata_acquire_timeout. Any thread. */
+STRATA_API int strata_tensor_write_timeout(strata_runtime* rt, strata_tensor tensor,
+                                           const void* src, uint64_t offset, uint64_t bytes,
+                                           uint32_t timeout_ms);
+STRATA_API int strata_tensor_read_timeout(strata_runtime* rt, strata_tensor tensor, void* dst,
+                                          uint64_t offset, uint64_t bytes, uint32_t timeout_ms);
 /* Forgets a tensor and frees its space on every tier, and any unreported failure of it. Fails
  * with STRATA_E_STATE while it is acquired, and for a strata_malloc allocation (strata_free).
  * Any thread. */
@@ -395,6 +405,10 @@ STRATA_API int strata_prefetch(strata_runtime* rt, strata_tensor tensor, strata_
  * returns the earliest unreported write-back failure of a live tensor (once: the write-back is
  * retried after). A failed write-back keeps the tensor's data in memory, readable. Any thread. */
 STRATA_API int strata_sync(strata_runtime* rt);
+/* strata_sync with the caller's own bound, in milliseconds, where strata_sync waits up to 300 s.
+ * At the bound: STRATA_E_TIMEOUT, the write-backs it started still in flight (call it again to
+ * wait for them; an unreported failure stays for the call that finishes). Any thread. */
+STRATA_API int strata_sync_timeout(strata_runtime* rt, uint32_t timeout_ms);
 
 /* Writes a Chrome trace-event JSON file (Perfetto, chrome://tracing) of what the runtime did
  * since it was created: reads, writes, copies, waits. No tensor data. Any thread. */

@@ -81,6 +81,16 @@ inline void require(bool engaged, const char* call) {
                   ": the wrapper is empty (moved from, given back, or default-constructed)");
 }
 
+// A bound for the C API's *_timeout calls: whole milliseconds that fit their uint32_t.
+inline uint32_t timeout_ms(std::chrono::milliseconds timeout, const char* call) {
+  if (timeout.count() < 0 || timeout.count() > UINT32_MAX) {
+    throw Error(STRATA_E_INVALID, std::string(call) + ": timeout " +
+                                      std::to_string(timeout.count()) +
+                                      " ms is outside 0 to 4294967295");
+  }
+  return static_cast<uint32_t>(timeout.count());
+}
+
 template <typename R>
 concept ByteSource = std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
     std::is_trivially_copyable_v<std::ranges::range_value_t<R>>;
@@ -213,15 +223,9 @@ class Acquired {
            std::chrono::milliseconds timeout)
       : rt_(rt), tensor_(tensor) {
     detail::require(rt != nullptr, "strata_acquire_timeout");
-    if (timeout.count() < 0 || timeout.count() > UINT32_MAX) {
-      throw Error(STRATA_E_INVALID, "strata_acquire_timeout: timeout " +
-                                        std::to_string(timeout.count()) +
-                                        " ms is outside 0 to 4294967295");
-    }
+    const uint32_t bound = detail::timeout_ms(timeout, "strata_acquire_timeout");
     acquired_.struct_size = sizeof acquired_;
-    detail::check(strata_acquire_timeout(rt, tensor, tier, flags,
-                                         static_cast<uint32_t>(timeout.count()), &acquired_),
-                  rt);
+    detail::check(strata_acquire_timeout(rt, tensor, tier, flags, bound, &acquired_), rt);
   }
   Acquired(Acquired&& other) noexcept { take(other); }
   Acquired& operator=(Acquired&& other) noexcept {
@@ -411,6 +415,20 @@ class Tensor : public detail::OwnedTensor<&strata_tensor_unregister> {
   void read(void* dst, uint64_t offset, uint64_t bytes) const {
     require_engaged("strata_tensor_read");
     detail::check(strata_tensor_read(runtime(), handle(), dst, offset, bytes), runtime());
+  }
+  // strata_tensor_write_timeout / read_timeout: give up after `timeout` with STRATA_E_TIMEOUT,
+  // nothing copied.
+  void write(const void* src, uint64_t offset, uint64_t bytes, std::chrono::milliseconds timeout) {
+    require_engaged("strata_tensor_write_timeout");
+    const uint32_t bound = detail::timeout_ms(timeout, "strata_tensor_write_timeout");
+    detail::check(strata_tensor_write_timeout(runtime(), handle(), src, offset, bytes, bound),
+                  runtime());
+  }
+  void read(void* dst, uint64_t offset, uint64_t bytes, std::chrono::milliseconds timeout) const {
+    require_engaged("strata_tensor_read_timeout");
+    const uint32_t bound = detail::timeout_ms(timeout, "strata_tensor_read_timeout");
+    detail::check(strata_tensor_read_timeout(runtime(), handle(), dst, offset, bytes, bound),
+                  runtime());
   }
   // Whole ranges of trivially copyable elements (std::vector, std::array, std::span, ...),
   // starting `offset` bytes into the tensor.
@@ -649,6 +667,10 @@ class Runtime {
     return stats;
   }
   void sync() { call(strata_sync(rt())); }
+  // strata_sync_timeout: throws STRATA_E_TIMEOUT after `timeout`, the write-backs still going.
+  void sync(std::chrono::milliseconds timeout) {
+    call(strata_sync_timeout(rt(), detail::timeout_ms(timeout, "strata_sync_timeout")));
+  }
   void export_trace(const std::string& path) { call(strata_export_trace(rt(), path.c_str())); }
 
   [[nodiscard]] Tensor register_tensor(const strata_tensor_desc& desc) {
