@@ -233,7 +233,7 @@ void print_host(const Plan& plan, const GpuPlan& p) {
                              format_bytes(headroom.reserve_bytes) + " for OS, framework, loader";
   std::printf("  host RAM       job %s, recommended %s (%s)\n",
               format_bytes(p.host.job_bytes).c_str(),
-              format_bytes(p.host.recommended_bytes).c_str(), margin.c_str());
+              format_bytes_up(p.host.recommended_bytes).c_str(), margin.c_str());
   if (r.host_ram_bytes) {
     std::printf("                 %s given: %s\n", format_bytes(*r.host_ram_bytes).c_str(),
                 p.fits_host ? "fits within the recommended figure" : "too little");
@@ -273,32 +273,38 @@ void print_host(const Plan& plan, const GpuPlan& p) {
     // What the figure holds: the states CPU offload keeps, the offloaded activations, or both.
     const uint64_t activations = activations_held_bytes(p);
     const bool states = p.host.full_speed_bytes > activations;
-    // NVMe offload asked for where keeping everything in RAM takes no more than this plan's own
-    // recommended RAM (its staging and optimizer pool can outweigh what it spills): say so, or
-    // "less means NVMe traffic" reads as if this plan's RAM were short of full speed.
-    const bool covered = p.offload == Offload::kNvme &&
-                         p.host.full_speed_recommended_bytes <= p.host.recommended_bytes;
+    // NVMe asked for (the states' offload, or activations sent there) where keeping everything
+    // in RAM takes no more than this plan's own recommended RAM (its staging and optimizer pool
+    // can outweigh what it spills): say so, and which flags do it, or "less means NVMe traffic"
+    // reads as if this plan's RAM were short of full speed.
+    const bool activations_to_nvme =
+        r.activation_offload == ActivationOffload::kNvme && activations != 0;
+    std::string keep;  // the flags that keep everything in RAM
+    if (p.offload == Offload::kNvme) keep = states ? "--offload cpu" : "--offload none";
+    if (activations_to_nvme)
+      keep += std::string(keep.empty() ? "" : " ") + "--activation-offload pinned";
+    const bool covered =
+        !keep.empty() && p.host.full_speed_recommended_bytes <= p.host.recommended_bytes;
     if (p.host.full_speed_bytes == 0) {  // the GPU holds every state and no activation moves
       std::printf(
           "  full speed     the GPU holds every state: nothing needs RAM or NVMe "
           "(--offload none)\n");
     } else {
-      std::printf("  full speed     %s of %s in RAM, nothing on NVMe: recommended %s%s\n",
-                  format_bytes(p.host.full_speed_bytes).c_str(),
-                  states && activations != 0 ? "states and activations"
-                  : activations != 0         ? "activations"
-                                             : "states",
-                  format_bytes(p.host.full_speed_recommended_bytes).c_str(),
-                  !covered ? ""
-                  : states ? ", no more than this plan's: --offload cpu keeps them in it"
-                           : ", no more than this plan's: --offload none keeps them in it");
+      std::printf(
+          "  full speed     %s of %s in RAM, nothing on NVMe: recommended %s%s\n",
+          format_bytes(p.host.full_speed_bytes).c_str(),
+          states && activations != 0 ? "states and activations"
+          : activations != 0         ? "activations"
+                                     : "states",
+          format_bytes_up(p.host.full_speed_recommended_bytes).c_str(),
+          covered ? (", no more than this plan's: " + keep + " keeps them in it").c_str() : "");
     }
   }
   if (p.more_ram) {
     const RamUpgrade& m = *p.more_ram;
     // A row that does not fit has no price (the table's rule), here as there.
     std::printf("  with %s RAM: cpu offload, %s, %s tokens/s (x%s), %s/Mtok typical (now %s)\n",
-                format_bytes(m.host_ram_bytes).c_str(), human_seconds(m.step_seconds).c_str(),
+                format_bytes_up(m.host_ram_bytes).c_str(), human_seconds(m.step_seconds).c_str(),
                 fixed(m.tokens_per_s, 0).c_str(), fixed(m.tokens_per_s / p.tokens_per_s, 1).c_str(),
                 money(m.usd_per_mtok[1]).c_str(),
                 p.fits() ? money(p.usd_per_mtok[1]).c_str() : "it does not fit");
@@ -306,11 +312,14 @@ void print_host(const Plan& plan, const GpuPlan& p) {
 }
 
 void print_wear(const Plan& plan, const GpuPlan& p) {
-  if (p.offload != Offload::kNvme && p.nvme_wear.write_bytes_per_step == 0) return;
+  if (!p.nvme_wear.reported) return;
   const PlanRequest& r = plan.request;
   const NvmeWear& w = p.nvme_wear;
-  if (w.write_bytes_per_step == 0) {  // a frozen base streamed from NVMe: only read
-    std::printf("  SSD wear       nothing written per step: the drives are only read\n");
+  if (w.write_bytes_per_step == 0) {
+    // A frozen base streamed from NVMe is only read; activations the pool holds all of, neither.
+    std::printf("  SSD wear       nothing written per step: %s\n",
+                p.stages.nvme_read_bytes != 0 ? "the drives are only read"
+                                              : "nothing reaches the drives (the pool holds it)");
     return;
   }
   std::printf(
@@ -319,7 +328,8 @@ void print_wear(const Plan& plan, const GpuPlan& p) {
       std::max<uint32_t>(r.nvme.drives, 1), r.nvme_drive.name.c_str(),
       fixed(r.nvme_drive.tbw_tb, 0).c_str(),
       r.nvme.drives == 0 ? "; one drive assumed: --nvme COUNT:READ/WRITE counts them" : "",
-      fixed(w.steps_to_endurance, 0).c_str());
+      // Whole steps the rating covers: rounded down (to nearest it promised 12,600 of 12,599.87).
+      grouped(static_cast<uint64_t>(std::floor(w.steps_to_endurance))).c_str());
   if (w.job_share) {
     std::printf(
         "                 job: %s TB, %s of the rated endurance%s\n",
@@ -468,7 +478,7 @@ void print_text(const Plan& plan) {
         "  activations    with --activation-offload pinned: offload %s%s, GPU %s, host %s "
         "recommended%s, %s, %s tokens/s, %s/Mtok typical\n",
         to_string(a.offload), count.c_str(), format_bytes(a.gpu_bytes).c_str(),
-        format_bytes(a.host_recommended_bytes).c_str(),
+        format_bytes_up(a.host_recommended_bytes).c_str(),
         a.fits_host ? "" : " (more than the RAM given)", human_seconds(a.step_seconds).c_str(),
         fixed(a.tokens_per_s, 0).c_str(), money(a.usd_per_mtok[1]).c_str());
   }
@@ -525,11 +535,10 @@ void print_text(const Plan& plan) {
   if (r.job_tokens) {
     if (p.job_cost) {
       const JobCost& j = *p.job_cost;
-      std::printf(
-          "  job            %s tokens = %s steps: %s h, %s / %s / %s (low / typical / high)\n",
-          grouped(static_cast<uint64_t>(j.tokens)).c_str(), grouped(j.steps).c_str(),
-          fixed(j.hours, 1).c_str(), money(j.usd[0]).c_str(), money(j.usd[1]).c_str(),
-          money(j.usd[2]).c_str());
+      std::printf("  job            %s tokens = %s %s: %s h, %s / %s / %s (low / typical / high)\n",
+                  grouped(static_cast<uint64_t>(j.tokens)).c_str(), grouped(j.steps).c_str(),
+                  j.steps == 1 ? "step" : "steps", fixed(j.hours, 1).c_str(),
+                  money(j.usd[0]).c_str(), money(j.usd[1]).c_str(), money(j.usd[2]).c_str());
     } else {
       std::printf("  job            not priced: it does not fit\n");
     }
@@ -557,7 +566,7 @@ void print_text(const Plan& plan) {
   for (const GpuPlan& g : plan.gpus) {
     std::vector<std::string> row = {gpu_label(g.choice), g.fits() ? "yes" : "no",
                                     to_string(g.offload), format_bytes(g.memory.total()),
-                                    format_bytes(g.host.recommended_bytes)};
+                                    format_bytes_up(g.host.recommended_bytes)};
     if (g.fits()) {
       row.insert(row.end(), {human_seconds(g.step_seconds), fixed(g.tokens_per_s, 0),
                              fixed(g.hours_per_mtok, 2), money(g.usd_per_mtok[0]),
@@ -689,9 +698,11 @@ void add_plan_command(CLI::App& app) {
                   "With --pinned-budget: the run's staging buffers per direction "
                   "(strata_config.stream_buffers; 0: the rule)")
       ->check(CLI::Range(0, 64));
-  cmd->add_option("--sub-group-bytes", options->sub_group_bytes,
-                  "With --pinned-budget: the run's optimizer sub-group per state tensor "
-                  "(strata_optimizer_options.sub_group_bytes; default: a sixteenth of the pool)");
+  cmd->add_option(
+      "--sub-group-bytes", options->sub_group_bytes,
+      "With --pinned-budget: the run's optimizer sub-group per state tensor "
+      "(strata_optimizer_options.sub_group_bytes; 0 or default: a sixteenth of what the "
+      "staging leaves of the pool, within 64 KiB to 64 MiB)");
   cmd->add_option("--warmup-steps", options->warmup_steps,
                   "Steps each NVMe-offload simulation plays before the one it measures; 2 gives "
                   "the steady state of a job whose pools keep tensors across steps, at up to 1.5x "

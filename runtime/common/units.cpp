@@ -55,7 +55,9 @@ std::optional<uint64_t> parse_bytes(std::string_view text) {
   return static_cast<uint64_t>(bytes);
 }
 
-std::string format_bytes(uint64_t bytes) {
+namespace {
+
+std::string format_bytes_rounded(uint64_t bytes, bool up) {
   static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   if (bytes < 1024) return std::to_string(bytes) + " B";
   double value = static_cast<double>(bytes);
@@ -64,9 +66,21 @@ std::string format_bytes(uint64_t bytes) {
     value /= 1024.0;
     ++unit;
   }
+  // Up: the least hundredth at or above the value (a figure already at a hundredth stays).
+  if (up) value = std::ceil(value * 100.0 - 1e-7) / 100.0;
   char buffer[32];
   std::snprintf(buffer, sizeof buffer, "%.2f %s", value, kUnits[unit]);
   return buffer;
+}
+
+}  // namespace
+
+std::string format_bytes(uint64_t bytes) {
+  return format_bytes_rounded(bytes, /*up=*/false);
+}
+
+std::string format_bytes_up(uint64_t bytes) {
+  return format_bytes_rounded(bytes, /*up=*/true);
 }
 
 }  // namespace strata

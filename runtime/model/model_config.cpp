@@ -120,6 +120,16 @@ Status parse_into(const json& j, ModelConfig& config) {
   STRATA_TRY(read_uint(j, "max_position_embeddings", false, config.max_position_embeddings));
   if (config.num_attention_heads > 0)
     config.head_dim = config.hidden_size / config.num_attention_heads;
+  const bool head_dim_given = j.contains("head_dim") && !j["head_dim"].is_null();
+  // Without head_dim, transformers' attention takes hidden_size / heads and refuses a remainder
+  // ("hidden_size must be divisible by num_heads"); the floor here planned a narrower model.
+  if (!head_dim_given && config.num_attention_heads > 0 &&
+      config.hidden_size % config.num_attention_heads != 0) {
+    return invalid_argument("hidden_size (" + std::to_string(config.hidden_size) +
+                            ") must be a multiple of num_attention_heads (" +
+                            std::to_string(config.num_attention_heads) +
+                            ") where no head_dim is given, as transformers requires");
+  }
   STRATA_TRY(read_uint(j, "head_dim", false, config.head_dim));
   STRATA_TRY(read_bool(j, "tie_word_embeddings", config.tie_word_embeddings));
 

@@ -34,6 +34,9 @@ struct NvmeWear {
   std::optional<double> job_write_bytes;
   std::optional<double> job_share;  // of the rated endurance
   bool warn = false;                // job_share above the warning threshold
+  // Set where the plan uses NVMe (its states' offload, or activations sent there), whether or
+  // not anything reaches the drive: the wear is then reported, "nothing written" included.
+  bool reported = false;
 };
 
 // RAID-0 spreads the writes evenly, so the array's endurance is drives x TBW. `job_steps` is

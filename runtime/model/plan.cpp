@@ -977,10 +977,14 @@ void finish_plan(const PlanRequest& r, GpuPlan& plan) {
     // Only within the recommended figure: the job cannot have the OS's and framework's RAM.
     plan.fits_host = plan.host.recommended_bytes <= *r.host_ram_bytes;
     if (!plan.fits_host) {
+      // The need rounded up, as every recommended figure prints: given back, it fits.
       plan.why_not += std::string(plan.why_not.empty() ? "" : "; ") + "host needs " +
-                      format_gib(plan.host.recommended_bytes) + " with headroom (job " +
+                      format_bytes_up(plan.host.recommended_bytes) + " with headroom (job " +
                       format_gib(plan.host_bytes) + ") of " + format_gib(*r.host_ram_bytes);
-      plan.why_not += exact_where_rounded_alike(plan.host.recommended_bytes, *r.host_ram_bytes);
+      if (format_bytes_up(plan.host.recommended_bytes) == format_gib(*r.host_ram_bytes)) {
+        plan.why_not += " (" + std::to_string(plan.host.recommended_bytes) + " of " +
+                        std::to_string(*r.host_ram_bytes) + " bytes)";
+      }
     }
   }
   plan.fits_nvme = true;
@@ -1009,13 +1013,18 @@ void finish_plan(const PlanRequest& r, GpuPlan& plan) {
                              g.gpu.price_usd_per_hour, g.count);
   }
   plan.nvme_wear = {};
-  if (plan.offload == Offload::kNvme || plan.stages.nvme_write_bytes != 0) {
+  // Activations sent to NVMe use the drive even where the pool keeps them all (the JSON field
+  // was null there, and the text silent, against docs/planner.md's "is then set too").
+  const bool activations_to_nvme =
+      r.activation_offload == ActivationOffload::kNvme && plan.activations_offloaded_bytes != 0;
+  if (plan.offload == Offload::kNvme || activations_to_nvme || plan.stages.nvme_write_bytes != 0) {
     std::optional<uint64_t> steps;
     if (r.job_tokens) {
       steps = static_cast<uint64_t>(std::ceil(*r.job_tokens / plan.tokens_per_step));
     }
     plan.nvme_wear = nvme_wear(plan.stages.nvme_write_bytes, r.nvme.drives, r.nvme_drive, steps,
                                r.assume.nvme_wear_warn_fraction);
+    plan.nvme_wear.reported = true;
   }
 }
 
@@ -1084,7 +1093,8 @@ Result<std::optional<RamUpgrade>> more_ram_option(const PlanRequest& r, const Mo
 
 // A plan whose GPU memory does not fit, planned again with the saved activations moved to pinned
 // memory: the first of no and CPU offload of the states (or the --offload given, unless nvme,
-// which activation offload is not planned with) whose GPU memory then fits.
+// which activation offload is not planned with) whose GPU memory then fits; on a NAME:auto row,
+// no offload (or the one given) at the smallest count, as that row's own search would.
 std::optional<ActivationUpgrade> activation_offload_option(const PlanRequest& r,
                                                            const ModelStates& s,
                                                            const GpuPlan& plan) {
@@ -1102,6 +1112,9 @@ std::optional<ActivationUpgrade> activation_offload_option(const PlanRequest& r,
     g.count = n;
     for (const Offload offload : {Offload::kNone, Offload::kCpu}) {
       if (r.offload && *r.offload != offload) continue;
+      // NAME:auto searches counts with the offload given, else none (choose_count): CPU offload
+      // at x1 was named here for 70B on rtx-4090:auto, where the flag itself gives none on x61.
+      if (g.auto_count && !r.offload && offload != Offload::kNone) continue;
       GpuPlan moved = plan_with_offload(with, s, g, offload);
       if (!moved.fits_gpu) continue;
       finish_plan(with, moved);

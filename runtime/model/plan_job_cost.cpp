@@ -1,6 +1,7 @@
 #include "model/plan_job_cost.h"
 
 #include <cmath>
+#include <string>
 
 namespace strata {
 
@@ -19,11 +20,17 @@ JobCost job_cost(double tokens, double tokens_per_step, double step_seconds,
 Result<std::optional<double>> job_tokens(std::optional<double> tokens, std::optional<double> epochs,
                                          std::optional<double> dataset_tokens) {
   const auto positive = [](std::optional<double> v) { return v && std::isfinite(*v) && *v > 0; };
+  // A count of tokens is whole: half a token printed as "0 tokens = 1 steps", and 2e19
+  // (past 2^64) as "0 tokens".
+  const auto count = [](double v) { return v >= 1 && v <= kMaxJobTokens && std::floor(v) == v; };
+  const std::string limit = " from 1 to 1e18";
   if (tokens) {
     if (epochs || dataset_tokens) {
       return invalid_argument("give --tokens, or --epochs with --dataset-tokens, not both");
     }
-    if (!positive(tokens)) return invalid_argument("--tokens must be a positive count");
+    if (!positive(tokens) || !count(*tokens)) {
+      return invalid_argument("--tokens must be a whole count" + limit);
+    }
     return std::optional<double>(*tokens);
   }
   if (!epochs && !dataset_tokens) return std::optional<double>();
@@ -33,7 +40,15 @@ Result<std::optional<double>> job_tokens(std::optional<double> tokens, std::opti
   if (!positive(epochs) || !positive(dataset_tokens)) {
     return invalid_argument("--epochs and --dataset-tokens must be positive");
   }
-  return std::optional<double>(*epochs * *dataset_tokens);
+  if (!count(*dataset_tokens)) {
+    return invalid_argument("--dataset-tokens must be a whole count" + limit);
+  }
+  // A fraction of an epoch (1.5) reads part of the dataset: its tokens rounded up to whole ones.
+  const double product = std::ceil(*epochs * *dataset_tokens);
+  if (!count(product)) {
+    return invalid_argument("--epochs x --dataset-tokens must come to at most 1e18 tokens");
+  }
+  return std::optional<double>(product);
 }
 
 }  // namespace strata

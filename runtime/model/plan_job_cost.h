@@ -21,8 +21,13 @@ struct JobCost {
 JobCost job_cost(double tokens, double tokens_per_step, double step_seconds,
                  const PriceRange& price, uint32_t gpus);
 
-// --tokens N alone, or --epochs E with --dataset-tokens D (E x D); neither: no job. Anything
-// else (both forms, one half of the second, a count that is not positive) is an error.
+// More tokens than any job trains (Llama 3 was pretrained on 15e12), small enough that every
+// count and step count below it is exact in a double and a uint64_t.
+inline constexpr double kMaxJobTokens = 1e18;
+
+// --tokens N alone, or --epochs E with --dataset-tokens D (E x D, rounded up to whole tokens);
+// neither: no job. Anything else (both forms, one half of the second, a count that is not
+// whole and positive, or past kMaxJobTokens) is an error.
 Result<std::optional<double>> job_tokens(std::optional<double> tokens, std::optional<double> epochs,
                                          std::optional<double> dataset_tokens);
 

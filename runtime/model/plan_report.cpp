@@ -65,7 +65,7 @@ json optional_json(const std::optional<double>& v) {
 }
 
 json wear_json(const GpuPlan& g) {
-  if (g.offload != Offload::kNvme && g.nvme_wear.write_bytes_per_step == 0) return nullptr;
+  if (!g.nvme_wear.reported) return nullptr;
   const NvmeWear& w = g.nvme_wear;
   return {
       {"tb_written_per_step", static_cast<double>(w.write_bytes_per_step) / 1e12},

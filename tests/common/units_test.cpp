@@ -48,5 +48,24 @@ TEST(FormatBytes, PicksTheLargestWholeUnit) {
   EXPECT_EQ(format_bytes(3ull << 30), "3.00 GiB");
 }
 
+// A requirement printed rounded up reads back, through parse_bytes, as at least itself: the
+// planner's "recommended 123.17 GiB" of 132,256,677,478 B asked for less than it needed.
+TEST(FormatBytes, UpRoundsARequirementSoThatItReadsBackAsEnough) {
+  const uint64_t need = 132256677478;  // 123.1738 GiB
+  EXPECT_EQ(format_bytes(need), "123.17 GiB");
+  EXPECT_EQ(format_bytes_up(need), "123.18 GiB");
+  EXPECT_GE(*parse_bytes("123.18G"), need);
+  EXPECT_EQ(format_bytes_up(3ull << 30), "3.00 GiB");  // already at a hundredth: unchanged
+  EXPECT_EQ(format_bytes_up(512), "512 B");
+  // Sizes across the units, each a byte past a hundredth: printed up, read back, enough.
+  for (uint64_t bytes = 1025; bytes < (uint64_t{1} << 50); bytes = bytes * 3 + 7) {
+    const std::string printed = format_bytes_up(bytes);  // "N.NN GiB"
+    const auto back = parse_bytes(printed.substr(0, printed.find(' ')) +
+                                  printed.substr(printed.find(' ') + 1, 1));
+    ASSERT_TRUE(back.has_value()) << printed;
+    EXPECT_GE(*back, bytes) << printed;
+  }
+}
+
 }  // namespace
 }  // namespace strata

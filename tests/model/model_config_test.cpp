@@ -155,7 +155,7 @@ TEST(ParseModelConfig, MissingOrMistypedKeysAreNamed) {
 
 TEST(ParseModelConfig, InconsistentShapesAreRejected) {
   Result<ModelConfig> gqa = parse_model_config(
-      R"({"hidden_size": 64, "intermediate_size": 1, "num_attention_heads": 6,
+      R"({"hidden_size": 96, "intermediate_size": 1, "num_attention_heads": 6,
           "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 9})",
       "m");
   ASSERT_FALSE(gqa.is_ok());
@@ -172,6 +172,24 @@ TEST(ParseModelConfig, InconsistentShapesAreRejected) {
           "num_hidden_layers": 2, "vocab_size": 9})",
       "m");
   EXPECT_FALSE(zero.is_ok());
+}
+
+// Without head_dim the head is hidden_size / heads, which transformers refuses to floor; with
+// head_dim given the two need not divide (an independent client's finding, 2026-12-05: 2048 / 30
+// was planned as heads of 68).
+TEST(ParseModelConfig, HiddenSizeNotAMultipleOfTheHeadsNeedsAHeadDim) {
+  const std::string fields =
+      R"("hidden_size": 2048, "intermediate_size": 64, "num_attention_heads": 30,
+         "num_hidden_layers": 2, "vocab_size": 9)";
+  Result<ModelConfig> floored = parse_model_config("{" + fields + "}", "m");
+  ASSERT_FALSE(floored.is_ok());
+  EXPECT_EQ(floored.status().code(), STRATA_E_INVALID);
+  EXPECT_NE(floored.status().message().find("must be a multiple of num_attention_heads (30)"),
+            std::string::npos)
+      << floored.status().message();
+  Result<ModelConfig> given = parse_model_config("{" + fields + R"(, "head_dim": 64})", "m");
+  ASSERT_TRUE(given.is_ok()) << given.status().message();
+  EXPECT_EQ(given->head_dim, 64u);
 }
 
 TEST(ParseModelConfig, UnmodelledArchitecturesAreRefusedNotGuessed) {

@@ -351,6 +351,28 @@ TEST(ActivationOffload, WithAutomaticCountsTheSuggestionIsAtTheSmallestCountThat
   EXPECT_DOUBLE_EQ(row.with_activation_offload->tokens_per_s, one.tokens_per_s);
 }
 
+// NAME:auto searches counts with no offload of the states unless --offload is given, so the
+// suggestion does too: for 70B full on rtx-4090:auto it named CPU offload at x1, where
+// --activation-offload pinned itself gives no offload at x61 (an independent client, 2026-12-05).
+TEST(ActivationOffload, WithAutomaticCountsTheSuggestionIsWhatTheFlagGives) {
+  PlanRequest r;
+  r.model = *load_model("llama-2-70b");
+  r.method = FinetuneMethod::kFull;
+  r.gpus = {*parse_gpu_choice("rtx-4090:auto")};
+  r.nvme = *parse_nvme("1:gen4");
+  const GpuPlan row = plan_of(r);
+  ASSERT_FALSE(row.fits());
+  ASSERT_TRUE(row.with_activation_offload.has_value());
+  r.activation_offload = ActivationOffload::kPinned;
+  const GpuPlan flagged = plan_of(r);
+  ASSERT_TRUE(flagged.fits()) << flagged.why_not;
+  const ActivationUpgrade& a = *row.with_activation_offload;
+  EXPECT_EQ(a.offload, flagged.offload);
+  EXPECT_EQ(a.gpu_count, flagged.choice.count);
+  EXPECT_EQ(a.gpu_bytes, flagged.memory.total());
+  EXPECT_DOUBLE_EQ(a.tokens_per_s, flagged.tokens_per_s);
+}
+
 // With nothing but the activations offloaded, full speed is them in RAM: where they go to NVMe,
 // and where they are kept in pinned memory already (the job's host bytes).
 TEST(ActivationOffload, FullSpeedKeepsTheOffloadedActivationsInRam) {

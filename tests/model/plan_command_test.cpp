@@ -86,7 +86,7 @@ TEST(PlanCommand, TheFullSpeedLineSaysWhenThePlansOwnRamAlreadyCoversIt) {
                       "--seq", "8192", "--checkpointing", "none", "--activation-offload", "pinned",
                       "--offload", "nvme"});
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("recommended 56.18 GiB, no more than this plan's: --offload none keeps "
+  EXPECT_NE(r.out.find("recommended 56.19 GiB, no more than this plan's: --offload none keeps "
                        "them in it\n"),
             std::string::npos)
       << r.out;
@@ -206,6 +206,22 @@ TEST(PlanCommand, JobTokensPriceTheFittingRowsAndNothingFittingExitsNonZero) {
   EXPECT_NE(r.err.find("fits none"), std::string::npos) << r.err;
   r = run({"plan", "--model", "llama-2-7b", "--tokens", "1e6", "--epochs", "2"});
   EXPECT_EQ(r.code, 2);
+  // A count of tokens is whole and at most 1e18: half a token printed "0 tokens = 1 steps",
+  // and 2e19 (past 2^64) "0 tokens". A fraction of an epoch is fine, its tokens rounded up.
+  for (const char* tokens : {"0.5", "2e19", "1e300", "1000.5"}) {
+    r = run({"plan", "--model", "llama-2-7b", "--method", "lora", "--gpu", "a100-80gb", "--tokens",
+             tokens});
+    EXPECT_EQ(r.code, 2) << tokens;
+    EXPECT_NE(r.err.find("--tokens must be a whole count from 1 to 1e18"), std::string::npos)
+        << r.err;
+  }
+  r = run({"plan", "--model", "llama-2-7b", "--method", "lora", "--gpu", "a100-80gb", "--epochs",
+           "1.5", "--dataset-tokens", "1000.5"});
+  EXPECT_EQ(r.code, 2);
+  r = run({"plan", "--model", "llama-2-7b", "--method", "lora", "--gpu", "a100-80gb", "--epochs",
+           "1.5", "--dataset-tokens", "1001"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("job            1,502 tokens = 1 step: "), std::string::npos) << r.out;
 }
 
 TEST(PlanCommand, ScaledModelScalesDeepSpeedsKnobsAsTheBenchmarkDoes) {
