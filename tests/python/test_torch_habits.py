@@ -697,3 +697,119 @@ def test_an_enabled_grad_scaler_over_offloaded_parameters_is_refused(data, nvme_
             call(opt)
         assert e.value.name == "STRATA_E_UNSUPPORTED"
         assert "loss_scale" in e.value.message and call.__name__ in e.value.message
+
+
+class _FailsOnShortBatches(torch.nn.Module):
+    """A unit (it owns a parameter) whose forward raises part-way on a batch of 3 rows, as an
+    out-of-memory error raises from inside a layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 8) * 0.3)
+
+    def forward(self, x):
+        h = x @ self.w
+        if x.shape[0] == 3:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return h
+
+
+def test_a_forward_that_raises_leaves_nothing_held_and_training_goes_on(nvme_dir):
+    """A loop that skips a batch whose forward raised (an out-of-memory error, a bad batch)
+    left the failing unit's parameters acquired: every later step() and state_dict() refused
+    ("is acquired") until close(). Now the failed forward is forgotten, as in torch."""
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(8, 8), _FailsOnShortBatches(),
+                                    torch.nn.Linear(8, 1))
+    ours = copy.deepcopy(reference)
+    st.offload(ours, nvme_path=nvme_dir, device="cpu", **SMALL)
+    g = torch.Generator().manual_seed(1)
+    batches_ = [torch.randn(rows, 8, generator=g) for rows in (4, 3, 4, 3, 4)]
+    losses = {}
+    for name, model, opt in (("torch", reference, torch.optim.AdamW(reference.parameters(),
+                                                                    lr=1e-2)),
+                             ("strata", ours, st.AdamW(ours.parameters(), lr=1e-2))):
+        losses[name] = []
+        for x in batches_:
+            try:
+                loss = model(x).pow(2).mean()
+            except RuntimeError as e:
+                assert "out of memory" in str(e)
+                opt.zero_grad()
+                continue
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses[name].append(loss.item())
+    assert len(losses["strata"]) == 3
+    assert_close(losses["strata"], losses["torch"])
+    state = ours.state_dict()  # refused before: "tensor '1.w' is acquired"
+    for key, value in reference.state_dict().items():
+        assert torch.allclose(state[key], value, rtol=1e-5, atol=1e-7), key
+
+
+class _AttentionBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(32, 16)
+        self.attn = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+        self.layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+
+    def forward(self, tokens):
+        h = self.embed(tokens)
+        h = h + self.attn(h, h, h, need_weights=False)[0]
+        return self.layer(h).pow(2).mean()
+
+
+def test_multihead_attention_trains_as_in_torch(nvme_dir):
+    """nn.MultiheadAttention (and the TransformerEncoderLayer around one) reads its out_proj's
+    weight and bias in its own forward, without calling out_proj: they read NaN, and every loss
+    was NaN without an error. They belong to the attention's unit now."""
+    torch.manual_seed(0)
+    reference = _AttentionBlock()
+    ours = copy.deepcopy(reference)
+    st.offload(ours, nvme_path=nvme_dir, device="cpu", **SMALL)
+    g = torch.Generator().manual_seed(2)
+    tokens = [torch.randint(0, 32, (2, 6), generator=g) for _ in range(4)]
+    losses = {}
+    for name, model, opt in (("torch", reference, torch.optim.AdamW(reference.parameters(),
+                                                                    lr=1e-2)),
+                             ("strata", ours, st.AdamW(ours.parameters(), lr=1e-2))):
+        losses[name] = []
+        for t in tokens:
+            loss = model(t)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses[name].append(loss.item())
+    assert_close(losses["strata"], losses["torch"])
+    with torch.no_grad():  # inference reads them too
+        assert abs(ours(tokens[0]).item() - reference(tokens[0]).item()) <= \
+            REL * abs(reference(tokens[0]).item())
+
+
+class _FunctionalHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(32, 16)
+
+    def forward(self, tokens):
+        # The embedding's weight read outside the embedding's forward.
+        return torch.nn.functional.linear(self.embed(tokens), self.embed.weight).mean()
+
+
+def test_a_parameter_read_outside_its_module_is_refused_in_training(nvme_dir):
+    """A weight used outside the forward of the module owning it reads the NaN placeholder; in
+    training the saved-tensors hook sees it saved and refuses, naming it and its owner (the
+    loss was NaN before, and every step skipped with only a warning)."""
+    torch.manual_seed(0)
+    model = _FunctionalHead()
+    st.offload(model, nvme_path=nvme_dir, device="cpu", **SMALL)
+    # Raised in torch's saved-tensors hook, which hands it on as a RuntimeError with its text.
+    with pytest.raises(RuntimeError) as e:
+        model(torch.randint(0, 32, (2, 6)))
+    assert "STRATA_E_STATE" in str(e.value)
+    assert "'embed.weight' was read outside the forward of the module that owns it ('embed')" \
+        in str(e.value), str(e.value)
+    # Nothing is left held: the model still saves.
+    assert torch.isfinite(model.state_dict()["embed.weight"]).all()

@@ -301,8 +301,12 @@ class OffloadedModel:
         self._step_open = False
         self._in_backward = False
         self._in_forward = 0  # depth of calls of the model's forward under way
+        # unit index -> forward calls under way that hold its parameters (pre-hook run, post-hook
+        # not yet): what a forward that raises leaves held (_abandon_forward).
+        self._forward_units = {}
         self._root_step_started = False
         self._fetched = {}  # storage address -> _Param
+        self._placeholders = {}  # storage address of a placeholder's one element -> _Param
         self._held_bytes = 0  # bytes of parameters acquired now on the compute tier
         self._pinned_pool_bytes = None  # the pinned budget less the staging, once asked
         self._grad_nodes = {}  # id(_Param) -> its parameter's AccumulateGrad node
@@ -343,6 +347,7 @@ class OffloadedModel:
             fill = torch.iinfo(rec.dtype).max
         rec.sentinel = torch.full((1,), fill, dtype=rec.dtype, device=self.device)
         rec.placeholder = rec.sentinel.expand(rec.shape)
+        self._placeholders[_views.storage_address(rec.sentinel)] = rec
 
     def _check_placeholder(self, rec):
         """Refuses to use a parameter whose placeholder was written or replaced since its last
@@ -434,6 +439,18 @@ class OffloadedModel:
                     rec.names.append(full_name)
                 rec.units.append(unit)
                 unit.params.append(rec)
+        # torch's MultiheadAttention reads its out_proj's weight and bias in its own forward
+        # (F.multi_head_attention_forward) without calling out_proj: they belong to its unit too,
+        # as a tied weight belongs to each module that holds it (they read NaN before).
+        units_by_module = {id(u.module): u for u in self.units}
+        for sub in module.modules():
+            if isinstance(sub, torch.nn.MultiheadAttention) and id(sub) in units_by_module:
+                unit = units_by_module[id(sub)]
+                for p in sub.out_proj.parameters(recurse=False):
+                    rec = by_id.get(id(replaced.get(id(p), p)))
+                    if rec is not None and unit not in rec.units:
+                        rec.units.append(unit)
+                        unit.params.append(rec)
         # Buffers (rotary tables, norms' running stats) stay torch's, on the compute device.
         for sub in module.modules():
             for key, buf in list(sub._buffers.items()):
@@ -472,6 +489,10 @@ class OffloadedModel:
             try:
                 with torch.autograd.graph.saved_tensors_hooks(me._pack, me._unpack):
                     return original(*args, **kwargs)
+            except BaseException:
+                if me._in_forward == 1:
+                    me._abandon_forward()
+                raise
             finally:
                 me._in_forward -= 1
 
@@ -777,13 +798,28 @@ class OffloadedModel:
                 self._hold_for_backward(rec)
             return
         self._enter_phase(_FORWARD, unit.index)
-        for rec in unit.params:
-            self._pin(rec)
+        pinned = []
+        try:
+            for rec in unit.params:
+                self._pin(rec)
+                pinned.append(rec)
+        except BaseException:
+            for rec in pinned:
+                self._unpin(rec)
+            raise
+        with self._lock:
+            self._forward_units[unit.index] = self._forward_units.get(unit.index, 0) + 1
 
     def _post_forward(self, unit, output):
         if not (self._in_forward == 0 and self._in_backward):
             for rec in unit.params:
                 self._unpin(rec)
+            with self._lock:
+                left = self._forward_units.get(unit.index, 0) - 1
+                if left > 0:
+                    self._forward_units[unit.index] = left
+                else:
+                    self._forward_units.pop(unit.index, None)
         with self._lock:
             if self._open_phase == (_FORWARD, unit.index):
                 self._close_phase()
@@ -791,6 +827,20 @@ class OffloadedModel:
             return output
         wrapped = _through_boundary(output, self._pre_backward, unit)
         return output if wrapped is None else wrapped
+
+    def _abandon_forward(self):
+        """The model's forward raised (a batch skipped after an out-of-memory error, a habit of
+        training loops): the units it entered and did not leave hold their parameters, and no
+        post-hook will release them; every later step(), state_dict() and save refused ("is
+        acquired") until close(). Released here, as torch forgets a failed forward: the next
+        forward begins a new step."""
+        with self._lock:
+            for index, calls in list(self._forward_units.items()):
+                for _ in range(calls):
+                    for rec in self.units[index].params:
+                        self._unpin(rec)
+            self._forward_units.clear()
+            self._close_phase()
 
     def _pre_backward(self, unit):
         with self._lock:
@@ -873,14 +923,30 @@ class OffloadedModel:
 
     # saved tensors that alias a parameter's memory
     def _pack(self, t):
-        if self._fetched and isinstance(t, torch.Tensor) and t.device == self.device:
+        if isinstance(t, torch.Tensor) and t.device == self.device:
             try:
-                rec = self._fetched.get(_views.storage_address(t))
+                address = _views.storage_address(t)
             except (RuntimeError, NotImplementedError):
-                rec = None
+                address = None
+            rec = self._fetched.get(address)
             if rec is not None:
                 return _SavedParameterView(rec, t.storage_offset(), tuple(t.size()),
                                            tuple(t.stride()), t.dtype)
+            unheld = self._placeholders.get(address)
+            if unheld is not None:
+                # Autograd saves a parameter's placeholder: the forward computed with it, NaN,
+                # outside every module that owns it (F.linear(h, embedding.weight), a module
+                # reading a child's weight without calling the child). The loss would be NaN
+                # without a word; here is the moment of misuse.
+                owners = sorted({u.name for u in unheld.units})
+                raise StrataError(_lib.E_STATE, f"parameter {unheld.name!r} was read outside "
+                                                f"the forward of the module that owns it "
+                                                f"({', '.join(repr(o) for o in owners)}): "
+                                                "between its module's uses its memory is in "
+                                                "Strata and the parameter holds NaN. Use it "
+                                                "through that module (call it), or make it the "
+                                                "reading module's parameter too, as a tied "
+                                                "weight (reader.weight = owner.weight)")
         if self.activations is not None and self.activations.enabled and \
                 self.activations.wanted(t):
             return self.activations.pack(t)
