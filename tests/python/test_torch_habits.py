@@ -813,3 +813,38 @@ def test_a_parameter_read_outside_its_module_is_refused_in_training(nvme_dir):
         in str(e.value), str(e.value)
     # Nothing is left held: the model still saves.
     assert torch.isfinite(model.state_dict()["embed.weight"]).all()
+
+
+def test_loading_an_optimizer_state_without_a_parameter_starts_it_afresh(data, nvme_dir):
+    """torch's load_state_dict replaces the whole state: a parameter the loaded state has no
+    entry for (an empty state: the way to reset an optimizer, since a second strata.torch.AdamW
+    over the model is refused) starts from zero moments at step 0. Strata kept its old moments
+    and step count, and the next steps differed from torch's."""
+    reference, ref_opt, ours, opt, _ = pair(nvme_dir, lr=1e-2)
+    empty_ref = copy.deepcopy(ref_opt.state_dict())  # before any step: no state at all
+    assert empty_ref["state"] == {}
+    losses = [[], []]
+    train_both([(reference, ref_opt), (ours, opt)], data[:3], losses)
+    ref_opt.load_state_dict(empty_ref)
+    opt.load_state_dict(empty_ref)  # torch's empty state, as a user would pass it
+    train_both([(reference, ref_opt), (ours, opt)], data[3:6], losses)
+    assert_close(losses[1], losses[0])
+    assert opt.state_dict()["state"][0]["step"] == ref_opt.state_dict()["state"][0]["step"] == 3
+
+
+def test_a_refused_optimizer_load_changes_nothing(data, nvme_dir):
+    """A state Strata cannot hold (one group's parameters at different step counts) is refused
+    before anything is written: the group settings and states stay as they were."""
+    reference, ref_opt, ours, opt, _ = pair(nvme_dir, lr=1e-2)
+    losses = [[], []]
+    train_both([(reference, ref_opt), (ours, opt)], data[:2], losses)
+    before = copy.deepcopy(opt.state_dict())
+    mixed = copy.deepcopy(before)
+    mixed["param_groups"][0]["lr"] = 0.5
+    first = next(iter(mixed["state"]))
+    mixed["state"][first]["step"] = 7
+    with pytest.raises(ValueError, match="different step counts"):
+        opt.load_state_dict(mixed)
+    assert opt.param_groups[0]["lr"] == 1e-2
+    train_both([(reference, ref_opt), (ours, opt)], data[2:4], losses)
+    assert_close(losses[1], losses[0])

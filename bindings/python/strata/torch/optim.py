@@ -597,23 +597,41 @@ class AdamW(torch.optim.Optimizer):
         for mine, theirs in zip(self.param_groups, groups):
             for p, key in zip(mine["params"], theirs["params"]):
                 ids[key] = p
+        states = state_dict["state"]
+        owner = {id(p): i for i, g in enumerate(self.param_groups) for p in g["params"]}
+        # A parameter the loaded state has no entry for starts afresh, as in torch (whose
+        # load_state_dict replaces the whole state): zero moments, step 0. Until 2026-12-05 it
+        # kept its old moments and step count, and the next steps differed from torch's.
+        steps = {}  # param_groups index -> the step counts its parameters' entries have
+        for key, p in ids.items():
+            step = states.get(key, {}).get("step", 0)
+            steps.setdefault(owner[id(p)], set()).add(int(step.item() if torch.is_tensor(step)
+                                                          else step))
+        # Checked before anything is written: a refused load changes nothing.
+        for i, found in steps.items():
+            if len(found) > 1:
+                raise ValueError(f"parameter group {i} has parameters at different step counts "
+                                 f"{sorted(found)}; Strata keeps one step count per group")
+        for key, p in ids.items():
+            rec = self._records[id(p)]
+            for name, _ in _STATES:
+                value = states.get(key, {}).get(name)
+                if value is not None and tuple(value.shape) != rec.shape:
+                    raise ValueError(f"state {name} of {rec.name}: shape {tuple(value.shape)} "
+                                     f"is not {rec.shape}")
+        for mine, theirs in zip(self.param_groups, groups):
             for k, v in theirs.items():
                 if k != "params":
                     mine[k] = v
             mine.setdefault("decoupled_weight_decay", True)
-        steps = {}  # param_groups index -> the step counts its parameters' entries have
-        owner = {id(p): i for i, g in enumerate(self.param_groups) for p in g["params"]}
-        states = state_dict["state"]
         for key, p in ids.items():
             rec = self._records[id(p)]
             entry = states.get(key)
             if entry is None:
-                continue
+                zero = torch.zeros(rec.shape, dtype=torch.float32)
+                entry = {name: zero for name, _ in _STATES}
             for name, which in _STATES:
                 value = entry[name].detach().to("cpu", torch.float32).contiguous()
-                if tuple(value.shape) != rec.shape:
-                    raise ValueError(f"state {name} of {rec.name}: shape {tuple(value.shape)} "
-                                     f"is not {rec.shape}")
                 self.runtime.optimizer_write_state(rec.tensor, which, _np_view(value))
             # The fp32 master: saved by Strata for half-precision parameters; otherwise the
             # parameter's current value (torch's AdamW keeps no separate master).
@@ -628,19 +646,11 @@ class AdamW(torch.optim.Optimizer):
                 master = current.to(torch.float32)
             self.runtime.optimizer_write_state(rec.tensor, _lib.OPTIMIZER_MASTER,
                                                _np_view(master))
-            step = entry.get("step", 0)
-            steps.setdefault(owner[id(p)], set()).add(int(step.item() if torch.is_tensor(step)
-                                                          else step))
-        for i, found in steps.items():
-            if len(found) > 1:
-                raise ValueError(f"parameter group {i} has parameters at different step counts "
-                                 f"{sorted(found)}; Strata keeps one step count per group")
-        if steps:
-            group_steps = [next(iter(steps[i])) if i in steps else 0
-                           for i in range(len(self.param_groups))]
-            latest = max(group_steps)
-            self.runtime.optimizer_set_step(latest)
-            self._group_start = [latest - s for s in group_steps]
+        group_steps = [next(iter(steps[i])) if i in steps else 0
+                       for i in range(len(self.param_groups))]
+        latest = max(group_steps, default=0)
+        self.runtime.optimizer_set_step(latest)
+        self._group_start = [latest - s for s in group_steps]
         self._push_groups()
 
     def save(self, path):
