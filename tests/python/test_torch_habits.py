@@ -848,3 +848,26 @@ def test_a_refused_optimizer_load_changes_nothing(data, nvme_dir):
     assert opt.param_groups[0]["lr"] == 1e-2
     train_both([(reference, ref_opt), (ours, opt)], data[2:4], losses)
     assert_close(losses[1], losses[0])
+
+
+def test_a_gradient_assigned_after_backward_is_the_one_stepped_and_clipped(data, nvme_dir):
+    """Gradient surgery assigns p.grad after backward; torch's step and clipping read it. It
+    read back as set and step() used Strata's gradient without a word; now it replaces it."""
+    reference, ref_opt, ours, opt, _ = pair(nvme_dir, lr=1e-2)
+    losses = [[], []]
+    for x, y in data[:3]:
+        for i, (model, o) in enumerate(((reference, ref_opt), (ours, opt))):
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            for name, p in model.named_parameters():
+                if name.endswith("mlp.down_proj.weight"):
+                    p.grad = torch.full(p.shape, 0.01)  # replaced outright
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            o.step()
+            o.zero_grad()
+            losses[i].append((loss.item(), float(norm)))
+    assert_close([l for l, _ in losses[1]], [l for l, _ in losses[0]])
+    assert_close([n for _, n in losses[1]], [n for _, n in losses[0]], "gradient norm")
+    for (name, mine), (_, theirs) in zip(ours.state_dict().items(),
+                                         reference.state_dict().items()):
+        assert torch.allclose(mine, theirs, rtol=1e-4, atol=1e-6), name

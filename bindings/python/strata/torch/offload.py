@@ -1044,7 +1044,29 @@ class OffloadedModel:
                 rec.grad_consumed = False
                 rec.grad_stale = False
 
+    def _take_assigned_grads(self, records):
+        """A p.grad the caller assigned after backward (gradient surgery: p.grad = g) is the
+        gradient, as torch's optimizer and clipping read it: it replaces the one in Strata, and
+        p.grad goes back to None. (Backward leaves p.grad None: each gradient goes into Strata
+        as it is accumulated.) Until 2026-12-05 the assignment read back as set and step() used
+        Strata's gradient without a word."""
+        for rec in records:
+            grad = rec.param.grad
+            if grad is None or rec.grad is None:
+                continue
+            if tuple(grad.shape) != rec.shape:
+                raise StrataError(_lib.E_INVALID, f"the gradient assigned to {rec.name!r} has "
+                                                  f"shape {tuple(grad.shape)}, not {rec.shape}")
+            with self._lock:
+                rec.grad.write(_views.host_numpy(grad.to(rec.dtype)))
+                rec.grad_written = True
+                rec.grad_zero = False
+                rec.grad_stale = False
+                rec.grad_consumed = False
+                rec.param.grad = None
+
     def _check_not_stale(self, records):
+        self._take_assigned_grads(records)
         stale = [rec.name for rec in records if rec.grad_stale]
         if stale:
             raise StrataError(_lib.E_STATE,
