@@ -871,3 +871,22 @@ def test_a_gradient_assigned_after_backward_is_the_one_stepped_and_clipped(data,
     for (name, mine), (_, theirs) in zip(ours.state_dict().items(),
                                          reference.state_dict().items()):
         assert torch.allclose(mine, theirs, rtol=1e-4, atol=1e-6), name
+
+
+def test_state_dict_with_keep_vars_keeps_requires_grad(nvme_dir):
+    """model.state_dict(keep_vars=True) gives torch's Parameters; "save only the trainable
+    weights" filters them on requires_grad. Strata's values came back as plain tensors, and the
+    filter saved nothing; they are Parameters with the model's requires_grad now."""
+    reference = tied_llama(seed=5)
+    for name, p in reference.named_parameters():
+        p.requires_grad_("layers.1." in name)
+    ours = copy.deepcopy(reference)
+    st.offload(ours, nvme_path=nvme_dir, device="cpu", **SMALL)
+    trainable = {k: v for k, v in reference.state_dict(keep_vars=True).items() if v.requires_grad}
+    mine = {k: v for k, v in ours.state_dict(keep_vars=True).items() if v.requires_grad}
+    assert trainable and sorted(mine) == sorted(trainable)
+    for key, value in trainable.items():
+        assert isinstance(mine[key], torch.nn.Parameter)
+        assert torch.equal(mine[key].detach(), value.detach()), key
+    plain = ours.state_dict()
+    assert not any(isinstance(v, torch.nn.Parameter) for v in plain.values())

@@ -1204,9 +1204,16 @@ def _state_dict_hook(owner_ref, unit, module, destination, prefix, local_metadat
         rec = getattr(p, "_strata", None) if p is not None else None
         if rec is None or (prefix + key) not in destination:
             continue
-        value = cache.get(id(rec))
+        # keep_vars=True: torch put the Parameter itself, whose requires_grad the caller reads
+        # ("save only the trainable weights" filters on it). The value from Strata is then a
+        # Parameter too, requires_grad as the model's; a plain tensor saved none of them.
+        keep_vars = isinstance(destination[prefix + key], torch.nn.Parameter)
+        value = cache.get((id(rec), keep_vars))
         if value is None:
-            value = cache[id(rec)] = owner.parameter(rec)
+            value = owner.parameter(rec)
+            if keep_vars:
+                value = torch.nn.Parameter(value, requires_grad=p.requires_grad)
+            cache[(id(rec), keep_vars)] = value
         destination[prefix + key] = value
     return destination
 
