@@ -890,3 +890,54 @@ def test_state_dict_with_keep_vars_keeps_requires_grad(nvme_dir):
         assert torch.equal(mine[key].detach(), value.detach()), key
     plain = ours.state_dict()
     assert not any(isinstance(v, torch.nn.Parameter) for v in plain.values())
+
+
+def test_a_bf16_resume_is_the_same_in_either_load_order(nvme_dir):
+    """Resuming a bf16 model: the optimizer's state (with its fp32 masters) loaded before the
+    model's weights had the weights' load overwrite the masters with their bf16 rounding, and
+    the resumed run differed from the uninterrupted one; in torch the order does not matter.
+    A weight loaded as its master rounds keeps the master."""
+    def make():
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(),
+                                   torch.nn.Linear(64, 8)).to(torch.bfloat16)
+
+    def train(model, opt, batches_):
+        out = []
+        for x, y in batches_:
+            loss = torch.nn.functional.mse_loss(model(x).float(), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            out.append(loss.item())
+        return out
+
+    g = torch.Generator().manual_seed(1)
+    batches_ = [(torch.randn(4, 32, generator=g).bfloat16(), torch.randn(4, 8, generator=g))
+                for _ in range(6)]
+    torch.manual_seed(0)
+    first = make()
+    for directory in "abc":
+        os.makedirs(os.path.join(nvme_dir, directory))
+    st.offload(first, nvme_path=os.path.join(nvme_dir, "a"), device="cpu", **SMALL)
+    opt = st.AdamW(first.parameters(), lr=1e-2)
+    train(first, opt, batches_[:3])
+    checkpoint = {"model": first.state_dict(), "opt": opt.state_dict()}
+    uninterrupted = train(first, opt, batches_[3:])
+    for order, directory in (("model first", "b"), ("optimizer first", "c")):
+        torch.manual_seed(5)
+        again = make()
+        st.offload(again, nvme_path=os.path.join(nvme_dir, directory), device="cpu", **SMALL)
+        resumed = st.AdamW(again.parameters(), lr=1e-2)
+        if order == "model first":
+            again.load_state_dict(checkpoint["model"])
+            resumed.load_state_dict(checkpoint["opt"])
+        else:
+            resumed.load_state_dict(checkpoint["opt"])
+            again.load_state_dict(checkpoint["model"])
+        assert train(again, resumed, batches_[3:]) == uninterrupted, order
+    # A weight loaded that differs from its master's rounding is a new value: the master
+    # takes it, as before.
+    new = {k: v + 1 for k, v in checkpoint["model"].items()}
+    again.load_state_dict(new)
+    master = resumed.state_dict()["state"][0]["strata_master"]
+    assert torch.equal(master.to(torch.bfloat16), new["0.weight"])

@@ -623,11 +623,22 @@ class OffloadedModel:
     def _write_value(self, rec, value):
         """Gives the parameter a new value (an NF4 weight is quantized again)."""
         value = value.detach().to(rec.dtype)
+        # A half-precision weight loaded as the optimizer's fp32 master rounds (a checkpoint
+        # resumed with the optimizer's state, master included, loaded first) keeps that
+        # master: taking the rounded weight as the master lost its low bits, so the order of
+        # the two loads changed the run, as it does not in torch (2026-12-05).
+        unchanged = False
+        if self.optimizer is not None and rec.codec is None and \
+                rec.dtype in (torch.bfloat16, torch.float16) and \
+                self.optimizer._records.get(id(rec.param)) is rec:
+            master = torch.empty(rec.shape, dtype=torch.float32)
+            self.runtime.optimizer_read_state(rec.tensor, _lib.OPTIMIZER_MASTER, _np_view(master))
+            unchanged = torch.equal(master.to(rec.dtype), value.to("cpu"))
         if rec.codec == "nf4":
             rec.tensor.write(_nf4.quantize(value, repr(rec.name)).numpy())
         else:
             rec.tensor.write(_views.host_numpy(value))
-        if self.optimizer is not None:
+        if self.optimizer is not None and not unchanged:
             # Its next step starts from the new value, as torch.optim.AdamW's would.
             self.optimizer._take_new_value(rec, value)
 
