@@ -941,3 +941,27 @@ def test_a_bf16_resume_is_the_same_in_either_load_order(nvme_dir):
     again.load_state_dict(new)
     master = resumed.state_dict()["state"][0]["strata_master"]
     assert torch.equal(master.to(torch.bfloat16), new["0.weight"])
+
+
+@pytest.mark.parametrize("edit", ["zeros_", "data", "half"])
+def test_an_edit_outside_forward_is_refused_by_state_dict_save_and_close(nvme_dir, tmp_path,
+                                                                          edit):
+    """An edit of a placeholder (nn.init.zeros_, an assigned .data, model.half()) goes nowhere:
+    the value is in Strata. A forward refused it; state_dict(), save_full_state_dict(),
+    parameter() and close() handed back the old value without a word."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    handle = st.offload(model, nvme_path=nvme_dir, device="cpu", **SMALL)
+    if edit == "zeros_":
+        torch.nn.init.zeros_(model[2].weight)
+    elif edit == "data":
+        model[2].weight.data = torch.zeros(4, 16)
+    else:
+        model.half()
+    for call in (model.state_dict, lambda: handle.parameter(model[2].weight),
+                 lambda: st.save_full_state_dict(model, tmp_path / "full.pt"), handle.close):
+        with pytest.raises(strata.StrataError) as e:
+            call()
+        assert "outside its module's forward and backward" in e.value.message, e.value.message
+    assert not (tmp_path / "full.pt").exists()
+    handle.close(restore=False)

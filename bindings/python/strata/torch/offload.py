@@ -611,7 +611,12 @@ class OffloadedModel:
         old.unregister()
 
     def _read_value(self, rec):
-        """The parameter's value from Strata as a new CPU tensor (an NF4 weight dequantized)."""
+        """The parameter's value from Strata as a new CPU tensor (an NF4 weight dequantized).
+        A placeholder written or replaced since the parameter's last use is refused here too:
+        state_dict(), save_full_state_dict() and parameter() returned the old value, the edit
+        dropped without a word (until 2026-12-05; only a forward refused it)."""
+        if rec.pins == 0:
+            self._check_placeholder(rec)
         if rec.codec == "nf4":
             packed = torch.empty(rec.tensor.nbytes, dtype=torch.uint8)
             rec.tensor.read(packed.numpy())
@@ -1137,6 +1142,12 @@ class OffloadedModel:
         (or device) tensors; then the runtime is destroyed and its swap file removed."""
         if self._closed:
             return
+        if restore:
+            # Checked before anything is undone: close() then hands back the values in Strata,
+            # and an edit of a placeholder (model.half(), nn.init.zeros_) would be lost.
+            for rec in self.params:
+                if rec.pins == 0 and not self.runtime.closed:
+                    self._check_placeholder(rec)
         self._closed = True
         try:
             if self.optimizer is not None:
@@ -1485,6 +1496,9 @@ def save_full_state_dict(model, path):
     if handle is None or handle._closed:
         raise StrataError(_lib.E_INVALID, "save_full_state_dict takes a model offloaded by "
                                           "strata.torch.offload (else use torch.save)")
+    for rec in handle.params:  # an edit that went nowhere is refused before the file is begun
+        if rec.pins == 0:
+            handle._check_placeholder(rec)
     storages = {}  # key -> _StreamedStorage, in the order keys were given
     by_record = {}
     out = collections.OrderedDict()
