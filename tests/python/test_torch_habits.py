@@ -965,3 +965,39 @@ def test_an_edit_outside_forward_is_refused_by_state_dict_save_and_close(nvme_di
         assert "outside its module's forward and backward" in e.value.message, e.value.message
     assert not (tmp_path / "full.pt").exists()
     handle.close(restore=False)
+
+
+class _RenormedEmbedding(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4, max_norm=1.0)
+        self.head = torch.nn.Linear(4, 10)
+
+    def forward(self, tokens):
+        return self.head(self.emb(tokens))
+
+
+def test_a_weight_changed_in_place_in_forward_is_the_weight_after(nvme_dir):
+    """nn.Embedding(max_norm=...) renormalises the rows it looks up, in place, in forward: in
+    torch the parameter itself changes and the optimizer steps from it. The change was
+    dropped at the release, and the step started from the old master."""
+    torch.manual_seed(0)
+    reference = _RenormedEmbedding()
+    with torch.no_grad():
+        reference.emb.weight.mul_(3)  # every row's norm above 1
+    ours = copy.deepcopy(reference)
+    st.offload(ours, nvme_path=nvme_dir, device="cpu", **SMALL)
+    x, y = torch.tensor([[0, 1, 2, 3]]), torch.tensor([[4, 5, 6, 7]])
+    losses = [[], []]
+    for i, (model, opt) in enumerate(((reference, torch.optim.AdamW(reference.parameters(),
+                                                                    lr=1e-2)),
+                                      (ours, st.AdamW(ours.parameters(), lr=1e-2)))):
+        for _ in range(3):
+            loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses[i].append(loss.item())
+    assert_close(losses[1], losses[0])
+    assert torch.allclose(ours.state_dict()["emb.weight"], reference.emb.weight.detach(),
+                          rtol=1e-5, atol=1e-7)

@@ -55,7 +55,7 @@ class _Param:
     __slots__ = ("name", "param", "shape", "dtype", "tensor", "grad", "units", "pins",
                  "acquisition", "bwd_held", "grad_written", "grad_zero", "grad_consumed",
                  "grad_stale", "placeholder", "sentinel", "codec", "decoded",
-                 "hooks", "owner", "names", "__weakref__")
+                 "hooks", "owner", "names", "version", "__weakref__")
 
     def __init__(self, name, param):
         self.name = name
@@ -85,6 +85,9 @@ class _Param:
         # the dequantized torch tensor while the parameter is in use.
         self.codec = None
         self.decoded = None
+        # p._version when the parameter was acquired: a forward that changes it in place
+        # (nn.Embedding(max_norm=...) renormalises the rows it looks up) changed the weight.
+        self.version = None
 
     @property
     def numel(self):
@@ -669,6 +672,7 @@ class OffloadedModel:
             rec.acquisition = acq
             self._fetched[_views.storage_address(data)] = rec
             rec.param.data = data
+            rec.version = rec.param._version
 
     def _unpin(self, rec):
         with self._lock:
@@ -678,11 +682,26 @@ class OffloadedModel:
             if rec.pins:
                 return
             acq, rec.acquisition = rec.acquisition, None
+            # Changed in place while its module held it (torch's nn.Embedding(max_norm=...)
+            # renormalises the rows it looks up, in forward): the change is the weight now, as
+            # in torch, so the memory goes back dirty (written back) and the optimizer's fp32
+            # master takes it, its next step starting from it. Until 2026-12-05 the change was
+            # dropped at the release. A frozen weight (read-only, or NF4-quantized) cannot keep
+            # one: refused after the release.
+            edited = rec.param._version != rec.version
+            frozen = rec.codec == "nf4" or rec.tensor.read_only
+            if edited and not frozen and self.optimizer is not None:
+                self.optimizer._take_new_value(rec, rec.param.data.detach().to("cpu"))
             self._held_bytes -= rec.tensor.nbytes
             self._fetched.pop(_views.storage_address(rec.param.data), None)
             rec.param.data = rec.placeholder
             rec.decoded = None  # the dequantized copy of an NF4 weight goes back to torch
-            acq.release(dirty=False, stream=_views.stream_pointer(self.device))
+            acq.release(dirty=edited and not frozen, stream=_views.stream_pointer(self.device))
+            if edited and frozen:
+                raise StrataError(_lib.E_STATE, f"frozen parameter {rec.name!r} was changed in "
+                                                "place while its module held it: Strata keeps a "
+                                                "frozen weight read-only (streamed from NVMe, or "
+                                                "quantized), so the change would be lost")
 
     def _decode(self, rec, acq):
         """The torch tensor p.data is while the parameter is in use: Strata's memory itself,
