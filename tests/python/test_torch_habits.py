@@ -1001,3 +1001,33 @@ def test_a_weight_changed_in_place_in_forward_is_the_weight_after(nvme_dir):
     assert_close(losses[1], losses[0])
     assert torch.allclose(ours.state_dict()["emb.weight"], reference.emb.weight.detach(),
                           rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("between", ["nothing", "a forward", "load_state_dict"])
+def test_backward_of_a_graph_older_than_the_weights_raises_as_in_torch(nvme_dir, between):
+    """A graph made before optimizer.step() (or a load) changed the weights it saved: torch's
+    backward raises ("modified by an inplace operation"). Strata rebuilt the saved weights from
+    the new values and gave a gradient of neither; with no forward in between, its error was
+    the runtime's "outside a step". Both raise torch's words now, and training goes on."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    st.offload(model, nvme_path=nvme_dir, device="cpu", **SMALL)
+    opt = st.AdamW(model.parameters(), lr=0.1)
+    x, x2 = torch.randn(4, 8), torch.randn(4, 8)
+    old = model(x).pow(2).mean()
+    model(x2).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+    if between == "a forward":
+        model(x2)
+    elif between == "load_state_dict":
+        model(x2)
+        model.load_state_dict(model.state_dict())
+    with pytest.raises(RuntimeError) as e:
+        old.backward()
+    assert "one of the variables needed for gradient computation has been modified" in \
+        str(e.value), str(e.value)
+    # Nothing is left held: the model saves and trains.
+    model.state_dict()
+    model(x).pow(2).mean().backward()
+    opt.step()

@@ -55,7 +55,7 @@ class _Param:
     __slots__ = ("name", "param", "shape", "dtype", "tensor", "grad", "units", "pins",
                  "acquisition", "bwd_held", "grad_written", "grad_zero", "grad_consumed",
                  "grad_stale", "placeholder", "sentinel", "codec", "decoded",
-                 "hooks", "owner", "names", "version", "__weakref__")
+                 "hooks", "owner", "names", "version", "generation", "__weakref__")
 
     def __init__(self, name, param):
         self.name = name
@@ -88,6 +88,12 @@ class _Param:
         # p._version when the parameter was acquired: a forward that changes it in place
         # (nn.Embedding(max_norm=...) renormalises the rows it looks up) changed the weight.
         self.version = None
+        # Counts the parameter's new values from outside a forward (optimizer steps, loads): a
+        # graph that saved it at another count would compute its gradients from the new value,
+        # where torch's backward raises (its version counter); _unpack raises the same. (A change
+        # in place inside a forward is not counted: that forward's own graph may have saved the
+        # changed value, as torch's would.)
+        self.generation = 0
 
     @property
     def numel(self):
@@ -120,7 +126,7 @@ class _Unit:
 class _SavedParameterView:
     """What the saved-tensors hook keeps instead of memory that belongs to a parameter."""
 
-    __slots__ = ("record", "offset", "size", "stride", "dtype")
+    __slots__ = ("record", "offset", "size", "stride", "dtype", "generation")
 
     def __init__(self, record, offset, size, stride, dtype):
         self.record = record
@@ -128,6 +134,7 @@ class _SavedParameterView:
         self.size = size
         self.stride = stride
         self.dtype = dtype
+        self.generation = record.generation  # the value saved: see _Param.generation
 
 
 def _output_head_weights(module):
@@ -642,6 +649,7 @@ class OffloadedModel:
             master = torch.empty(rec.shape, dtype=torch.float32)
             self.runtime.optimizer_read_state(rec.tensor, _lib.OPTIMIZER_MASTER, _np_view(master))
             unchanged = torch.equal(master.to(rec.dtype), value.to("cpu"))
+        rec.generation += 1
         if rec.codec == "nf4":
             rec.tensor.write(_nf4.quantize(value, repr(rec.name)).numpy())
         else:
@@ -879,6 +887,17 @@ class OffloadedModel:
 
     def _pre_backward(self, unit):
         with self._lock:
+            if not self._step_open:
+                # Every forward opens a step and optimizer.step() ends it: this is the backward
+                # of a graph from before that step, whose parameters have changed since. torch
+                # raises for it (a saved variable modified); the runtime's "outside a step"
+                # said nothing useful.
+                raise StrataError(_lib.E_STATE, "one of the variables needed for gradient "
+                                                "computation has been modified: this backward "
+                                                "is of a graph made before optimizer.step() "
+                                                "updated the parameters; torch raises here too "
+                                                "(its version counter). Run the forward again "
+                                                "after the update")
             if not self._in_backward:
                 self._in_backward = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
@@ -996,6 +1015,18 @@ class OffloadedModel:
         if not isinstance(saved, _SavedParameterView):
             return saved
         rec = saved.record
+        if saved.generation != rec.generation:
+            # torch's own words for a saved variable changed since its forward. The backward
+            # ends here, and the engine runs no callback for a backward that raised: what it
+            # holds is released now (_end_backward), or it stayed acquired for good.
+            self._end_backward()
+            raise StrataError(_lib.E_STATE, "one of the variables needed for gradient "
+                                            f"computation has been modified: parameter "
+                                            f"{rec.name!r} got a new value (optimizer.step(), "
+                                            "load_state_dict(), an in-place change) after the "
+                                            "forward whose graph this backward runs; torch "
+                                            "raises here too (its version counter). Run the "
+                                            "forward again after the update")
         if rec.pins == 0:  # the unit's pre-backward did not run (an output it could not wrap)
             self._hold_for_backward(rec)
         base = rec.param.data

@@ -516,6 +516,7 @@ class AdamW(torch.optim.Optimizer):
                 if self._model is not None:
                     rec.grad_zero = id(rec) in zero_only
                     rec.grad_consumed = not rec.grad_zero
+                    rec.generation += 1  # a graph saved before this step is stale
         if self._model is None:
             for p in params:
                 rec = self._records[id(p)]
