@@ -1031,3 +1031,28 @@ def test_backward_of_a_graph_older_than_the_weights_raises_as_in_torch(nvme_dir,
     model.state_dict()
     model(x).pow(2).mean().backward()
     opt.step()
+
+
+def test_an_adamw_made_before_offload_names_its_cause(nvme_dir):
+    """A strata.torch.AdamW made over plain parameters that are offloaded after (and step()
+    twice with no backward between, below) were refused as "no gradient: leave them out of the
+    optimizer", the wrong cause. Each names its own now."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+    os.makedirs(os.path.join(nvme_dir, "own"))
+    early = st.AdamW(model.parameters(), lr=1e-2, nvme_path=os.path.join(nvme_dir, "own"))
+    st.offload(model, nvme_path=nvme_dir, device="cpu", **SMALL)
+    model(torch.randn(2, 8)).sum().backward()
+    with pytest.raises(strata.StrataError, match="offloaded .* after this strata.torch.AdamW"):
+        early.step()
+
+
+def test_a_second_step_without_backward_names_its_cause(nvme_dir):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+    st.offload(model, nvme_path=nvme_dir, device="cpu", **SMALL)
+    opt = st.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    with pytest.raises(strata.StrataError, match="used by the previous step\\(\\) and discarded"):
+        opt.step()

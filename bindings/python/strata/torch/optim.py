@@ -469,6 +469,16 @@ class AdamW(torch.optim.Optimizer):
         self._push_groups(self.runtime.optimizer_get_step() + 1)
         params = [p for g in self.param_groups for p in g["params"]]
         if self._model is None:
+            offloaded = [self._records[id(p)].name for p in params
+                         if getattr(p, "_strata", None) is not None]
+            if offloaded:
+                # Their gradients go into the offloaded model's runtime, not this one's: "no
+                # gradient" named the wrong cause (an independent client, 2026-12-05).
+                raise StrataError(_lib.E_STATE,
+                                  f"{listed(offloaded)} parameter(s) were offloaded "
+                                  "(strata.torch.offload) after this strata.torch.AdamW was made "
+                                  "over them as plain parameters: make the optimizer after "
+                                  "offload()")
             missing = [self._records[id(p)].name for p in params if p.grad is None]
             self._require_grads(missing)
             for p in params:
@@ -480,10 +490,19 @@ class AdamW(torch.optim.Optimizer):
                 rec.grad.write(_views.host_numpy(p.grad))
         else:
             self._model._check_not_stale([self._records[id(p)] for p in params])
-            missing = [self._records[id(p)].name for p in params
+            missing = [self._records[id(p)] for p in params
                        if not (self._records[id(p)].grad_written or
                                self._records[id(p)].grad_zero)]
-            self._require_grads(missing)
+            consumed = [r.name for r in missing if r.grad_consumed]
+            if consumed:
+                # step() twice with no backward between: torch would step again on the same
+                # p.grad; Strata's optimizer discarded them. "No gradient: leave them out of the
+                # optimizer" named the wrong cause.
+                raise StrataError(_lib.E_STATE,
+                                  f"{listed(consumed)} gradient(s) were used by the previous "
+                                  "step() and discarded (torch would step again on the same "
+                                  "gradients): run backward() before each step()")
+            self._require_grads([r.name for r in missing])
         model = self._model
         if model is not None:
             with model._lock:
