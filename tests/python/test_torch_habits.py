@@ -1056,3 +1056,94 @@ def test_a_second_step_without_backward_names_its_cause(nvme_dir):
     opt.step()
     with pytest.raises(strata.StrataError, match="used by the previous step\\(\\) and discarded"):
         opt.step()
+
+
+class _StashingLinear(torch.autograd.Function):
+    """Keeps the weight on ctx (ctx.w = w.detach()) instead of ctx.save_for_backward(w): legal
+    in torch, which does not release the weight's memory after the forward."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.w = w.detach()
+        ctx.save_for_backward(x)
+        return x @ w.t()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        return g @ ctx.w, g.t() @ x
+
+
+class _Stashing(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(256, 256) / 16)
+
+    def forward(self, x):
+        return _StashingLinear.apply(x, self.weight)
+
+
+class _ReturnsItsWeight(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(256, 256) / 16)
+
+    def forward(self, x):
+        return self.weight.t()  # a view of the parameter as the output
+
+
+class _UsesItsChildsOutput(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _ReturnsItsWeight()
+
+    def forward(self, x):
+        return x @ self.inner(x)
+
+
+def _stacked(block):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Sequential(block(), torch.nn.Tanh())
+                                 for _ in range(6)], torch.nn.Linear(256, 4))
+
+
+def test_views_of_a_weight_that_outlive_its_forward_keep_their_memory(nvme_dir):
+    """A weight's view kept on an autograd Function's ctx, or returned as the module's output,
+    pointed at memory Strata gave back after the forward: reused, it gave wrong gradients, and
+    unmapped, a segmentation fault (an independent client, 2026-12-05). An output is now a copy;
+    a kept view keeps the memory until the backward ends, with a RuntimeWarning naming
+    save_for_backward; where the pool cannot hold them, the forward says so at once."""
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(4, 256, generator=g), torch.randn(4, 4, generator=g)) for _ in range(3)]
+    for block, directory in ((_Stashing, "stash"), (_UsesItsChildsOutput, "out")):
+        reference = _stacked(block)
+        ours = copy.deepcopy(reference)
+        os.makedirs(os.path.join(nvme_dir, directory))
+        st.offload(ours, nvme_path=os.path.join(nvme_dir, directory), device="cpu",
+                   pinned_budget_bytes=64 << 20, device_budget_bytes=8 << 20)
+        losses = [[], []]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for i, (model, opt) in enumerate(((reference, torch.optim.AdamW(
+                    reference.parameters(), lr=1e-3)), (ours, st.AdamW(ours.parameters(),
+                                                                        lr=1e-3)))):
+                for x, y in data:
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+                    losses[i].append(loss.item())
+        assert_close(losses[1], losses[0])
+        kept = [w for w in caught if "outlives its module's forward" in str(w.message)]
+        assert bool(kept) == (block is _Stashing), [str(w.message) for w in caught]
+    # A pool that cannot hold the kept views: a clear error in the forward, not a crash.
+    tight = _stacked(_Stashing)
+    os.makedirs(os.path.join(nvme_dir, "tight"))
+    st.offload(tight, nvme_path=os.path.join(nvme_dir, "tight"), device="cpu",
+               pinned_budget_bytes=2 << 20, device_budget_bytes=1 << 20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(strata.StrataError) as e:
+            tight(data[0][0])
+    assert e.value.name == "STRATA_E_PINNED_BUDGET"
+    assert "ctx.save_for_backward(w)" in e.value.message, e.value.message

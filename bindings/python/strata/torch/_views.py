@@ -32,19 +32,27 @@ class _CudaMemory:
         }
 
 
-def view(address, nbytes, dtype, shape, device):
-    """A torch tensor of dtype and shape over [address, address + nbytes), without a copy."""
+def view(address, nbytes, dtype, shape, device, bases=None):
+    """A torch tensor of dtype and shape over [address, address + nbytes), without a copy.
+
+    bases, a list, receives the Python object torch's storage keeps alive for as long as any
+    tensor over the memory lives (the numpy array; the __cuda_array_interface__ holder): a weak
+    reference to it says whether a view of the memory outlives its release."""
     device = torch.device(device)
     if device.type == "cuda":
-        raw = torch.as_tensor(_CudaMemory(address, nbytes), device=device)
+        base = _CudaMemory(address, nbytes)
+        raw = torch.as_tensor(base, device=device)
     elif device.type == "cpu":
-        raw = torch.from_numpy(np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address)))
+        base = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
+        raw = torch.from_numpy(base)
     else:
         raise StrataError(_lib.E_UNSUPPORTED, f"no zero-copy view for device type {device.type!r}")
+    if bases is not None:
+        bases.append(base)
     return raw.view(dtype).view(shape)
 
 
-def as_tensor(acquisition, dtype=None, shape=None, device=None):
+def as_tensor(acquisition, dtype=None, shape=None, device=None, bases=None):
     """A torch tensor over an Acquisition, valid until it is released.
 
     device defaults to "cpu" for host memory and to the runtime's CUDA device for the device tier
@@ -64,7 +72,7 @@ def as_tensor(acquisition, dtype=None, shape=None, device=None):
     dtype = dtype or STRATA_TO_TORCH[tensor.dtype]
     if shape is None:
         shape = (acquisition.nbytes // torch.tensor([], dtype=dtype).element_size(),)
-    return view(acquisition.data, acquisition.nbytes, dtype, shape, device)
+    return view(acquisition.data, acquisition.nbytes, dtype, shape, device, bases)
 
 
 def host_numpy(t):

@@ -33,6 +33,7 @@ import inspect
 import io
 import pickle
 import threading
+import warnings
 import weakref
 
 import torch
@@ -55,7 +56,8 @@ class _Param:
     __slots__ = ("name", "param", "shape", "dtype", "tensor", "grad", "units", "pins",
                  "acquisition", "bwd_held", "grad_written", "grad_zero", "grad_consumed",
                  "grad_stale", "placeholder", "sentinel", "codec", "decoded",
-                 "hooks", "owner", "names", "version", "generation", "__weakref__")
+                 "hooks", "owner", "names", "version", "generation", "base",
+                 "__weakref__")
 
     def __init__(self, name, param):
         self.name = name
@@ -94,6 +96,9 @@ class _Param:
         # in place inside a forward is not counted: that forward's own graph may have saved the
         # changed value, as torch's would.)
         self.generation = 0
+        # A weak reference to the object torch's storage of p.data keeps alive while any view of
+        # the acquired memory lives (_views.view's bases): a view that outlives the release.
+        self.base = None
 
     @property
     def numel(self):
@@ -317,6 +322,9 @@ class OffloadedModel:
         self._root_step_started = False
         self._fetched = {}  # storage address -> _Param
         self._placeholders = {}  # storage address of a placeholder's one element -> _Param
+        self._deferred = {}  # id(acquisition) -> weakref.finalize: releases kept for a view
+        self._deferred_warned = set()
+        self._output_views = set()  # id(_Param) whose output view _own_aliased_outputs copied
         self._held_bytes = 0  # bytes of parameters acquired now on the compute tier
         self._pinned_pool_bytes = None  # the pinned budget less the staging, once asked
         self._grad_nodes = {}  # id(_Param) -> its parameter's AccumulateGrad node
@@ -700,22 +708,65 @@ class OffloadedModel:
             frozen = rec.codec == "nf4" or rec.tensor.read_only
             if edited and not frozen and self.optimizer is not None:
                 self.optimizer._take_new_value(rec, rec.param.data.detach().to("cpu"))
-            self._held_bytes -= rec.tensor.nbytes
             self._fetched.pop(_views.storage_address(rec.param.data), None)
             rec.param.data = rec.placeholder
             rec.decoded = None  # the dequantized copy of an NF4 weight goes back to torch
-            acq.release(dirty=edited and not frozen, stream=_views.stream_pointer(self.device))
+            dirty = edited and not frozen
+            base, rec.base = (rec.base() if rec.base is not None else None), None
+            if base is not None:
+                self._defer_release(rec, acq, dirty, base)
+            else:
+                self._output_views.discard(id(rec))
+                self._held_bytes -= rec.tensor.nbytes
+                acq.release(dirty=dirty, stream=_views.stream_pointer(self.device))
             if edited and frozen:
                 raise StrataError(_lib.E_STATE, f"frozen parameter {rec.name!r} was changed in "
                                                 "place while its module held it: Strata keeps a "
                                                 "frozen weight read-only (streamed from NVMe, or "
                                                 "quantized), so the change would be lost")
 
+    def _defer_release(self, rec, acq, dirty, base):
+        """A view of the parameter's memory outlives its module's use of it: kept on an
+        autograd Function's ctx (ctx.w = w.detach() instead of ctx.save_for_backward(w)), or on
+        a module. Released now, the memory would be reused or unmapped and the view would read
+        other bytes (wrong gradients) or crash the process (a segmentation fault, 2026-12-05).
+        The acquisition stays until the last such view dies, or until the backward that may
+        read it ends (_release_deferred): a view read after that reads freed memory, as torch
+        warns for tensors kept outside save_for_backward."""
+        def release():
+            with self._lock:
+                if self._deferred.pop(id(acq), None) is None:
+                    return
+                self._held_bytes -= rec.tensor.nbytes
+                if not (self._closed or self.runtime.closed):
+                    acq.release(dirty=dirty, stream=_views.stream_pointer(self.device))
+
+        finalizer = weakref.finalize(base, release)
+        finalizer.atexit = False
+        self._deferred[id(acq)] = (finalizer, rec.tensor.nbytes)
+        if id(rec) in self._output_views:
+            self._output_views.discard(id(rec))
+        elif rec.name not in self._deferred_warned:
+            self._deferred_warned.add(rec.name)
+            warnings.warn(f"a view of parameter {rec.name!r} outlives its module's forward (kept "
+                          "on an autograd Function's ctx, or on a module?): Strata keeps its "
+                          "memory until that view dies or the backward ends; keep it with "
+                          "ctx.save_for_backward(w), which Strata restores in backward "
+                          "(docs/pytorch.md)", RuntimeWarning, stacklevel=2)
+
+    def _release_deferred(self):
+        """Releases what _defer_release kept: the backward that could read it is over."""
+        for finalizer, _ in list(self._deferred.values()):
+            finalizer()
+
     def _decode(self, rec, acq):
         """The torch tensor p.data is while the parameter is in use: Strata's memory itself,
         or for an NF4 weight its dequantization into torch memory on the compute device."""
         if rec.codec != "nf4":
-            return _views.as_tensor(acq, rec.dtype, rec.shape, self.device)
+            bases = []
+            data = _views.as_tensor(acq, rec.dtype, rec.shape, self.device, bases)
+            rec.base = weakref.ref(bases[0])
+            return data
         rec.decoded = torch.empty(rec.shape, dtype=rec.dtype, device=self.device)
         return _nf4.dequantize_into(acq.data, acq.nbytes, rec.decoded, repr(rec.name))
 
@@ -726,7 +777,13 @@ class OffloadedModel:
             return 0
         with self._lock:
             return sum(_activations.whole_pages(rec.tensor.nbytes) for rec in self.params
-                       if rec.acquisition is not None)
+                       if rec.acquisition is not None) + self._deferred_pinned()
+
+    def _deferred_pinned(self):
+        """The pinned pool's bytes kept for views that outlive their parameter's use."""
+        if self.compute_tier != "pinned":
+            return 0
+        return sum(_activations.whole_pages(n) for _, n in self._deferred.values())
 
     def _check_room(self, nbytes, what):
         """Refuses at once an acquire on the compute tier that cannot succeed: the parameters
@@ -756,6 +813,11 @@ class OffloadedModel:
             if self._in_backward else ""
         activations = f" and {kept} bytes of saved activations kept there until backward " \
                       f"(activations='pinned'; or use activations='nvme')" if kept else ""
+        views = self._deferred_pinned() if self.compute_tier == "pinned" else 0
+        if views:
+            activations += (f" ({views} of those bytes kept for views of parameters that "
+                            "outlive their module's forward: keep them with "
+                            "ctx.save_for_backward(w))")
         raise StrataError(code, f"{what} needs {nbytes} bytes on the {self.compute_tier} tier "
                                 f"beside {in_use} bytes of parameters in use there "
                                 f"({listed(held)}){activations}; the "
@@ -855,6 +917,7 @@ class OffloadedModel:
 
     def _post_forward(self, unit, output):
         if not (self._in_forward == 0 and self._in_backward):
+            output = self._own_aliased_outputs(unit, output)
             for rec in unit.params:
                 self._unpin(rec)
             with self._lock:
@@ -870,6 +933,27 @@ class OffloadedModel:
             return output
         wrapped = _through_boundary(output, self._pre_backward, unit)
         return output if wrapped is None else wrapped
+
+    def _own_aliased_outputs(self, unit, output):
+        """A unit's outputs that are its parameters or views of them (return self.weight.t())
+        are over memory the release below gives back: they become copies, autograd's history
+        kept (clone), before it. They read whatever reused the memory until 2026-12-05."""
+        tensors = []
+        _flatten(output, tensors)
+        held = {_views.storage_address(rec.param.data): rec for rec in unit.params
+                if rec.acquisition is not None}
+        aliased = {}
+        for t in tensors:
+            try:
+                address = _views.storage_address(t)
+            except (RuntimeError, NotImplementedError):
+                continue
+            if address in held:
+                aliased[id(t)] = t.clone()
+                # torch's caller holds the original output until this hook returns: the release
+                # waits for it (_defer_release) without a warning.
+                self._output_views.add(id(held[address]))
+        return _rebuild(output, aliased) if aliased else output
 
     def _abandon_forward(self):
         """The model's forward raised (a batch skipped after an out-of-memory error, a habit of
@@ -936,6 +1020,7 @@ class OffloadedModel:
                     rec.bwd_held = False
                     self._unpin(rec)
             self._close_phase()
+            self._release_deferred()
 
     def _grad_accumulated(self, rec):
         p = rec.param

@@ -489,6 +489,7 @@ class AdamW(torch.optim.Optimizer):
                 rec.tensor.write(_views.host_numpy(current))
                 rec.grad.write(_views.host_numpy(p.grad))
         else:
+            self._model._release_deferred()  # views kept past a forward with no backward after
             self._model._check_not_stale([self._records[id(p)] for p in params])
             missing = [self._records[id(p)] for p in params
                        if not (self._records[id(p)].grad_written or
