@@ -109,10 +109,11 @@ std::string format_gib(uint64_t bytes) {
   return format_bytes(bytes);
 }
 
-// " (N of M bytes)" where a refusal's rounded figures read alike ("56.18 GiB of 56.18 GiB"),
-// so that it is not read as a fit refused; "" otherwise.
-std::string exact_where_rounded_alike(uint64_t need, uint64_t have) {
-  if (format_gib(need) != format_gib(have)) return "";
+// " (N of M bytes)" where a refusal's figures read alike as printed ("56.18 GiB of 56.18 GiB"),
+// so that it is not read as a fit refused; "" otherwise. need_text: the need as the refusal
+// prints it (a host need rounded up, as every recommended figure).
+std::string exact_where_printed_alike(const std::string& need_text, uint64_t need, uint64_t have) {
+  if (need_text != format_gib(have)) return "";
   return " (" + std::to_string(need) + " of " + std::to_string(have) + " bytes)";
 }
 
@@ -889,7 +890,8 @@ std::string device_budget_refusal(uint64_t budget, const GpuMemory& m, uint64_t 
   const uint64_t beside = device_budget_neighbours(m);
   return "--device-budget " + format_gib(budget) + " and the " + format_gib(beside) +
          " beside it (activations, logits, CUDA context) are more than the GPU's " +
-         format_gib(capacity) + exact_where_rounded_alike(budget + beside, capacity);
+         format_gib(capacity) +
+         exact_where_printed_alike(format_gib(budget + beside), budget + beside, capacity);
 }
 
 // Memory and offload choice of one GPU, without the time and host figures of NVMe offload (those
@@ -966,7 +968,8 @@ void finish_plan(const PlanRequest& r, GpuPlan& plan) {
     plan.why_not =
         plan.memory.total() > capacity || !r.strata_device_budget_bytes
             ? "GPU needs " + format_gib(plan.memory.total()) + " of " + format_gib(capacity) +
-                  exact_where_rounded_alike(plan.memory.total(), capacity)
+                  exact_where_printed_alike(format_gib(plan.memory.total()), plan.memory.total(),
+                                            capacity)
             : device_budget_refusal(*r.strata_device_budget_bytes, plan.memory, capacity);
   }
   const HostHeadroom& headroom = r.assume.host_headroom;
@@ -978,13 +981,12 @@ void finish_plan(const PlanRequest& r, GpuPlan& plan) {
     plan.fits_host = plan.host.recommended_bytes <= *r.host_ram_bytes;
     if (!plan.fits_host) {
       // The need rounded up, as every recommended figure prints: given back, it fits.
-      plan.why_not += std::string(plan.why_not.empty() ? "" : "; ") + "host needs " +
-                      format_bytes_up(plan.host.recommended_bytes) + " with headroom (job " +
-                      format_gib(plan.host_bytes) + ") of " + format_gib(*r.host_ram_bytes);
-      if (format_bytes_up(plan.host.recommended_bytes) == format_gib(*r.host_ram_bytes)) {
-        plan.why_not += " (" + std::to_string(plan.host.recommended_bytes) + " of " +
-                        std::to_string(*r.host_ram_bytes) + " bytes)";
-      }
+      const std::string need = format_bytes_up(plan.host.recommended_bytes);
+      plan.why_not +=
+          std::string(plan.why_not.empty() ? "" : "; ") + "host needs " + need +
+          " with headroom (job " + format_gib(plan.host_bytes) + ") of " +
+          format_gib(*r.host_ram_bytes) +
+          exact_where_printed_alike(need, plan.host.recommended_bytes, *r.host_ram_bytes);
     }
   }
   plan.fits_nvme = true;

@@ -213,21 +213,6 @@ Result<OffloadEstimate> run_simulation(const OffloadJob& job, const StrataLayout
     extend(r.link_bytes, q.link_bytes);
     extend(r.nvme_read_by_kind, q.nvme_read_by_kind);
     extend(r.nvme_written_by_kind, q.nvme_written_by_kind);
-    // A step lasts at least as long as any one resource is busy in it. The simulated step hides
-    // part of each added micro-batch's drive time behind its fixed part (the optimizer phase);
-    // extended, the drive's time outgrew the step (qwen2.5-0.5b at --grad-accum 64: the drive
-    // busy 16.90 s in a 14.12 s step, an independent client's finding of 2026-12-05). Where an
-    // extended resource outlasts the extended step, it is the step, the GPU waiting the rest.
-    const auto busy_of = [&](sched::Resource res) { return r.busy_seconds[static_cast<int>(res)]; };
-    const double floor = std::max(
-        {busy_of(sched::Resource::kNvmeRead) + busy_of(sched::Resource::kNvmeWrite),  // one drive
-         busy_of(sched::Resource::kCompute) + r.activation_seconds,  // the compute stream
-         busy_of(sched::Resource::kHostToDevice), busy_of(sched::Resource::kDeviceToHost),
-         busy_of(sched::Resource::kCpuOptimizer)});
-    if (floor > r.step_seconds) {
-      r.stall_seconds += floor - r.step_seconds;
-      r.step_seconds = floor;
-    }
   }
   const sched::SimulationResult& r = *simulated;
   const auto busy = [&](sched::Resource res) { return r.busy_seconds[static_cast<int>(res)]; };
@@ -282,6 +267,15 @@ Result<OffloadEstimate> run_simulation(const OffloadJob& job, const StrataLayout
     if (seconds > top.first) top = {seconds, resource};
   }
   e.bottleneck = planner_name(top.second);
+  // A step lasts at least as long as its busiest resource. The simulated step hides part of each
+  // added micro-batch's drive time behind its fixed part (the optimizer phase); extended, the
+  // drive's time outgrew the step (qwen2.5-0.5b at --grad-accum 64: the drive busy 16.90 s in a
+  // 14.12 s step, an independent client's finding of 2026-12-05). Where an extended resource
+  // outlasts the extended step, it is the step, the GPU waiting the rest.
+  if (extended && top.first > e.step_seconds) {
+    e.stall_seconds += top.first - e.step_seconds;
+    e.step_seconds = top.first;
+  }
   e.pinned_budget_bytes = pinned_budget;
   e.device_budget_bytes = job.device_budget_bytes * job.gpus;
   e.peak_pinned_bytes = r.peak_pinned_bytes;

@@ -85,6 +85,24 @@ class Runtime : public ::testing::Test {
         << strata_last_error(rt_);
     EXPECT_EQ(back, std::vector<uint8_t>(bytes, value)) << "the device tensor's bytes survived";
   }
+  // Two written tensors, "held" and "wanted", each more than half the 2 MiB pinned pool, the
+  // first acquired there: the second cannot be acquired, or copied through the pool, until that
+  // acquire is released. expected: what both hold.
+  static constexpr uint64_t kHalfPoolBytes = 1536 << 10;
+  void hold_the_pinned_pool(strata_tensor* held, strata_tensor* wanted,
+                            std::vector<uint8_t>* expected) {
+    *held = register_tensor(kHalfPoolBytes, "held");
+    *wanted = register_tensor(kHalfPoolBytes, "wanted");
+    expected->resize(kHalfPoolBytes);
+    strata::testing::fill_expected(expected->data(), expected->size(), 7, 0);
+    ASSERT_EQ(strata_tensor_write(rt_, *wanted, expected->data(), 0, kHalfPoolBytes), STRATA_OK);
+    ASSERT_EQ(strata_tensor_write(rt_, *held, expected->data(), 0, kHalfPoolBytes), STRATA_OK);
+    ASSERT_EQ(strata_sync(rt_), STRATA_OK) << strata_last_error(rt_);
+    strata_acquired a{};
+    a.struct_size = sizeof a;
+    ASSERT_EQ(strata_acquire(rt_, *held, STRATA_TIER_PINNED, 0, &a), STRATA_OK)
+        << strata_last_error(rt_);
+  }
   strata_tensor register_tensor(uint64_t bytes, const char* name = "t") {
     strata_tensor_desc d{};
     d.struct_size = sizeof d;
@@ -565,18 +583,10 @@ TEST_F(Runtime, AllocatorFaceHandsOutResidentAndOffloadableMemory) {
 // acquired once the room is released.
 TEST_F(Runtime, AnAcquireWithItsOwnTimeoutGivesUpHavingAcquiredNothing) {
   create();
-  const uint64_t bytes = 1536 << 10;  // two do not fit the 2 MiB pinned pool together
-  const strata_tensor held = register_tensor(bytes, "held");
-  const strata_tensor wanted = register_tensor(bytes, "wanted");
-  std::vector<uint8_t> expected(bytes);
-  strata::testing::fill_expected(expected.data(), expected.size(), 7, 0);
-  ASSERT_EQ(strata_tensor_write(rt_, wanted, expected.data(), 0, bytes), STRATA_OK);
-  ASSERT_EQ(strata_tensor_write(rt_, held, expected.data(), 0, bytes), STRATA_OK);
-  ASSERT_EQ(strata_sync(rt_), STRATA_OK) << strata_last_error(rt_);
-  strata_acquired a{};
-  a.struct_size = sizeof a;
-  ASSERT_EQ(strata_acquire(rt_, held, STRATA_TIER_PINNED, 0, &a), STRATA_OK)
-      << strata_last_error(rt_);
+  const uint64_t bytes = kHalfPoolBytes;
+  std::vector<uint8_t> expected;
+  strata_tensor held = STRATA_TENSOR_NONE, wanted = STRATA_TENSOR_NONE;
+  ASSERT_NO_FATAL_FAILURE(hold_the_pinned_pool(&held, &wanted, &expected));
 
   strata_acquired w{};
   w.struct_size = sizeof w;
@@ -616,18 +626,10 @@ TEST_F(Runtime, AnAcquireWithItsOwnTimeoutGivesUpHavingAcquiredNothing) {
 // caller's buffer as they were; with the room released, each copies.
 TEST_F(Runtime, ACopyWithItsOwnTimeoutGivesUpHavingCopiedNothing) {
   create();
-  const uint64_t bytes = 1536 << 10;  // two do not fit the 2 MiB pinned pool together
-  const strata_tensor held = register_tensor(bytes, "held");
-  const strata_tensor wanted = register_tensor(bytes, "wanted");
-  std::vector<uint8_t> expected(bytes);
-  strata::testing::fill_expected(expected.data(), expected.size(), 7, 0);
-  ASSERT_EQ(strata_tensor_write(rt_, wanted, expected.data(), 0, bytes), STRATA_OK);
-  ASSERT_EQ(strata_tensor_write(rt_, held, expected.data(), 0, bytes), STRATA_OK);
-  ASSERT_EQ(strata_sync(rt_), STRATA_OK) << strata_last_error(rt_);
-  strata_acquired a{};
-  a.struct_size = sizeof a;
-  ASSERT_EQ(strata_acquire(rt_, held, STRATA_TIER_PINNED, 0, &a), STRATA_OK)
-      << strata_last_error(rt_);
+  const uint64_t bytes = kHalfPoolBytes;
+  std::vector<uint8_t> expected;
+  strata_tensor held = STRATA_TENSOR_NONE, wanted = STRATA_TENSOR_NONE;
+  ASSERT_NO_FATAL_FAILURE(hold_the_pinned_pool(&held, &wanted, &expected));
 
   std::vector<uint8_t> replacement(bytes, 0xA5);
   std::vector<uint8_t> back(bytes, 0x5A);

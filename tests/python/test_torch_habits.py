@@ -73,6 +73,18 @@ def train_both(pairs, data, losses):
             losses[i].append(train_step(m, o, x, y))
 
 
+def losses_of(model, opt, batches_, loss_of):
+    """One step per batch (loss_of(model, batch), backward, step, zero_grad): the losses."""
+    losses = []
+    for batch in batches_:
+        loss = loss_of(model, batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
 def swap_files(directory):
     return [f for f in os.listdir(directory) if f.endswith(".swap")]
 
@@ -719,16 +731,12 @@ def test_a_forward_that_raises_leaves_nothing_held_and_training_goes_on(nvme_dir
     left the failing unit's parameters acquired: every later step() and state_dict() refused
     ("is acquired") until close(). Now the failed forward is forgotten, as in torch."""
     torch.manual_seed(0)
-    reference = torch.nn.Sequential(torch.nn.Linear(8, 8), _FailsOnShortBatches(),
-                                    torch.nn.Linear(8, 1))
-    ours = copy.deepcopy(reference)
-    st.offload(ours, nvme_path=nvme_dir, device="cpu", **SMALL)
+    reference, ref_opt, ours, opt, _ = pair(nvme_dir, model=torch.nn.Sequential(
+        torch.nn.Linear(8, 8), _FailsOnShortBatches(), torch.nn.Linear(8, 1)), lr=1e-2)
     g = torch.Generator().manual_seed(1)
     batches_ = [torch.randn(rows, 8, generator=g) for rows in (4, 3, 4, 3, 4)]
     losses = {}
-    for name, model, opt in (("torch", reference, torch.optim.AdamW(reference.parameters(),
-                                                                    lr=1e-2)),
-                             ("strata", ours, st.AdamW(ours.parameters(), lr=1e-2))):
+    for name, model, opt in (("torch", reference, ref_opt), ("strata", ours, opt)):
         losses[name] = []
         for x in batches_:
             try:
@@ -766,23 +774,11 @@ def test_multihead_attention_trains_as_in_torch(nvme_dir):
     weight and bias in its own forward, without calling out_proj: they read NaN, and every loss
     was NaN without an error. They belong to the attention's unit now."""
     torch.manual_seed(0)
-    reference = _AttentionBlock()
-    ours = copy.deepcopy(reference)
-    st.offload(ours, nvme_path=nvme_dir, device="cpu", **SMALL)
+    reference, ref_opt, ours, opt, _ = pair(nvme_dir, model=_AttentionBlock(), lr=1e-2)
     g = torch.Generator().manual_seed(2)
     tokens = [torch.randint(0, 32, (2, 6), generator=g) for _ in range(4)]
-    losses = {}
-    for name, model, opt in (("torch", reference, torch.optim.AdamW(reference.parameters(),
-                                                                    lr=1e-2)),
-                             ("strata", ours, st.AdamW(ours.parameters(), lr=1e-2))):
-        losses[name] = []
-        for t in tokens:
-            loss = model(t)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses[name].append(loss.item())
-    assert_close(losses["strata"], losses["torch"])
+    assert_close(losses_of(ours, opt, tokens, lambda m, t: m(t)),
+                 losses_of(reference, ref_opt, tokens, lambda m, t: m(t)))
     with torch.no_grad():  # inference reads them too
         assert abs(ours(tokens[0]).item() - reference(tokens[0]).item()) <= \
             REL * abs(reference(tokens[0]).item())
@@ -902,14 +898,8 @@ def test_a_bf16_resume_is_the_same_in_either_load_order(nvme_dir):
                                    torch.nn.Linear(64, 8)).to(torch.bfloat16)
 
     def train(model, opt, batches_):
-        out = []
-        for x, y in batches_:
-            loss = torch.nn.functional.mse_loss(model(x).float(), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            out.append(loss.item())
-        return out
+        return losses_of(model, opt, batches_,
+                         lambda m, b: torch.nn.functional.mse_loss(m(b[0]).float(), b[1]))
 
     g = torch.Generator().manual_seed(1)
     batches_ = [(torch.randn(4, 32, generator=g).bfloat16(), torch.randn(4, 8, generator=g))
@@ -982,23 +972,18 @@ def test_a_weight_changed_in_place_in_forward_is_the_weight_after(nvme_dir):
     torch the parameter itself changes and the optimizer steps from it. The change was
     dropped at the release, and the step started from the old master."""
     torch.manual_seed(0)
-    reference = _RenormedEmbedding()
+    model = _RenormedEmbedding()
     with torch.no_grad():
-        reference.emb.weight.mul_(3)  # every row's norm above 1
-    ours = copy.deepcopy(reference)
-    st.offload(ours, nvme_path=nvme_dir, device="cpu", **SMALL)
-    x, y = torch.tensor([[0, 1, 2, 3]]), torch.tensor([[4, 5, 6, 7]])
-    losses = [[], []]
-    for i, (model, opt) in enumerate(((reference, torch.optim.AdamW(reference.parameters(),
-                                                                    lr=1e-2)),
-                                      (ours, st.AdamW(ours.parameters(), lr=1e-2)))):
-        for _ in range(3):
-            loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses[i].append(loss.item())
-    assert_close(losses[1], losses[0])
+        model.emb.weight.mul_(3)  # every row's norm above 1
+    reference, ref_opt, ours, opt, _ = pair(nvme_dir, model=model, lr=1e-2)
+    batches_ = [(torch.tensor([[0, 1, 2, 3]]), torch.tensor([[4, 5, 6, 7]]))] * 3
+
+    def loss_of(m, batch):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(m(x).flatten(0, 1), y.flatten())
+
+    assert_close(losses_of(ours, opt, batches_, loss_of),
+                 losses_of(reference, ref_opt, batches_, loss_of))
     assert torch.allclose(ours.state_dict()["emb.weight"], reference.emb.weight.detach(),
                           rtol=1e-5, atol=1e-7)
 
@@ -1115,25 +1100,18 @@ def test_views_of_a_weight_that_outlive_its_forward_keep_their_memory(nvme_dir):
     save_for_backward; where the pool cannot hold them, the forward says so at once."""
     g = torch.Generator().manual_seed(1)
     data = [(torch.randn(4, 256, generator=g), torch.randn(4, 4, generator=g)) for _ in range(3)]
+    def loss_of(m, batch):
+        return torch.nn.functional.mse_loss(m(batch[0]), batch[1])
+
     for block, directory in ((_Stashing, "stash"), (_UsesItsChildsOutput, "out")):
-        reference = _stacked(block)
-        ours = copy.deepcopy(reference)
         os.makedirs(os.path.join(nvme_dir, directory))
-        st.offload(ours, nvme_path=os.path.join(nvme_dir, directory), device="cpu",
-                   pinned_budget_bytes=64 << 20, device_budget_bytes=8 << 20)
-        losses = [[], []]
+        reference, ref_opt, ours, opt, _ = pair(
+            os.path.join(nvme_dir, directory), model=_stacked(block), lr=1e-3,
+            offload_args=dict(pinned_budget_bytes=64 << 20, device_budget_bytes=8 << 20))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            for i, (model, opt) in enumerate(((reference, torch.optim.AdamW(
-                    reference.parameters(), lr=1e-3)), (ours, st.AdamW(ours.parameters(),
-                                                                        lr=1e-3)))):
-                for x, y in data:
-                    loss = torch.nn.functional.mse_loss(model(x), y)
-                    loss.backward()
-                    opt.step()
-                    opt.zero_grad()
-                    losses[i].append(loss.item())
-        assert_close(losses[1], losses[0])
+            assert_close(losses_of(ours, opt, data, loss_of),
+                         losses_of(reference, ref_opt, data, loss_of))
         kept = [w for w in caught if "outlives its module's forward" in str(w.message)]
         assert bool(kept) == (block is _Stashing), [str(w.message) for w in caught]
     # A pool that cannot hold the kept views: a clear error in the forward, not a crash.

@@ -48,6 +48,9 @@ from . import activations as _activations
 from . import nf4 as _nf4
 
 _FORWARD, _BACKWARD, _OPTIMIZER = "forward", "backward", "optimizer"
+# A backward over parameters changed since its forward: torch's words for it, and the way out.
+_MODIFIED = "one of the variables needed for gradient computation has been modified"
+_AS_TORCH = "torch raises here too (its version counter). Run the forward again after the update"
 
 
 class _Param:
@@ -318,7 +321,7 @@ class OffloadedModel:
         self._in_forward = 0  # depth of calls of the model's forward under way
         # unit index -> forward calls under way that hold its parameters (pre-hook run, post-hook
         # not yet): what a forward that raises leaves held (_abandon_forward).
-        self._forward_units = {}
+        self._forward_units = collections.Counter()
         self._root_step_started = False
         self._fetched = {}  # storage address -> _Param
         self._placeholders = {}  # storage address of a placeholder's one element -> _Param
@@ -646,23 +649,12 @@ class OffloadedModel:
     def _write_value(self, rec, value):
         """Gives the parameter a new value (an NF4 weight is quantized again)."""
         value = value.detach().to(rec.dtype)
-        # A half-precision weight loaded as the optimizer's fp32 master rounds (a checkpoint
-        # resumed with the optimizer's state, master included, loaded first) keeps that
-        # master: taking the rounded weight as the master lost its low bits, so the order of
-        # the two loads changed the run, as it does not in torch (2026-12-05).
-        unchanged = False
-        if self.optimizer is not None and rec.codec is None and \
-                rec.dtype in (torch.bfloat16, torch.float16) and \
-                self.optimizer._records.get(id(rec.param)) is rec:
-            master = torch.empty(rec.shape, dtype=torch.float32)
-            self.runtime.optimizer_read_state(rec.tensor, _lib.OPTIMIZER_MASTER, _np_view(master))
-            unchanged = torch.equal(master.to(rec.dtype), value.to("cpu"))
         rec.generation += 1
         if rec.codec == "nf4":
             rec.tensor.write(_nf4.quantize(value, repr(rec.name)).numpy())
         else:
             rec.tensor.write(_views.host_numpy(value))
-        if self.optimizer is not None and not unchanged:
+        if self.optimizer is not None:
             # Its next step starts from the new value, as torch.optim.AdamW's would.
             self.optimizer._take_new_value(rec, value)
 
@@ -813,7 +805,7 @@ class OffloadedModel:
             if self._in_backward else ""
         activations = f" and {kept} bytes of saved activations kept there until backward " \
                       f"(activations='pinned'; or use activations='nvme')" if kept else ""
-        views = self._deferred_pinned() if self.compute_tier == "pinned" else 0
+        views = self._deferred_pinned()
         if views:
             activations += (f" ({views} of those bytes kept for views of parameters that "
                             "outlive their module's forward: keep them with "
@@ -913,7 +905,7 @@ class OffloadedModel:
                 self._unpin(rec)
             raise
         with self._lock:
-            self._forward_units[unit.index] = self._forward_units.get(unit.index, 0) + 1
+            self._forward_units[unit.index] += 1
 
     def _post_forward(self, unit, output):
         if not (self._in_forward == 0 and self._in_backward):
@@ -921,11 +913,7 @@ class OffloadedModel:
             for rec in unit.params:
                 self._unpin(rec)
             with self._lock:
-                left = self._forward_units.get(unit.index, 0) - 1
-                if left > 0:
-                    self._forward_units[unit.index] = left
-                else:
-                    self._forward_units.pop(unit.index, None)
+                self._forward_units[unit.index] -= 1
         with self._lock:
             if self._open_phase == (_FORWARD, unit.index):
                 self._close_phase()
@@ -976,12 +964,9 @@ class OffloadedModel:
                 # of a graph from before that step, whose parameters have changed since. torch
                 # raises for it (a saved variable modified); the runtime's "outside a step"
                 # said nothing useful.
-                raise StrataError(_lib.E_STATE, "one of the variables needed for gradient "
-                                                "computation has been modified: this backward "
-                                                "is of a graph made before optimizer.step() "
-                                                "updated the parameters; torch raises here too "
-                                                "(its version counter). Run the forward again "
-                                                "after the update")
+                raise StrataError(_lib.E_STATE, f"{_MODIFIED}: this backward is of a graph made "
+                                                "before optimizer.step() updated the "
+                                                f"parameters; {_AS_TORCH}")
             if not self._in_backward:
                 self._in_backward = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
@@ -1105,13 +1090,10 @@ class OffloadedModel:
             # ends here, and the engine runs no callback for a backward that raised: what it
             # holds is released now (_end_backward), or it stayed acquired for good.
             self._end_backward()
-            raise StrataError(_lib.E_STATE, "one of the variables needed for gradient "
-                                            f"computation has been modified: parameter "
-                                            f"{rec.name!r} got a new value (optimizer.step(), "
-                                            "load_state_dict(), an in-place change) after the "
-                                            "forward whose graph this backward runs; torch "
-                                            "raises here too (its version counter). Run the "
-                                            "forward again after the update")
+            raise StrataError(_lib.E_STATE, f"{_MODIFIED}: parameter {rec.name!r} got a new "
+                                            "value (optimizer.step(), load_state_dict()) after "
+                                            f"the forward whose graph this backward runs; "
+                                            f"{_AS_TORCH}")
         if rec.pins == 0:  # the unit's pre-backward did not run (an output it could not wrap)
             self._hold_for_backward(rec)
         base = rec.param.data

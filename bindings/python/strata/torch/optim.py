@@ -490,10 +490,9 @@ class AdamW(torch.optim.Optimizer):
                 rec.grad.write(_views.host_numpy(p.grad))
         else:
             self._model._release_deferred()  # views kept past a forward with no backward after
-            self._model._check_not_stale([self._records[id(p)] for p in params])
-            missing = [self._records[id(p)] for p in params
-                       if not (self._records[id(p)].grad_written or
-                               self._records[id(p)].grad_zero)]
+            records = [self._records[id(p)] for p in params]
+            self._model._check_not_stale(records)
+            missing = [r for r in records if not (r.grad_written or r.grad_zero)]
             consumed = [r.name for r in missing if r.grad_consumed]
             if consumed:
                 # step() twice with no backward between: torch would step again on the same
@@ -553,7 +552,17 @@ class AdamW(torch.optim.Optimizer):
         the moments and the step count stay, as torch's state does."""
         if self._records.get(id(rec.param)) is not rec:
             return  # not one of this optimizer's (frozen, or not added)
-        master = value.detach().to(rec.dtype).to("cpu", torch.float32).contiguous()
+        value = value.detach().to("cpu", rec.dtype)
+        if rec.dtype in (torch.bfloat16, torch.float16):
+            # A half-precision value that is what the master rounds to (a checkpoint's weights
+            # loaded after its optimizer state, which restored the master) is no new value:
+            # the master keeps its low bits. Taking the rounded weight lost them, and the order
+            # of the two loads changed the run, as it does not in torch (2026-12-05).
+            master = torch.empty(rec.shape, dtype=torch.float32)
+            self.runtime.optimizer_read_state(rec.tensor, _lib.OPTIMIZER_MASTER, _np_view(master))
+            if torch.equal(master.to(rec.dtype), value):
+                return
+        master = value.to(torch.float32).contiguous()
         self.runtime.optimizer_write_state(rec.tensor, _lib.OPTIMIZER_MASTER, _np_view(master))
 
     def _require_grads(self, missing):
