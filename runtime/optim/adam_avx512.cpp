@@ -29,6 +29,40 @@ namespace {
 // Emerald Rapids guest, then 1 KiB, then 256 bytes on AMD guests), so what they measured included
 // where the loop happened to sit.
 
+// The bound's second traffic pass (adam_kernels.h, traffic_prefetched) reads each stream this
+// many bytes ahead in software. On the Zen 5 class guest it moved the step's bytes 9-14% faster
+// than the loop without, at every code placement tried; the update prefetched the same way gained
+// 4-6% at most placements and lost 37-41% at two (as above), so the update keeps none and the
+// bound takes the faster pass (docs/optimizer.md, "The bound, measured again").
+constexpr size_t kTrafficPrefetchBytes = 1024;
+
+// Integer arithmetic: the address may lie past the end of the buffer, where a pointer may not.
+STRATA_INLINE void prefetch(const void* base, size_t byte_offset) {
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): the integer arithmetic above is the point.
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(base) + byte_offset),
+               _MM_HINT_T0);
+}
+
+// The lines that 32 elements further on will read, kTrafficPrefetchBytes ahead of element i:
+// two of each fp32 stream, one of a 16-bit gradient.
+template <int kGrad>
+STRATA_INLINE void prefetch_ahead(const float* param, const float* m, const float* v,
+                                  const void* grad, size_t i) {
+  const size_t at = i * 4 + kTrafficPrefetchBytes;
+  prefetch(param, at);
+  prefetch(param, at + 64);
+  prefetch(m, at);
+  prefetch(m, at + 64);
+  prefetch(v, at);
+  prefetch(v, at + 64);
+  if constexpr (kGrad == 0) {
+    prefetch(grad, at);
+    prefetch(grad, at + 64);
+  } else {
+    prefetch(grad, i * 2 + kTrafficPrefetchBytes);
+  }
+}
+
 struct Constants {
   __m512 beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, l2, step_size, inv_sqrt_bias2,
       grad_scale;
@@ -163,7 +197,7 @@ STRATA_INLINE void step_masked(const Constants& c, float* param, float* m, float
 // write-combining buffer behind; p, m and v, just read into the cache, keep ordinary stores.
 // Measured in A/B runs against the two 32-byte ordinary stores (docs/optimizer.md). Returns the
 // index the ordinary loop goes on from; the caller's fence orders the stores.
-template <int kGrad, int kOut, bool kL2, bool kTraffic>
+template <int kGrad, int kOut, bool kL2, bool kTraffic, bool kPrefetch>
 STRATA_INLINE size_t adamw_streaming_copy(const Constants& c, float* param, float* m, float* v,
                                           const void* grad, void* out, size_t n) {
   auto* out16 = static_cast<uint16_t*>(out);
@@ -180,6 +214,7 @@ STRATA_INLINE size_t adamw_streaming_copy(const Constants& c, float* param, floa
     i += count;
   }
   for (; i + 32 <= n; i += 32) {
+    if constexpr (kPrefetch) prefetch_ahead<kGrad>(param, m, v, grad, i);
     const __m512 p0 = step16_states<kGrad, kL2, kTraffic>(c, param, m, v, grad, i);
     const __m512 p1 = step16_states<kGrad, kL2, kTraffic>(c, param, m, v, grad, i + 16);
     const __m512i line =
@@ -189,16 +224,18 @@ STRATA_INLINE size_t adamw_streaming_copy(const Constants& c, float* param, floa
   return i;
 }
 
-template <int kGrad, int kOut, bool kL2, bool kTraffic = false>
+// kPrefetch (traffic passes only): every read stream prefetched kTrafficPrefetchBytes ahead.
+template <int kGrad, int kOut, bool kL2, bool kTraffic = false, bool kPrefetch = false>
 void adamw(const AdamWConstants& constants, float* param, float* m, float* v, const void* grad,
            void* out, size_t n) {
   STRATA_OPTIM_PLACEMENT_PAD();
   const Constants c = broadcast(constants);
   size_t i = 0;
   if constexpr (kOut != 0)
-    i = adamw_streaming_copy<kGrad, kOut, kL2, kTraffic>(c, param, m, v, grad, out, n);
+    i = adamw_streaming_copy<kGrad, kOut, kL2, kTraffic, kPrefetch>(c, param, m, v, grad, out, n);
   // Two vectors per iteration: two independent divide/sqrt chains in flight.
   for (; i + 32 <= n; i += 32) {
+    if constexpr (kPrefetch) prefetch_ahead<kGrad>(param, m, v, grad, i);
     step16<kGrad, kOut, kL2, kTraffic>(c, param, m, v, grad, out, i);
     step16<kGrad, kOut, kL2, kTraffic>(c, param, m, v, grad, out, i + 16);
   }
@@ -270,6 +307,9 @@ constexpr void fill_grad(KernelTable& t) {
   t.traffic[kGrad][0] = &adamw<kGrad, 0, false, true>;
   t.traffic[kGrad][1] = &adamw<kGrad, 1, false, true>;
   t.traffic[kGrad][2] = &adamw<kGrad, 2, false, true>;
+  t.traffic_prefetched[kGrad][0] = &adamw<kGrad, 0, false, true, true>;
+  t.traffic_prefetched[kGrad][1] = &adamw<kGrad, 1, false, true, true>;
+  t.traffic_prefetched[kGrad][2] = &adamw<kGrad, 2, false, true, true>;
   t.sum_squares[kGrad] = &sum_squares<kGrad>;
 }
 

@@ -49,6 +49,11 @@ struct KernelTable {
   const char* name;
   AdamWKernel adamw[kGradKinds][kOutKinds][2];  // [grad][out][l2 term present]
   TrafficKernel traffic[kGradKinds][kOutKinds];
+  // The same traffic with every read stream also prefetched ahead in software, where the update
+  // does not prefetch (AVX-512): the hardware prefetchers alone may not be the best this memory
+  // system does with the pattern, and a bound must be. Null where the update's own loop already
+  // prefetches (AVX2) or is not limited by memory (scalar).
+  TrafficKernel traffic_prefetched[kGradKinds][kOutKinds];
   SumSquaresKernel sum_squares[kGradKinds];
   TriadKernel triad;
 };

@@ -65,7 +65,8 @@ struct StepJob {
   const detail::KernelTable* kernels;
   AdamWConstants constants;
   bool l2;
-  bool traffic = false;  // the TrafficKernel instead of the update
+  // The traffic pass's kernels instead of the update's (null: the update).
+  const detail::TrafficKernel (*traffic)[detail::kOutKinds] = nullptr;
   std::span<const AdamWSlice> slices;
   const uint64_t* prefix;
   uint64_t total;
@@ -84,7 +85,7 @@ struct StepJob {
             void* param_out = out == 0 ? nullptr : static_cast<uint16_t*>(s.param_out) + offset;
             const int g = grad_index(s.grad_dtype);
             const detail::AdamWKernel kernel =
-                traffic ? kernels->traffic[g][out] : kernels->adamw[g][out][l2 ? 1 : 0];
+                traffic != nullptr ? traffic[g][out] : kernels->adamw[g][out][l2 ? 1 : 0];
             kernel(constants, s.param + offset, s.m + offset, s.v + offset,
                    static_cast<const unsigned char*>(s.grad) + offset * grad_bytes, param_out,
                    count);
@@ -182,17 +183,25 @@ uint64_t CpuAdam::build_prefix(std::span<const Slice> slices) {
 
 Status CpuAdam::step(const AdamWParams& params, std::span<const AdamWSlice> slices) {
   STRATA_TRY(validate(params));
-  return run_step(derive_constants(params), /*traffic=*/false, slices);
+  return run_step(derive_constants(params), std::nullopt, slices);
 }
 
-Status CpuAdam::step_traffic(float scale, std::span<const AdamWSlice> slices) {
+bool CpuAdam::has_prefetched_traffic() const {
+  return kernels_->traffic_prefetched[0][0] != nullptr;
+}
+
+Status CpuAdam::step_traffic(float scale, std::span<const AdamWSlice> slices, TrafficLoop loop) {
   if (!std::isfinite(scale)) return invalid_argument("step_traffic: the scale must be finite");
+  if (loop == TrafficLoop::kPrefetched && !has_prefetched_traffic()) {
+    return unsupported(std::string("step_traffic: the ") + to_string(level_) +
+                       " kernels have no prefetched traffic pass (their update's loop is the one)");
+  }
   AdamWConstants constants{};
   constants.grad_scale = scale;
-  return run_step(constants, /*traffic=*/true, slices);
+  return run_step(constants, loop, slices);
 }
 
-Status CpuAdam::run_step(const AdamWConstants& constants, bool traffic,
+Status CpuAdam::run_step(const AdamWConstants& constants, std::optional<TrafficLoop> traffic,
                          std::span<const AdamWSlice> slices) {
   for (const AdamWSlice& s : slices) STRATA_TRY(validate(s));
 
@@ -201,7 +210,10 @@ Status CpuAdam::run_step(const AdamWConstants& constants, bool traffic,
   job.kernels = kernels_;
   job.constants = constants;
   job.l2 = job.constants.l2 != 0.0f;
-  job.traffic = traffic;
+  if (traffic) {
+    job.traffic =
+        *traffic == TrafficLoop::kPrefetched ? kernels_->traffic_prefetched : kernels_->traffic;
+  }
   job.slices = slices;
   job.total = build_prefix(slices);
   job.prefix = prefix_.data();

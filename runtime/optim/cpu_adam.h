@@ -50,11 +50,20 @@ class CpuAdam {
   // of slices per call has been seen. Thread-safe; concurrent calls run one after the other.
   Status step(const AdamWParams& params, std::span<const AdamWSlice> slices);
 
+  // How a traffic pass issues the step's loads: with the update's own loop (its prefetches, if
+  // any), or that loop with every read stream also prefetched ahead in software.
+  enum class TrafficLoop : uint8_t { kTheUpdates, kPrefetched };
+
   // The memory traffic of step() without its arithmetic: the same slices, threads, chunks, loads,
   // prefetches and stores (streaming ones included), with p, m, v += scale * g and the copy
-  // written from p. `strata bench adam` times it as the bound step() is held to; scale 0 leaves
-  // the values as they were (but -0 becomes +0). Validates the slices as step() does.
-  Status step_traffic(float scale, std::span<const AdamWSlice> slices);
+  // written from p. `strata bench adam` times both loops and holds step() to the faster; scale 0
+  // leaves the values as they were (but -0 becomes +0). Validates the slices as step() does;
+  // kPrefetched is STRATA_E_UNSUPPORTED where has_prefetched_traffic() is false.
+  Status step_traffic(float scale, std::span<const AdamWSlice> slices,
+                      TrafficLoop loop = TrafficLoop::kTheUpdates);
+  // Whether this SIMD level has a kPrefetched pass distinct from its update's loop (AVX-512;
+  // AVX2's update prefetches already, the scalar loop is not limited by memory).
+  bool has_prefetched_traffic() const;
 
   // One read-only pass over the gradients: any NaN/infinity, and the sum of squares in double.
   Result<GradStats> grad_stats(std::span<const GradSlice> slices);
@@ -84,7 +93,8 @@ class CpuAdam {
 
  private:
   CpuAdam(SimdLevel level, const detail::KernelTable* kernels, std::unique_ptr<ThreadPool> pool);
-  Status run_step(const AdamWConstants& constants, bool traffic,
+  // traffic: the pass to run instead of the update (none: the update).
+  Status run_step(const AdamWConstants& constants, std::optional<TrafficLoop> traffic,
                   std::span<const AdamWSlice> slices);
   // Prefix sums of slice lengths; grows only when a call has more slices than any before.
   template <typename Slice>

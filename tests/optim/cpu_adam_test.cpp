@@ -298,37 +298,48 @@ TEST_P(CpuAdamPath, WeightCopyIsExactAtEveryAlignmentAndWritesNothingOutsideIt) 
 }
 
 // step_traffic, the bench's bound, moves what step() moves: p, m, v += scale * g exactly (the
-// additions round as fp32 ones do) and the copy from the new p, on every dtype and tail.
+// additions round as fp32 ones do) and the copy from the new p, on every dtype and tail, with
+// either loop; the prefetched one exists exactly on AVX-512 (AVX2's update prefetches already).
 TEST_P(CpuAdamPath, TrafficPassAddsTheScaledGradientAndWritesTheCopy) {
   auto adam = make_adam(GetParam(), 2);
   ASSERT_NE(adam, nullptr);
-  for (DType grad_dtype : kGradTypes) {
-    for (int out_kind = 0; out_kind < 3; ++out_kind) {
-      for (uint64_t n : {uint64_t{5}, uint64_t{64}, uint64_t{1000}, 3 * CpuAdam::kStepChunk + 13}) {
-        SCOPED_TRACE(std::string(to_string(grad_dtype)) + " out=" + std::to_string(out_kind) +
-                     " n=" + std::to_string(n));
-        Rng rng(n + out_kind);
-        States s = make_states(n, rng, 0.1f);
-        const Gradients g = make_gradients(n, grad_dtype, rng, 0.1f);
-        const States before = s;
-        std::vector<uint16_t> out(n, 0xDEAD);
-        const DType out_dtype = out_kind == 2 ? DType::kFloat16 : DType::kBFloat16;
-        const AdamWSlice slice = slice_of(s, g, out_kind == 0 ? nullptr : out.data(), out_dtype);
-        ASSERT_TRUE(adam->step_traffic(0.5f, {&slice, 1}).is_ok());
-        for (size_t i = 0; i < n; ++i) {
-          // Exact in double, then one rounding to fp32: what a single fp32 addition gives.
-          const double x = static_cast<double>(g.value(i)) * 0.5;
-          ASSERT_EQ(s.p[i], static_cast<float>(before.p[i] + x)) << i;
-          ASSERT_EQ(s.m[i], static_cast<float>(before.m[i] + x)) << i;
-          ASSERT_EQ(s.v[i], static_cast<float>(before.v[i] + x)) << i;
-          if (out_kind == 1) ASSERT_EQ(out[i], float_to_bf16(s.p[i])) << i;
-          if (out_kind == 2) ASSERT_EQ(out[i], float_to_fp16(s.p[i])) << i;
+  EXPECT_EQ(adam->has_prefetched_traffic(), GetParam() == SimdLevel::kAvx512);
+  std::vector<CpuAdam::TrafficLoop> loops{CpuAdam::TrafficLoop::kTheUpdates};
+  if (adam->has_prefetched_traffic()) loops.push_back(CpuAdam::TrafficLoop::kPrefetched);
+  for (CpuAdam::TrafficLoop loop : loops)
+    for (DType grad_dtype : kGradTypes) {
+      for (int out_kind = 0; out_kind < 3; ++out_kind) {
+        for (uint64_t n :
+             {uint64_t{5}, uint64_t{64}, uint64_t{1000}, 3 * CpuAdam::kStepChunk + 13}) {
+          SCOPED_TRACE(std::string(to_string(grad_dtype)) + " out=" + std::to_string(out_kind) +
+                       " n=" + std::to_string(n) +
+                       " loop=" + std::to_string(static_cast<int>(loop)));
+          Rng rng(n + out_kind);
+          States s = make_states(n, rng, 0.1f);
+          const Gradients g = make_gradients(n, grad_dtype, rng, 0.1f);
+          const States before = s;
+          std::vector<uint16_t> out(n, 0xDEAD);
+          const DType out_dtype = out_kind == 2 ? DType::kFloat16 : DType::kBFloat16;
+          const AdamWSlice slice = slice_of(s, g, out_kind == 0 ? nullptr : out.data(), out_dtype);
+          ASSERT_TRUE(adam->step_traffic(0.5f, {&slice, 1}, loop).is_ok());
+          for (size_t i = 0; i < n; ++i) {
+            // Exact in double, then one rounding to fp32: what a single fp32 addition gives.
+            const double x = static_cast<double>(g.value(i)) * 0.5;
+            ASSERT_EQ(s.p[i], static_cast<float>(before.p[i] + x)) << i;
+            ASSERT_EQ(s.m[i], static_cast<float>(before.m[i] + x)) << i;
+            ASSERT_EQ(s.v[i], static_cast<float>(before.v[i] + x)) << i;
+            if (out_kind == 1) ASSERT_EQ(out[i], float_to_bf16(s.p[i])) << i;
+            if (out_kind == 2) ASSERT_EQ(out[i], float_to_fp16(s.p[i])) << i;
+          }
         }
       }
     }
-  }
   const AdamWSlice none{};
   EXPECT_EQ(adam->step_traffic(NAN, {&none, 1}).code(), STRATA_E_INVALID);
+  if (!adam->has_prefetched_traffic()) {
+    EXPECT_EQ(adam->step_traffic(0.5f, {&none, 1}, CpuAdam::TrafficLoop::kPrefetched).code(),
+              STRATA_E_UNSUPPORTED);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Simd, CpuAdamPath,
