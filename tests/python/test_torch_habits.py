@@ -811,6 +811,55 @@ def test_a_parameter_read_outside_its_module_is_refused_in_training(nvme_dir):
     assert torch.isfinite(model.state_dict()["embed.weight"]).all()
 
 
+class _BiasReader(torch.nn.Module):
+    """Reads its child's bias again after calling the child: an addition, which autograd saves
+    nothing for. Reads the child's weight's description before calling it, as shape-based code
+    does."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        width = self.lin.weight.shape[1]
+        assert self.lin.weight.dtype == x.dtype and self.lin.weight.numel() == 64
+        return (self.lin(x[:, :width]) + self.lin.bias).sum()
+
+
+def test_a_parameter_read_outside_its_module_is_refused_without_autograd(nvme_dir):
+    """Under torch.no_grad() (evaluation, generation) autograd saves nothing, nor does it for an
+    addition in training, so the saved-tensors hook never saw those reads: the output was NaN
+    without a word (a perplexity of NaN, a generation from garbage). Every operation of the
+    model's forward on a placeholder is refused now, at the operation, naming the parameter,
+    its owner and the operation; the parameter's shape, dtype and numel still read as before."""
+    torch.manual_seed(0)
+    head = _FunctionalHead()
+    st.offload(head, nvme_path=nvme_dir, device="cpu", **SMALL)
+    with torch.no_grad(), pytest.raises(strata.StrataError) as e:
+        head(torch.randint(0, 32, (2, 6)))
+    assert "'embed.weight' was read outside the forward of the module that owns it ('embed'), " \
+        "by linear" in str(e.value), str(e.value)
+    assert torch.isfinite(head.state_dict()["embed.weight"]).all()  # nothing left held
+
+    torch.manual_seed(0)
+    reader = _BiasReader()
+    st.offload(reader, nvme_path=nvme_dir, device="cpu", **SMALL)
+    x = torch.randn(4, 8)
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad), pytest.raises(strata.StrataError) as e:
+            reader(x)
+        assert "'lin.bias' was read outside the forward of the module that owns it ('lin'), " \
+            "by add" in str(e.value), str(e.value)
+
+    # A pre-hook of the hook-based weight_norm, registered before offload(), runs before
+    # Strata's and reads the placeholders of the two parameters it made.
+    torch.manual_seed(0)
+    normed = torch.nn.Sequential(torch.nn.utils.weight_norm(torch.nn.Linear(8, 8)))
+    st.offload(normed, nvme_path=nvme_dir, device="cpu", **SMALL)
+    with torch.no_grad(), pytest.raises(strata.StrataError, match=r"'0\.weight_[gv]' was read"):
+        normed(x)
+
+
 def test_loading_an_optimizer_state_without_a_parameter_starts_it_afresh(data, nvme_dir):
     """torch's load_state_dict replaces the whole state: a parameter the loaded state has no
     entry for (an empty state: the way to reset an optimizer, since a second strata.torch.AdamW

@@ -43,6 +43,7 @@ from ..config import Config
 from ..deepspeed import from_deepspeed
 from ..errors import StrataError
 from ..runtime import Runtime
+from . import _placeholder_parameter
 from . import _views
 from . import activations as _activations
 from . import nf4 as _nf4
@@ -370,6 +371,15 @@ class OffloadedModel:
         rec.placeholder = rec.sentinel.expand(rec.shape)
         self._placeholders[_views.storage_address(rec.sentinel)] = rec
 
+    @staticmethod
+    def _to_placeholder(rec):
+        """Points the parameter at its placeholder; a plain nn.Parameter also becomes a
+        PlaceholderParameter, which refuses a read of it in the model's forward (a subclass of
+        its own keeps its class, and the NaN)."""
+        rec.param.data = rec.placeholder
+        if type(rec.param) is torch.nn.Parameter:
+            rec.param.__class__ = _placeholder_parameter.PlaceholderParameter
+
     def _check_placeholder(self, rec):
         """Refuses to use a parameter whose placeholder was written or replaced since its last
         use: the write went nowhere (Strata holds the value), so going on would be silent."""
@@ -578,7 +588,7 @@ class OffloadedModel:
         rec.owner = weakref.ref(self)
         p._strata = rec
         self._make_placeholder(rec)
-        p.data = rec.placeholder
+        self._to_placeholder(rec)
         # Hooked only now that .data is on the compute device: torch drops a parameter's
         # AccumulateGrad node when .data moves to another device or type (set_data), so a hook
         # taken on the CPU parameter would never run for a CUDA one.
@@ -680,6 +690,8 @@ class OffloadedModel:
             rec.acquisition = acq
             self._fetched[_views.storage_address(data)] = rec
             rec.param.data = data
+            if type(rec.param) is _placeholder_parameter.PlaceholderParameter:
+                rec.param.__class__ = torch.nn.Parameter
             rec.version = rec.param._version
 
     def _unpin(self, rec):
@@ -701,7 +713,7 @@ class OffloadedModel:
             if edited and not frozen and self.optimizer is not None:
                 self.optimizer._take_new_value(rec, rec.param.data.detach().to("cpu"))
             self._fetched.pop(_views.storage_address(rec.param.data), None)
-            rec.param.data = rec.placeholder
+            self._to_placeholder(rec)
             rec.decoded = None  # the dequantized copy of an NF4 weight goes back to torch
             dirty = edited and not frozen
             base, rec.base = (rec.base() if rec.base is not None else None), None
@@ -1045,6 +1057,27 @@ class OffloadedModel:
     def __deepcopy__(self, memo):
         _refuse_deepcopy(memo)
 
+    def _placeholder_of(self, t):
+        """The parameter whose placeholder t is, or a view of (they share its one element, so
+        their data pointer is the sentinel's); None for any other tensor."""
+        try:
+            return self._placeholders.get(t.data_ptr())
+        except (RuntimeError, NotImplementedError):  # sparse, meta: no data pointer
+            return None
+
+    def _read_outside_its_module(self, rec, operation):
+        owners = sorted({u.name for u in rec.units})
+        return StrataError(_lib.E_STATE, f"parameter {rec.name!r} was read outside the "
+                                         f"forward of the module that owns it "
+                                         f"({', '.join(repr(o) for o in owners)}), by "
+                                         f"{operation}: between its "
+                                         "module's uses its memory is in Strata and the "
+                                         "parameter holds NaN. Use it through that module (call "
+                                         "it), or make it the reading module's parameter too, "
+                                         "as a tied weight (reader.weight = owner.weight); a "
+                                         "forward pre-hook that reads its module's parameters "
+                                         "must be registered after offload()")
+
     # saved tensors that alias a parameter's memory
     def _pack(self, t):
         if isinstance(t, torch.Tensor) and t.device == self.device:
@@ -1059,18 +1092,10 @@ class OffloadedModel:
             unheld = self._placeholders.get(address)
             if unheld is not None:
                 # Autograd saves a parameter's placeholder: the forward computed with it, NaN,
-                # outside every module that owns it (F.linear(h, embedding.weight), a module
-                # reading a child's weight without calling the child). The loss would be NaN
-                # without a word; here is the moment of misuse.
-                owners = sorted({u.name for u in unheld.units})
-                raise StrataError(_lib.E_STATE, f"parameter {unheld.name!r} was read outside "
-                                                f"the forward of the module that owns it "
-                                                f"({', '.join(repr(o) for o in owners)}): "
-                                                "between its module's uses its memory is in "
-                                                "Strata and the parameter holds NaN. Use it "
-                                                "through that module (call it), or make it the "
-                                                "reading module's parameter too, as a tied "
-                                                "weight (reader.weight = owner.weight)")
+                # outside every module that owns it. A plain nn.Parameter is refused at the
+                # operation (PlaceholderParameter); one of a subclass of its own keeps its class
+                # and arrives here. The loss would be NaN without a word.
+                raise self._read_outside_its_module(unheld, "an operation autograd saves it for")
         if self.activations is not None and self.activations.enabled and \
                 self.activations.wanted(t):
             return self.activations.pack(t)
@@ -1290,6 +1315,8 @@ class OffloadedModel:
                     except StrataError:
                         value = torch.empty(rec.shape, dtype=rec.dtype)
                     rec.param.data = value.to(self.device)
+                if type(rec.param) is _placeholder_parameter.PlaceholderParameter:
+                    rec.param.__class__ = torch.nn.Parameter
                 rec.param._strata = None
         finally:
             self.runtime.close()
