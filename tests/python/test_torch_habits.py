@@ -860,6 +860,22 @@ def test_a_parameter_read_outside_its_module_is_refused_without_autograd(nvme_di
         normed(x)
 
 
+def test_a_parameter_unfrozen_after_offload_trains_from_the_next_forward(nvme_dir):
+    """requires_grad_(True) on a frozen parameter, then a forward: Strata's own pre-hook hooks
+    its gradient there, an operation on the placeholder that is not a read of it."""
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    ours = copy.deepcopy(reference)
+    for m in (reference, ours):
+        m[0].weight.requires_grad_(False)
+    handle = st.offload(ours, nvme_path=nvme_dir, device="cpu", **SMALL)
+    x = torch.randn(2, 4)
+    for m in (reference, ours):
+        m[0].weight.requires_grad_(True)
+        m(x).sum().backward()
+    assert torch.equal(handle.gradient(ours[0].weight), reference[0].weight.grad)
+
+
 def test_loading_an_optimizer_state_without_a_parameter_starts_it_afresh(data, nvme_dir):
     """torch's load_state_dict replaces the whole state: a parameter the loaded state has no
     entry for (an empty state: the way to reset an optimizer, since a second strata.torch.AdamW

@@ -17,6 +17,8 @@ a tensor's description (shape, dtype, device, requires_grad, .data...) are let t
 shape-based code still works; outside the model's forward (model.to(device), a count of
 parameters) nothing changes: there a value read is the placeholder's NaN, as documented.
 """
+import warnings
+
 import torch
 
 # Tensor methods and properties that do not read the values.
@@ -53,12 +55,33 @@ class PlaceholderParameter(torch.nn.Parameter):
         return torch._C._disabled_torch_function_impl(func, types, args, kwargs)
 
 
+def mark(param):
+    """A plain nn.Parameter whose .data is now its placeholder becomes a PlaceholderParameter. A
+    subclass of its own keeps its class (and its reads stay unchecked): its layout, methods and
+    __torch_function__ are its own."""
+    if type(param) is torch.nn.Parameter:
+        try:
+            param.__class__ = PlaceholderParameter
+        except TypeError as e:  # a torch whose tensors refuse it: say what is not checked
+            warnings.warn(f"strata.torch: cannot mark offloaded parameters on torch "
+                          f"{torch.__version__} ({e}): a parameter read outside its module under "
+                          "torch.no_grad() reads NaN without an error", RuntimeWarning,
+                          stacklevel=2)
+
+
+def unmark(param):
+    """Its module acquired it (or Strata lets it go): an nn.Parameter again."""
+    if type(param) is PlaceholderParameter:
+        param.__class__ = torch.nn.Parameter
+
+
 def _refusal(func, values):
     for value in values:
         if isinstance(value, PlaceholderParameter):
             rec = getattr(value, "_strata", None)
             owner = rec.owner() if rec is not None and rec.owner is not None else None
-            if owner is not None and owner._in_forward and owner._placeholder_of(value) is rec:
+            if owner is not None and owner._in_forward and not owner._in_own_hook and \
+                    owner._placeholder_of(value) is rec:
                 return owner._read_outside_its_module(rec, _name(func) or str(func))
         elif isinstance(value, (list, tuple)):  # torch.cat([h, w]), torch.stack
             refusal = _refusal(func, value)

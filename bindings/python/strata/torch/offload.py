@@ -320,6 +320,10 @@ class OffloadedModel:
         self._step_open = False
         self._in_backward = False
         self._in_forward = 0  # depth of calls of the model's forward under way
+        # > 0 while Strata's own forward hooks run: they handle placeholders on purpose (a
+        # parameter unfrozen since the last step gets its AccumulateGrad hook through one), so
+        # PlaceholderParameter lets them be.
+        self._in_own_hook = 0
         # unit index -> forward calls under way that hold its parameters (pre-hook run, post-hook
         # not yet): what a forward that raises leaves held (_abandon_forward).
         self._forward_units = collections.Counter()
@@ -377,8 +381,7 @@ class OffloadedModel:
         PlaceholderParameter, which refuses a read of it in the model's forward (a subclass of
         its own keeps its class, and the NaN)."""
         rec.param.data = rec.placeholder
-        if type(rec.param) is torch.nn.Parameter:
-            rec.param.__class__ = _placeholder_parameter.PlaceholderParameter
+        _placeholder_parameter.mark(rec.param)
 
     def _check_placeholder(self, rec):
         """Refuses to use a parameter whose placeholder was written or replaced since its last
@@ -690,8 +693,7 @@ class OffloadedModel:
             rec.acquisition = acq
             self._fetched[_views.storage_address(data)] = rec
             rec.param.data = data
-            if type(rec.param) is _placeholder_parameter.PlaceholderParameter:
-                rec.param.__class__ = torch.nn.Parameter
+            _placeholder_parameter.unmark(rec.param)
             rec.version = rec.param._version
 
     def _unpin(self, rec):
@@ -1315,8 +1317,7 @@ class OffloadedModel:
                     except StrataError:
                         value = torch.empty(rec.shape, dtype=rec.dtype)
                     rec.param.data = value.to(self.device)
-                if type(rec.param) is _placeholder_parameter.PlaceholderParameter:
-                    rec.param.__class__ = torch.nn.Parameter
+                _placeholder_parameter.unmark(rec.param)
                 rec.param._strata = None
         finally:
             self.runtime.close()
@@ -1428,8 +1429,12 @@ def _load_from_state_dict(owner_ref, unit, state_dict, prefix, local_metadata, s
 def _pre_forward_hook(owner_ref, unit, module, inputs):
     owner = owner_ref()
     if owner is not None and not owner._closed:
-        owner._pre_forward(unit)
-        return owner._wrap_inputs(unit, inputs)
+        owner._in_own_hook += 1
+        try:
+            owner._pre_forward(unit)
+            return owner._wrap_inputs(unit, inputs)
+        finally:
+            owner._in_own_hook -= 1
     return None
 
 
@@ -1437,7 +1442,11 @@ def _post_forward_hook(owner_ref, unit, module, inputs, output):
     owner = owner_ref()
     if owner is None or owner._closed:
         return None
-    return owner._post_forward(unit, output)
+    owner._in_own_hook += 1
+    try:
+        return owner._post_forward(unit, output)
+    finally:
+        owner._in_own_hook -= 1
 
 
 def _grad_computed_hook(owner_ref, rec_ref, grad):
