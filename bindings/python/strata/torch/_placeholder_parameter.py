@@ -16,6 +16,9 @@ its class is nn.Parameter again, whose operations never reach Python. Operations
 a tensor's description (shape, dtype, device, requires_grad, .data...) are let through, so
 shape-based code still works; outside the model's forward (model.to(device), a count of
 parameters) nothing changes: there a value read is the placeholder's NaN, as documented.
+
+torch's own lazy modules do the same (torch/nn/parameter.py: UninitializedParameter refuses
+operations in its __torch_function__, and materialize() sets __class__ to Parameter).
 """
 import warnings
 
