@@ -876,6 +876,24 @@ def test_a_parameter_unfrozen_after_offload_trains_from_the_next_forward(nvme_di
     assert torch.equal(handle.gradient(ours[0].weight), reference[0].weight.grad)
 
 
+def test_sparse_gradients_are_refused_naming_the_parameter(nvme_dir):
+    """An Embedding with sparse=True failed in the first backward with torch's internal
+    "copy_() between dense and sparse Tensors is not implemented", naming nothing: refused at
+    offload(), and one made sparse after offload() refused at its gradient, naming it."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 1))
+    with pytest.raises(strata.StrataError, match=r"module '0' is an nn.Embedding\(sparse=True\)"):
+        st.offload(model, nvme_path=nvme_dir, device="cpu", **SMALL)
+    model[0].sparse = False
+    st.offload(model, nvme_path=nvme_dir, device="cpu", **SMALL)
+    model[0].sparse = True
+    with pytest.raises(RuntimeError, match=r"the gradient of '0.weight' is torch.sparse_coo"):
+        model(torch.tensor([[1, 2]])).sum().backward()
+    model[0].sparse = False  # and training goes on
+    model(torch.tensor([[1, 2]])).sum().backward()
+    assert torch.isfinite(model.state_dict()["0.weight"]).all()
+
+
 def test_loading_an_optimizer_state_without_a_parameter_starts_it_afresh(data, nvme_dir):
     """torch's load_state_dict replaces the whole state: a parameter the loaded state has no
     entry for (an empty state: the way to reset an optimizer, since a second strata.torch.AdamW

@@ -449,6 +449,7 @@ class OffloadedModel:
                 continue
             if any(p.is_meta for _, p in direct):
                 direct = self._materialise(module_name, sub, direct, replaced, names)
+            _refuse_sparse_gradients(module_name or "<root>", sub)
             unit = _Unit(len(self.units), module_name or "<root>", sub)
             self.units.append(unit)
             for key, p in direct:
@@ -1026,6 +1027,9 @@ class OffloadedModel:
         grad = p.grad
         if grad is None:
             return
+        if grad.layout != torch.strided:  # an embedding made sparse after offload()
+            raise StrataError(_lib.E_UNSUPPORTED, f"the gradient of {rec.name!r} is {grad.layout}: "
+                                                  f"{_SPARSE_GRADIENTS}")
         if rec.grad_consumed:
             # torch would add this gradient to the one step() used, which Strata's optimizer
             # has consumed. Harmless if zero_grad() comes before anything reads the sum; the
@@ -1424,6 +1428,20 @@ def _load_from_state_dict(owner_ref, unit, state_dict, prefix, local_metadata, s
             state_dict[name] = value
             if name in missing_keys:
                 missing_keys.remove(name)
+
+
+_SPARSE_GRADIENTS = ("Strata's gradients are dense, and strata.torch.AdamW steps dense ones only "
+                     "(torch.optim.AdamW refuses sparse gradients too): use sparse=False")
+
+
+def _refuse_sparse_gradients(name, module):
+    """nn.Embedding / nn.EmbeddingBag(sparse=True) give sparse gradients: refused at offload(),
+    not at the first backward (torch's internal copy_ error there named neither)."""
+    sparse = isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse
+    if sparse and any(p.requires_grad for p in module.parameters(recurse=False)):
+        raise StrataError(_lib.E_UNSUPPORTED, f"module {name!r} is an "
+                                              f"nn.{type(module).__name__}(sparse=True), whose "
+                                              f"gradients are sparse: {_SPARSE_GRADIENTS}")
 
 
 def _pre_forward_hook(owner_ref, unit, module, inputs):
