@@ -5,6 +5,7 @@ tied input and output embeddings, as in most small language models."""
 import collections
 import copy
 import gc
+import io
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.utils.prune
 import torch.utils.checkpoint
 
 import strata
@@ -330,13 +332,16 @@ def test_parameters_keep_shape_and_dtype_while_offloaded(data, nvme_dir):
     losses = ([], [])
     train_both(((reference, ref_opt), (ours, opt)), data[:STEPS], losses)
     assert_close(losses[1], losses[0])
-    # A value read outside the parameter's unit is NaN, never a plausible number.
-    assert torch.isnan(ours.norm.weight).all()
-    # Writes there would go nowhere: refused (in torch, or at the next use).
-    with torch.no_grad(), pytest.raises(RuntimeError):
-        ours.layers[0].mlp.up_proj.weight.mul_(2)
-    with torch.no_grad():
-        ours.norm.weight.fill_(1.0)
+    # A value read outside the parameter's unit is refused (it is a NaN placeholder there).
+    with pytest.raises(strata.StrataError, match="'norm.weight' was read outside .* by isnan"):
+        torch.isnan(ours.norm.weight)
+    # Writes there would go nowhere: refused at the write, or, for an assigned .data, at the
+    # next use.
+    for write in (lambda: ours.layers[0].mlp.up_proj.weight.mul_(2),
+                  lambda: ours.norm.weight.fill_(1.0)):
+        with torch.no_grad(), pytest.raises(strata.StrataError, match="load_state_dict"):
+            write()
+    ours.norm.weight.data = torch.ones(ours.norm.weight.shape)
     with pytest.raises(strata.StrataError) as e:
         ours(data[0][0])
     assert "load_state_dict" in e.value.message
@@ -894,6 +899,85 @@ def test_sparse_gradients_are_refused_naming_the_parameter(nvme_dir):
     assert torch.isfinite(model.state_dict()["0.weight"]).all()
 
 
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_offload_under_no_grad_trains_as_in_torch(nvme_dir, mode):
+    """An inference script's set-up under no_grad() or inference_mode() (a @torch.no_grad()
+    main): offload() failed in its own code ('NoneType' object has no attribute
+    'next_functions'); the model it gives trains and infers as torch's."""
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    ours = copy.deepcopy(reference)
+    with mode():
+        handle = st.offload(ours, nvme_path=nvme_dir, device="cpu", **SMALL)
+    x = torch.randn(2, 4)
+    for m in (reference, ours):
+        m(x).sum().backward()
+    assert torch.equal(handle.gradient(ours[0].weight), reference[0].weight.grad)
+    with mode():
+        assert torch.equal(ours(x), reference(x))
+
+
+class _Probe(torch.nn.Module):
+    """Runs probe(self, h) between its two children, reading the second child's weight."""
+
+    def __init__(self, probe):
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 8)
+        self.fc = torch.nn.Linear(8, 8)
+        self.probe = probe
+
+    def forward(self, tokens):
+        return self.fc(self.probe(self, self.embed(tokens))).sum()
+
+
+def test_a_placeholder_is_refused_wherever_a_value_is_read_and_its_description_is_not(nvme_dir):
+    """A value read from a placeholder, in a forward or anywhere else, was NaN or worse a
+    plausible number without an error: an L2 penalty over model.parameters() in the loss (every
+    step skipped), an argmax over embeddings (index 0), a pruning mask built from NaN, the .data
+    of a child's weight in a parent's forward, torch.save of a parameter. Each is refused at the
+    operation now. What reads only a parameter's description, or uses it as a template, or
+    converts it to what it already is, still works as in torch."""
+    torch.manual_seed(0)
+    x = torch.randint(0, 16, (2, 5))
+    reference = _Probe(lambda m, h: h)
+    ours = copy.deepcopy(reference)
+    st.offload(ours, nvme_path=nvme_dir, device="cpu", **SMALL)
+    descriptions = [
+        lambda m, h: h.type_as(m.fc.weight), lambda m, h: h.to(m.fc.weight),
+        lambda m, h: h + torch.zeros_like(m.fc.weight)[0], lambda m, h: h + m.fc.weight.new_zeros(8),
+        lambda m, h: h if m.fc.weight.type() == "torch.FloatTensor" else None,
+        lambda m, h: h.reshape(-1, m.fc.weight.shape[1]).view(h.shape),
+        lambda m, h: h if m.fc.weight.to("cpu") is m.fc.weight else None]
+    for probe in descriptions:
+        reference.probe = ours.probe = probe
+        with torch.no_grad():
+            assert torch.equal(ours(x), reference(x))
+    ours.to("cpu")  # where it is already: nothing to convert, nothing read
+
+    reads = {"the .data of a child's weight": lambda m, h: h + m.fc.bias.data,
+             "a slice of it": lambda m, h: h @ m.fc.weight.data[:8].T,
+             "a detached copy": lambda m, h: h * m.fc.weight.detach().mean()}
+    for what, probe in reads.items():
+        ours.probe = probe
+        for grad in (True, False):
+            with torch.set_grad_enabled(grad), pytest.raises(strata.StrataError,
+                                                             match="'fc.(weight|bias)' was read"):
+                ours(x)
+    ours.probe = reference.probe = lambda m, h: h
+    loss = ours(x)  # after a forward, in the loss: an L2 penalty
+    with pytest.raises(strata.StrataError, match="'embed.weight' was read .* by pow"):
+        loss + 1e-3 * sum(p.pow(2).sum() for p in ours.parameters())
+    with pytest.raises(strata.StrataError, match="by abs"):
+        torch.nn.utils.prune.l1_unstructured(ours.fc, "weight", amount=0.5)
+    with pytest.raises(strata.StrataError, match="by __reduce_ex__"):
+        torch.save(ours.fc.weight, io.BytesIO())
+    # Nothing was changed or left held: the values, and a forward, as in torch.
+    for k, v in reference.state_dict().items():
+        assert torch.equal(ours.state_dict()[k], v), k
+    with torch.no_grad():
+        assert torch.equal(ours(x), reference(x))
+
+
 def test_loading_an_optimizer_state_without_a_parameter_starts_it_afresh(data, nvme_dir):
     """torch's load_state_dict replaces the whole state: a parameter the loaded state has no
     entry for (an empty state: the way to reset an optimizer, since a second strata.torch.AdamW
@@ -1016,21 +1100,31 @@ def test_a_bf16_resume_is_the_same_in_either_load_order(nvme_dir):
     assert torch.equal(master.to(torch.bfloat16), new["0.weight"])
 
 
-@pytest.mark.parametrize("edit", ["zeros_", "data", "half"])
-def test_an_edit_outside_forward_is_refused_by_state_dict_save_and_close(nvme_dir, tmp_path,
-                                                                          edit):
-    """An edit of a placeholder (nn.init.zeros_, an assigned .data, model.half()) goes nowhere:
-    the value is in Strata. A forward refused it; state_dict(), save_full_state_dict(),
-    parameter() and close() handed back the old value without a word."""
+@pytest.mark.parametrize("edit", ["zeros_", "half"])
+def test_an_edit_of_a_placeholder_is_refused_at_the_edit(nvme_dir, edit):
+    """nn.init.zeros_ and model.half() operate on the placeholder, which goes nowhere (the value
+    is in Strata): refused at the operation (until 2026-12-06 at the parameter's next use),
+    leaving every parameter as it was."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    st.offload(model, nvme_path=nvme_dir, device="cpu", **SMALL)
+    expected = "written outside .* by zero_" if edit == "zeros_" else "read outside .* by half"
+    with pytest.raises(strata.StrataError, match=expected):
+        torch.nn.init.zeros_(model[2].weight) if edit == "zeros_" else model.half()
+    after = model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+    assert model(torch.randn(2, 8)).dtype == torch.float32
+
+
+def test_an_edit_outside_forward_is_refused_by_state_dict_save_and_close(nvme_dir, tmp_path):
+    """An assigned .data goes nowhere: the value is in Strata. A forward refused it;
+    state_dict(), save_full_state_dict(), parameter() and close() handed back the old value
+    without a word."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     handle = st.offload(model, nvme_path=nvme_dir, device="cpu", **SMALL)
-    if edit == "zeros_":
-        torch.nn.init.zeros_(model[2].weight)
-    elif edit == "data":
-        model[2].weight.data = torch.zeros(4, 16)
-    else:
-        model.half()
+    model[2].weight.data = torch.zeros(4, 16)
     for call in (model.state_dict, lambda: handle.parameter(model[2].weight),
                  lambda: st.save_full_state_dict(model, tmp_path / "full.pt"), handle.close):
         with pytest.raises(strata.StrataError) as e:

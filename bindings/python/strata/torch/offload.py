@@ -320,10 +320,6 @@ class OffloadedModel:
         self._step_open = False
         self._in_backward = False
         self._in_forward = 0  # depth of calls of the model's forward under way
-        # > 0 while Strata's own forward hooks run: they handle placeholders on purpose (a
-        # parameter unfrozen since the last step gets its AccumulateGrad hook through one), so
-        # PlaceholderParameter lets them be.
-        self._in_own_hook = 0
         # unit index -> forward calls under way that hold its parameters (pre-hook run, post-hook
         # not yet): what a forward that raises leaves held (_abandon_forward).
         self._forward_units = collections.Counter()
@@ -349,7 +345,11 @@ class OffloadedModel:
                                                                               trainable_home)
         self.activations = None  # an ActivationOffload once offload_activations() ran
         try:
-            self._register(module)
+            # Under inference_mode() (an inference script's set-up) the placeholders would be
+            # inference tensors, on which autograd never records: training after it would find
+            # no AccumulateGrad node to hook.
+            with torch.inference_mode(False):
+                self._register(module)
         except BaseException:
             self.close(restore=True)
             raise
@@ -622,7 +622,11 @@ class OffloadedModel:
         # for every backward. Held here, not by the record: the node holds p, p holds its
         # record, and a cycle through torch's C++ objects is one the garbage collector cannot
         # see (the runtime, and its swap file, would then outlive the model).
-        node = self._grad_nodes[id(rec)] = p.expand_as(p).grad_fn.next_functions[0][0]
+        # Under no_grad() or inference_mode() (an inference script's set-up) expand_as records
+        # no graph: the node is found with autograd on.
+        with torch.inference_mode(False), torch.enable_grad():
+            node = p.expand_as(p).grad_fn.next_functions[0][0]
+        self._grad_nodes[id(rec)] = node
         owner = weakref.ref(self)
         rec.hooks.append(node.register_hook(
             functools.partial(_grad_accumulated_hook, owner, weakref.ref(rec))))
@@ -1072,17 +1076,21 @@ class OffloadedModel:
             return None
 
     def _read_outside_its_module(self, rec, operation):
-        owners = sorted({u.name for u in rec.units})
-        return StrataError(_lib.E_STATE, f"parameter {rec.name!r} was read outside the "
-                                         f"forward of the module that owns it "
-                                         f"({', '.join(repr(o) for o in owners)}), by "
-                                         f"{operation}: between its "
-                                         "module's uses its memory is in Strata and the "
-                                         "parameter holds NaN. Use it through that module (call "
-                                         "it), or make it the reading module's parameter too, "
-                                         "as a tied weight (reader.weight = owner.weight); a "
-                                         "forward pre-hook that reads its module's parameters "
-                                         "must be registered after offload()")
+        owners = ", ".join(repr(o) for o in sorted({u.name for u in rec.units}))
+        # torch's in-place operations end in "_" (zero_, mul_, copy_).
+        verb = "written" if operation.endswith("_") and not operation.startswith("_") else "read"
+        return StrataError(_lib.E_STATE, f"parameter {rec.name!r} was {verb} outside the forward "
+                                         f"of the module that owns it ({owners}), by "
+                                         f"{operation}: between its module's uses its memory is "
+                                         "in Strata and the parameter holds only a NaN "
+                                         "placeholder. In a forward, call that module (module(x),"
+                                         " not module.forward(x), which skips its hooks) or "
+                                         "make the weight the reading module's parameter too (a "
+                                         "tied weight: reader.weight = owner.weight); a forward "
+                                         "pre-hook that reads the module's parameters must be "
+                                         "registered after offload(), a forward hook before it. "
+                                         "Elsewhere read the value with offloaded.parameter(p) "
+                                         "or state_dict(), and change it with load_state_dict()")
 
     # saved tensors that alias a parameter's memory
     def _pack(self, t):
@@ -1447,12 +1455,8 @@ def _refuse_sparse_gradients(name, module):
 def _pre_forward_hook(owner_ref, unit, module, inputs):
     owner = owner_ref()
     if owner is not None and not owner._closed:
-        owner._in_own_hook += 1
-        try:
-            owner._pre_forward(unit)
-            return owner._wrap_inputs(unit, inputs)
-        finally:
-            owner._in_own_hook -= 1
+        owner._pre_forward(unit)
+        return owner._wrap_inputs(unit, inputs)
     return None
 
 
@@ -1460,11 +1464,7 @@ def _post_forward_hook(owner_ref, unit, module, inputs, output):
     owner = owner_ref()
     if owner is None or owner._closed:
         return None
-    owner._in_own_hook += 1
-    try:
-        return owner._post_forward(unit, output)
-    finally:
-        owner._in_own_hook -= 1
+    return owner._post_forward(unit, output)
 
 
 def _grad_computed_hook(owner_ref, rec_ref, grad):
