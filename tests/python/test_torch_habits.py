@@ -915,6 +915,12 @@ def test_offload_under_no_grad_trains_as_in_torch(nvme_dir, mode):
     assert torch.equal(handle.gradient(ours[0].weight), reference[0].weight.grad)
     with mode():
         assert torch.equal(ours(x), reference(x))
+    if mode is torch.inference_mode:  # a model made inside it has inference tensors: refused
+        with mode():
+            made_inside = torch.nn.Linear(4, 4)
+        with pytest.raises(strata.StrataError, match="'weight' was made under "
+                                                     r"torch.inference_mode\(\)"):
+            st.offload(made_inside, nvme_path=nvme_dir, device="cpu", **SMALL)
 
 
 class _Probe(torch.nn.Module):

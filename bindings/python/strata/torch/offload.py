@@ -458,6 +458,15 @@ class OffloadedModel:
                     raise StrataError(_lib.E_UNSUPPORTED,
                                       f"parameter {names.get(id(p))!r} has dtype {p.dtype}; "
                                       "Strata holds float32, bfloat16, float16, int8, uint8")
+                if p.is_inference():
+                    raise StrataError(_lib.E_UNSUPPORTED,
+                                      f"parameter {names.get(id(p))!r} was made under "
+                                      "torch.inference_mode(): an inference tensor keeps no "
+                                      "version counter, which Strata needs to see a parameter "
+                                      "changed in place. Make the model outside "
+                                      "inference_mode() (offload() itself may run inside it, "
+                                      "and torch.no_grad() infers without making inference "
+                                      "tensors)")
                 if getattr(p, "_strata", None) is not None and id(p) not in by_id:
                     raise StrataError(_lib.E_STATE, f"parameter {names.get(id(p))!r} is already "
                                                     "offloaded by another strata.torch.offload")
