@@ -959,6 +959,13 @@ def test_a_placeholder_is_refused_wherever_a_value_is_read_and_its_description_i
         with torch.no_grad():
             assert torch.equal(ours(x), reference(x))
     ours.to("cpu")  # where it is already: nothing to convert, nothing read
+    ours.share_memory()  # moves storages, reads no value
+    w = ours.fc.weight  # views are checked aliases: their shape reads, their values refuse
+    assert w.t().shape == w.T.shape == (8, 8) and w[0].shape == (8,)
+    with pytest.raises(strata.StrataError, match="by sum"):
+        w.t()[0].sum()
+    with pytest.raises(strata.StrataError, match="by __getitem__"):
+        w[[0, 1]]  # advanced indexing copies: a read
 
     reads = {"the .data of a child's weight": lambda m, h: h + m.fc.bias.data,
              "a slice of it": lambda m, h: h @ m.fc.weight.data[:8].T,
@@ -982,6 +989,28 @@ def test_a_placeholder_is_refused_wherever_a_value_is_read_and_its_description_i
         assert torch.equal(ours.state_dict()[k], v), k
     with torch.no_grad():
         assert torch.equal(ours(x), reference(x))
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 4)
+        self.scale = torch.nn.Parameter(torch.tensor(2.0))  # 0-dim: CLIP's logit_scale
+
+    def forward(self, x):
+        return (self.lin(x) * self.scale).sum()
+
+
+def test_a_zero_dim_parameter_trains_as_in_torch(nvme_dir):
+    """A learnable scalar (shape ()) made offload() fail in torch's expand, building its
+    placeholder; it trains as torch's."""
+    torch.manual_seed(0)
+    reference, ref_opt, ours, opt, _ = pair(nvme_dir, model=_Scaled(), lr=1e-2)
+    g = torch.Generator().manual_seed(2)
+    inputs = [torch.randn(2, 16, generator=g) for _ in range(3)]
+    assert_close(losses_of(ours, opt, inputs, lambda m, x: m(x)),
+                 losses_of(reference, ref_opt, inputs, lambda m, x: m(x)))
+    assert ours.scale.shape == torch.Size([])
 
 
 def test_loading_an_optimizer_state_without_a_parameter_starts_it_afresh(data, nvme_dir):

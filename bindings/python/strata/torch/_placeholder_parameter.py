@@ -16,8 +16,9 @@ except:
     w.new_zeros(n)): these read no value;
   - a conversion that hands it back unchanged (w.to(w.device), model.to(device) when already
     there): it read nothing;
-  - .data and detach(), which hand back a PlaceholderAlias checked the same way (torch's
-    state_dict() detaches every parameter before Strata's hook puts the values in).
+  - .data, detach() and views (p.t(), p[0], p.unsqueeze(0)), which hand back a PlaceholderAlias
+    checked the same way (torch's state_dict() detaches every parameter before Strata's hook
+    puts the values in).
 Only operations given a placeholder pay for the check: once its module acquires the parameter it
 is an nn.Parameter again, whose operations never reach Python. Strata's own plumbing (the
 caller's module is one of _STRATAS_OWN) handles placeholders on purpose and is let through.
@@ -43,7 +44,7 @@ _DESCRIPTION_ONLY = frozenset({
     "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
     "randint_like", "new_zeros", "new_ones", "new_empty", "new_full", "new_tensor",
     "storage", "untyped_storage", "_typed_storage", "storage_type",
-    "_has_compatible_shallow_copy_type",
+    "_has_compatible_shallow_copy_type", "share_memory_",
 })
 # The parameter as a dtype / device template when it is not the tensor operated on.
 _TEMPLATE_WHEN_NOT_FIRST = frozenset({"to", "type_as", "expand_as", "view_as", "reshape_as"})
@@ -52,6 +53,11 @@ _CONVERSIONS = frozenset({"to", "type", "type_as", "float", "half", "double", "b
                           "cuda", "contiguous", "requires_grad_"})
 # Aliases of the parameter's memory, handed back checked in their turn.
 _ALIASES = frozenset({"data", "detach"})
+# Views: checked aliases too when they are over the placeholder's element (p.t().shape works);
+# one that copied (advanced indexing) read the values, and is refused.
+_VIEWS = frozenset({"t", "T", "mT", "H", "mH", "transpose", "swapaxes", "swapdims", "permute",
+                    "movedim", "__getitem__", "unsqueeze", "squeeze", "expand", "expand_as",
+                    "narrow", "select", "view", "view_as", "unflatten", "diagonal", "as_strided"})
 # Strata's plumbing, which handles placeholders on purpose (a parameter unfrozen after offload()
 # gets its gradient hook through one). Not strata.torch.lora: its modules are model code.
 _STRATAS_OWN = frozenset({"strata.torch.offload", "strata.torch.optim", "strata.torch._views",
@@ -80,10 +86,13 @@ def _check(cls, func, types, args, kwargs, caller):
     first, rec = found
     if name in _TEMPLATE_WHEN_NOT_FIRST and not first:
         return run(func, types, args, kwargs)
-    if name in _ALIASES:
-        alias = run(func, types, args, kwargs).as_subclass(PlaceholderAlias)
-        alias._strata = rec
-        return alias
+    if name in _ALIASES or (name in _VIEWS and first):
+        result = run(func, types, args, kwargs)
+        if name in _ALIASES or (isinstance(result, torch.Tensor) and
+                                result.data_ptr() == rec.sentinel.data_ptr()):
+            alias = result.as_subclass(PlaceholderAlias)
+            alias._strata = rec
+            return alias
     if name in _CONVERSIONS and first:
         result = run(func, types, args, kwargs)
         if result is args[0]:

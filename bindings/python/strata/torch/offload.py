@@ -372,7 +372,8 @@ class OffloadedModel:
         else:
             fill = torch.iinfo(rec.dtype).max
         rec.sentinel = torch.full((1,), fill, dtype=rec.dtype, device=self.device)
-        rec.placeholder = rec.sentinel.expand(rec.shape)
+        # A 0-dim parameter (a learnable temperature) is the one element itself.
+        rec.placeholder = rec.sentinel.expand(rec.shape) if rec.shape else rec.sentinel.view(())
         self._placeholders[_views.storage_address(rec.sentinel)] = rec
 
     @staticmethod
