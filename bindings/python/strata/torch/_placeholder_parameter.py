@@ -72,7 +72,7 @@ def _name(func):
     return name
 
 
-def _check(cls, func, types, args, kwargs, caller):
+def _check(func, types, args, kwargs, caller):
     kwargs = kwargs or {}
     run = torch._C._disabled_torch_function_impl  # nn.Parameter's own: the plain operation
     name = _name(func)
@@ -127,7 +127,7 @@ class PlaceholderParameter(torch.nn.Parameter):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         caller = sys._getframe(1).f_globals.get("__name__", "")
-        return _check(cls, func, types, args, kwargs, caller)
+        return _check(func, types, args, kwargs, caller)
 
 
 class PlaceholderAlias(torch.Tensor):
@@ -136,7 +136,7 @@ class PlaceholderAlias(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         caller = sys._getframe(1).f_globals.get("__name__", "")
-        return _check(cls, func, types, args, kwargs, caller)
+        return _check(func, types, args, kwargs, caller)
 
 
 def mark(param):

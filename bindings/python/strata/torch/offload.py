@@ -379,8 +379,8 @@ class OffloadedModel:
     @staticmethod
     def _to_placeholder(rec):
         """Points the parameter at its placeholder; a plain nn.Parameter also becomes a
-        PlaceholderParameter, which refuses a read of it in the model's forward (a subclass of
-        its own keeps its class, and the NaN)."""
+        PlaceholderParameter, which refuses any read or write of its value by code other than
+        Strata's (a subclass of its own keeps its class, and the NaN)."""
         rec.param.data = rec.placeholder
         _placeholder_parameter.mark(rec.param)
 
@@ -1076,14 +1076,6 @@ class OffloadedModel:
 
     def __deepcopy__(self, memo):
         _refuse_deepcopy(memo)
-
-    def _placeholder_of(self, t):
-        """The parameter whose placeholder t is, or a view of (they share its one element, so
-        their data pointer is the sentinel's); None for any other tensor."""
-        try:
-            return self._placeholders.get(t.data_ptr())
-        except (RuntimeError, NotImplementedError):  # sparse, meta: no data pointer
-            return None
 
     def _read_outside_its_module(self, rec, operation):
         owners = ", ".join(repr(o) for o in sorted({u.name for u in rec.units}))
