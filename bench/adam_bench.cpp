@@ -5,10 +5,10 @@
 //    streaming stores, but none of its arithmetic, in two loops: the update's own, and (AVX-512)
 //    the same with every read stream prefetched ahead in software. The faster is the bound: the
 //    update's loop alone ran 3-5% slower than the update itself on a Zen 5 guest, so it was no
-//    bound (docs/optimizer.md, "The bound"). of_bound = step rate / bound rate says how close the
-//    update comes to what this memory system gives that access pattern. (A STREAM triad, reported
-//    for reference, is no bound either: one read stream fewer and in-place streams that skip a
-//    read for ownership let the update outrun it by 15-45%.)
+//    bound (docs/optimizer.md, "The bound, measured again"). of_bound = step rate / bound rate
+//    says how close the update comes to what this memory system gives that access pattern. (A
+//    STREAM triad, reported for reference, is no bound either: one read stream fewer and in-place
+//    streams that skip a read for ownership let the update outrun it by 15-45%.)
 //  - torch.optim.AdamW, foreach=False and foreach=True (the faster one counts), run by
 //    /usr/bin/python3 as a subprocess on the same N and torch.set_num_threads(T), when importable.
 // Each side runs 2 warm-up steps, then --steps timed steps; medians are reported (the fastest

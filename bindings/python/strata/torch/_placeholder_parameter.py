@@ -50,7 +50,7 @@ _DESCRIPTION_ONLY = frozenset({
 _TEMPLATE_WHEN_NOT_FIRST = frozenset({"to", "type_as", "expand_as", "view_as", "reshape_as"})
 # Conversions that return their input itself when there is nothing to convert.
 _CONVERSIONS = frozenset({"to", "type", "type_as", "float", "half", "double", "bfloat16", "cpu",
-                          "cuda", "contiguous", "requires_grad_"})
+                          "cuda", "contiguous"})
 # Aliases of the parameter's memory, handed back checked in their turn.
 _ALIASES = frozenset({"data", "detach"})
 # Views: checked aliases too when they are over the placeholder's element (p.t().shape works);

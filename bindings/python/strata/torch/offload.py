@@ -363,10 +363,10 @@ class OffloadedModel:
         """p.data between uses: a tensor of the parameter's shape and dtype, on the compute
         device, over a single element (every stride 0), so that p.shape, p.dim(), numel(),
         dtype and device are the parameter's while its memory is in Strata. That element is NaN
-        (the dtype's largest value for integers): a value read outside the parameter's unit is
-        unmistakable, never a plausible number; in-place writes other than fill_/zero_ fail in
-        torch (more than one element refers to one memory location), and fill_/zero_ or a
-        replaced .data are caught at the next use (_check_placeholder)."""
+        (the dtype's largest value for integers). A plain parameter's reads and writes of it are
+        refused at the operation (_to_placeholder, PlaceholderParameter); what gets past that,
+        a replaced .data or a fill_ on a parameter subclass that keeps its class, is caught at
+        the next use (_check_placeholder)."""
         if rec.dtype.is_floating_point:
             fill = float("nan")
         else:
